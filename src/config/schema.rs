@@ -1,0 +1,254 @@
+//! The file schema: what `portcullis.toml` may contain, with the defaults of
+//! CONTRACT.md section 2. Unknown keys are errors (`deny_unknown_fields`), so a
+//! typo can never silently disable a gate.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    pub redis: Option<RedisSection>,
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamSection>,
+    #[serde(default)]
+    pub routes: Vec<RouteSection>,
+    #[serde(default)]
+    pub shedding: SheddingSection,
+    #[serde(default)]
+    pub rate_limit: RateLimitSection,
+    #[serde(default)]
+    pub culling: CullingSection,
+    #[serde(default)]
+    pub watchdog: WatchdogSection,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Proxy listeners (HTTP/1.1).
+    pub listen: Vec<String>,
+    /// Admin endpoints: /healthz /readyz /metrics /status /reload.
+    pub admin_listen: String,
+    /// Worker threads of the proxy service.
+    pub threads: usize,
+    /// After SIGTERM readiness fails at once, traffic is still served this long.
+    pub drain_seconds: u64,
+    /// Then listeners close; in-flight requests get at most this long.
+    pub shutdown_timeout_seconds: u64,
+    /// Unix socket used to hand listeners to an upgrading process (`-u`).
+    pub upgrade_sock: String,
+    /// Largest request header block accepted (request line + headers); larger
+    /// requests get 431. Pingora itself caps headers at 1 MiB (answered 400).
+    pub max_request_header_bytes: usize,
+    /// Idle keep-alive timeout for client connections.
+    pub keepalive_timeout_seconds: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            listen: vec!["127.0.0.1:8080".into()],
+            admin_listen: "127.0.0.1:9090".into(),
+            threads: 2,
+            drain_seconds: 5,
+            shutdown_timeout_seconds: 30,
+            upgrade_sock: "/tmp/portcullis-upgrade.sock".into(),
+            max_request_header_bytes: 64 * 1024,
+            keepalive_timeout_seconds: 60,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSection {
+    pub url: String,
+    pub key_prefix: String,
+    pub flush_interval_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for RedisSection {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".into(),
+            key_prefix: "portcullis".into(),
+            flush_interval_ms: 50,
+            timeout_ms: 200,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    pub name: String,
+    pub backends: Vec<String>,
+    #[serde(default)]
+    pub health_check_path: String,
+    #[serde(default = "default_hc_interval")]
+    pub health_check_interval_seconds: u64,
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "default_read_timeout")]
+    pub read_timeout_ms: u64,
+}
+
+fn default_hc_interval() -> u64 {
+    5
+}
+fn default_connect_timeout() -> u64 {
+    1000
+}
+fn default_read_timeout() -> u64 {
+    30_000
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    Critical,
+    #[default]
+    Normal,
+    Low,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    #[serde(default)]
+    pub host: String,
+    #[serde(default = "default_prefix")]
+    pub path_prefix: String,
+    pub upstream: String,
+    #[serde(default)]
+    pub priority: Priority,
+}
+
+fn default_prefix() -> String {
+    "/".into()
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SheddingSection {
+    pub max_concurrency: u64,
+    pub retry_after_seconds: u64,
+}
+
+impl Default for SheddingSection {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 1024,
+            retry_after_seconds: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingKeySection {
+    ClientIp,
+    Reject,
+    Allow,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitSection {
+    pub enabled: bool,
+    pub key: String,
+    pub window_seconds: u64,
+    pub limit: u64,
+    pub missing_key: MissingKeySection,
+    pub max_key_bytes: usize,
+    pub headers: bool,
+    /// Cap on keys tracked in memory (and so in Redis per window).
+    pub max_tracked_keys: usize,
+    /// Name used in the `RateLimit-Policy` / `RateLimit` fields.
+    pub policy_name: String,
+    pub keys: BTreeMap<String, u64>,
+}
+
+impl Default for RateLimitSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            key: "header:x-api-key".into(),
+            window_seconds: 60,
+            limit: 600,
+            missing_key: MissingKeySection::ClientIp,
+            max_key_bytes: 256,
+            headers: true,
+            max_tracked_keys: 100_000,
+            policy_name: "default".into(),
+            keys: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CullingSection {
+    pub enabled: bool,
+    pub window_seconds: u64,
+    pub error_threshold: u64,
+    pub check_interval_seconds: u64,
+    pub tokens: u32,
+    pub token_period_seconds: u64,
+    pub max_culled_fraction: f64,
+    pub cooldown_seconds: u64,
+    pub dry_run: bool,
+    /// Optional URL that receives a POST of `{upstream, backend, reason, errors}` on a cull.
+    pub webhook_url: String,
+}
+
+impl Default for CullingSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window_seconds: 60,
+            error_threshold: 5,
+            check_interval_seconds: 10,
+            tokens: 10,
+            token_period_seconds: 600,
+            max_culled_fraction: 0.5,
+            cooldown_seconds: 60,
+            dry_run: false,
+            webhook_url: String::new(),
+        }
+    }
+}
+
+/// The self-watchdog: the proxy culls itself through a fleet-wide budget.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchdogSection {
+    pub enabled: bool,
+    /// Resident memory limit in MiB; 0 = not watched.
+    pub max_rss_mb: u64,
+    /// Fraction of requests answered by the proxy itself with 5xx (502/504/500) over the window.
+    pub max_error_rate: f64,
+    /// Event-loop stall considered a breach.
+    pub max_stall_ms: u64,
+    pub check_interval_seconds: u64,
+    pub tokens: u32,
+    pub token_period_seconds: u64,
+}
+
+impl Default for WatchdogSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_rss_mb: 0,
+            max_error_rate: 0.5,
+            max_stall_ms: 1000,
+            check_interval_seconds: 10,
+            tokens: 1,
+            token_period_seconds: 600,
+        }
+    }
+}

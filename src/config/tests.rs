@@ -1,0 +1,97 @@
+use super::*;
+
+fn check(text: &str) -> Result<Config, ConfigError> {
+    parse("test.toml", text)
+}
+
+const MIN: &str = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
+
+#[test]
+fn minimal_config_gets_contract_defaults() {
+    let c = check(MIN).expect("valid");
+    assert_eq!(c.raw.server.threads, 2);
+    assert_eq!(c.raw.server.drain_seconds, 5);
+    assert_eq!(c.raw.shedding.max_concurrency, 1024);
+    assert_eq!(c.raw.rate_limit.limit, 600);
+    assert_eq!(c.raw.rate_limit.window_seconds, 60);
+    assert_eq!(c.raw.culling.tokens, 10);
+    assert!(c.raw.redis.is_none());
+    assert_eq!(c.routes.len(), 1);
+    assert_eq!(c.rate_limit_key, KeySpec::Header(http::HeaderName::from_static("x-api-key")));
+}
+
+#[test]
+fn unknown_key_names_path_and_line() {
+    let e = check(&format!("{MIN}\n[rate_limit]\nwindw_seconds = 5\n")).unwrap_err();
+    assert_eq!(e.key_path, "rate_limit.windw_seconds");
+    assert_eq!(e.line_col.map(|l| l.0), Some(6));
+    assert!(e.to_string().starts_with("error: test.toml:6:"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_path() {
+    let e = check(&format!("{MIN}[shedding]\nmax_concurrency = \"lots\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "shedding.max_concurrency");
+    assert_eq!(e.line_col.map(|l| l.0), Some(5));
+}
+
+#[test]
+fn bad_backend_address_located() {
+    let e = check("[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\", \"nope\"]\n").unwrap_err();
+    assert_eq!(e.key_path, "upstreams[0].backends[1]");
+    assert_eq!(e.line_col, Some((3, 28)));
+}
+
+#[test]
+fn duplicate_upstream_names() {
+    let e = check(&format!("{MIN}{MIN}")).unwrap_err();
+    assert_eq!(e.key_path, "upstreams[1].name");
+    assert_eq!(e.line_col.map(|l| l.0), Some(5));
+}
+
+#[test]
+fn route_to_unknown_upstream() {
+    let e = check(&format!("{MIN}[[routes]]\nupstream = \"nope\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "routes[0].upstream");
+    assert_eq!(e.line_col.map(|l| l.0), Some(5));
+}
+
+#[test]
+fn bad_enums_and_key_spec() {
+    let e = check(&format!("{MIN}[[routes]]\nupstream = \"app\"\npriority = \"urgent\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "routes[0].priority");
+    let e = check(&format!("{MIN}[rate_limit]\nmissing_key = \"maybe\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "rate_limit.missing_key");
+    let e = check(&format!("{MIN}[rate_limit]\nkey = \"cookie:x\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "rate_limit.key");
+    assert_eq!(e.line_col.map(|l| l.0), Some(5));
+}
+
+#[test]
+fn syntax_error_has_line_col() {
+    let e = check("[[upstreams]\nname = 1\n").unwrap_err();
+    assert!(e.line_col.is_some(), "{e}");
+}
+
+#[test]
+fn no_upstreams_is_an_error() {
+    let e = check("[shedding]\nmax_concurrency = 1\n").unwrap_err();
+    assert_eq!(e.key_path, "upstreams");
+}
+
+#[test]
+fn routes_ordered_longest_prefix_then_host() {
+    let c = check(&format!(
+        "{MIN}[[routes]]\nupstream = \"app\"\npath_prefix = \"/\"\n[[routes]]\nupstream = \"app\"\npath_prefix = \"/api\"\n[[routes]]\nhost = \"B.example\"\nupstream = \"app\"\npath_prefix = \"/api\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(c.routes[0].host.as_deref(), Some("b.example"));
+    assert_eq!(c.routes[1].path_prefix, "/api");
+    assert_eq!(c.routes[2].path_prefix, "/");
+}
+
+#[test]
+fn shipped_default_config_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/portcullis.toml");
+    load(std::path::Path::new(path)).expect("conf/portcullis.toml must validate");
+}

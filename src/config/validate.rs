@@ -1,0 +1,306 @@
+//! Validation of the file schema into runtime types. Errors are
+//! `(key_path, reason)`; the caller adds file and line:column.
+
+use super::schema::*;
+use std::collections::HashSet;
+use std::net::{SocketAddr, ToSocketAddrs};
+
+type VResult<T> = Result<T, (String, String)>;
+
+fn err<T>(path: impl Into<String>, reason: impl Into<String>) -> VResult<T> {
+    Err((path.into(), reason.into()))
+}
+
+/// How the rate-limit key is taken from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySpec {
+    Header(http::HeaderName),
+    Query(String),
+    Bearer,
+}
+
+/// What to do with a request that carries no key.
+pub type MissingKey = MissingKeySection;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upstream {
+    pub name: String,
+    pub backends: Vec<SocketAddr>,
+    pub health_check_path: String,
+    pub health_check_interval_seconds: u64,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Lower-case host without port; `None` matches any host.
+    pub host: Option<String>,
+    pub path_prefix: String,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    pub priority: Priority,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file as written (defaults filled in).
+    pub raw: FileConfig,
+    pub listen: Vec<SocketAddr>,
+    pub admin_listen: SocketAddr,
+    pub upstreams: Vec<Upstream>,
+    /// Routes ordered for first-match: longest prefix first, host-specific before any-host.
+    pub routes: Vec<Route>,
+    pub rate_limit_key: KeySpec,
+}
+
+pub fn validate(raw: FileConfig) -> VResult<Config> {
+    let listen = validate_server(&raw.server)?;
+    let admin_listen = parse_addr("server.admin_listen", &raw.server.admin_listen)?;
+    if listen.contains(&admin_listen) {
+        return err(
+            "server.admin_listen",
+            "must differ from every server.listen address",
+        );
+    }
+    if let Some(redis) = &raw.redis {
+        validate_redis(redis)?;
+    }
+    let upstreams = validate_upstreams(&raw.upstreams)?;
+    let routes = validate_routes(&raw.routes, &upstreams)?;
+    validate_shedding(&raw.shedding)?;
+    let rate_limit_key = validate_rate_limit(&raw.rate_limit)?;
+    validate_culling(&raw.culling)?;
+    validate_watchdog(&raw.watchdog)?;
+    Ok(Config {
+        listen,
+        admin_listen,
+        upstreams,
+        routes,
+        rate_limit_key,
+        raw,
+    })
+}
+
+fn parse_addr(path: &str, s: &str) -> VResult<SocketAddr> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let (host, port) = match s.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => (h, p),
+        _ => return err(path, format!("invalid address {s:?}: expected host:port")),
+    };
+    match (host, port.parse::<u16>().unwrap_or(0)).to_socket_addrs() {
+        Ok(mut addrs) => match addrs.next() {
+            Some(a) => Ok(a),
+            None => err(path, format!("address {s:?} resolves to nothing")),
+        },
+        Err(e) => err(path, format!("invalid address {s:?}: {e}")),
+    }
+}
+
+fn positive(path: &str, v: u64) -> VResult<()> {
+    if v == 0 {
+        return err(path, "must be at least 1");
+    }
+    Ok(())
+}
+
+fn validate_server(s: &ServerSection) -> VResult<Vec<SocketAddr>> {
+    if s.listen.is_empty() {
+        return err("server.listen", "at least one listen address is required");
+    }
+    let mut out = Vec::with_capacity(s.listen.len());
+    for (i, l) in s.listen.iter().enumerate() {
+        let a = parse_addr(&format!("server.listen[{i}]"), l)?;
+        if out.contains(&a) {
+            return err(format!("server.listen[{i}]"), format!("duplicate listen address {l}"));
+        }
+        out.push(a);
+    }
+    if s.threads == 0 || s.threads > 1024 {
+        return err("server.threads", "must be between 1 and 1024");
+    }
+    if s.upgrade_sock.is_empty() {
+        return err("server.upgrade_sock", "must not be empty");
+    }
+    if s.max_request_header_bytes < 1024 || s.max_request_header_bytes > 1_048_575 {
+        return err(
+            "server.max_request_header_bytes",
+            "must be between 1024 and 1048575 bytes",
+        );
+    }
+    Ok(out)
+}
+
+fn validate_redis(r: &RedisSection) -> VResult<()> {
+    if let Err(e) = redis::Client::open(r.url.as_str()) {
+        return err(
+            "redis.url",
+            format!("invalid Redis URL {:?} ({e}): expected redis://host:port[/db]", r.url),
+        );
+    }
+    if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
+        return err(
+            "redis.key_prefix",
+            "must be non-empty and contain no spaces or braces",
+        );
+    }
+    positive("redis.flush_interval_ms", r.flush_interval_ms)?;
+    positive("redis.timeout_ms", r.timeout_ms)
+}
+
+fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
+    if ups.is_empty() {
+        return err("upstreams", "at least one [[upstreams]] entry is required");
+    }
+    let mut names = HashSet::new();
+    let mut out = Vec::with_capacity(ups.len());
+    for (i, u) in ups.iter().enumerate() {
+        let p = |k: &str| format!("upstreams[{i}].{k}");
+        if u.name.is_empty() {
+            return err(p("name"), "must not be empty");
+        }
+        if !names.insert(u.name.as_str()) {
+            return err(p("name"), format!("duplicate upstream name {:?}", u.name));
+        }
+        if u.backends.is_empty() {
+            return err(p("backends"), "at least one backend is required");
+        }
+        let mut backends = Vec::with_capacity(u.backends.len());
+        for (j, b) in u.backends.iter().enumerate() {
+            let a = parse_addr(&format!("upstreams[{i}].backends[{j}]"), b)?;
+            if backends.contains(&a) {
+                return err(
+                    format!("upstreams[{i}].backends[{j}]"),
+                    format!("duplicate backend {b}"),
+                );
+            }
+            backends.push(a);
+        }
+        if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
+            return err(p("health_check_path"), "must be empty or start with '/'");
+        }
+        positive(&p("health_check_interval_seconds"), u.health_check_interval_seconds)?;
+        positive(&p("connect_timeout_ms"), u.connect_timeout_ms)?;
+        positive(&p("read_timeout_ms"), u.read_timeout_ms)?;
+        out.push(Upstream {
+            name: u.name.clone(),
+            backends,
+            health_check_path: u.health_check_path.clone(),
+            health_check_interval_seconds: u.health_check_interval_seconds,
+            connect_timeout_ms: u.connect_timeout_ms,
+            read_timeout_ms: u.read_timeout_ms,
+        });
+    }
+    Ok(out)
+}
+
+fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Route>> {
+    let mut out = Vec::with_capacity(routes.len().max(1));
+    for (i, r) in routes.iter().enumerate() {
+        let upstream = match ups.iter().position(|u| u.name == r.upstream) {
+            Some(idx) => idx,
+            None => {
+                return err(
+                    format!("routes[{i}].upstream"),
+                    format!("names unknown upstream {:?}", r.upstream),
+                )
+            }
+        };
+        if !r.path_prefix.starts_with('/') {
+            return err(format!("routes[{i}].path_prefix"), "must start with '/'");
+        }
+        if r.host.contains(['/', ' ']) {
+            return err(format!("routes[{i}].host"), "must be a bare host name");
+        }
+        let host = (!r.host.is_empty()).then(|| r.host.to_ascii_lowercase());
+        out.push(Route {
+            host,
+            path_prefix: r.path_prefix.clone(),
+            upstream,
+            priority: r.priority,
+        });
+    }
+    if out.is_empty() {
+        out.push(Route {
+            host: None,
+            path_prefix: "/".into(),
+            upstream: 0,
+            priority: Priority::Normal,
+        });
+    }
+    // First match wins: longest prefix, then host-specific before any-host.
+    out.sort_by(|a, b| {
+        b.path_prefix
+            .len()
+            .cmp(&a.path_prefix.len())
+            .then(b.host.is_some().cmp(&a.host.is_some()))
+    });
+    Ok(out)
+}
+
+fn validate_shedding(s: &SheddingSection) -> VResult<()> {
+    positive("shedding.retry_after_seconds", s.retry_after_seconds)
+}
+
+fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
+    let key = match r.key.split_once(':') {
+        Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) => KeySpec::Header(h),
+            Err(_) => return err("rate_limit.key", format!("invalid header name {name:?}")),
+        },
+        Some(("query", name)) if !name.is_empty() => KeySpec::Query(name.to_string()),
+        None if r.key == "bearer" => KeySpec::Bearer,
+        _ => {
+            return err(
+                "rate_limit.key",
+                format!("invalid key {:?}: expected header:NAME, query:NAME or bearer", r.key),
+            )
+        }
+    };
+    positive("rate_limit.window_seconds", r.window_seconds)?;
+    positive("rate_limit.limit", r.limit)?;
+    if r.max_key_bytes == 0 || r.max_key_bytes > 8192 {
+        return err("rate_limit.max_key_bytes", "must be between 1 and 8192");
+    }
+    if r.max_tracked_keys < 16 {
+        return err("rate_limit.max_tracked_keys", "must be at least 16");
+    }
+    if r.policy_name.is_empty() || !r.policy_name.bytes().all(|b| b.is_ascii_graphic() && b != b'"') {
+        return err("rate_limit.policy_name", "must be printable ASCII without quotes");
+    }
+    for (k, v) in &r.keys {
+        let path = format!("rate_limit.keys.{k}");
+        if k.is_empty() || k.len() > r.max_key_bytes {
+            return err(path, "key must be 1..=max_key_bytes bytes long");
+        }
+        positive(&path, *v)?;
+    }
+    Ok(key)
+}
+
+fn validate_culling(c: &CullingSection) -> VResult<()> {
+    positive("culling.window_seconds", c.window_seconds)?;
+    positive("culling.error_threshold", c.error_threshold)?;
+    positive("culling.check_interval_seconds", c.check_interval_seconds)?;
+    positive("culling.token_period_seconds", c.token_period_seconds)?;
+    positive("culling.cooldown_seconds", c.cooldown_seconds)?;
+    if !(0.0..=1.0).contains(&c.max_culled_fraction) {
+        return err("culling.max_culled_fraction", "must be between 0.0 and 1.0");
+    }
+    if !c.webhook_url.is_empty() && !c.webhook_url.starts_with("http://") {
+        return err("culling.webhook_url", "must be empty or an http:// URL");
+    }
+    Ok(())
+}
+
+fn validate_watchdog(w: &WatchdogSection) -> VResult<()> {
+    if !(0.0..=1.0).contains(&w.max_error_rate) {
+        return err("watchdog.max_error_rate", "must be between 0.0 and 1.0");
+    }
+    positive("watchdog.max_stall_ms", w.max_stall_ms)?;
+    positive("watchdog.check_interval_seconds", w.check_interval_seconds)?;
+    positive("watchdog.token_period_seconds", w.token_period_seconds)
+}

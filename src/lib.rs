@@ -1,0 +1,35 @@
+//! portcullis: an HTTP edge proxy on Pingora that keeps a fleet healthy with
+//! three gates.
+//!
+//! A request's path through the proxy, in order (see [`proxy`]):
+//!
+//! 1. **Header limits** — an oversized header block is answered 431.
+//! 2. **Routing** — host and longest path prefix pick an upstream and a
+//!    priority class ([`state::Runtime::route`]).
+//! 3. **Load shedding** ([`shed`]) — a global in-flight cap; critical requests
+//!    may use 100% of it, normal 90%, low 75%. Over the class limit: 503 with
+//!    `Retry-After`, before any upstream work.
+//! 4. **Rate limiting** ([`ratelimit`]) — a per-API-key sliding window decided
+//!    from local memory only; a background flusher shares counts through Redis
+//!    in batches. Over the limit: 429 with `Retry-After` and `RateLimit` fields.
+//! 5. **Backend selection** ([`upstream`]) — round robin over healthy backends
+//!    that are not culled; a failed connect is retried on another backend.
+//! 6. **Accounting** — every response feeds the backend's error window, which
+//!    the culling loop ([`cull`]) reads to eject a failing backend
+//!    when the fleet-wide disruption budget allows it.
+//!
+//! Around the request path: [`admin`] endpoints, [`metrics`], [`lifecycle`]
+//! (readiness-first shutdown) and [`reload`].
+
+pub mod admin;
+pub mod config;
+pub mod cull;
+pub mod lifecycle;
+pub mod metrics;
+pub mod proxy;
+pub mod ratelimit;
+pub mod reload;
+pub mod server;
+pub mod shed;
+pub mod state;
+pub mod upstream;

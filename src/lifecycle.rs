@@ -1,0 +1,188 @@
+//! Process lifecycle: readiness, draining and the shutdown sequence.
+//!
+//! SIGTERM: `/readyz` turns 503 at once, traffic is still proxied for
+//! `drain_seconds`, then listeners close (Pingora's shutdown broadcast) and the
+//! process exits as soon as nothing is in flight, or after
+//! `shutdown_timeout_seconds` at the latest. Stock Pingora instead stops
+//! accepting at once and then sleeps a fixed grace period.
+
+use crate::shed::Shedder;
+use async_trait::async_trait;
+use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch};
+use tokio::sync::broadcast;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+
+const READY: u8 = 0;
+const DRAINING: u8 = 1;
+
+#[derive(Debug)]
+pub struct Lifecycle {
+    state: AtomicU8,
+    /// Set when the readiness flip came from the watchdog, not a signal.
+    notify: tokio::sync::Notify,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self {
+            state: AtomicU8::new(READY),
+            notify: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl Lifecycle {
+    pub fn is_ready(&self) -> bool {
+        self.state.load(Ordering::Acquire) == READY
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        if self.is_ready() {
+            "ready"
+        } else {
+            "draining"
+        }
+    }
+
+    /// Fail readiness; returns true the first time.
+    pub fn start_draining(&self) -> bool {
+        let first = self.state.swap(DRAINING, Ordering::AcqRel) == READY;
+        if first {
+            self.notify.notify_waiters();
+            self.notify.notify_one();
+        }
+        first
+    }
+
+    /// Resolves once draining has started (by signal, or by the watchdog).
+    pub async fn draining(&self) {
+        while self.is_ready() {
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// The shutdown watch handed to Pingora: it delays Pingora's broadcast until the
+/// drain period is over and arranges a prompt exit once nothing is in flight.
+pub struct DrainingShutdown {
+    pub lifecycle: Arc<Lifecycle>,
+    pub shedder: Arc<Shedder>,
+    pub drain: Duration,
+    pub shutdown_timeout: Duration,
+    /// From `Server::watch_execution_phase()`, taken before `run`.
+    pub phases: std::sync::Mutex<Option<broadcast::Receiver<ExecutionPhase>>>,
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for DrainingShutdown {
+    async fn recv(&self) -> ShutdownSignal {
+        let (mut term, mut quit, mut int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::quit()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(q), Ok(i)) => (t, q, i),
+            _ => {
+                tracing::error!("cannot install signal handlers; exiting");
+                return ShutdownSignal::FastShutdown;
+            }
+        };
+        let kind = tokio::select! {
+            _ = term.recv() => ShutdownSignal::GracefulTerminate,
+            _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
+            _ = int.recv() => ShutdownSignal::FastShutdown,
+            _ = self.lifecycle.draining() => ShutdownSignal::GracefulTerminate,
+        };
+        match kind {
+            ShutdownSignal::FastShutdown => {
+                tracing::info!(event = "shutdown", mode = "fast", "SIGINT: exiting now");
+                return kind;
+            }
+            ShutdownSignal::GracefulUpgrade => {
+                // The new process is taking the listeners; readiness fails so that
+                // load balancers prefer it, and Pingora hands over the fds.
+                self.lifecycle.start_draining();
+                tracing::info!(event = "shutdown", mode = "upgrade", "SIGQUIT: handing listeners over");
+            }
+            _ => {
+                self.lifecycle.start_draining();
+                tracing::info!(
+                    event = "shutdown",
+                    mode = "graceful",
+                    drain_seconds = self.drain.as_secs(),
+                    "readiness failed; still proxying during drain"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(self.drain) => {}
+                    _ = int.recv() => return ShutdownSignal::FastShutdown,
+                }
+            }
+        }
+        let phases = self.phases.lock().ok().and_then(|mut p| p.take());
+        spawn_exit_when_idle(Arc::clone(&self.shedder), self.shutdown_timeout, phases);
+        kind
+    }
+}
+
+/// After Pingora broadcasts shutdown it sleeps a fixed grace period; this
+/// thread ends the process as soon as no request is in flight instead. It
+/// starts counting once Pingora enters its grace period, that is after the
+/// listeners closed (and, on upgrade, after the listeners were handed over).
+fn spawn_exit_when_idle(
+    shedder: Arc<Shedder>,
+    timeout: Duration,
+    phases: Option<broadcast::Receiver<ExecutionPhase>>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("exit-when-idle".into())
+        .spawn(move || {
+            if let Some(mut rx) = phases {
+                loop {
+                    match rx.blocking_recv() {
+                        Ok(ExecutionPhase::ShutdownGracePeriod)
+                        | Ok(ExecutionPhase::ShutdownRuntimes)
+                        | Err(broadcast::error::RecvError::Closed) => break,
+                        _ => {}
+                    }
+                }
+            }
+            let deadline = Instant::now() + timeout;
+            loop {
+                let inflight = shedder.inflight();
+                if inflight == 0 {
+                    tracing::info!(event = "shutdown", "nothing in flight; exiting");
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!(event = "shutdown", inflight, "shutdown timeout; exiting");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::process::exit(0);
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot spawn exit thread; relying on the grace period");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn draining_resolves_after_flip() {
+        let l = Arc::new(Lifecycle::default());
+        assert!(l.is_ready());
+        let l2 = Arc::clone(&l);
+        let waiter = tokio::spawn(async move { l2.draining().await });
+        tokio::task::yield_now().await;
+        assert!(l.start_draining());
+        assert!(!l.start_draining());
+        waiter.await.expect("join");
+        assert_eq!(l.state_name(), "draining");
+    }
+}

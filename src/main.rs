@@ -1,0 +1,51 @@
+//! The `portcullis` binary: CLI → config → server → run.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// HTTP edge proxy with load shedding, Redis-shared rate limiting and budgeted upstream culling.
+#[derive(Parser, Debug)]
+#[command(name = "portcullis", version, about)]
+struct Cli {
+    /// Configuration file (TOML).
+    #[arg(short = 'c', long = "conf", default_value = "conf/portcullis.toml")]
+    conf: PathBuf,
+    /// Validate the configuration, print OK and exit.
+    #[arg(long)]
+    check: bool,
+    /// Start as the new process of a zero-downtime upgrade: take over the
+    /// listeners of the running process through `server.upgrade_sock`.
+    #[arg(short = 'u', long = "upgrade")]
+    upgrade: bool,
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match portcullis::config::load(&cli.conf) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check {
+        println!("OK");
+        return ExitCode::SUCCESS;
+    }
+    init_logging();
+    portcullis::server::run(config, cli.conf, cli.upgrade);
+    ExitCode::SUCCESS
+}

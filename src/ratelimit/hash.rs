@@ -1,0 +1,41 @@
+//! Stable (cross-process, cross-version) hashing of API keys.
+//!
+//! The raw API key never leaves the process: Redis only ever sees the 128-bit FNV-1a hash of
+//! it, in hex. FNV-1a is not cryptographic; API keys are expected to be high-entropy secrets,
+//! so the hash cannot be inverted by brute force in practice, and an attacker who does not know
+//! a victim's key cannot aim a collision at it.
+
+const FNV128_OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+const FNV128_PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+
+/// 128-bit FNV-1a of `key`; identical in every instance and every build.
+pub fn stable_hash(key: &str) -> u128 {
+    let mut h = FNV128_OFFSET;
+    for b in key.as_bytes() {
+        h ^= u128::from(*b);
+        h = h.wrapping_mul(FNV128_PRIME);
+    }
+    h
+}
+
+/// Lower-case hex of a stable hash (32 characters).
+pub fn hash_hex(h: u128) -> String {
+    format!("{h:032x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_and_distinct() {
+        // Known FNV-1a 128 value of the empty string is the offset basis.
+        assert_eq!(stable_hash(""), FNV128_OFFSET);
+        assert_eq!(
+            hash_hex(stable_hash("a")),
+            "d228cb696f1a8caf78912b704e4a8964"
+        );
+        assert_ne!(stable_hash("key-1"), stable_hash("key-2"));
+        assert_eq!(hash_hex(stable_hash("x")).len(), 32);
+    }
+}

@@ -1,0 +1,639 @@
+//! The in-memory, sharded limiter.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+
+use super::hash::stable_hash;
+use super::store::{CounterStore, Delta, GlobalCounts, StoreError};
+use super::window;
+use super::{Decision, RateLimitParams};
+
+/// Number of shards (a power of two; the top bits of the key's hash select the shard).
+pub const SHARDS: usize = 64;
+const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+/// Saturation of the per-key reference counter of the CLOCK eviction.
+const MAX_REFS: u8 = 3;
+/// Slots examined per shard per flush by the idle-key collector.
+const GC_STEP: usize = 512;
+/// With nothing to flush, probe the store this often (ms) so health is kept current.
+const PROBE_EVERY_MS: u64 = 1_000;
+
+/// Identity hasher for keys that already are uniformly distributed 64-bit hashes.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used for u64 keys; fold anything else in deterministically.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type IdMap = HashMap<u64, u32, BuildHasherDefault<IdHasher>>;
+
+/// Parameters plus derived values, swapped atomically on reload.
+struct Params {
+    window_ms: u64,
+    window_secs: u64,
+    limit: u64,
+    overrides: HashMap<String, u64>,
+    cap_per_shard: usize,
+    generation: u32,
+}
+
+impl Params {
+    fn new(p: RateLimitParams, generation: u32) -> Self {
+        let window_secs = p.window_secs.max(1);
+        Self {
+            window_ms: window_secs.saturating_mul(1000),
+            window_secs,
+            limit: p.limit,
+            overrides: p.overrides,
+            cap_per_shard: p.max_tracked_keys.div_ceil(SHARDS).max(1),
+            generation,
+        }
+    }
+
+    fn limit_for(&self, key: &str) -> u64 {
+        if self.overrides.is_empty() {
+            self.limit
+        } else {
+            self.overrides.get(key).copied().unwrap_or(self.limit)
+        }
+    }
+}
+
+/// One tracked key.
+#[derive(Debug, Clone)]
+struct Slot {
+    /// Process-local hash (map key).
+    id: u64,
+    /// Stable hash sent to the store.
+    key_hash: u128,
+    /// Window index of the `*_cur` counters.
+    win: u64,
+    /// Last known global totals (include our own flushed admissions).
+    g_prev: u64,
+    g_cur: u64,
+    /// Admissions not yet sent.
+    l_prev: u32,
+    l_cur: u32,
+    /// Admissions sent by the flush in progress, not yet acknowledged.
+    p_prev: u32,
+    p_cur: u32,
+    /// Cached refusal: the key stays refused until this instant (ms), unless new counts
+    /// arrive. 0 = no cached refusal.
+    blocked_until: u64,
+    limit: u64,
+    window_ms: u64,
+    generation: u32,
+    /// CLOCK reference counter: 0 for a key seen once.
+    refs: u8,
+    /// In the shard's dirty list (to be sent at the next flush).
+    queued: bool,
+}
+
+impl Slot {
+    #[inline]
+    fn roll(&mut self, w: u64) {
+        if w <= self.win {
+            return;
+        }
+        if w == self.win + 1 {
+            self.g_prev = self.g_cur;
+            self.l_prev = self.l_cur;
+            self.p_prev = self.p_cur;
+        } else {
+            self.g_prev = 0;
+            self.l_prev = 0;
+            self.p_prev = 0;
+        }
+        self.g_cur = 0;
+        self.l_cur = 0;
+        self.p_cur = 0;
+        self.win = w;
+    }
+
+    #[inline]
+    fn prev(&self) -> u64 {
+        self.g_prev
+            .saturating_add(u64::from(self.p_prev))
+            .saturating_add(u64::from(self.l_prev))
+    }
+
+    #[inline]
+    fn cur(&self) -> u64 {
+        self.g_cur
+            .saturating_add(u64::from(self.p_cur))
+            .saturating_add(u64::from(self.l_cur))
+    }
+
+    fn has_unsent(&self) -> bool {
+        (self.l_prev | self.l_cur | self.p_prev | self.p_cur) != 0
+    }
+
+    /// Both windows are older than the previous one: the key no longer matters.
+    fn is_dead(&self, w: u64) -> bool {
+        self.win.saturating_add(1) < w
+    }
+
+    fn reset_counts(&mut self) {
+        self.g_prev = 0;
+        self.g_cur = 0;
+        self.l_prev = 0;
+        self.l_cur = 0;
+        self.p_prev = 0;
+        self.p_cur = 0;
+        self.blocked_until = 0;
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    index: IdMap,
+    slots: Vec<Slot>,
+    /// Slot indexes to send at the next flush (each at most once: `Slot::queued`).
+    dirty: Vec<u32>,
+    /// CLOCK hand.
+    hand: usize,
+    /// Idle-key collector cursor.
+    gc_cursor: usize,
+}
+
+impl Shard {
+    /// CLOCK victim: the first slot at or after the hand that is dead or has no reference
+    /// left; slots passed over lose one reference. Keys hit repeatedly survive a flood of
+    /// one-shot keys, which have no reference at all.
+    fn victim(&mut self, w: u64) -> usize {
+        let n = self.slots.len();
+        // Every slot loses a reference per pass, so 1 + MAX_REFS passes always find one.
+        for _ in 0..(n * (usize::from(MAX_REFS) + 1) + 1) {
+            if self.hand >= n {
+                self.hand = 0;
+            }
+            let i = self.hand;
+            self.hand += 1;
+            let s = &mut self.slots[i];
+            if s.refs == 0 || s.is_dead(w) {
+                return i;
+            }
+            s.refs -= 1;
+        }
+        self.hand.min(n.saturating_sub(1))
+    }
+
+    /// Removes slot `i` (swap-remove). Only called while the dirty list is empty.
+    fn remove_at(&mut self, i: usize) {
+        let id = self.slots[i].id;
+        self.index.remove(&id);
+        self.slots.swap_remove(i);
+        if i < self.slots.len() {
+            let moved = self.slots[i].id;
+            if let Some(ix) = self.index.get_mut(&moved) {
+                *ix = i as u32;
+            }
+        }
+    }
+
+    #[inline]
+    fn queue(&mut self, i: usize) {
+        if !self.slots[i].queued {
+            self.slots[i].queued = true;
+            self.dirty.push(i as u32);
+        }
+    }
+}
+
+/// Result of one successful [`Limiter::flush_once`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlushOutcome {
+    /// Keys sent in the batch.
+    pub keys: usize,
+    /// Admissions delivered.
+    pub admissions: u64,
+    /// Whether the store was called at all.
+    pub called_store: bool,
+}
+
+/// Sharded sliding-window limiter. Share as `Arc<Limiter>`.
+pub struct Limiter {
+    params: ArcSwap<Params>,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    healthy: AtomicBool,
+    store_errors: AtomicU64,
+    /// Keys evicted while holding admissions not yet delivered to the store.
+    dropped_unsent: AtomicU64,
+    evictions: AtomicU64,
+    last_store_call_ms: AtomicU64,
+    flush_lock: tokio::sync::Mutex<()>,
+}
+
+impl Limiter {
+    /// A limiter with no tracked keys; `store_healthy` starts true.
+    pub fn new(params: RateLimitParams) -> Self {
+        let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::default()).collect();
+        Self {
+            params: ArcSwap::from_pointee(Params::new(params, 1)),
+            shards: shards.into_boxed_slice(),
+            hasher: RandomState::new(),
+            healthy: AtomicBool::new(true),
+            store_errors: AtomicU64::new(0),
+            dropped_unsent: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            last_store_call_ms: AtomicU64::new(0),
+            flush_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Hot reload: new limits, overrides and caps apply from the next decision; counts are
+    /// kept (unless the window length changed, which restarts the counts of each key).
+    pub fn set_params(&self, params: RateLimitParams) {
+        let generation = self.params.load().generation.wrapping_add(1);
+        self.params.store(std::sync::Arc::new(Params::new(params, generation)));
+    }
+
+    /// Window length currently configured, in seconds.
+    pub fn window_secs(&self) -> u64 {
+        self.params.load().window_secs
+    }
+
+    /// The limit that applies to `key` (its override, or the default).
+    pub fn limit_for(&self, key: &str) -> u64 {
+        self.params.load().limit_for(key)
+    }
+
+    #[inline]
+    fn shard_of(&self, id: u64) -> &Mutex<Shard> {
+        &self.shards[(id >> (64 - SHARD_BITS)) as usize]
+    }
+
+    /// Decides one request for `key` at `now_ms` (Unix ms). In-memory only, never blocks on
+    /// I/O; the request is counted only if admitted.
+    pub fn check(&self, key: &str, now_ms: u64) -> Decision {
+        let p = self.params.load();
+        let id = self.hasher.hash_one(key);
+        let mut shard = lock(self.shard_of(id));
+        let wms = p.window_ms;
+        let mut w = now_ms / wms;
+        let mut e = now_ms % wms;
+
+        let i = match shard.index.get(&id) {
+            Some(&i) => {
+                let i = i as usize;
+                let s = &mut shard.slots[i];
+                if s.refs < MAX_REFS {
+                    s.refs += 1;
+                }
+                i
+            }
+            None => self.insert(&mut shard, id, key, &p, w),
+        };
+        shard.queue(i);
+        let s = &mut shard.slots[i];
+        if s.generation != p.generation {
+            s.limit = p.limit_for(key);
+            if s.window_ms != wms {
+                s.reset_counts();
+                s.window_ms = wms;
+                s.win = w;
+            }
+            s.generation = p.generation;
+            s.blocked_until = 0;
+        }
+        if w < s.win {
+            // A clock slightly behind the one that last touched the key: decide as of the
+            // start of the key's window.
+            w = s.win;
+            e = 0;
+        }
+        s.roll(w);
+        let limit = s.limit;
+
+        if s.blocked_until > now_ms {
+            let ms = s.blocked_until - now_ms;
+            let secs = window::ceil_secs(ms).max(1);
+            return Decision::Limited {
+                limit,
+                retry_after_secs: secs,
+                reset_secs: secs,
+            };
+        }
+
+        let prev = s.prev();
+        let cur = s.cur();
+        if window::admits(prev, cur, limit, wms, e) {
+            s.l_cur = s.l_cur.saturating_add(1);
+            let cur = cur.saturating_add(1);
+            Decision::Allowed {
+                limit,
+                remaining: window::remaining(prev, cur, limit, wms, e),
+                reset_secs: window::ceil_secs(window::drain_ms(prev, cur, wms, e)),
+            }
+        } else {
+            let ms = window::retry_after_ms(prev, cur, limit, wms, e).max(1);
+            s.blocked_until = now_ms.saturating_add(ms);
+            let secs = window::ceil_secs(ms).max(1);
+            Decision::Limited {
+                limit,
+                retry_after_secs: secs,
+                reset_secs: secs,
+            }
+        }
+    }
+
+    /// Adds a slot for a new key, evicting one under the shard's cap.
+    #[cold]
+    fn insert(&self, shard: &mut Shard, id: u64, key: &str, p: &Params, w: u64) -> usize {
+        let slot = Slot {
+            id,
+            key_hash: stable_hash(key),
+            win: w,
+            g_prev: 0,
+            g_cur: 0,
+            l_prev: 0,
+            l_cur: 0,
+            p_prev: 0,
+            p_cur: 0,
+            blocked_until: 0,
+            limit: p.limit_for(key),
+            window_ms: p.window_ms,
+            generation: p.generation,
+            refs: 0,
+            queued: false,
+        };
+        if shard.slots.len() < p.cap_per_shard {
+            let i = shard.slots.len();
+            shard.slots.push(slot);
+            shard.index.insert(id, i as u32);
+            return i;
+        }
+        let i = shard.victim(w);
+        let old = &shard.slots[i];
+        if old.has_unsent() && !old.is_dead(w) {
+            self.dropped_unsent.fetch_add(1, Ordering::Relaxed);
+        }
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        let old_id = old.id;
+        // Keep the queued flag: the slot index may already be in the dirty list.
+        let queued = old.queued;
+        shard.index.remove(&old_id);
+        shard.slots[i] = Slot { queued, ..slot };
+        shard.index.insert(id, i as u32);
+        i
+    }
+
+    /// Keys currently tracked.
+    pub fn tracked_keys(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).index.len()).sum()
+    }
+
+    /// False after a failed store call, true again after a successful one.
+    pub fn store_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Failed store calls (timeouts, connection and command errors).
+    pub fn store_errors_total(&self) -> u64 {
+        self.store_errors.load(Ordering::Relaxed)
+    }
+
+    /// Keys evicted (memory cap) so far.
+    pub fn evictions_total(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Keys evicted while holding admissions the store had not received yet.
+    pub fn dropped_unsent_total(&self) -> u64 {
+        self.dropped_unsent.load(Ordering::Relaxed)
+    }
+
+    /// Admissions recorded locally but not yet acknowledged by the store.
+    pub fn unsent_admissions(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                lock(s)
+                    .slots
+                    .iter()
+                    .map(|x| u64::from(x.l_prev) + u64::from(x.l_cur) + u64::from(x.p_prev) + u64::from(x.p_cur))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// One flush: sends every queued key's unsent admissions (and keys that were merely
+    /// checked, to refresh their global view) to `store` in one batch, then applies the
+    /// returned global counts. On failure the admissions are kept for the next flush.
+    /// Also collects idle keys incrementally. Concurrent calls are serialized.
+    pub async fn flush_once(
+        &self,
+        store: &dyn CounterStore,
+        now_ms: u64,
+    ) -> Result<FlushOutcome, StoreError> {
+        let _serial = self.flush_lock.lock().await;
+        let p = self.params.load_full();
+        let w = now_ms / p.window_ms;
+
+        // 1. Take.
+        let mut taken: Vec<(u8, u64)> = Vec::new();
+        let mut batch: Vec<Delta> = Vec::new();
+        let mut admissions = 0u64;
+        for (si, m) in self.shards.iter().enumerate() {
+            let mut sh = lock(m);
+            let dirty = std::mem::take(&mut sh.dirty);
+            for &i in &dirty {
+                let Some(s) = sh.slots.get_mut(i as usize) else {
+                    continue;
+                };
+                if !s.queued {
+                    continue;
+                }
+                s.queued = false;
+                if s.window_ms != p.window_ms {
+                    continue; // picks up the new window at its next check
+                }
+                s.roll(w);
+                s.p_cur = s.p_cur.saturating_add(s.l_cur);
+                s.p_prev = s.p_prev.saturating_add(s.l_prev);
+                s.l_cur = 0;
+                s.l_prev = 0;
+                admissions += u64::from(s.p_cur) + u64::from(s.p_prev);
+                batch.push(Delta {
+                    key_hash: s.key_hash,
+                    window: s.win,
+                    cur: u64::from(s.p_cur),
+                    prev: u64::from(s.p_prev),
+                });
+                taken.push((si as u8, s.id));
+            }
+            // Reuse the allocation.
+            let mut dirty = dirty;
+            dirty.clear();
+            if sh.dirty.is_empty() {
+                sh.dirty = dirty;
+            }
+            // 2. Collect idle keys (the dirty list is empty here, so indexes may move).
+            gc_step(&mut sh, w, p.cap_per_shard);
+        }
+
+        if batch.is_empty() {
+            let last = self.last_store_call_ms.load(Ordering::Relaxed);
+            if self.store_healthy() && now_ms.saturating_sub(last) < PROBE_EVERY_MS {
+                return Ok(FlushOutcome::default());
+            }
+        }
+        self.last_store_call_ms.store(now_ms, Ordering::Relaxed);
+
+        // 3. One store round trip.
+        let res = store.sync(&batch, p.window_secs, now_ms).await;
+        let res = match res {
+            Ok(c) if c.len() == batch.len() => Ok(c),
+            Ok(c) => Err(StoreError::Protocol(format!(
+                "{} results for {} keys",
+                c.len(),
+                batch.len()
+            ))),
+            Err(e) => Err(e),
+        };
+
+        // 4. Apply or restore.
+        match res {
+            Ok(counts) => {
+                self.for_each_taken(&taken, |s, k| apply(s, &batch[k], counts[k]));
+                if !self.healthy.swap(true, Ordering::Relaxed) {
+                    tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");
+                }
+                Ok(FlushOutcome {
+                    keys: batch.len(),
+                    admissions,
+                    called_store: true,
+                })
+            }
+            Err(err) => {
+                self.for_each_taken(&taken, |s, _| {
+                    s.l_cur = s.l_cur.saturating_add(s.p_cur);
+                    s.l_prev = s.l_prev.saturating_add(s.p_prev);
+                    s.p_cur = 0;
+                    s.p_prev = 0;
+                });
+                // Re-queue so the admissions are retried next flush.
+                for (si, id) in &taken {
+                    let mut sh = lock(&self.shards[usize::from(*si)]);
+                    if let Some(&i) = sh.index.get(id) {
+                        sh.queue(i as usize);
+                    }
+                }
+                if !matches!(err, StoreError::Backoff) {
+                    self.store_errors.fetch_add(1, Ordering::Relaxed);
+                    if self.healthy.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(target: "portcullis::ratelimit", error = %err, "rate-limit store unhealthy; enforcing last known counts");
+                    }
+                } else {
+                    self.healthy.store(false, Ordering::Relaxed);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs `f` on every taken slot still present, locking each shard once per run.
+    fn for_each_taken(&self, taken: &[(u8, u64)], mut f: impl FnMut(&mut Slot, usize)) {
+        let mut k = 0;
+        while k < taken.len() {
+            let si = taken[k].0;
+            let mut sh = lock(&self.shards[usize::from(si)]);
+            while k < taken.len() && taken[k].0 == si {
+                if let Some(&i) = sh.index.get(&taken[k].1) {
+                    if let Some(s) = sh.slots.get_mut(i as usize) {
+                        f(s, k);
+                    }
+                }
+                k += 1;
+            }
+        }
+    }
+
+    /// (window, prev, cur, global cur) of a key, for tests.
+    #[cfg(test)]
+    pub(crate) fn slot_counts_for_tests(&self, key: &str) -> (u64, u64, u64, u64) {
+        self.slot_counts(key).unwrap_or_default()
+    }
+
+    #[cfg(test)]
+    fn slot_counts(&self, key: &str) -> Option<(u64, u64, u64, u64)> {
+        let id = self.hasher.hash_one(key);
+        let sh = lock(self.shard_of(id));
+        sh.index.get(&id).map(|&i| {
+            let s = &sh.slots[i as usize];
+            (s.win, s.prev(), s.cur(), s.g_cur)
+        })
+    }
+}
+
+fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts) {
+    if s.win == d.window {
+        s.g_cur = c.cur;
+        s.g_prev = c.prev;
+    } else if s.win == d.window + 1 {
+        s.g_prev = c.cur;
+    }
+    s.p_cur = 0;
+    s.p_prev = 0;
+    // New global counts: recompute any cached refusal.
+    s.blocked_until = 0;
+}
+
+fn gc_step(sh: &mut Shard, w: u64, cap: usize) {
+    // Over the cap after a reload that lowered it: evict down to it.
+    while sh.slots.len() > cap {
+        let i = sh.victim(w);
+        sh.remove_at(i);
+    }
+    let mut budget = GC_STEP;
+    while budget > 0 && !sh.slots.is_empty() {
+        budget -= 1;
+        if sh.gc_cursor >= sh.slots.len() {
+            sh.gc_cursor = 0;
+        }
+        let i = sh.gc_cursor;
+        if sh.slots[i].is_dead(w) {
+            sh.remove_at(i); // re-examine index i (now holds the moved slot)
+        } else {
+            sh.gc_cursor += 1;
+        }
+    }
+    if sh.hand >= sh.slots.len() {
+        sh.hand = 0;
+    }
+}
+
+#[inline]
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Approximate memory per tracked key: the slot, plus the index entry (with the hash
+/// table's control byte and a 7/8 load factor) and a dirty-list entry.
+pub fn approx_bytes_per_key() -> usize {
+    let slot = std::mem::size_of::<Slot>();
+    let index = (std::mem::size_of::<(u64, u32)>() + 1) * 8 / 7;
+    slot + index + std::mem::size_of::<u32>()
+}
+
+#[cfg(test)]
+#[path = "limiter_tests.rs"]
+pub(crate) mod tests;

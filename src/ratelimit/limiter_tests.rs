@@ -1,0 +1,298 @@
+use super::super::store::LocalStore;
+use super::*;
+
+const W: u64 = 60_000;
+/// An epoch-aligned window start far from 0.
+pub(crate) const T0: u64 = 1_000 * W;
+
+fn lim(limit: u64, window_secs: u64) -> Limiter {
+    Limiter::new(RateLimitParams {
+        window_secs,
+        limit,
+        ..Default::default()
+    })
+}
+
+fn admitted(l: &Limiter, key: &str, n: usize, now: u64) -> usize {
+    (0..n).filter(|_| l.check(key, now).is_allowed()).count()
+}
+
+fn retry(d: Decision) -> u64 {
+    match d {
+        Decision::Limited {
+            retry_after_secs, ..
+        } => retry_after_secs,
+        Decision::Allowed { .. } => 0,
+    }
+}
+
+#[test]
+fn window_boundaries() {
+    let l = lim(10, 60);
+    // Start of a window: all 10 go through, then refused.
+    assert_eq!(admitted(&l, "a", 15, T0), 10);
+    // Still within the window.
+    assert_eq!(admitted(&l, "a", 5, T0 + W - 1), 0);
+    // Rollover: prev = 10 weighs fully at the very start of the next window.
+    assert_eq!(admitted(&l, "a", 5, T0 + W), 0);
+    // Mid next window: 10 * 0.5 = 5 -> 5 more.
+    assert_eq!(admitted(&l, "a", 20, T0 + W + W / 2), 5);
+    // End of that window: prev 10 weighs ~0, cur 5 -> 5 more (5 + 10/60000 + 1 <= 10 up to cur 8).
+    assert_eq!(admitted(&l, "a", 20, T0 + 2 * W - 1), 4);
+    // Skip of 2+ windows: everything forgotten.
+    assert_eq!(admitted(&l, "a", 20, T0 + 5 * W), 10);
+}
+
+#[test]
+fn remaining_and_reset() {
+    let l = lim(10, 60);
+    match l.check("r", T0 + 1_000) {
+        Decision::Allowed {
+            limit,
+            remaining,
+            reset_secs,
+        } => {
+            assert_eq!(limit, 10);
+            assert_eq!(remaining, 9);
+            assert_eq!(reset_secs, 119); // 2 windows - 1 s until fully drained
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn only_admitted_requests_count() {
+    let l = lim(10, 60);
+    assert_eq!(admitted(&l, "k", 1000, T0), 10);
+    let (_, prev, cur, _) = l.slot_counts("k").unwrap();
+    assert_eq!((prev, cur), (0, 10));
+    // Next window at 60% : prev 10 * 0.4 = 4 -> 6 admitted despite 1000 refused before.
+    assert_eq!(admitted(&l, "k", 100, T0 + W + 36_000), 6);
+}
+
+#[test]
+fn retry_after_is_exact() {
+    // Fill patterns: (time of burst within the window, burst size, later burst time)
+    for (offset, later) in [(0u64, None), (12_345, None), (59_999, None), (0, Some(30_500u64))] {
+        let l = lim(10, 60);
+        let now = T0 + offset;
+        admitted(&l, "k", 6, now);
+        let mut now = now;
+        if let Some(t) = later {
+            now = T0 + W + t;
+        }
+        admitted(&l, "k", 100, now);
+        let d = l.check("k", now);
+        let ra = retry(d);
+        assert!(ra >= 1, "{d:?}");
+        // One second earlier than promised: still refused; at the promise: admitted.
+        let before = now + ra * 1000 - 1000;
+        assert!(
+            !l.check("k", before).is_allowed(),
+            "offset {offset} ra {ra}: admitted 1 s early"
+        );
+        assert!(
+            l.check("k", now + ra * 1000).is_allowed(),
+            "offset {offset} ra {ra}: refused at retry-after"
+        );
+    }
+}
+
+#[test]
+fn retry_after_known_values() {
+    let l = lim(10, 60);
+    assert_eq!(admitted(&l, "k", 10, T0), 10);
+    // 10 at the window start: next window, 10 * (1 - f) <= 9 -> f >= 0.1 -> 66 s.
+    assert_eq!(retry(l.check("k", T0)), 66);
+    assert_eq!(retry(l.check("k", T0 + 10_000)), 56);
+    assert_eq!(retry(l.check("k", T0 + 65_001)), 1);
+    assert!(!l.check("k", T0 + 65_999).is_allowed());
+    assert!(l.check("k", T0 + 66_000).is_allowed());
+
+    // limit 1: the single admission must leave both windows.
+    let l = lim(1, 60);
+    assert!(l.check("one", T0 + 30_000).is_allowed());
+    assert_eq!(retry(l.check("one", T0 + 30_000)), 90);
+}
+
+#[test]
+fn overrides_apply_per_key() {
+    let mut overrides = HashMap::new();
+    overrides.insert("premium".to_string(), 50);
+    overrides.insert("blocked".to_string(), 0);
+    let l = Limiter::new(RateLimitParams {
+        window_secs: 60,
+        limit: 5,
+        overrides,
+        ..Default::default()
+    });
+    assert_eq!(admitted(&l, "premium", 100, T0), 50);
+    assert_eq!(admitted(&l, "basic", 100, T0), 5);
+    assert_eq!(admitted(&l, "blocked", 3, T0), 0);
+    assert_eq!(retry(l.check("blocked", T0)), 60);
+    assert_eq!(l.limit_for("premium"), 50);
+}
+
+#[test]
+fn hot_reload_keeps_state() {
+    let l = lim(5, 60);
+    assert_eq!(admitted(&l, "k", 10, T0), 5);
+    let mut overrides = HashMap::new();
+    overrides.insert("k".to_string(), 8);
+    l.set_params(RateLimitParams {
+        window_secs: 60,
+        limit: 5,
+        overrides,
+        ..Default::default()
+    });
+    // Cached refusal dropped; the 5 already admitted still count.
+    assert_eq!(admitted(&l, "k", 10, T0 + 1), 3);
+    // Window change restarts counts.
+    l.set_params(RateLimitParams {
+        window_secs: 10,
+        limit: 2,
+        ..Default::default()
+    });
+    assert_eq!(admitted(&l, "k", 10, T0 + 2), 2);
+}
+
+#[test]
+fn cached_refusal_is_cheap_and_consistent() {
+    let l = lim(3, 60);
+    assert_eq!(admitted(&l, "k", 3, T0), 3);
+    let first = retry(l.check("k", T0 + 1_000));
+    // Served from the cache, consistent with the math.
+    for s in 1..10u64 {
+        let r = retry(l.check("k", T0 + 1_000 + s * 1_000));
+        assert_eq!(r, first - s);
+    }
+}
+
+#[test]
+fn eviction_keeps_active_keys_under_flood() {
+    let l = Limiter::new(RateLimitParams {
+        window_secs: 60,
+        limit: 1_000_000,
+        max_tracked_keys: 64 * 32, // 2048
+        ..Default::default()
+    });
+    let active: Vec<String> = (0..50).map(|i| format!("active-{i}")).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut now = T0;
+    for round in 0..2_000 {
+        for k in &active {
+            assert!(l.check(k, now).is_allowed());
+        }
+        for _ in 0..100 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            l.check(&format!("rnd-{x:x}"), now);
+        }
+        if round % 100 == 0 {
+            now += 1;
+        }
+        assert!(l.tracked_keys() <= 64 * 32);
+    }
+    // 200k random keys went through a 2k-key table; every active key kept its full count.
+    for k in &active {
+        let (_, _, cur, _) = l.slot_counts(k).expect("active key evicted");
+        assert_eq!(cur, 2_000, "{k}");
+    }
+    assert!(l.evictions_total() > 150_000);
+}
+
+#[test]
+fn dead_keys_are_collected() {
+    let l = lim(10, 60);
+    for i in 0..5_000 {
+        l.check(&format!("k{i}"), T0);
+    }
+    assert_eq!(l.tracked_keys(), 5_000);
+    let store = LocalStore::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        l.flush_once(&store, T0 + 10).await.unwrap();
+        assert_eq!(l.tracked_keys(), 5_000);
+        // Two windows later everything is dead; the collector frees it in a few flushes.
+        for i in 0..5 {
+            l.flush_once(&store, T0 + 2 * W + i).await.unwrap();
+        }
+    });
+    assert_eq!(l.tracked_keys(), 0);
+}
+
+#[tokio::test]
+async fn local_store_single_instance_is_identical() {
+    let l = lim(10, 60);
+    let store = LocalStore::new();
+    assert_eq!(admitted(&l, "k", 4, T0), 4);
+    l.flush_once(&store, T0 + 1).await.unwrap();
+    assert_eq!(admitted(&l, "k", 4, T0 + 2), 4);
+    l.flush_once(&store, T0 + 3).await.unwrap();
+    l.flush_once(&store, T0 + 4).await.unwrap();
+    assert_eq!(admitted(&l, "k", 10, T0 + 5), 2);
+    let (_, prev, cur, g_cur) = l.slot_counts("k").unwrap();
+    assert_eq!((prev, cur), (0, 10));
+    assert_eq!(g_cur, 8);
+    // Rollover with flushes in between behaves as without a store.
+    l.flush_once(&store, T0 + W + 30_000).await.unwrap();
+    assert_eq!(admitted(&l, "k", 10, T0 + W + 30_000), 5);
+}
+
+#[tokio::test]
+async fn two_limiters_share_local_store() {
+    // Two "instances" on one LocalStore (stand-in for Redis): 4x the limit each, 3 windows.
+    let store = LocalStore::new();
+    let a = lim(600, 60);
+    let b = lim(600, 60);
+    let per_window = simulate(&a, &b, &store, &store, 600, 3).await;
+    eprintln!("local-store 2 instances, admitted per window (limit 600): {per_window:?}");
+    for (i, n) in per_window.iter().enumerate() {
+        let r = *n as f64 / 600.0;
+        assert!((0.95..=1.03).contains(&r), "window {i}: {n} admitted ({r})");
+    }
+}
+
+/// Drives two limiters at 4x `limit` each (evenly spread) over `windows + 1` windows, both
+/// flushing every 50 ms (staggered); returns admitted (both together) per fixed window,
+/// leaving out the first window, which starts empty.
+pub(crate) async fn simulate(
+    a: &Limiter,
+    b: &Limiter,
+    store_a: &dyn CounterStore,
+    store_b: &dyn CounterStore,
+    limit: u64,
+    windows: u64,
+) -> Vec<u64> {
+    let wms = a.window_secs() * 1000;
+    let start = T0;
+    let per_iw = 4 * limit; // requests per instance per window
+    let mut per_window = vec![0u64; windows as usize + 1];
+    let mut next_flush = start + 50;
+    for k in 0..(windows + 1) * per_iw {
+        let t = start + k * wms / per_iw;
+        while next_flush <= t {
+            let _ = a.flush_once(store_a, next_flush).await;
+            let _ = b.flush_once(store_b, next_flush + 7).await;
+            next_flush += 50;
+        }
+        for l in [a, b] {
+            if l.check("hot", t).is_allowed() {
+                per_window[((t - start) / wms) as usize] += 1;
+            }
+        }
+    }
+    per_window.remove(0);
+    per_window
+}
+
+#[test]
+fn bytes_per_key() {
+    let b = approx_bytes_per_key();
+    eprintln!("approx bytes per key: {b}");
+    assert!(b < 200);
+}

@@ -1,0 +1,283 @@
+//! Integration tests against a real `redis-server` started by the test on a free port.
+//! Skipped (with a message) when `redis-server` is not on PATH.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::hash::stable_hash;
+use super::limiter::tests::{simulate, T0};
+use super::*;
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn have_redis() -> bool {
+    let ok = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIPPED: redis-server not on PATH");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn start(port: u16) -> Server {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server { child, port };
+    for _ in 0..200 {
+        if let Ok(mut c) = conn(port).await {
+            let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut c).await;
+            if r.is_ok() {
+                return server;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("redis-server on port {port} did not come up");
+}
+
+async fn conn(port: u16) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    c.get_multiplexed_async_connection().await
+}
+
+fn store(port: u16, prefix: &str) -> RedisStore {
+    RedisStore::new(RedisSettings {
+        url: format!("redis://127.0.0.1:{port}/"),
+        key_prefix: prefix.to_string(),
+        timeout_ms: 200,
+    })
+    .unwrap()
+}
+
+async fn evalsha_calls(port: u16) -> u64 {
+    let mut c = conn(port).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut total = 0;
+    for line in info.lines() {
+        if line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:") {
+            if let Some(n) = line
+                .split(',')
+                .next()
+                .and_then(|f| f.split("calls=").nth(1))
+            {
+                total += n.parse::<u64>().unwrap();
+            }
+        }
+    }
+    total
+}
+
+fn lim(limit: u64, window_secs: u64) -> Limiter {
+    Limiter::new(RateLimitParams {
+        window_secs,
+        limit,
+        ..Default::default()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_converge_on_one_limit() {
+    if !have_redis() {
+        return;
+    }
+    let srv = start(free_port()).await;
+    let sa = store(srv.port, "t1");
+    let sb = store(srv.port, "t1");
+    // 600 per 1 s window, each instance at 4x = 2,400 req/s, 3 windows (+1 warm-up).
+    let (a, b) = (lim(600, 1), lim(600, 1));
+    let before = evalsha_calls(srv.port).await;
+    let per_window = simulate(&a, &b, &sa, &sb, 600, 3).await;
+    let cmds = evalsha_calls(srv.port).await - before;
+    let requests = 2 * 4 * 600 * 4;
+    let ratios: Vec<f64> = per_window.iter().map(|n| *n as f64 / 600.0).collect();
+    eprintln!(
+        "redis 2 instances: admitted per window {per_window:?} ratios {ratios:?}; \\
+         {cmds} script calls for {requests} requests = {:.4} per request",
+        cmds as f64 / requests as f64
+    );
+    for r in &ratios {
+        assert!((0.95..=1.03).contains(r), "ratio {r}");
+    }
+    assert!((cmds as f64 / requests as f64) <= 0.05);
+
+    // Same with a 60 s window (40 req/s per instance: far more flushes per request, same
+    // accuracy).
+    let (a, b) = (lim(600, 60), lim(600, 60));
+    let (sa, sb) = (store(srv.port, "t2"), store(srv.port, "t2"));
+    let per_window = simulate(&a, &b, &sa, &sb, 600, 3).await;
+    eprintln!("redis 2 instances, 60 s window: admitted per window {per_window:?}");
+    for n in &per_window {
+        let r = *n as f64 / 600.0;
+        assert!((0.95..=1.03).contains(&r), "ratio {r}");
+    }
+
+    // Everything written starts with the prefix, has a TTL and never holds the raw key.
+    let mut c = conn(srv.port).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        assert!(k.starts_with("t1:rl:{") || k.starts_with("t2:rl:{"), "{k}");
+        assert!(!k.contains("hot"), "{k}");
+        let ttl: i64 = redis::cmd("TTL").arg(k).query_async(&mut c).await.unwrap();
+        assert!(ttl > 0, "{k} ttl {ttl}");
+    }
+    let h = super::hash::hash_hex(stable_hash("hot"));
+    assert!(keys.iter().any(|k| k.contains(&h)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_keeps_deltas_and_delivers_them() {
+    if !have_redis() {
+        return;
+    }
+    let port = free_port();
+    let srv = start(port).await;
+    let st = store(port, "out");
+    let l = lim(1_000, 3600);
+    let now = T0;
+    for _ in 0..10 {
+        assert!(l.check("k", now).is_allowed());
+    }
+    l.flush_once(&st, now + 1).await.unwrap();
+    assert!(l.store_healthy());
+    let key = st.redis_key(stable_hash("k"), now / 3_600_000);
+
+    // Kill the server we started (by its PID).
+    drop(srv);
+    for i in 0..25 {
+        assert!(l.check("k", now + 2 + i).is_allowed());
+    }
+    let t = std::time::Instant::now();
+    assert!(l.flush_once(&st, now + 100).await.is_err());
+    assert!(t.elapsed() < Duration::from_millis(1_000));
+    assert!(!l.store_healthy());
+    assert!(l.store_errors_total() >= 1);
+    assert_eq!(l.unsent_admissions(), 25);
+    // Counts stay enforced locally: 10 known globally + 25 local.
+    let (_, _, cur, g) = l.slot_counts_for_tests("k");
+    assert_eq!((cur, g), (35, 10));
+
+    // Back on the same port (empty, no persistence): the outage's 25 arrive.
+    let srv = start(port).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if l.flush_once(&st, now + 200).await.is_ok() && l.unsent_admissions() == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(l.store_healthy());
+    let mut c = conn(srv.port).await.unwrap();
+    let v: i64 = redis::cmd("GET").arg(&key).query_async(&mut c).await.unwrap();
+    assert_eq!(v, 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_listener_times_out() {
+    // Accepts connections and never answers (no redis-server needed).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = tokio::spawn(async move {
+        let mut socks = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            socks.push(s);
+        }
+    });
+    let st = RedisStore::new(RedisSettings {
+        url: format!("redis://127.0.0.1:{port}/"),
+        key_prefix: "x".into(),
+        timeout_ms: 100,
+    })
+    .unwrap();
+    let l = lim(10, 60);
+    assert!(l.check("k", T0).is_allowed());
+    let t = std::time::Instant::now();
+    let r = l.flush_once(&st, T0 + 1).await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(t.elapsed() < Duration::from_millis(600), "{:?}", t.elapsed());
+    assert!(!l.store_healthy());
+    // Decisions are unaffected.
+    assert!(l.check("k", T0 + 2).is_allowed());
+    // During the backoff the next flush fails fast without the network.
+    let t = std::time::Instant::now();
+    assert_eq!(l.flush_once(&st, T0 + 3).await, Err(StoreError::Backoff));
+    assert!(t.elapsed() < Duration::from_millis(50));
+    assert_eq!(l.unsent_admissions(), 2);
+    hold.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_sleep_times_out_then_recovers() {
+    if !have_redis() {
+        return;
+    }
+    let srv = start(free_port()).await;
+    let st = store(srv.port, "slp");
+    let l = lim(10, 60);
+    assert!(l.check("k", T0).is_allowed());
+    l.flush_once(&st, T0 + 1).await.unwrap();
+    let port = srv.port;
+    let sleeper = tokio::spawn(async move {
+        let mut c = conn(port).await.unwrap();
+        let _: redis::RedisResult<String> =
+            redis::cmd("DEBUG").arg("SLEEP").arg("1").query_async(&mut c).await;
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(l.check("k", T0 + 2).is_allowed());
+    let t = std::time::Instant::now();
+    assert_eq!(l.flush_once(&st, T0 + 3).await, Err(StoreError::Timeout));
+    assert!(t.elapsed() < Duration::from_millis(500));
+    assert!(!l.store_healthy());
+    sleeper.await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(l.flush_once(&st, T0 + 4).await.is_ok() && l.unsent_admissions() == 0) {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(l.store_healthy());
+    let mut c = conn(srv.port).await.unwrap();
+    let v: i64 = redis::cmd("GET")
+        .arg(st.redis_key(stable_hash("k"), T0 / 60_000))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(v, 2);
+}

@@ -1,0 +1,248 @@
+//! Counter stores: where instances meet to add up their admissions.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+/// One key's unflushed admissions, relative to window index `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delta {
+    /// Stable hash of the API key (see [`super::hash::stable_hash`]); the raw key never
+    /// reaches a store.
+    pub key_hash: u128,
+    /// Epoch-aligned window index (`now_ms / (window_secs * 1000)`) of `cur`.
+    pub window: u64,
+    /// Admissions to add to window `window`.
+    pub cur: u64,
+    /// Admissions to add to window `window - 1`.
+    pub prev: u64,
+}
+
+/// Global totals after a sync, for the delta's windows `window` (`cur`) and `window - 1`
+/// (`prev`). These include the deltas just sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GlobalCounts {
+    /// Total for window `window`.
+    pub cur: u64,
+    /// Total for window `window - 1`.
+    pub prev: u64,
+}
+
+/// Why a sync failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The call took longer than the configured timeout.
+    Timeout,
+    /// Not attempted: waiting for the reconnect backoff to elapse.
+    Backoff,
+    /// Could not connect.
+    Connect(String),
+    /// The store answered with an error.
+    Command(String),
+    /// The store answered something unexpected.
+    Protocol(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Timeout => f.write_str("store call timed out"),
+            StoreError::Backoff => f.write_str("store reconnect backoff"),
+            StoreError::Connect(e) => write!(f, "store connect failed: {e}"),
+            StoreError::Command(e) => write!(f, "store command failed: {e}"),
+            StoreError::Protocol(e) => write!(f, "store protocol error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A shared counter store.
+#[async_trait]
+pub trait CounterStore: Send + Sync {
+    /// Adds every delta to its key's windows and returns the resulting totals, one per delta
+    /// in the same order. An empty batch is a health probe (it must still reach the store).
+    /// Must be bounded in time.
+    async fn sync(
+        &self,
+        batch: &[Delta],
+        window_secs: u64,
+        now_ms: u64,
+    ) -> Result<Vec<GlobalCounts>, StoreError>;
+
+    /// `"redis"` or `"local"` (for `/status`).
+    fn kind(&self) -> &'static str;
+}
+
+/// In-process store, used when there is no `[redis]` section: same window math, no sharing.
+/// Windows older than the previous one are dropped; the number of keys is capped.
+pub struct LocalStore {
+    map: Mutex<HashMap<u128, LocalCounts>>,
+    max_keys: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LocalCounts {
+    window: u64,
+    cur: u64,
+    prev: u64,
+}
+
+impl LocalStore {
+    /// A store holding at most `super::DEFAULT_MAX_TRACKED_KEYS * 2` keys.
+    pub fn new() -> Self {
+        Self::with_max_keys(super::DEFAULT_MAX_TRACKED_KEYS * 2)
+    }
+
+    /// A store holding at most `max_keys` keys (at least 1).
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            max_keys: max_keys.max(1),
+        }
+    }
+
+    /// Keys currently held.
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or_else(|e| e.into_inner().len())
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Current totals of a key for window `window` and `window - 1` (tests, debugging).
+    pub fn counts(&self, key_hash: u128, window: u64) -> GlobalCounts {
+        let m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&key_hash)
+            .map(|c| counts_at(c, window))
+            .unwrap_or_default()
+    }
+}
+
+impl Default for LocalStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn counts_at(c: &LocalCounts, window: u64) -> GlobalCounts {
+    if c.window == window {
+        GlobalCounts {
+            cur: c.cur,
+            prev: c.prev,
+        }
+    } else if c.window + 1 == window {
+        GlobalCounts { cur: 0, prev: c.cur }
+    } else if c.window == window + 1 {
+        GlobalCounts { cur: c.prev, prev: 0 }
+    } else {
+        GlobalCounts::default()
+    }
+}
+
+#[async_trait]
+impl CounterStore for LocalStore {
+    async fn sync(
+        &self,
+        batch: &[Delta],
+        window_secs: u64,
+        now_ms: u64,
+    ) -> Result<Vec<GlobalCounts>, StoreError> {
+        let wms = window_secs.max(1).saturating_mul(1000);
+        let now_win = now_ms / wms;
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(batch.len());
+        for d in batch {
+            let c = m.entry(d.key_hash).or_insert(LocalCounts {
+                window: d.window,
+                cur: 0,
+                prev: 0,
+            });
+            // Roll forward to the delta's window.
+            if d.window == c.window + 1 {
+                c.prev = c.cur;
+                c.cur = 0;
+                c.window = d.window;
+            } else if d.window > c.window + 1 {
+                *c = LocalCounts {
+                    window: d.window,
+                    cur: 0,
+                    prev: 0,
+                };
+            }
+            if c.window == d.window {
+                c.cur = c.cur.saturating_add(d.cur);
+                c.prev = c.prev.saturating_add(d.prev);
+            } else if c.window == d.window + 1 {
+                // The store is one window ahead of this delta.
+                c.prev = c.prev.saturating_add(d.cur);
+            }
+            out.push(counts_at(c, d.window));
+        }
+        if m.len() > self.max_keys {
+            m.retain(|_, c| c.window + 1 >= now_win);
+            if m.len() > self.max_keys {
+                // Still over: drop arbitrary keys (bounded memory beats accuracy here).
+                let excess = m.len() - self.max_keys;
+                let victims: Vec<u128> = m.keys().take(excess).copied().collect();
+                for k in victims {
+                    m.remove(&k);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn local_store_windows() {
+        let s = LocalStore::with_max_keys(10);
+        let d = |w, cur, prev| Delta {
+            key_hash: 7,
+            window: w,
+            cur,
+            prev,
+        };
+        let r = s.sync(&[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
+        assert_eq!(r, vec![GlobalCounts { cur: 3, prev: 0 }]);
+        let r = s.sync(&[d(5, 2, 0)], 60, 5 * 60_000).await.unwrap();
+        assert_eq!(r, vec![GlobalCounts { cur: 5, prev: 0 }]);
+        // rollover: window 6 gets 1, previous (5) gets 1 late delta
+        let r = s.sync(&[d(6, 1, 1)], 60, 6 * 60_000).await.unwrap();
+        assert_eq!(r, vec![GlobalCounts { cur: 1, prev: 6 }]);
+        // a straggler for window 5 from another instance
+        let r = s.sync(&[d(5, 1, 0)], 60, 6 * 60_000).await.unwrap();
+        assert_eq!(r, vec![GlobalCounts { cur: 7, prev: 0 }]);
+        assert_eq!(s.counts(7, 6), GlobalCounts { cur: 1, prev: 7 });
+        // skip of 2+ windows forgets everything
+        let r = s.sync(&[d(9, 0, 0)], 60, 9 * 60_000).await.unwrap();
+        assert_eq!(r, vec![GlobalCounts { cur: 0, prev: 0 }]);
+    }
+
+    #[tokio::test]
+    async fn local_store_bounded() {
+        let s = LocalStore::with_max_keys(100);
+        for i in 0..1000u128 {
+            let d = Delta {
+                key_hash: i,
+                window: 1,
+                cur: 1,
+                prev: 0,
+            };
+            s.sync(&[d], 60, 60_000).await.unwrap();
+        }
+        assert!(s.len() <= 100);
+    }
+}

@@ -1,0 +1,188 @@
+//! Pure sliding-window arithmetic (no state, no clock).
+//!
+//! Time is split into fixed windows of `w` milliseconds aligned to the Unix epoch; window
+//! index `now_ms / w`, elapsed `e = now_ms % w`. With `prev` admissions in the previous
+//! window and `cur` in the current one the estimate is
+//! `prev * (1 - e/w) + cur`, and a request is admitted iff `estimate + 1 <= limit`.
+//! Everything is computed exactly in integers scaled by `w`:
+//! `prev * (w - e) + (cur + 1) * w <= limit * w`.
+
+/// Whether one more request is admitted.
+#[inline]
+pub fn admits(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> bool {
+    let w = u128::from(w);
+    let lhs = u128::from(prev) * (w - u128::from(e)) + (u128::from(cur) + 1) * w;
+    lhs <= u128::from(limit) * w
+}
+
+/// Whole requests still admissible right now: `floor(limit - estimate)`, at least 0.
+#[inline]
+pub fn remaining(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
+    let w128 = u128::from(w);
+    let used = u128::from(prev) * (w128 - u128::from(e)) + u128::from(cur) * w128;
+    let cap = u128::from(limit) * w128;
+    if used >= cap {
+        0
+    } else {
+        u64::try_from((cap - used) / w128).unwrap_or(u64::MAX)
+    }
+}
+
+/// Smallest `d` (ms, possibly 0) such that a request at `now + d` is admitted, assuming no
+/// further admissions. `prev`/`cur` are the counts for the window containing `now`, `e` the
+/// elapsed ms in it. The estimate never increases with time, so every instant after
+/// `now + d` admits as well. A limit of 0 never admits; it returns one full window.
+pub fn retry_after_ms(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
+    if limit == 0 {
+        return w;
+    }
+    // Still within the current window?
+    if cur < limit {
+        let budget = limit - cur - 1; // allowed value of prev * (w - e') / w
+        match earliest_elapsed(prev, budget, w) {
+            Some(need) if need <= e => return 0,
+            Some(need) => return need - e,
+            None => {}
+        }
+    }
+    // Next window: `cur` becomes the previous window, the current one is empty.
+    let to_next = w - e;
+    match earliest_elapsed(cur, limit - 1, w) {
+        Some(need) => to_next + need,
+        // Only the window after next (both counts empty) admits.
+        None => to_next + w,
+    }
+}
+
+/// Earliest elapsed offset `e' in [0, w)` with `prev * (w - e') <= budget * w`, if any.
+fn earliest_elapsed(prev: u64, budget: u64, w: u64) -> Option<u64> {
+    if prev == 0 {
+        return Some(0);
+    }
+    let max_rem = u128::from(budget) * u128::from(w) / u128::from(prev); // max allowed (w - e')
+    if max_rem >= u128::from(w) {
+        return Some(0);
+    }
+    // max_rem < w fits in u64
+    let need = w - u64::try_from(max_rem).unwrap_or(w);
+    if need < w {
+        Some(need)
+    } else {
+        None
+    }
+}
+
+/// Milliseconds until the estimate drains to zero (the quota is fully restored).
+pub fn drain_ms(prev: u64, cur: u64, w: u64, e: u64) -> u64 {
+    if cur > 0 {
+        2 * w - e
+    } else if prev > 0 {
+        w - e
+    } else {
+        0
+    }
+}
+
+/// Whole seconds, rounded up.
+#[inline]
+pub fn ceil_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: u64 = 60_000;
+
+    /// Brute force: scan forward ms by ms (for small cases) for the first admitting instant.
+    fn brute_retry(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
+        for d in 0..=(3 * w) {
+            let t = e + d;
+            let ok = if t < w {
+                admits(prev, cur, limit, w, t)
+            } else if t < 2 * w {
+                admits(cur, 0, limit, w, t - w)
+            } else {
+                admits(0, 0, limit, w, t - 2 * w)
+            };
+            if ok {
+                return d;
+            }
+        }
+        u64::MAX
+    }
+
+    #[test]
+    fn admit_at_boundaries() {
+        // Start of a window: previous counts fully.
+        assert!(!admits(10, 0, 10, W, 0));
+        assert!(admits(9, 0, 10, W, 0));
+        // Mid window: half of prev counts. 10*0.5 + 4 + 1 = 10 <= 10.
+        assert!(admits(10, 4, 10, W, 30_000));
+        assert!(!admits(10, 5, 10, W, 30_000));
+        // End of window: prev weight 1/60000.
+        assert!(admits(10, 8, 10, W, W - 1)); // 10/60000 + 9 <= 10
+        assert!(!admits(10, 9, 10, W, W - 1)); // 10/60000 + 10 > 10
+        // Exact equality is admitted.
+        assert!(admits(0, 9, 10, W, 0));
+        assert!(!admits(0, 10, 10, W, 0));
+        // limit 0 never admits
+        assert!(!admits(0, 0, 0, W, 0));
+    }
+
+    #[test]
+    fn remaining_is_floor() {
+        assert_eq!(remaining(0, 0, 10, W, 0), 10);
+        assert_eq!(remaining(10, 0, 10, W, 30_000), 5);
+        assert_eq!(remaining(10, 0, 10, W, 30_001), 5);
+        assert_eq!(remaining(10, 0, 10, W, 29_999), 4);
+        assert_eq!(remaining(20, 20, 10, W, 0), 0);
+    }
+
+    #[test]
+    fn retry_after_exact_examples() {
+        // limit 10, window 60s, 10 admitted at the very start of a window: only the next
+        // window frees a slot, once the 10 have decayed to <= 9: e'' >= 6000 ms.
+        assert_eq!(retry_after_ms(0, 10, 10, W, 0), W + 6_000);
+        // Same but 10 s into the window.
+        assert_eq!(retry_after_ms(0, 10, 10, W, 10_000), 50_000 + 6_000);
+        // prev 10, cur 5, at 30 s: 5 + 5 = 10 -> need 10*(1-f) <= 4 -> f >= 0.6 -> 36 s.
+        assert_eq!(retry_after_ms(10, 5, 10, W, 30_000), 6_000);
+        // limit 1: cur 1 must be fully gone -> window after next.
+        assert_eq!(retry_after_ms(0, 1, 1, W, 1_000), 59_000 + W);
+        // admitted now -> 0
+        assert_eq!(retry_after_ms(0, 0, 10, W, 123), 0);
+        assert_eq!(retry_after_ms(5, 0, 1, 1_000, 0), 1_000 + 0);
+    }
+
+    #[test]
+    fn retry_after_matches_brute_force() {
+        let w = 1_000;
+        for limit in 1..6u64 {
+            for prev in 0..12u64 {
+                for cur in 0..12u64 {
+                    for e in [0u64, 1, 250, 499, 500, 777, 998, 999] {
+                        let got = retry_after_ms(prev, cur, limit, w, e);
+                        assert_eq!(
+                            got,
+                            brute_retry(prev, cur, limit, w, e),
+                            "prev {prev} cur {cur} limit {limit} e {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn drain_and_ceil() {
+        assert_eq!(drain_ms(0, 0, W, 5), 0);
+        assert_eq!(drain_ms(3, 0, W, 10_000), 50_000);
+        assert_eq!(drain_ms(3, 1, W, 10_000), 110_000);
+        assert_eq!(ceil_secs(0), 0);
+        assert_eq!(ceil_secs(1), 1);
+        assert_eq!(ceil_secs(1000), 1);
+        assert_eq!(ceil_secs(1001), 2);
+    }
+}

@@ -1,0 +1,68 @@
+//! Hot reload (SIGHUP or `POST /reload`): re-read and validate the file, then
+//! swap the runtime atomically. An invalid file keeps the old config.
+
+use crate::config::{self, ConfigError};
+use crate::state::Shared;
+use std::sync::Arc;
+
+/// Reload from the file the process was started with.
+pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
+    let result = config::load(&shared.config_path).and_then(|next| {
+        let cur = shared.runtime.load();
+        let old = &cur.config.raw;
+        let new = &next.raw;
+        let needs_restart = [
+            (old.server.listen != new.server.listen, "server.listen"),
+            (old.server.admin_listen != new.server.admin_listen, "server.admin_listen"),
+            (old.server.threads != new.server.threads, "server.threads"),
+            (old.redis != new.redis, "redis"),
+        ];
+        for (changed, key) in needs_restart {
+            if changed {
+                tracing::warn!(
+                    event = "reload",
+                    key,
+                    "changed, but only takes effect after a binary upgrade (SIGQUIT + -u) or restart"
+                );
+            }
+        }
+        Ok(next)
+    });
+    match result {
+        Ok(next) => {
+            shared.apply(next);
+            shared.metrics.config_reloads.with_label_values(&["ok"]).inc();
+            tracing::info!(event = "reload", result = "ok", "configuration reloaded");
+            Ok(())
+        }
+        Err(e) => {
+            shared
+                .metrics
+                .config_reloads
+                .with_label_values(&["error"])
+                .inc();
+            tracing::error!(
+                event = "reload",
+                result = "error",
+                key_path = %e.key_path,
+                reason = %e.reason,
+                "invalid configuration; keeping the old one: {e}"
+            );
+            Err(e)
+        }
+    }
+}
+
+/// Reload on every SIGHUP until the process ends.
+pub async fn watch_sighup(shared: Arc<Shared>) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP; reload only via POST /reload");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        let _ = reload(&shared);
+    }
+}

@@ -1,0 +1,196 @@
+//! Assemble the Pingora server: the proxy service on `server.listen`, the
+//! admin service on `admin_listen`, and the background services (health
+//! checks, rate-limit flusher, culling, SIGHUP reload).
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::lifecycle::DrainingShutdown;
+use crate::proxy::Proxy;
+use crate::ratelimit::{CounterStore, LocalStore, RedisSettings, RedisStore};
+use crate::state::Shared;
+use async_trait::async_trait;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{RunArgs, Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
+use pingora::services::listening::Service;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Runs active health checks of every pool of the current runtime, each at
+/// its own interval; follows reloads.
+struct HealthChecks {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecks {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut last: HashMap<String, Instant> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let rt = self.shared.runtime.load_full();
+            for pool in &rt.pools {
+                let Some(every) = pool.health_check_interval else {
+                    continue;
+                };
+                let due = last.get(&pool.name).is_none_or(|t| t.elapsed() >= every);
+                if due {
+                    last.insert(pool.name.clone(), Instant::now());
+                    pool.run_health_check().await;
+                }
+            }
+        }
+    }
+}
+
+/// Flushes rate-limit counts to the store in batches.
+struct Flusher {
+    shared: Arc<Shared>,
+    store: Arc<dyn CounterStore>,
+    interval: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Flusher {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        crate::ratelimit::run_flusher(
+            Arc::clone(&self.shared.limiter),
+            Arc::clone(&self.store),
+            self.interval,
+            shutdown,
+        )
+        .await;
+    }
+}
+
+/// Reloads the config on SIGHUP.
+struct Reloader {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for Reloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+fn server_conf(config: &Config) -> ServerConf {
+    let s = &config.raw.server;
+    let mut conf = ServerConf {
+        threads: s.threads,
+        upgrade_sock: s.upgrade_sock.clone(),
+        // Our own shutdown watch exits as soon as nothing is in flight; this is
+        // only the upper bound Pingora sleeps after closing the listeners.
+        grace_period_seconds: Some(s.shutdown_timeout_seconds),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    conf.upstream_keepalive_pool_size = 256;
+    conf
+}
+
+/// Build everything and run until shutdown. `upgrade`: take the listeners of
+/// a running process over `upgrade_sock` (`-u`).
+pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
+    let opt = Opt {
+        upgrade,
+        ..Opt::default()
+    };
+    let conf = server_conf(&config);
+    let listen = config.listen.clone();
+    let admin_listen = config.admin_listen;
+    let drain = Duration::from_secs(config.raw.server.drain_seconds);
+    let shutdown_timeout = Duration::from_secs(config.raw.server.shutdown_timeout_seconds);
+    let redis = config.raw.redis.clone();
+    let threads = config.raw.server.threads;
+
+    let shared = Shared::new(config, config_path);
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Proxy::new(Arc::clone(&shared)),
+        "portcullis proxy",
+    );
+    for addr in &listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    proxy.threads = Some(threads);
+
+    let mut admin = Service::new("portcullis admin".into(), Admin::new(Arc::clone(&shared)));
+    admin.add_tcp(&admin_listen.to_string());
+    admin.threads = Some(1);
+
+    let (store, flush_interval): (Arc<dyn CounterStore>, Duration) = match &redis {
+        Some(r) => match RedisStore::new(RedisSettings {
+            url: r.url.clone(),
+            key_prefix: r.key_prefix.clone(),
+            timeout_ms: r.timeout_ms,
+        }) {
+            Ok(s) => (Arc::new(s), Duration::from_millis(r.flush_interval_ms)),
+            Err(e) => {
+                // validated at load; only reachable if the URL became invalid
+                tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
+                (Arc::new(LocalStore::new()), Duration::from_millis(50))
+            }
+        },
+        None => (Arc::new(LocalStore::new()), Duration::from_millis(50)),
+    };
+
+    let health = background_service(
+        "health checks",
+        HealthChecks {
+            shared: Arc::clone(&shared),
+        },
+    );
+    let flusher = background_service(
+        "rate-limit flusher",
+        Flusher {
+            shared: Arc::clone(&shared),
+            store,
+            interval: flush_interval,
+        },
+    );
+    let reloader = background_service(
+        "reload",
+        Reloader {
+            shared: Arc::clone(&shared),
+        },
+    );
+
+    server.add_service(proxy);
+    server.add_service(admin);
+    server.add_service(health);
+    server.add_service(flusher);
+    server.add_service(reloader);
+
+    let phases = server.watch_execution_phase();
+    tracing::info!(
+        event = "start",
+        listen = ?listen,
+        admin = %admin_listen,
+        store = shared.store_kind,
+        upgrade,
+        "portcullis starting"
+    );
+    server.run(RunArgs {
+        shutdown_signal: Box::new(DrainingShutdown {
+            lifecycle: Arc::clone(&shared.lifecycle),
+            shedder: Arc::clone(&shared.shedder),
+            drain,
+            shutdown_timeout,
+            phases: std::sync::Mutex::new(Some(phases)),
+        }),
+    });
+}

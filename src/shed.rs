@@ -1,0 +1,157 @@
+//! Load shedding: one global in-flight count with an RAII guard, and priority
+//! classes that may use 100% (critical), 90% (normal) or 75% (low) of the cap.
+//! Admission is a compare-and-swap that never over-counts, so a burst of
+//! rejections cannot push an admissible request over the limit.
+
+use crate::config::Priority;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug, Default)]
+pub struct Shedder {
+    inflight: AtomicU64,
+    /// 0 = no cap. Swapped on reload.
+    cap: AtomicU64,
+}
+
+/// Class limit for a cap: critical 100%, normal 90%, low 75%, at least 1.
+pub fn class_limit(cap: u64, priority: Priority) -> u64 {
+    let limit = match priority {
+        Priority::Critical => cap,
+        Priority::Normal => cap * 9 / 10,
+        Priority::Low => cap * 3 / 4,
+    };
+    limit.max(1)
+}
+
+/// Holds one in-flight slot until dropped.
+#[derive(Debug)]
+pub struct InflightGuard(Arc<Shedder>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Shedder {
+    pub fn new(cap: u64) -> Arc<Self> {
+        Arc::new(Self {
+            inflight: AtomicU64::new(0),
+            cap: AtomicU64::new(cap),
+        })
+    }
+
+    pub fn set_cap(&self, cap: u64) {
+        self.cap.store(cap, Ordering::Release);
+    }
+
+    pub fn cap(&self) -> u64 {
+        self.cap.load(Ordering::Acquire)
+    }
+
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Acquire)
+    }
+
+    /// Take a slot for a request of `priority`, or `None` when its class is full.
+    #[inline]
+    pub fn try_acquire(self: &Arc<Self>, priority: Priority) -> Option<InflightGuard> {
+        let cap = self.cap();
+        if cap == 0 {
+            self.inflight.fetch_add(1, Ordering::AcqRel);
+            return Some(InflightGuard(Arc::clone(self)));
+        }
+        let limit = class_limit(cap, priority);
+        let mut cur = self.inflight.load(Ordering::Acquire);
+        loop {
+            if cur >= limit {
+                return None;
+            }
+            match self.inflight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(InflightGuard(Arc::clone(self))),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_limits() {
+        assert_eq!(class_limit(20, Priority::Critical), 20);
+        assert_eq!(class_limit(20, Priority::Normal), 18);
+        assert_eq!(class_limit(20, Priority::Low), 15);
+        assert_eq!(class_limit(1, Priority::Low), 1);
+    }
+
+    #[test]
+    fn exactly_cap_admitted_and_released_on_drop() {
+        let s = Shedder::new(4);
+        let guards: Vec<_> = (0..4)
+            .map(|_| s.try_acquire(Priority::Critical).expect("slot"))
+            .collect();
+        assert!(s.try_acquire(Priority::Critical).is_none());
+        assert_eq!(s.inflight(), 4);
+        drop(guards);
+        assert_eq!(s.inflight(), 0);
+        assert!(s.try_acquire(Priority::Critical).is_some());
+    }
+
+    #[test]
+    fn lower_classes_shed_first() {
+        let s = Shedder::new(20);
+        let held: Vec<_> = (0..15)
+            .map(|_| s.try_acquire(Priority::Critical).expect("slot"))
+            .collect();
+        assert!(s.try_acquire(Priority::Low).is_none());
+        let normal = s.try_acquire(Priority::Normal);
+        assert!(normal.is_some());
+        drop(normal);
+        drop(held);
+    }
+
+    #[test]
+    fn zero_cap_disables_but_still_counts() {
+        let s = Shedder::new(0);
+        let g: Vec<_> = (0..10_000)
+            .map(|_| s.try_acquire(Priority::Low).expect("slot"))
+            .collect();
+        assert_eq!(s.inflight(), 10_000);
+        drop(g);
+        assert_eq!(s.inflight(), 0);
+    }
+
+    #[test]
+    fn concurrent_acquire_never_exceeds_cap() {
+        let s = Shedder::new(8);
+        let peak = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let s = Arc::clone(&s);
+                let peak = Arc::clone(&peak);
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        if let Some(g) = s.try_acquire(Priority::Critical) {
+                            peak.fetch_max(s.inflight(), Ordering::Relaxed);
+                            drop(g);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("join");
+        }
+        assert!(peak.load(Ordering::Relaxed) <= 8);
+        assert_eq!(s.inflight(), 0);
+    }
+}

@@ -1,0 +1,183 @@
+//! Shared state: the swappable runtime config (routes, pools, gate settings)
+//! and the long-lived parts (shedder, limiter, metrics, lifecycle) that a
+//! reload keeps.
+
+use crate::config::{Config, KeySpec, MissingKey, Route};
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
+use crate::ratelimit::{KeySource, Limiter, RateLimitParams};
+use crate::shed::Shedder;
+use crate::upstream::{BackendState, Pool};
+use arc_swap::ArcSwap;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn unix_secs() -> u64 {
+    unix_ms() / 1000
+}
+
+/// Rate-limit settings the request path needs.
+#[derive(Debug, Clone)]
+pub struct RateLimitRuntime {
+    pub source: KeySource,
+    pub missing_key: MissingKey,
+    pub max_key_bytes: usize,
+    pub headers: bool,
+    pub policy_name: String,
+    pub window_secs: u64,
+}
+
+/// Everything a reload replaces, swapped atomically as one value.
+pub struct Runtime {
+    pub config: Config,
+    pub pools: Vec<Arc<Pool>>,
+    pub keepalive_seconds: Option<u64>,
+    pub max_request_header_bytes: usize,
+    pub retry_after_seconds: u64,
+    /// `None` when `rate_limit.enabled = false`.
+    pub rate_limit: Option<RateLimitRuntime>,
+}
+
+impl Runtime {
+    /// Build from a validated config, keeping the state of backends that stay.
+    pub fn build(config: Config, previous: Option<&Runtime>) -> Self {
+        let mut known: HashMap<(String, SocketAddr), Arc<BackendState>> = HashMap::new();
+        if let Some(prev) = previous {
+            for pool in &prev.pools {
+                for b in &pool.backends {
+                    known.insert((pool.name.clone(), b.addr), Arc::clone(b));
+                }
+            }
+        }
+        let window = config.raw.culling.window_seconds;
+        let pools = config
+            .upstreams
+            .iter()
+            .map(|u| Arc::new(Pool::build(u, window, &known)))
+            .collect();
+        let rl = &config.raw.rate_limit;
+        let rate_limit = rl.enabled.then(|| RateLimitRuntime {
+            source: match &config.rate_limit_key {
+                KeySpec::Header(h) => KeySource::Header(h.clone()),
+                KeySpec::Query(q) => KeySource::Query(q.clone()),
+                KeySpec::Bearer => KeySource::Bearer,
+            },
+            missing_key: rl.missing_key,
+            max_key_bytes: rl.max_key_bytes,
+            headers: rl.headers,
+            policy_name: rl.policy_name.clone(),
+            window_secs: rl.window_seconds,
+        });
+        Self {
+            keepalive_seconds: Some(config.raw.server.keepalive_timeout_seconds),
+            max_request_header_bytes: config.raw.server.max_request_header_bytes,
+            retry_after_seconds: config.raw.shedding.retry_after_seconds,
+            rate_limit,
+            pools,
+            config,
+        }
+    }
+
+    /// First matching route (routes are pre-sorted: longest prefix, host-specific first).
+    #[inline]
+    pub fn route(&self, host: &str, path: &str) -> &Route {
+        self.config
+            .routes
+            .iter()
+            .find(|r| {
+                path.starts_with(r.path_prefix.as_str())
+                    && r.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
+            })
+            .unwrap_or(&DEFAULT_ROUTE)
+    }
+}
+
+static DEFAULT_ROUTE: Route = Route {
+    host: None,
+    path_prefix: String::new(),
+    upstream: 0,
+    priority: crate::config::Priority::Normal,
+};
+
+pub fn rate_limit_params(config: &Config) -> RateLimitParams {
+    let rl = &config.raw.rate_limit;
+    RateLimitParams {
+        window_secs: rl.window_seconds,
+        limit: rl.limit,
+        overrides: rl.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        max_key_bytes: rl.max_key_bytes,
+        max_tracked_keys: rl.max_tracked_keys,
+    }
+}
+
+pub struct Shared {
+    pub runtime: ArcSwap<Runtime>,
+    pub shedder: Arc<Shedder>,
+    pub limiter: Arc<Limiter>,
+    pub metrics: Arc<Metrics>,
+    pub lifecycle: Arc<Lifecycle>,
+    /// "redis" or "local".
+    pub store_kind: &'static str,
+    pub config_path: std::path::PathBuf,
+    id_prefix: u64,
+    id_counter: AtomicU64,
+    proxy_errors: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(config: Config, config_path: std::path::PathBuf) -> Arc<Self> {
+        let shedder = Shedder::new(config.raw.shedding.max_concurrency);
+        let limiter = Arc::new(Limiter::new(rate_limit_params(&config)));
+        let store_kind = if config.raw.redis.is_some() {
+            "redis"
+        } else {
+            "local"
+        };
+        let runtime = Runtime::build(config, None);
+        Arc::new(Self {
+            runtime: ArcSwap::from_pointee(runtime),
+            shedder,
+            limiter,
+            metrics: Arc::new(Metrics::new()),
+            lifecycle: Arc::new(Lifecycle::default()),
+            store_kind,
+            config_path,
+            id_prefix: (unix_ms() ^ (u64::from(std::process::id()) << 40)) & 0xffff_ffff_ffff,
+            id_counter: AtomicU64::new(0),
+            proxy_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// A unique request id: per-process prefix plus a counter, 28 hex digits.
+    pub fn next_request_id(&self) -> String {
+        let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
+        format!("{:012x}{:016x}", self.id_prefix, n)
+    }
+
+    pub fn note_proxy_error(&self) {
+        self.proxy_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn proxy_errors(&self) -> u64 {
+        self.proxy_errors.load(Ordering::Relaxed)
+    }
+
+    /// Swap in a new config: routes, pools, caps and limits. Backends that stay
+    /// keep their state; removed backends finish what they have in flight.
+    pub fn apply(&self, config: Config) {
+        self.shedder.set_cap(config.raw.shedding.max_concurrency);
+        self.limiter.set_params(rate_limit_params(&config));
+        let prev = self.runtime.load();
+        let next = Runtime::build(config, Some(&prev));
+        self.runtime.store(Arc::new(next));
+    }
+}

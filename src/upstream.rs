@@ -1,0 +1,205 @@
+//! Upstream pools: round-robin over healthy, not-culled backends
+//! (pingora-load-balancing), active HTTP health checks, and per-backend state
+//! shared with the culling gate.
+
+use crate::config::Upstream;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::lb::discovery;
+use pingora::lb::health_check::HttpHealthCheck;
+use pingora::lb::selection::RoundRobin;
+use pingora::lb::{Backend, Backends, LoadBalancer};
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Per-backend state that outlives reloads while the backend stays configured.
+#[derive(Debug)]
+pub struct BackendState {
+    pub upstream: String,
+    pub addr: SocketAddr,
+    pub addr_str: String,
+    /// Requests and errors over the culling window (the hot-path accounting).
+    pub window: crate::cull::ErrorWindow,
+    cull: AtomicU8,
+}
+
+/// Where a backend stands with the culling gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CullMark {
+    /// In rotation.
+    In = 0,
+    /// Ejected: gets no new requests.
+    Culled = 1,
+}
+
+impl BackendState {
+    pub fn new(upstream: &str, addr: SocketAddr, window_secs: u64) -> Self {
+        Self {
+            upstream: upstream.to_string(),
+            addr,
+            addr_str: addr.to_string(),
+            window: crate::cull::ErrorWindow::new(window_secs),
+            cull: AtomicU8::new(CullMark::In as u8),
+        }
+    }
+
+    #[inline]
+    pub fn is_culled(&self) -> bool {
+        self.cull.load(Ordering::Acquire) == CullMark::Culled as u8
+    }
+
+    pub fn set_culled(&self, culled: bool) {
+        let v = if culled { CullMark::Culled } else { CullMark::In };
+        self.cull.store(v as u8, Ordering::Release);
+    }
+}
+
+pub struct Pool {
+    pub name: String,
+    pub lb: LoadBalancer<RoundRobin>,
+    pub backends: Vec<Arc<BackendState>>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub health_check_interval: Option<Duration>,
+    pub health_check_path: String,
+    /// Set while no backend is eligible and traffic goes to all of them.
+    pub panic_mode: AtomicBool,
+}
+
+/// Poll a future once; pingora's static discovery never blocks.
+fn poll_once<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
+impl Pool {
+    /// Build a pool; backends already in `known` keep their state (reload).
+    pub fn build(
+        cfg: &Upstream,
+        window_secs: u64,
+        known: &HashMap<(String, SocketAddr), Arc<BackendState>>,
+    ) -> Self {
+        let mut set = BTreeSet::new();
+        let mut states = Vec::with_capacity(cfg.backends.len());
+        for addr in &cfg.backends {
+            let state = known
+                .get(&(cfg.name.clone(), *addr))
+                .cloned()
+                .unwrap_or_else(|| Arc::new(BackendState::new(&cfg.name, *addr, window_secs)));
+            let mut b = Backend {
+                addr: pingora::protocols::l4::socket::SocketAddr::Inet(*addr),
+                weight: 1,
+                ext: http::Extensions::new(),
+            };
+            b.ext.insert(Arc::clone(&state));
+            set.insert(b);
+            states.push(state);
+        }
+        let backends = Backends::new(discovery::Static::new(set));
+        let mut lb = LoadBalancer::<RoundRobin>::from_backends(backends);
+        if poll_once(lb.update()).is_none() {
+            tracing::error!(upstream = %cfg.name, "static discovery did not complete");
+        }
+        let health_check_interval = (!cfg.health_check_path.is_empty())
+            .then(|| Duration::from_secs(cfg.health_check_interval_seconds));
+        if !cfg.health_check_path.is_empty() {
+            lb.set_health_check(http_health_check(
+                &cfg.health_check_path,
+                Duration::from_millis(cfg.connect_timeout_ms),
+            ));
+        }
+        Self {
+            name: cfg.name.clone(),
+            lb,
+            backends: states,
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            read_timeout: Duration::from_millis(cfg.read_timeout_ms),
+            health_check_interval,
+            health_check_path: cfg.health_check_path.clone(),
+            panic_mode: AtomicBool::new(false),
+        }
+    }
+
+    /// Next backend round-robin: healthy, not culled and not tried yet by this
+    /// request. When health checks leave nothing eligible, fail open to every
+    /// backend that is not culled (Envoy's panic mode).
+    pub fn select(&self, tried: &[SocketAddr]) -> Option<Arc<BackendState>> {
+        let eligible = |b: &Backend, healthy: bool| {
+            healthy
+                && b.ext
+                    .get::<Arc<BackendState>>()
+                    .is_some_and(|s| !s.is_culled() && !tried.contains(&s.addr))
+        };
+        let iterations = self.backends.len().max(1) * 4 + 16;
+        if let Some(b) = self.lb.select_with(b"", iterations, eligible) {
+            if self.panic_mode.swap(false, Ordering::Relaxed) {
+                tracing::info!(upstream = %self.name, "healthy backends back; panic mode off");
+            }
+            return b.ext.get::<Arc<BackendState>>().cloned();
+        }
+        let any_healthy = self.backends.iter().any(|s| self.is_healthy(s));
+        if any_healthy {
+            // Healthy backends exist but were tried or culled: not a panic.
+            return None;
+        }
+        let fallback = self
+            .backends
+            .iter()
+            .find(|s| !s.is_culled() && !tried.contains(&s.addr))
+            .cloned();
+        if fallback.is_some() && !self.panic_mode.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                upstream = %self.name,
+                "no backend passes health checks; failing open to all (panic mode)"
+            );
+        }
+        fallback
+    }
+
+    pub fn is_healthy(&self, s: &BackendState) -> bool {
+        let b = Backend {
+            addr: pingora::protocols::l4::socket::SocketAddr::Inet(s.addr),
+            weight: 1,
+            ext: http::Extensions::new(),
+        };
+        self.lb.backends().ready(&b)
+    }
+
+    pub async fn run_health_check(&self) {
+        if self.health_check_interval.is_some() {
+            self.lb.backends().run_health_check(true).await;
+        }
+    }
+}
+
+fn http_health_check(path: &str, timeout: Duration) -> Box<HttpHealthCheck> {
+    let mut hc = HttpHealthCheck::new("localhost", false);
+    match RequestHeader::build("GET", path.as_bytes(), None) {
+        Ok(mut req) => {
+            let _ = req.append_header("Host", "localhost");
+            let _ = req.append_header("User-Agent", "portcullis-health-check");
+            hc.req = req;
+        }
+        Err(e) => tracing::error!(error = %e, path, "bad health check path; using /"),
+    }
+    hc.peer_template.options.connection_timeout = Some(timeout);
+    hc.peer_template.options.read_timeout = Some(timeout.max(Duration::from_secs(1)));
+    hc.validator = Some(Box::new(|resp: &ResponseHeader| {
+        if resp.status.is_success() {
+            Ok(())
+        } else {
+            pingora::Error::e_explain(
+                pingora::ErrorType::HTTPStatus(resp.status.as_u16()),
+                "health check wants 2xx",
+            )
+        }
+    }));
+    Box::new(hc)
+}

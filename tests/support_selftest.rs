@@ -1,0 +1,171 @@
+//! Tests of the test support itself (no proxy needed): the backend, the client, the Redis
+//! wrapper and the metrics matcher must be right before any proxy test can be trusted.
+
+mod support;
+
+use std::time::Duration;
+use support::*;
+
+#[test]
+fn backend_answers_and_echoes() {
+    let b = Backend::start("alpha");
+    let r = get(
+        &b.addr(),
+        "/x/y?z=1",
+        &[("X-Forwarded-For", "1.2.3.4"), ("x-request-id", "abc")],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body_str(), "alpha");
+    assert_eq!(r.header("X-Backend"), Some("alpha"));
+    assert_eq!(r.header("x-echo-path"), Some("/x/y?z=1"));
+    assert_eq!(r.header("x-echo-xff"), Some("1.2.3.4"));
+    assert_eq!(r.header("x-echo-request-id"), Some("abc"));
+    assert_eq!(r.header("x-echo-proto"), None);
+    assert_eq!(b.requests(), 1);
+    assert_eq!(b.received_paths(), vec!["/x/y?z=1".to_string()]);
+}
+
+#[test]
+fn backend_keep_alive_and_bodies() {
+    let b = Backend::start("beta");
+    let mut c = Conn::open(&b.addr()).expect("connect");
+    let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let r = c.request("POST", "/p", &[], &big).expect("post");
+    assert_eq!(r.header("x-echo-body-len"), Some("1000000"));
+    assert_eq!(r.header("x-echo-body-fnv"), Some(fnv1a(&big).as_str()));
+    let r = c
+        .request_chunked(
+            "POST",
+            "/c",
+            &[("x-echo-body", "1")],
+            &[b"hello ", b"chunked ", b"world"],
+        )
+        .expect("chunked");
+    assert_eq!(r.body_str(), "hello chunked world");
+    let r = c.request("GET", "/g", &[], b"").expect("get");
+    assert_eq!(r.status, 200);
+    assert_eq!(b.connections(), 1, "keep-alive reused the connection");
+    assert_eq!(b.requests(), 3);
+    assert_eq!(b.last_received().expect("received").path, "/g");
+}
+
+#[test]
+fn backend_modes() {
+    let mut b = Backend::start("gamma");
+    b.set_mode(Mode::Fail(502));
+    assert_eq!(get(&b.addr(), "/", &[]).status, 502);
+
+    b.set_mode(Mode::Hold);
+    let addr = b.addr();
+    let hs: Vec<_> = (0..3)
+        .map(|_| {
+            let a = addr.clone();
+            std::thread::spawn(move || get(&a, "/held", &[]).status)
+        })
+        .collect();
+    assert_eventually!(b.in_flight() == 3, "in_flight={}", b.in_flight());
+    b.release_all();
+    for h in hs {
+        assert_eq!(h.join().expect("join"), 200);
+    }
+    assert_eq!(b.max_in_flight(), 3);
+    assert_eventually!(b.in_flight() == 0);
+
+    b.set_mode(Mode::Close);
+    assert!(try_get(&b.addr(), "/", &[]).is_err());
+
+    b.set_mode(Mode::Hang);
+    let mut c = Conn::open_with_timeout(&b.addr(), Duration::from_millis(300)).expect("connect");
+    assert!(
+        c.request("GET", "/hang", &[], b"").is_err(),
+        "hang times out"
+    );
+
+    b.set_mode(Mode::Ok);
+    b.stop();
+    assert!(try_get(&b.addr(), "/", &[]).is_err(), "stopped refuses");
+    b.restart();
+    assert_eq!(get(&b.addr(), "/", &[]).status, 200);
+}
+
+#[test]
+fn send_raw_reports_close() {
+    let b = Backend::start("delta");
+    match send_raw(&b.addr(), b"GARBAGE\x01\r\n\r\n") {
+        RawOutcome::Response(r) => assert_eq!(r.status, 400),
+        RawOutcome::Closed { error, .. } => panic!("expected a 400, got close: {error}"),
+    }
+    assert_eq!(b.requests(), 0);
+}
+
+#[test]
+fn redis_server_lifecycle() {
+    let mut r = RedisServer::start();
+    assert_ne!(r.port(), 6379);
+    assert_eq!(r.cmd(&["SET", "k", "v"]), "OK");
+    assert_eq!(r.cmd(&["GET", "k"]), "v");
+    assert_eq!(r.keys("*"), vec!["k".to_string()]);
+    r.kill();
+    assert!(r.try_cmd(&["PING"]).map(|s| s != "PONG").unwrap_or(true));
+    r.restart();
+    assert_eq!(r.cmd(&["PING"]), "PONG");
+    assert_eq!(r.cmd(&["GET", "k"]), "", "restart starts empty");
+}
+
+#[test]
+fn metrics_parser() {
+    let text = r#"# HELP portcullis_requests_total Requests
+# TYPE portcullis_requests_total counter
+portcullis_requests_total{outcome="proxied"} 12
+portcullis_requests_total{outcome="shed"} 3
+portcullis_inflight_requests 0
+portcullis_request_duration_seconds_bucket{outcome="proxied",le="0.005"} 4
+portcullis_request_duration_seconds_bucket{outcome="proxied",le="+Inf"} 12
+portcullis_request_duration_seconds_count{outcome="proxied"} 12
+portcullis_backend_culled{upstream="app",backend="127.0.0.1:1"} 1
+"#;
+    assert_eq!(
+        metric_value(text, r#"portcullis_requests_total{outcome="proxied"}"#),
+        Some(12.0)
+    );
+    assert_eq!(metric_value(text, "portcullis_requests_total"), Some(15.0));
+    assert_eq!(
+        metric_value(text, "portcullis_inflight_requests"),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric_value(
+            text,
+            r#"portcullis_request_duration_seconds_bucket{le="+Inf"}"#
+        ),
+        Some(12.0)
+    );
+    assert_eq!(
+        metric_value(
+            text,
+            r#"portcullis_backend_culled{backend="127.0.0.1:1", upstream="app"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(text, r#"portcullis_requests_total{outcome="x"}"#),
+        None
+    );
+    assert!(has_metric(text, "portcullis_request_duration_seconds"));
+    assert!(has_metric(text, "portcullis_backend_culled"));
+    assert!(!has_metric(text, "portcullis_cull_decisions_total"));
+}
+
+#[test]
+fn concurrently_runs_in_parallel() {
+    let b = Backend::start("eps");
+    b.set_mode(Mode::Slow(Duration::from_millis(300)));
+    let addr = b.addr();
+    let out = concurrently(8, move |_| get(&addr, "/", &[]).status);
+    assert!(out.iter().all(|s| *s == 200));
+    assert!(
+        b.max_in_flight() >= 2,
+        "max_in_flight={}",
+        b.max_in_flight()
+    );
+}
