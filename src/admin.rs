@@ -33,7 +33,8 @@ impl Admin {
         m.ready.set(i64::from(s.lifecycle.is_ready()));
         m.ratelimit_store_healthy
             .set(i64::from(s.limiter.store_healthy()));
-        m.ratelimit_tracked_keys.set(s.limiter.tracked_keys() as i64);
+        m.ratelimit_tracked_keys
+            .set(s.limiter.tracked_keys() as i64);
         let total = s.limiter.store_errors_total();
         let prev = self.store_errors_seen.swap(total, Ordering::AcqRel);
         m.ratelimit_store_errors.inc_by(total.saturating_sub(prev));
@@ -119,7 +120,11 @@ fn respond(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Ve
 }
 
 fn text(status: StatusCode, body: &str) -> Response<Vec<u8>> {
-    respond(status, "text/plain; charset=utf-8", body.as_bytes().to_vec())
+    respond(
+        status,
+        "text/plain; charset=utf-8",
+        body.as_bytes().to_vec(),
+    )
 }
 
 #[async_trait]

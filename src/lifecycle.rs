@@ -9,11 +9,11 @@
 use crate::shed::Shedder;
 use async_trait::async_trait;
 use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch};
-use tokio::sync::broadcast;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::broadcast;
 
 const READY: u8 = 0;
 const DRAINING: u8 = 1;
@@ -105,7 +105,11 @@ impl ShutdownSignalWatch for DrainingShutdown {
                 // The new process is taking the listeners; readiness fails so that
                 // load balancers prefer it, and Pingora hands over the fds.
                 self.lifecycle.start_draining();
-                tracing::info!(event = "shutdown", mode = "upgrade", "SIGQUIT: handing listeners over");
+                tracing::info!(
+                    event = "shutdown",
+                    mode = "upgrade",
+                    "SIGQUIT: handing listeners over"
+                );
             }
             _ => {
                 self.lifecycle.start_draining();

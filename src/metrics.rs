@@ -115,7 +115,10 @@ impl Metrics {
         let reg = |c: Box<dyn prometheus::core::Collector>| must(registry.register(c));
 
         let requests_vec = must(IntCounterVec::new(
-            Opts::new("portcullis_requests_total", "Requests by how the proxy finished them"),
+            Opts::new(
+                "portcullis_requests_total",
+                "Requests by how the proxy finished them",
+            ),
             &["outcome"],
         ));
         let durations_vec = must(HistogramVec::new(
@@ -153,7 +156,10 @@ impl Metrics {
         ));
         reg(Box::new(backend_errors.clone()));
         let cull_decisions = must(IntCounterVec::new(
-            Opts::new("portcullis_cull_decisions_total", "Cull decisions by result"),
+            Opts::new(
+                "portcullis_cull_decisions_total",
+                "Cull decisions by result",
+            ),
             &["result"],
         ));
         for r in CullResult::ALL {
@@ -200,7 +206,10 @@ impl Metrics {
         ));
         reg(Box::new(ratelimit_store_commands.clone()));
         let config_reloads = must(IntCounterVec::new(
-            Opts::new("portcullis_config_reloads_total", "Config reloads by result"),
+            Opts::new(
+                "portcullis_config_reloads_total",
+                "Config reloads by result",
+            ),
             &["result"],
         ));
         for r in ["ok", "error"] {
@@ -275,7 +284,9 @@ mod tests {
     fn all_contract_metrics_exist() {
         let m = Metrics::new();
         m.record(Outcome::Proxied, 0.01);
-        m.backend_culled.with_label_values(&["app", "127.0.0.1:1"]).set(0);
+        m.backend_culled
+            .with_label_values(&["app", "127.0.0.1:1"])
+            .set(0);
         let text = String::from_utf8(m.render()).expect("utf8");
         for name in [
             "portcullis_requests_total",

@@ -177,7 +177,11 @@ impl Proxy {
                     ),
                     (
                         "ratelimit",
-                        ratelimit::ratelimit_header(&rl.policy_name, 0, reset_secs.max(retry_after_secs)),
+                        ratelimit::ratelimit_header(
+                            &rl.policy_name,
+                            0,
+                            reset_secs.max(retry_after_secs),
+                        ),
                     ),
                 ];
                 self.reply(
@@ -328,15 +332,27 @@ impl ProxyHttp for Proxy {
         req: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(ip) = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip()) {
-            let xff = match req.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        if let Some(ip) = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip())
+        {
+            let xff = match req
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
                 Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
                 _ => ip.to_string(),
             };
             req.insert_header("x-forwarded-for", xff)?;
         }
         req.insert_header("x-forwarded-proto", "http")?;
-        let id = match req.headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+        let id = match req
+            .headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+        {
             Some(id) if !id.is_empty() => id.to_string(),
             _ => {
                 let id = self.shared.next_request_id();
@@ -380,30 +396,53 @@ impl ProxyHttp for Proxy {
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let (status, outcome, retry_after, body) = match e.etype() {
-            ErrorType::HTTPStatus(431) => (431, Outcome::Rejected, None, "portcullis: request header too large\n"),
-            ErrorType::HTTPStatus(400) => (400, Outcome::Rejected, None, "portcullis: bad request\n"),
+            ErrorType::HTTPStatus(431) => (
+                431,
+                Outcome::Rejected,
+                None,
+                "portcullis: request header too large\n",
+            ),
+            ErrorType::HTTPStatus(400) => {
+                (400, Outcome::Rejected, None, "portcullis: bad request\n")
+            }
             _ if ctx.no_backend => (
                 503,
                 Outcome::NoBackend,
-                ctx.runtime.as_ref().map(|r| r.retry_after_seconds).or(Some(1)),
+                ctx.runtime
+                    .as_ref()
+                    .map(|r| r.retry_after_seconds)
+                    .or(Some(1)),
                 "portcullis: no backend available\n",
             ),
-            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                (504, Outcome::UpstreamError, None, "portcullis: upstream timed out\n")
-            }
+            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => (
+                504,
+                Outcome::UpstreamError,
+                None,
+                "portcullis: upstream timed out\n",
+            ),
             _ => match e.esource() {
                 pingora::ErrorSource::Downstream => {
                     // the client went away or sent garbage
                     let code = match e.etype() {
-                        ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed => 0,
+                        ErrorType::ReadError
+                        | ErrorType::WriteError
+                        | ErrorType::ConnectionClosed => 0,
                         _ => 400,
                     };
                     (code, Outcome::Rejected, None, "portcullis: bad request\n")
                 }
-                pingora::ErrorSource::Upstream => {
-                    (502, Outcome::UpstreamError, None, "portcullis: upstream error\n")
-                }
-                _ => (500, Outcome::UpstreamError, None, "portcullis: internal error\n"),
+                pingora::ErrorSource::Upstream => (
+                    502,
+                    Outcome::UpstreamError,
+                    None,
+                    "portcullis: upstream error\n",
+                ),
+                _ => (
+                    500,
+                    Outcome::UpstreamError,
+                    None,
+                    "portcullis: internal error\n",
+                ),
             },
         };
         ctx.outcome.get_or_insert(outcome);

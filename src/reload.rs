@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// Reload from the file the process was started with.
 pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
-    let result = config::load(&shared.config_path).and_then(|next| {
+    let result = config::load(&shared.config_path).inspect(|next| {
         let cur = shared.runtime.load();
         let old = &cur.config.raw;
         let new = &next.raw;
@@ -26,12 +26,15 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
                 );
             }
         }
-        Ok(next)
     });
     match result {
         Ok(next) => {
             shared.apply(next);
-            shared.metrics.config_reloads.with_label_values(&["ok"]).inc();
+            shared
+                .metrics
+                .config_reloads
+                .with_label_values(&["ok"])
+                .inc();
             tracing::info!(event = "reload", result = "ok", "configuration reloaded");
             Ok(())
         }

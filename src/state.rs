@@ -95,7 +95,9 @@ impl Runtime {
             .iter()
             .find(|r| {
                 path.starts_with(r.path_prefix.as_str())
-                    && r.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
+                    && r.host
+                        .as_deref()
+                        .is_none_or(|h| h.eq_ignore_ascii_case(host))
             })
             .unwrap_or(&DEFAULT_ROUTE)
     }

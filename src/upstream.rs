@@ -52,7 +52,11 @@ impl BackendState {
     }
 
     pub fn set_culled(&self, culled: bool) {
-        let v = if culled { CullMark::Culled } else { CullMark::In };
+        let v = if culled {
+            CullMark::Culled
+        } else {
+            CullMark::In
+        };
         self.cull.store(v as u8, Ordering::Release);
     }
 }

@@ -42,6 +42,34 @@ fn healthz_and_readyz() {
     assert_eq!(a.requests() + b.requests(), 0);
 }
 
+/// `/readyz` 200 means "send me traffic": the proxy listener must already accept by then.
+#[test]
+fn readyz_implies_the_proxy_listener_accepts() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    for _ in 0..3 {
+        let mut p = Proxy::spawn_with_server("", &config(&a, &b));
+        let admin = p.admin_addr();
+        assert_eventually!(
+            {
+                assert!(p.is_running(), "proxy exited; logs:\n{}", p.logs());
+                matches!(
+                    Conn::open_with_timeout(&admin, std::time::Duration::from_secs(2))
+                        .and_then(|mut c| c.request("GET", "/readyz", &[], b"")),
+                    Ok(r) if r.status == 200
+                )
+            },
+            "never ready"
+        );
+        // the very first moment readiness says 200, traffic must be served
+        let r = try_get(&p.addr(), "/first", &[]);
+        assert!(
+            matches!(&r, Ok(r) if r.status == 200),
+            "readyz was 200 but the proxy listener did not serve: {r:?}"
+        );
+    }
+}
+
 #[test]
 fn status_json_shape() {
     let a = Backend::start("A");

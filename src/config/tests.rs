@@ -17,7 +17,10 @@ fn minimal_config_gets_contract_defaults() {
     assert_eq!(c.raw.culling.tokens, 10);
     assert!(c.raw.redis.is_none());
     assert_eq!(c.routes.len(), 1);
-    assert_eq!(c.rate_limit_key, KeySpec::Header(http::HeaderName::from_static("x-api-key")));
+    assert_eq!(
+        c.rate_limit_key,
+        KeySpec::Header(http::HeaderName::from_static("x-api-key"))
+    );
 }
 
 #[test]
@@ -37,7 +40,8 @@ fn wrong_type_names_path() {
 
 #[test]
 fn bad_backend_address_located() {
-    let e = check("[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\", \"nope\"]\n").unwrap_err();
+    let e =
+        check("[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\", \"nope\"]\n").unwrap_err();
     assert_eq!(e.key_path, "upstreams[0].backends[1]");
     assert_eq!(e.line_col, Some((3, 28)));
 }
@@ -58,7 +62,10 @@ fn route_to_unknown_upstream() {
 
 #[test]
 fn bad_enums_and_key_spec() {
-    let e = check(&format!("{MIN}[[routes]]\nupstream = \"app\"\npriority = \"urgent\"\n")).unwrap_err();
+    let e = check(&format!(
+        "{MIN}[[routes]]\nupstream = \"app\"\npriority = \"urgent\"\n"
+    ))
+    .unwrap_err();
     assert_eq!(e.key_path, "routes[0].priority");
     let e = check(&format!("{MIN}[rate_limit]\nmissing_key = \"maybe\"\n")).unwrap_err();
     assert_eq!(e.key_path, "rate_limit.missing_key");

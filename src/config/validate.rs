@@ -115,7 +115,10 @@ fn validate_server(s: &ServerSection) -> VResult<Vec<SocketAddr>> {
     for (i, l) in s.listen.iter().enumerate() {
         let a = parse_addr(&format!("server.listen[{i}]"), l)?;
         if out.contains(&a) {
-            return err(format!("server.listen[{i}]"), format!("duplicate listen address {l}"));
+            return err(
+                format!("server.listen[{i}]"),
+                format!("duplicate listen address {l}"),
+            );
         }
         out.push(a);
     }
@@ -138,7 +141,10 @@ fn validate_redis(r: &RedisSection) -> VResult<()> {
     if let Err(e) = redis::Client::open(r.url.as_str()) {
         return err(
             "redis.url",
-            format!("invalid Redis URL {:?} ({e}): expected redis://host:port[/db]", r.url),
+            format!(
+                "invalid Redis URL {:?} ({e}): expected redis://host:port[/db]",
+                r.url
+            ),
         );
     }
     if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
@@ -182,7 +188,10 @@ fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
         if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
             return err(p("health_check_path"), "must be empty or start with '/'");
         }
-        positive(&p("health_check_interval_seconds"), u.health_check_interval_seconds)?;
+        positive(
+            &p("health_check_interval_seconds"),
+            u.health_check_interval_seconds,
+        )?;
         positive(&p("connect_timeout_ms"), u.connect_timeout_ms)?;
         positive(&p("read_timeout_ms"), u.read_timeout_ms)?;
         out.push(Upstream {
@@ -256,7 +265,10 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
         _ => {
             return err(
                 "rate_limit.key",
-                format!("invalid key {:?}: expected header:NAME, query:NAME or bearer", r.key),
+                format!(
+                    "invalid key {:?}: expected header:NAME, query:NAME or bearer",
+                    r.key
+                ),
             )
         }
     };
@@ -268,8 +280,16 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
     if r.max_tracked_keys < 16 {
         return err("rate_limit.max_tracked_keys", "must be at least 16");
     }
-    if r.policy_name.is_empty() || !r.policy_name.bytes().all(|b| b.is_ascii_graphic() && b != b'"') {
-        return err("rate_limit.policy_name", "must be printable ASCII without quotes");
+    if r.policy_name.is_empty()
+        || !r
+            .policy_name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"')
+    {
+        return err(
+            "rate_limit.policy_name",
+            "must be printable ASCII without quotes",
+        );
     }
     for (k, v) in &r.keys {
         let path = format!("rate_limit.keys.{k}");

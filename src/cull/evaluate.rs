@@ -8,7 +8,10 @@
 //!    *other* backends of the upstream. With the upper median, a strict majority of
 //!    backends failing alike can never stand out (the median of the others is then
 //!    one of the failing peers), while half or fewer failing against healthy peers do.
-//! 4. When every backend fails, or failing backends exist but none stands out, the
+//!    Backends with no requests and no errors in the window (idle, or already culled
+//!    and drained) carry no evidence and are left out of the comparison entirely, so
+//!    they can neither make a failing peer look exceptional nor count as failing.
+//! 4. When every backend with traffic fails, or failing backends exist but none stands out, the
 //!    failure is treated as systemic ([`Evaluation::Systemic`]): cull nothing — a
 //!    fleet-wide problem (a bad deploy of a shared dependency, a database down) must
 //!    not empty the pool. Otherwise the standing-out ones are [`Evaluation::Candidates`]
@@ -51,7 +54,8 @@ pub enum Evaluation {
         indices: Vec<usize>,
         held_back: Vec<usize>,
     },
-    /// `failing` of `total` backends reached the threshold, but alike: cull nothing.
+    /// `failing` of the `total` backends that had traffic reached the threshold,
+    /// but alike: cull nothing.
     Systemic { failing: usize, total: usize },
 }
 
@@ -76,8 +80,16 @@ fn upper_median(rates: &mut [f64]) -> f64 {
 /// Decide which backends of one upstream are cull candidates. See the module doc.
 pub fn evaluate(stats: &[BackendSample], threshold: u64) -> Evaluation {
     let threshold = threshold.max(1);
-    let total = stats.len();
-    let failing: Vec<&BackendSample> = stats.iter().filter(|s| s.errors >= threshold).collect();
+    let seen: Vec<&BackendSample> = stats
+        .iter()
+        .filter(|s| s.requests > 0 || s.errors > 0)
+        .collect();
+    let total = seen.len();
+    let failing: Vec<&BackendSample> = seen
+        .iter()
+        .copied()
+        .filter(|s| s.errors >= threshold)
+        .collect();
     if failing.is_empty() {
         return Evaluation::Healthy;
     }
@@ -93,8 +105,8 @@ pub fn evaluate(stats: &[BackendSample], threshold: u64) -> Evaluation {
     for f in &failing {
         others.clear();
         others.extend(
-            stats
-                .iter()
+            seen.iter()
+                .copied()
                 .filter(|s| !std::ptr::eq(*s, *f))
                 .map(BackendSample::error_rate),
         );
@@ -239,8 +251,31 @@ mod tests {
 
     #[test]
     fn no_traffic_peers_and_connect_failures() {
-        // Connect failures: errors == requests. Idle peers have rate 0.
-        let v = [s(0, 0, 0), s(1, 7, 7), s(2, 0, 0)];
+        // Connect failures: errors == requests (or errors without requests).
+        let v = [
+            s(0, 50, 0),
+            s(1, 7, 7),
+            s(2, 0, 6),
+            s(3, 60, 0),
+            s(4, 40, 1),
+        ];
+        assert_eq!(evaluate(&v, 5).candidates(), &[1, 2]);
+    }
+
+    #[test]
+    fn idle_backends_are_not_peers() {
+        // Two idle (e.g. already culled and drained) backends must not make two
+        // backends failing alike look exceptional.
+        let v = [s(0, 0, 0), s(1, 100, 50), s(2, 100, 50), s(3, 0, 0)];
+        assert_eq!(
+            evaluate(&v, 5),
+            Evaluation::Systemic {
+                failing: 2,
+                total: 2
+            }
+        );
+        // ... while one failing against one healthy peer with traffic still stands out.
+        let v = [s(0, 0, 0), s(1, 100, 50), s(2, 100, 0), s(3, 0, 0)];
         assert_eq!(evaluate(&v, 5).candidates(), &[1]);
     }
 }

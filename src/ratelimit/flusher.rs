@@ -44,12 +44,17 @@ pub async fn run_flusher(
         }
     }
     match limiter.flush_once(store.as_ref(), now_ms()).await {
-        Ok(o) => tracing::debug!(target: "portcullis::ratelimit", keys = o.keys, "final rate-limit flush"),
-        Err(e) => tracing::warn!(target: "portcullis::ratelimit", error = %e, "final rate-limit flush failed"),
+        Ok(o) => {
+            tracing::debug!(target: "portcullis::ratelimit", keys = o.keys, "final rate-limit flush")
+        }
+        Err(e) => {
+            tracing::warn!(target: "portcullis::ratelimit", error = %e, "final rate-limit flush failed")
+        }
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::super::store::{Delta, GlobalCounts, LocalStore, StoreError};
     use super::super::RateLimitParams;
@@ -69,6 +74,7 @@ mod tests {
     impl CounterStore for Flaky {
         async fn sync(
             &self,
+            batch_id: u128,
             batch: &[Delta],
             window_secs: u64,
             now_ms: u64,
@@ -82,7 +88,7 @@ mod tests {
             if self.fail.load(Ordering::Relaxed) {
                 return Err(StoreError::Connect("refused".into()));
             }
-            self.inner.sync(batch, window_secs, now_ms).await
+            self.inner.sync(batch_id, batch, window_secs, now_ms).await
         }
         fn kind(&self) -> &'static str {
             "local"

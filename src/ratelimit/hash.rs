@@ -24,6 +24,7 @@ pub fn hash_hex(h: u128) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -159,6 +159,7 @@ fn hex(c: u8) -> Option<u8> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -185,7 +186,10 @@ mod tests {
         let src = KeySource::Header(http::HeaderName::from_static("x-api-key"));
         let uri: http::Uri = "/p".parse().unwrap();
         let h = hm(&[("x-api-key", " abc "), ("x-api-key", "second")]);
-        assert_eq!(key(extract_key(&src, &h, &uri, 256)).as_deref(), Some("abc"));
+        assert_eq!(
+            key(extract_key(&src, &h, &uri, 256)).as_deref(),
+            Some("abc")
+        );
         assert_eq!(extract_key(&src, &hm(&[]), &uri, 256), KeyOutcome::Missing);
         assert_eq!(
             extract_key(&src, &hm(&[("x-api-key", "")]), &uri, 256),
@@ -252,7 +256,10 @@ mod tests {
         assert_eq!(t("/x?other=1"), Err("Missing".into()));
         assert_eq!(t("/x"), Err("Missing".into()));
         assert_eq!(t("/x?api_key=123456789"), Err("TooLong".into()));
-        assert_eq!(t("/x?api_key=%31%32%33%34%35%36%37%38"), Ok("12345678".into()));
+        assert_eq!(
+            t("/x?api_key=%31%32%33%34%35%36%37%38"),
+            Ok("12345678".into())
+        );
         assert_eq!(
             t("/x?api_key=%31%32%33%34%35%36%37%38%39"),
             Err("TooLong".into())

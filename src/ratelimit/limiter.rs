@@ -141,10 +141,6 @@ impl Slot {
             .saturating_add(u64::from(self.l_cur))
     }
 
-    fn has_unsent(&self) -> bool {
-        (self.l_prev | self.l_cur | self.p_prev | self.p_cur) != 0
-    }
-
     /// Both windows are older than the previous one: the key no longer matters.
     fn is_dead(&self, w: u64) -> bool {
         self.win.saturating_add(1) < w
@@ -239,7 +235,26 @@ pub struct Limiter {
     dropped_unsent: AtomicU64,
     evictions: AtomicU64,
     last_store_call_ms: AtomicU64,
-    flush_lock: tokio::sync::Mutex<()>,
+    /// Serializes flushes and holds the batch that failed, retried as-is (same id).
+    flush_state: tokio::sync::Mutex<FlushState>,
+    /// Random per-limiter high half of batch ids.
+    instance_id: u64,
+}
+
+/// A batch the store did not acknowledge. Its admissions stay in the slots' `p_*` counters
+/// (so they keep counting) and are retried with the same id until acknowledged.
+struct PendingBatch {
+    id: u128,
+    window_secs: u64,
+    batch: Vec<Delta>,
+    taken: Vec<(u8, u64)>,
+    admissions: u64,
+}
+
+#[derive(Default)]
+struct FlushState {
+    seq: u64,
+    pending: Option<PendingBatch>,
 }
 
 impl Limiter {
@@ -255,7 +270,8 @@ impl Limiter {
             dropped_unsent: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             last_store_call_ms: AtomicU64::new(0),
-            flush_lock: tokio::sync::Mutex::new(()),
+            flush_state: tokio::sync::Mutex::new(FlushState::default()),
+            instance_id: instance_id(),
         }
     }
 
@@ -263,7 +279,8 @@ impl Limiter {
     /// kept (unless the window length changed, which restarts the counts of each key).
     pub fn set_params(&self, params: RateLimitParams) {
         let generation = self.params.load().generation.wrapping_add(1);
-        self.params.store(std::sync::Arc::new(Params::new(params, generation)));
+        self.params
+            .store(std::sync::Arc::new(Params::new(params, generation)));
     }
 
     /// Window length currently configured, in seconds.
@@ -383,7 +400,8 @@ impl Limiter {
         }
         let i = shard.victim(w);
         let old = &shard.slots[i];
-        if old.has_unsent() && !old.is_dead(w) {
+        // Admissions already in a batch (`p_*`) are still delivered; only `l_*` are lost.
+        if (old.l_cur | old.l_prev) != 0 && !old.is_dead(w) {
             self.dropped_unsent.fetch_add(1, Ordering::Relaxed);
         }
         self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -429,7 +447,12 @@ impl Limiter {
                 lock(s)
                     .slots
                     .iter()
-                    .map(|x| u64::from(x.l_prev) + u64::from(x.l_cur) + u64::from(x.p_prev) + u64::from(x.p_cur))
+                    .map(|x| {
+                        u64::from(x.l_prev)
+                            + u64::from(x.l_cur)
+                            + u64::from(x.p_prev)
+                            + u64::from(x.p_cur)
+                    })
                     .sum::<u64>()
             })
             .sum()
@@ -437,16 +460,34 @@ impl Limiter {
 
     /// One flush: sends every queued key's unsent admissions (and keys that were merely
     /// checked, to refresh their global view) to `store` in one batch, then applies the
-    /// returned global counts. On failure the admissions are kept for the next flush.
+    /// returned global counts. A batch that fails is kept (its admissions keep counting
+    /// locally) and retried unchanged, with the same batch id, before anything new is sent.
     /// Also collects idle keys incrementally. Concurrent calls are serialized.
     pub async fn flush_once(
         &self,
         store: &dyn CounterStore,
         now_ms: u64,
     ) -> Result<FlushOutcome, StoreError> {
-        let _serial = self.flush_lock.lock().await;
+        let mut fs = self.flush_state.lock().await;
         let p = self.params.load_full();
         let w = now_ms / p.window_ms;
+        let mut out = FlushOutcome::default();
+
+        // 0. An unacknowledged batch goes first, unchanged.
+        if let Some(pb) = fs.pending.take() {
+            self.last_store_call_ms.store(now_ms, Ordering::Relaxed);
+            out.called_store = true;
+            match self.send(store, &pb, now_ms).await {
+                Ok(()) => {
+                    out.keys += pb.batch.len();
+                    out.admissions += pb.admissions;
+                }
+                Err(e) => {
+                    fs.pending = Some(pb);
+                    return Err(e);
+                }
+            }
+        }
 
         // 1. Take.
         let mut taken: Vec<(u8, u64)> = Vec::new();
@@ -454,7 +495,7 @@ impl Limiter {
         let mut admissions = 0u64;
         for (si, m) in self.shards.iter().enumerate() {
             let mut sh = lock(m);
-            let dirty = std::mem::take(&mut sh.dirty);
+            let mut dirty = std::mem::take(&mut sh.dirty);
             for &i in &dirty {
                 let Some(s) = sh.slots.get_mut(i as usize) else {
                     continue;
@@ -481,7 +522,6 @@ impl Limiter {
                 taken.push((si as u8, s.id));
             }
             // Reuse the allocation.
-            let mut dirty = dirty;
             dirty.clear();
             if sh.dirty.is_empty() {
                 sh.dirty = dirty;
@@ -492,58 +532,71 @@ impl Limiter {
 
         if batch.is_empty() {
             let last = self.last_store_call_ms.load(Ordering::Relaxed);
-            if self.store_healthy() && now_ms.saturating_sub(last) < PROBE_EVERY_MS {
-                return Ok(FlushOutcome::default());
+            if out.called_store
+                || (self.store_healthy() && now_ms.saturating_sub(last) < PROBE_EVERY_MS)
+            {
+                return Ok(out);
             }
         }
         self.last_store_call_ms.store(now_ms, Ordering::Relaxed);
 
         // 3. One store round trip.
-        let res = store.sync(&batch, p.window_secs, now_ms).await;
-        let res = match res {
-            Ok(c) if c.len() == batch.len() => Ok(c),
+        fs.seq = fs.seq.wrapping_add(1);
+        let pb = PendingBatch {
+            id: (u128::from(self.instance_id) << 64) | u128::from(fs.seq),
+            window_secs: p.window_secs,
+            batch,
+            taken,
+            admissions,
+        };
+        out.called_store = true;
+        match self.send(store, &pb, now_ms).await {
+            Ok(()) => {
+                out.keys += pb.batch.len();
+                out.admissions += pb.admissions;
+                Ok(out)
+            }
+            Err(e) => {
+                if !pb.batch.is_empty() {
+                    fs.pending = Some(pb);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends one batch; applies the counts on success; keeps health and error counters.
+    async fn send(
+        &self,
+        store: &dyn CounterStore,
+        pb: &PendingBatch,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let res = match store.sync(pb.id, &pb.batch, pb.window_secs, now_ms).await {
+            Ok(c) if c.len() == pb.batch.len() => Ok(c),
             Ok(c) => Err(StoreError::Protocol(format!(
                 "{} results for {} keys",
                 c.len(),
-                batch.len()
+                pb.batch.len()
             ))),
             Err(e) => Err(e),
         };
-
-        // 4. Apply or restore.
         match res {
             Ok(counts) => {
-                self.for_each_taken(&taken, |s, k| apply(s, &batch[k], counts[k]));
+                self.for_each_taken(&pb.taken, |s, k| apply(s, &pb.batch[k], counts[k]));
                 if !self.healthy.swap(true, Ordering::Relaxed) {
                     tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");
                 }
-                Ok(FlushOutcome {
-                    keys: batch.len(),
-                    admissions,
-                    called_store: true,
-                })
+                Ok(())
             }
             Err(err) => {
-                self.for_each_taken(&taken, |s, _| {
-                    s.l_cur = s.l_cur.saturating_add(s.p_cur);
-                    s.l_prev = s.l_prev.saturating_add(s.p_prev);
-                    s.p_cur = 0;
-                    s.p_prev = 0;
-                });
-                // Re-queue so the admissions are retried next flush.
-                for (si, id) in &taken {
-                    let mut sh = lock(&self.shards[usize::from(*si)]);
-                    if let Some(&i) = sh.index.get(id) {
-                        sh.queue(i as usize);
-                    }
-                }
-                if !matches!(err, StoreError::Backoff) {
+                if matches!(err, StoreError::Backoff) {
+                    self.healthy.store(false, Ordering::Relaxed);
+                } else {
                     self.store_errors.fetch_add(1, Ordering::Relaxed);
                     if self.healthy.swap(false, Ordering::Relaxed) {
                         tracing::warn!(target: "portcullis::ratelimit", error = %err, "rate-limit store unhealthy; enforcing last known counts");
                     }
-                } else {
-                    self.healthy.store(false, Ordering::Relaxed);
                 }
                 Err(err)
             }
@@ -621,6 +674,14 @@ fn gc_step(sh: &mut Shard, w: u64, cap: usize) {
     }
 }
 
+fn instance_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    RandomState::new().hash_one((t, std::process::id()))
+}
+
 #[inline]
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -635,5 +696,6 @@ pub fn approx_bytes_per_key() -> usize {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 #[path = "limiter_tests.rs"]
 pub(crate) mod tests;

@@ -73,7 +73,12 @@ fn only_admitted_requests_count() {
 #[test]
 fn retry_after_is_exact() {
     // Fill patterns: (time of burst within the window, burst size, later burst time)
-    for (offset, later) in [(0u64, None), (12_345, None), (59_999, None), (0, Some(30_500u64))] {
+    for (offset, later) in [
+        (0u64, None),
+        (12_345, None),
+        (59_999, None),
+        (0, Some(30_500u64)),
+    ] {
         let l = lim(10, 60);
         let now = T0 + offset;
         admitted(&l, "k", 6, now);
@@ -295,4 +300,62 @@ fn bytes_per_key() {
     let b = approx_bytes_per_key();
     eprintln!("approx bytes per key: {b}");
     assert!(b < 200);
+}
+
+/// `cargo test --release -- --ignored check_speed --nocapture`
+#[test]
+#[ignore]
+fn check_speed() {
+    let n = 1_000_000usize;
+    let l = Limiter::new(RateLimitParams {
+        window_secs: 60,
+        limit: 1_000_000,
+        max_tracked_keys: n,
+        ..Default::default()
+    });
+    let keys: Vec<String> = (0..n).map(|i| format!("api-key-{i:016x}-abcdef")).collect();
+    for k in &keys {
+        l.check(k, T0);
+    }
+    eprintln!("tracked {}", l.tracked_keys());
+    let rounds = 3_000_000usize;
+    let t = std::time::Instant::now();
+    let mut ok = 0usize;
+    for i in 0..rounds {
+        let k = &keys[(i.wrapping_mul(7919)) % n];
+        if l.check(k, T0 + 1 + (i as u64 >> 10)).is_allowed() {
+            ok += 1;
+        }
+    }
+    let per = t.elapsed().as_nanos() as f64 / rounds as f64;
+    eprintln!("random key over 1M tracked: {per:.1} ns/check ({ok} allowed)");
+    // Hot abusive key (cached refusal).
+    let l2 = lim(10, 60);
+    let t = std::time::Instant::now();
+    for i in 0..rounds {
+        l2.check("abuser", T0 + (i as u64 >> 12));
+    }
+    let per = t.elapsed().as_nanos() as f64 / rounds as f64;
+    eprintln!("hot limited key: {per:.1} ns/check");
+    // Two threads, random keys.
+    let l = std::sync::Arc::new(l);
+    let keys = std::sync::Arc::new(keys);
+    let t = std::time::Instant::now();
+    let hs: Vec<_> = (0..2)
+        .map(|th| {
+            let l = l.clone();
+            let keys = keys.clone();
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    let k = &keys[(i.wrapping_mul(7919) + th * 12345) % n];
+                    l.check(k, T0 + 2);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let per = t.elapsed().as_nanos() as f64 / (2 * rounds) as f64;
+    eprintln!("2 threads, random keys: {per:.1} ns/check wall per decision");
 }

@@ -22,6 +22,7 @@ mod store;
 pub mod window;
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod redis_tests;
 
 use std::collections::HashMap;
@@ -123,6 +124,7 @@ fn sf_string(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

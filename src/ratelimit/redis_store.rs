@@ -7,7 +7,10 @@
 //!
 //! One flush = one `EVALSHA` carrying every delta of the batch (batches over
 //! [`MAX_KEYS_PER_CALL`] keys are split into several calls). The script adds each delta and
-//! returns both windows' totals.
+//! returns both windows' totals. Each call also sets a short-lived marker
+//! `{prefix}:rl:batch:<batch id>:<chunk>` (`SET NX EX 300`): a call that timed out on our
+//! side but was executed by Redis later is retried with the same id and then only reads, so
+//! no admission is counted twice.
 //!
 //! Redis Cluster: this store uses a plain (non-cluster) connection. A multi-key script
 //! across slots is refused by a Cluster (`CROSSSLOT`); running against a Cluster would need
@@ -35,12 +38,20 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Extra TTL beyond the two windows a count is needed for.
 const TTL_SLACK_SECS: u64 = 60;
 
+/// How long a batch id is remembered (a timed-out call executed later than this would be
+/// counted twice if retried; Redis does not hold a command that long in practice).
+const BATCH_ID_TTL_SECS: u64 = 300;
+
+/// KEYS[1] = batch marker, then (prev window, current window) per delta.
+/// ARGV[1] = TTL of counters, ARGV[2] = TTL of the marker, then (prev delta, cur delta).
+/// A batch whose marker exists was already applied (its client timed out): only read.
 const SCRIPT: &str = r#"
 local ttl = tonumber(ARGV[1])
+local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2]))
 local out = {}
-for i = 1, #KEYS, 2 do
-  local pd = tonumber(ARGV[i + 1])
-  local cd = tonumber(ARGV[i + 2])
+for i = 2, #KEYS, 2 do
+  local pd = fresh and tonumber(ARGV[i + 1]) or 0
+  local cd = fresh and tonumber(ARGV[i + 2]) or 0
   local p, c
   if pd > 0 then
     p = redis.call('INCRBY', KEYS[i], pd)
@@ -149,15 +160,13 @@ impl RedisStore {
     async fn run(
         &self,
         conn: &mut MultiplexedConnection,
+        batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
     ) -> Result<Vec<GlobalCounts>, StoreError> {
         if batch.is_empty() {
-            let r: Result<redis::RedisResult<String>, _> = timeout(
-                self.call_timeout(),
-                redis::cmd("PING").query_async(conn),
-            )
-            .await;
+            let r: Result<redis::RedisResult<String>, _> =
+                timeout(self.call_timeout(), redis::cmd("PING").query_async(conn)).await;
             return match r {
                 Ok(Ok(_)) => Ok(Vec::new()),
                 Ok(Err(e)) => Err(StoreError::Command(e.to_string())),
@@ -166,9 +175,14 @@ impl RedisStore {
         }
         let ttl = window_secs.saturating_mul(2).saturating_add(TTL_SLACK_SECS);
         let mut out = Vec::with_capacity(batch.len());
-        for chunk in batch.chunks(MAX_KEYS_PER_CALL) {
+        for (n, chunk) in batch.chunks(MAX_KEYS_PER_CALL).enumerate() {
             let mut inv = self.script.prepare_invoke();
+            inv.key(format!(
+                "{}:rl:batch:{batch_id:032x}:{n}",
+                self.settings.key_prefix
+            ));
             inv.arg(ttl);
+            inv.arg(BATCH_ID_TTL_SECS);
             for d in chunk {
                 inv.key(self.redis_key(d.key_hash, d.window.saturating_sub(1)));
                 inv.key(self.redis_key(d.key_hash, d.window));
@@ -210,13 +224,14 @@ fn fail(st: &mut ConnState) {
 impl CounterStore for RedisStore {
     async fn sync(
         &self,
+        batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
         _now_ms: u64,
     ) -> Result<Vec<GlobalCounts>, StoreError> {
         let mut st = self.state.lock().await;
         let mut conn = self.connection(&mut st).await?;
-        match self.run(&mut conn, batch, window_secs).await {
+        match self.run(&mut conn, batch_id, batch, window_secs).await {
             Ok(v) => {
                 st.backoff = BACKOFF_MIN;
                 st.next_attempt = None;

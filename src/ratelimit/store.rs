@@ -65,8 +65,13 @@ pub trait CounterStore: Send + Sync {
     /// Adds every delta to its key's windows and returns the resulting totals, one per delta
     /// in the same order. An empty batch is a health probe (it must still reach the store).
     /// Must be bounded in time.
+    ///
+    /// `batch_id` is unique per batch and limiter; a failed batch is retried with the same id
+    /// and the same deltas, and a store must apply one id at most once (a call that timed out
+    /// on the client may still have been executed).
     async fn sync(
         &self,
+        batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
         now_ms: u64,
@@ -106,7 +111,10 @@ impl LocalStore {
 
     /// Keys currently held.
     pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or_else(|e| e.into_inner().len())
+        self.map
+            .lock()
+            .map(|m| m.len())
+            .unwrap_or_else(|e| e.into_inner().len())
     }
 
     /// Whether no key is held.
@@ -136,9 +144,15 @@ fn counts_at(c: &LocalCounts, window: u64) -> GlobalCounts {
             prev: c.prev,
         }
     } else if c.window + 1 == window {
-        GlobalCounts { cur: 0, prev: c.cur }
+        GlobalCounts {
+            cur: 0,
+            prev: c.cur,
+        }
     } else if c.window == window + 1 {
-        GlobalCounts { cur: c.prev, prev: 0 }
+        GlobalCounts {
+            cur: c.prev,
+            prev: 0,
+        }
     } else {
         GlobalCounts::default()
     }
@@ -148,6 +162,7 @@ fn counts_at(c: &LocalCounts, window: u64) -> GlobalCounts {
 impl CounterStore for LocalStore {
     async fn sync(
         &self,
+        _batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
         now_ms: u64,
@@ -203,6 +218,7 @@ impl CounterStore for LocalStore {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -215,19 +231,19 @@ mod tests {
             cur,
             prev,
         };
-        let r = s.sync(&[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
+        let r = s.sync(0, &[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 3, prev: 0 }]);
-        let r = s.sync(&[d(5, 2, 0)], 60, 5 * 60_000).await.unwrap();
+        let r = s.sync(0, &[d(5, 2, 0)], 60, 5 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 5, prev: 0 }]);
         // rollover: window 6 gets 1, previous (5) gets 1 late delta
-        let r = s.sync(&[d(6, 1, 1)], 60, 6 * 60_000).await.unwrap();
+        let r = s.sync(0, &[d(6, 1, 1)], 60, 6 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 1, prev: 6 }]);
         // a straggler for window 5 from another instance
-        let r = s.sync(&[d(5, 1, 0)], 60, 6 * 60_000).await.unwrap();
+        let r = s.sync(0, &[d(5, 1, 0)], 60, 6 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 7, prev: 0 }]);
         assert_eq!(s.counts(7, 6), GlobalCounts { cur: 1, prev: 7 });
         // skip of 2+ windows forgets everything
-        let r = s.sync(&[d(9, 0, 0)], 60, 9 * 60_000).await.unwrap();
+        let r = s.sync(0, &[d(9, 0, 0)], 60, 9 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 0, prev: 0 }]);
     }
 
@@ -241,7 +257,7 @@ mod tests {
                 cur: 1,
                 prev: 0,
             };
-            s.sync(&[d], 60, 60_000).await.unwrap();
+            s.sync(0, &[d], 60, 60_000).await.unwrap();
         }
         assert!(s.len() <= 100);
     }

@@ -90,6 +90,7 @@ pub fn ceil_secs(ms: u64) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -124,7 +125,7 @@ mod tests {
         // End of window: prev weight 1/60000.
         assert!(admits(10, 8, 10, W, W - 1)); // 10/60000 + 9 <= 10
         assert!(!admits(10, 9, 10, W, W - 1)); // 10/60000 + 10 > 10
-        // Exact equality is admitted.
+                                               // Exact equality is admitted.
         assert!(admits(0, 9, 10, W, 0));
         assert!(!admits(0, 10, 10, W, 0));
         // limit 0 never admits
@@ -153,7 +154,7 @@ mod tests {
         assert_eq!(retry_after_ms(0, 1, 1, W, 1_000), 59_000 + W);
         // admitted now -> 0
         assert_eq!(retry_after_ms(0, 0, 10, W, 123), 0);
-        assert_eq!(retry_after_ms(5, 0, 1, 1_000, 0), 1_000 + 0);
+        assert_eq!(retry_after_ms(5, 0, 1, 1_000, 0), 1_000);
     }
 
     #[test]

@@ -1351,6 +1351,18 @@ impl Proxy {
                 self.logs()
             );
         }
+        // Readiness should imply the proxy listener accepts (admin.rs tests that strictly);
+        // here we only make sure every other test starts against a listening proxy.
+        let listen: std::net::SocketAddr = self.listen.parse().expect("listen addr");
+        let ok = wait_until(DEADLINE, || {
+            TcpStream::connect_timeout(&listen, Duration::from_secs(2)).is_ok()
+        });
+        if !ok {
+            panic!(
+                "portcullis ready but {listen} never accepted; logs:\n{}",
+                self.logs()
+            );
+        }
     }
 
     /// Proxy listener address ("127.0.0.1:port").
