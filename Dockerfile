@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1
+# Multi-stage build: a Rust builder with cmake (Pingora's zlib-ng), then a slim
+# non-root runtime.
+FROM rust:1.85-bookworm AS builder
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends cmake \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
+COPY conf ./conf
+RUN cargo build --release --locked --bin portcullis \
+ && ./target/release/portcullis -c conf/portcullis.toml --check
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin portcullis
+COPY --from=builder /src/target/release/portcullis /usr/local/bin/portcullis
+# The shipped default listens on loopback; in a container listen on all interfaces.
+COPY conf/portcullis.toml /etc/portcullis/portcullis.toml
+RUN sed -i \
+      -e 's/^listen = \["127.0.0.1:8080"\]/listen = ["0.0.0.0:8080"]/' \
+      -e 's/^admin_listen = "127.0.0.1:9090"/admin_listen = "0.0.0.0:9090"/' \
+      -e 's#^upgrade_sock = .*#upgrade_sock = "/tmp/portcullis-upgrade.sock"#' \
+      /etc/portcullis/portcullis.toml \
+ && /usr/local/bin/portcullis -c /etc/portcullis/portcullis.toml --check
+USER 10001:10001
+EXPOSE 8080 9090
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=2s CMD curl -fsS http://127.0.0.1:9090/healthz || exit 1
+ENTRYPOINT ["/usr/local/bin/portcullis"]
+CMD ["-c", "/etc/portcullis/portcullis.toml"]
