@@ -1,1 +1,93 @@
-fn main() {}
+//! Hot-path benches: the shedding gate, the rate-limit decision at 1, 10k and
+//! 1M tracked keys, and the per-response cull accounting.
+//!
+//! Run: `cargo bench --bench hot_paths`
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use portcullis::config::Priority;
+use portcullis::cull::ErrorWindow;
+use portcullis::ratelimit::{approx_bytes_per_key, Limiter, RateLimitParams};
+use portcullis::shed::Shedder;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+fn shedding(c: &mut Criterion) {
+    let mut g = c.benchmark_group("shed");
+    let s = Shedder::new(1024);
+    g.bench_function("acquire_release", |b| {
+        b.iter(|| drop(black_box(s.try_acquire(Priority::Normal))))
+    });
+    let full = Shedder::new(1);
+    let _held = full.try_acquire(Priority::Critical);
+    g.bench_function("reject", |b| {
+        b.iter(|| black_box(full.try_acquire(Priority::Normal)).is_none())
+    });
+    // Baseline: a bare atomic counter, what the gate costs at minimum.
+    let bare = AtomicU64::new(0);
+    g.bench_function("baseline_fetch_add_sub", |b| {
+        b.iter(|| {
+            bare.fetch_add(1, Ordering::AcqRel);
+            bare.fetch_sub(1, Ordering::AcqRel)
+        })
+    });
+    g.finish();
+}
+
+fn ratelimit(c: &mut Criterion) {
+    eprintln!(
+        "rate limit: approx bytes per tracked key = {}",
+        approx_bytes_per_key()
+    );
+    let mut g = c.benchmark_group("ratelimit_decision");
+    g.throughput(Throughput::Elements(1));
+    let now_ms = 1_700_000_000_000u64;
+    for &keys in &[1usize, 10_000, 1_000_000] {
+        let limiter = Limiter::new(RateLimitParams {
+            window_secs: 60,
+            limit: u64::MAX / 4,
+            max_tracked_keys: keys.max(16) * 2,
+            ..RateLimitParams::default()
+        });
+        let names: Vec<String> = (0..keys).map(|i| format!("key-{i:08}")).collect();
+        for n in &names {
+            limiter.check(n, now_ms);
+        }
+        assert!(
+            limiter.tracked_keys() >= keys * 9 / 10,
+            "keys evicted during setup"
+        );
+        let mut i = 0usize;
+        g.bench_with_input(BenchmarkId::new("tracked_keys", keys), &keys, |b, _| {
+            b.iter(|| {
+                i = (i + 7919) % names.len();
+                black_box(limiter.check(&names[i], now_ms))
+            })
+        });
+        // A key over its limit: the cheap path abusive clients hit.
+        let over = Limiter::new(RateLimitParams {
+            limit: 1,
+            max_tracked_keys: keys.max(16) * 2,
+            ..RateLimitParams::default()
+        });
+        over.check("hot", now_ms);
+        if keys == 1 {
+            g.bench_function("over_limit_key", |b| {
+                b.iter(|| black_box(over.check("hot", now_ms)))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn cull_accounting(c: &mut Criterion) {
+    let w = ErrorWindow::new(60);
+    let mut n = 0u64;
+    c.bench_function("cull_record_response", |b| {
+        b.iter(|| {
+            n += 1;
+            w.record(black_box(1_700_000_000 + n / 100_000), n % 97 == 0)
+        })
+    });
+}
+
+criterion_group!(benches, shedding, ratelimit, cull_accounting);
+criterion_main!(benches);

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::broadcast;
 
-const READY: u8 = 0;
-const DRAINING: u8 = 1;
+const STARTING: u8 = 0;
+const READY: u8 = 1;
+const DRAINING: u8 = 2;
 
 #[derive(Debug)]
 pub struct Lifecycle {
@@ -28,7 +29,7 @@ pub struct Lifecycle {
 impl Default for Lifecycle {
     fn default() -> Self {
         Self {
-            state: AtomicU8::new(READY),
+            state: AtomicU8::new(STARTING),
             notify: tokio::sync::Notify::new(),
         }
     }
@@ -40,16 +41,28 @@ impl Lifecycle {
     }
 
     pub fn state_name(&self) -> &'static str {
-        if self.is_ready() {
-            "ready"
-        } else {
-            "draining"
+        match self.state.load(Ordering::Acquire) {
+            STARTING => "starting",
+            READY => "ready",
+            _ => "draining",
         }
+    }
+
+    /// Starting → ready, once the proxy listeners accept connections.
+    /// Never undoes draining.
+    pub fn mark_ready(&self) -> bool {
+        self.state
+            .compare_exchange(STARTING, READY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DRAINING
     }
 
     /// Fail readiness; returns true the first time.
     pub fn start_draining(&self) -> bool {
-        let first = self.state.swap(DRAINING, Ordering::AcqRel) == READY;
+        let first = self.state.swap(DRAINING, Ordering::AcqRel) != DRAINING;
         if first {
             self.notify.notify_waiters();
             self.notify.notify_one();
@@ -59,7 +72,7 @@ impl Lifecycle {
 
     /// Resolves once draining has started (by signal, or by the watchdog).
     pub async fn draining(&self) {
-        while self.is_ready() {
+        while !self.is_draining() {
             self.notify.notified().await;
         }
     }
@@ -180,6 +193,9 @@ mod tests {
     #[tokio::test]
     async fn draining_resolves_after_flip() {
         let l = Arc::new(Lifecycle::default());
+        assert!(!l.is_ready());
+        assert_eq!(l.state_name(), "starting");
+        assert!(l.mark_ready());
         assert!(l.is_ready());
         let l2 = Arc::clone(&l);
         let waiter = tokio::spawn(async move { l2.draining().await });
@@ -188,5 +204,6 @@ mod tests {
         assert!(!l.start_draining());
         waiter.await.expect("join");
         assert_eq!(l.state_name(), "draining");
+        assert!(!l.mark_ready(), "draining is final");
     }
 }

@@ -386,7 +386,7 @@ impl ProxyHttp for Proxy {
                 ratelimit::ratelimit_header(&rl.policy_name, remaining, reset),
             )?;
         }
-        if !self.shared.lifecycle.is_ready() {
+        if self.shared.lifecycle.is_draining() {
             // Draining: ask keep-alive clients to reconnect (to another instance).
             session.set_keepalive(None);
             resp.insert_header("connection", "close")?;

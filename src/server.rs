@@ -69,6 +69,39 @@ impl BackgroundService for Flusher {
     }
 }
 
+/// Readiness waits until every proxy listener accepts a connection, so
+/// `/readyz` never says 200 before traffic can be taken.
+struct Readiness {
+    shared: Arc<Shared>,
+    listen: Vec<std::net::SocketAddr>,
+}
+
+#[async_trait]
+impl BackgroundService for Readiness {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut pending = self.listen.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        while !pending.is_empty() {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let mut still = Vec::with_capacity(pending.len());
+            for addr in pending {
+                let connect = tokio::net::TcpStream::connect(addr);
+                match tokio::time::timeout(Duration::from_millis(500), connect).await {
+                    Ok(Ok(_)) => {}
+                    _ => still.push(addr),
+                }
+            }
+            pending = still;
+        }
+        if self.shared.lifecycle.mark_ready() {
+            tracing::info!(event = "ready", "proxy listeners accept; ready");
+        }
+    }
+}
+
 /// Reloads the config on SIGHUP.
 struct Reloader {
     shared: Arc<Shared>,
@@ -162,6 +195,13 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             interval: flush_interval,
         },
     );
+    let readiness = background_service(
+        "readiness",
+        Readiness {
+            shared: Arc::clone(&shared),
+            listen: listen.clone(),
+        },
+    );
     let reloader = background_service(
         "reload",
         Reloader {
@@ -174,6 +214,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(health);
     server.add_service(flusher);
     server.add_service(reloader);
+    server.add_service(readiness);
 
     let phases = server.watch_execution_phase();
     tracing::info!(

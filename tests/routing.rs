@@ -44,7 +44,8 @@ fn routes_by_longest_prefix_and_host() {
     let b = Backend::start("B");
     let p = Proxy::start(&two_upstreams(&a, &b));
 
-    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case<'_>] = &[
         ("/api", &[], "A"),
         ("/api/users", &[], "A"),
         ("/api/v2", &[], "B"),

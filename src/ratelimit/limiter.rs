@@ -76,18 +76,18 @@ impl Params {
     }
 }
 
-/// One tracked key.
+/// One tracked key: exactly one cache line. (Its stable hash for the store lives in the
+/// shard's parallel `hashes` vector, read only when flushing.)
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 struct Slot {
     /// Process-local hash (map key).
     id: u64,
-    /// Stable hash sent to the store.
-    key_hash: u128,
     /// Window index of the `*_cur` counters.
     win: u64,
     /// Last known global totals (include our own flushed admissions).
-    g_prev: u64,
-    g_cur: u64,
+    g_prev: u32,
+    g_cur: u32,
     /// Admissions not yet sent.
     l_prev: u32,
     l_cur: u32,
@@ -98,7 +98,6 @@ struct Slot {
     /// arrive. 0 = no cached refusal.
     blocked_until: u64,
     limit: u64,
-    window_ms: u64,
     generation: u32,
     /// CLOCK reference counter: 0 for a key seen once.
     refs: u8,
@@ -129,14 +128,14 @@ impl Slot {
 
     #[inline]
     fn prev(&self) -> u64 {
-        self.g_prev
+        u64::from(self.g_prev)
             .saturating_add(u64::from(self.p_prev))
             .saturating_add(u64::from(self.l_prev))
     }
 
     #[inline]
     fn cur(&self) -> u64 {
-        self.g_cur
+        u64::from(self.g_cur)
             .saturating_add(u64::from(self.p_cur))
             .saturating_add(u64::from(self.l_cur))
     }
@@ -145,22 +144,14 @@ impl Slot {
     fn is_dead(&self, w: u64) -> bool {
         self.win.saturating_add(1) < w
     }
-
-    fn reset_counts(&mut self) {
-        self.g_prev = 0;
-        self.g_cur = 0;
-        self.l_prev = 0;
-        self.l_cur = 0;
-        self.p_prev = 0;
-        self.p_cur = 0;
-        self.blocked_until = 0;
-    }
 }
 
 #[derive(Default)]
 struct Shard {
     index: IdMap,
     slots: Vec<Slot>,
+    /// Stable hash of each slot's key (same positions as `slots`).
+    hashes: Vec<u128>,
     /// Slot indexes to send at the next flush (each at most once: `Slot::queued`).
     dirty: Vec<u32>,
     /// CLOCK hand.
@@ -196,6 +187,7 @@ impl Shard {
         let id = self.slots[i].id;
         self.index.remove(&id);
         self.slots.swap_remove(i);
+        self.hashes.swap_remove(i);
         if i < self.slots.len() {
             let moved = self.slots[i].id;
             if let Some(ix) = self.index.get_mut(&moved) {
@@ -276,11 +268,17 @@ impl Limiter {
     }
 
     /// Hot reload: new limits, overrides and caps apply from the next decision; counts are
-    /// kept (unless the window length changed, which restarts the counts of each key).
+    /// kept, unless the window length changed: then every key starts afresh.
     pub fn set_params(&self, params: RateLimitParams) {
-        let generation = self.params.load().generation.wrapping_add(1);
-        self.params
-            .store(std::sync::Arc::new(Params::new(params, generation)));
+        let old = self.params.load_full();
+        let new = Params::new(params, old.generation.wrapping_add(1));
+        let window_changed = new.window_ms != old.window_ms;
+        self.params.store(std::sync::Arc::new(new));
+        if window_changed {
+            for m in self.shards.iter() {
+                *lock(m) = Shard::default();
+            }
+        }
     }
 
     /// Window length currently configured, in seconds.
@@ -323,11 +321,6 @@ impl Limiter {
         let s = &mut shard.slots[i];
         if s.generation != p.generation {
             s.limit = p.limit_for(key);
-            if s.window_ms != wms {
-                s.reset_counts();
-                s.window_ms = wms;
-                s.win = w;
-            }
             s.generation = p.generation;
             s.blocked_until = 0;
         }
@@ -375,9 +368,9 @@ impl Limiter {
     /// Adds a slot for a new key, evicting one under the shard's cap.
     #[cold]
     fn insert(&self, shard: &mut Shard, id: u64, key: &str, p: &Params, w: u64) -> usize {
+        let key_hash = stable_hash(key);
         let slot = Slot {
             id,
-            key_hash: stable_hash(key),
             win: w,
             g_prev: 0,
             g_cur: 0,
@@ -387,7 +380,6 @@ impl Limiter {
             p_cur: 0,
             blocked_until: 0,
             limit: p.limit_for(key),
-            window_ms: p.window_ms,
             generation: p.generation,
             refs: 0,
             queued: false,
@@ -395,6 +387,7 @@ impl Limiter {
         if shard.slots.len() < p.cap_per_shard {
             let i = shard.slots.len();
             shard.slots.push(slot);
+            shard.hashes.push(key_hash);
             shard.index.insert(id, i as u32);
             return i;
         }
@@ -410,6 +403,7 @@ impl Limiter {
         let queued = old.queued;
         shard.index.remove(&old_id);
         shard.slots[i] = Slot { queued, ..slot };
+        shard.hashes[i] = key_hash;
         shard.index.insert(id, i as u32);
         i
     }
@@ -497,6 +491,7 @@ impl Limiter {
             let mut sh = lock(m);
             let mut dirty = std::mem::take(&mut sh.dirty);
             for &i in &dirty {
+                let key_hash = sh.hashes.get(i as usize).copied().unwrap_or_default();
                 let Some(s) = sh.slots.get_mut(i as usize) else {
                     continue;
                 };
@@ -504,9 +499,6 @@ impl Limiter {
                     continue;
                 }
                 s.queued = false;
-                if s.window_ms != p.window_ms {
-                    continue; // picks up the new window at its next check
-                }
                 s.roll(w);
                 s.p_cur = s.p_cur.saturating_add(s.l_cur);
                 s.p_prev = s.p_prev.saturating_add(s.l_prev);
@@ -514,7 +506,7 @@ impl Limiter {
                 s.l_prev = 0;
                 admissions += u64::from(s.p_cur) + u64::from(s.p_prev);
                 batch.push(Delta {
-                    key_hash: s.key_hash,
+                    key_hash,
                     window: s.win,
                     cur: u64::from(s.p_cur),
                     prev: u64::from(s.p_prev),
@@ -632,17 +624,18 @@ impl Limiter {
         let sh = lock(self.shard_of(id));
         sh.index.get(&id).map(|&i| {
             let s = &sh.slots[i as usize];
-            (s.win, s.prev(), s.cur(), s.g_cur)
+            (s.win, s.prev(), s.cur(), u64::from(s.g_cur))
         })
     }
 }
 
 fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts) {
+    let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     if s.win == d.window {
-        s.g_cur = c.cur;
-        s.g_prev = c.prev;
+        s.g_cur = sat(c.cur);
+        s.g_prev = sat(c.prev);
     } else if s.win == d.window + 1 {
-        s.g_prev = c.cur;
+        s.g_prev = sat(c.cur);
     }
     s.p_cur = 0;
     s.p_prev = 0;
@@ -687,13 +680,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Approximate memory per tracked key: the slot, plus the index entry (with the hash
-/// table's control byte and a 7/8 load factor) and a dirty-list entry.
+/// Approximate memory per tracked key: the slot and its stable hash, plus the index entry
+/// (with the hash table's control byte and a 7/8 load factor) and a dirty-list entry.
 pub fn approx_bytes_per_key() -> usize {
-    let slot = std::mem::size_of::<Slot>();
+    let slot = std::mem::size_of::<Slot>() + std::mem::size_of::<u128>();
     let index = (std::mem::size_of::<(u64, u32)>() + 1) * 8 / 7;
     slot + index + std::mem::size_of::<u32>()
 }
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

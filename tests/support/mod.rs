@@ -155,8 +155,11 @@ fn parse_labels(inner: &str) -> Vec<(String, String)> {
     out
 }
 
+/// Label pairs of one sample, in exposition order.
+pub type Labels = Vec<(String, String)>;
+
 /// All samples of a Prometheus text exposition: (metric name, labels, value).
-pub fn metric_samples(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
+pub fn metric_samples(text: &str) -> Vec<(String, Labels, f64)> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.trim();
@@ -353,7 +356,7 @@ impl<S: Read> Buffered<S> {
         Ok(self.take(n))
     }
 
-    fn to_eof(&mut self) -> io::Result<Vec<u8>> {
+    fn read_to_eof(&mut self) -> io::Result<Vec<u8>> {
         while self.fill()? > 0 {}
         Ok(std::mem::take(&mut self.buf))
     }
@@ -438,7 +441,7 @@ fn read_response<S: Read>(r: &mut Buffered<S>, head_request: bool) -> io::Result
             })?;
             r.fixed(n)?
         } else {
-            r.to_eof()?
+            r.read_to_eof()?
         };
         return Ok(Resp {
             status,
