@@ -76,6 +76,7 @@ impl Admin {
                             "state": state,
                             "errors_in_window": errors,
                             "requests_in_window": requests,
+                            "dry_run_culled": b.is_dry_run_culled(),
                         })
                     })
                     .collect();

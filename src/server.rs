@@ -195,6 +195,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             interval: flush_interval,
         },
     );
+    let culling = crate::culling::service(Arc::clone(&shared), redis.as_ref());
     let readiness = background_service(
         "readiness",
         Readiness {
@@ -215,6 +216,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(flusher);
     server.add_service(reloader);
     server.add_service(readiness);
+    server.add_service(culling);
 
     let phases = server.watch_execution_phase();
     tracing::info!(

@@ -24,6 +24,8 @@ pub struct BackendState {
     /// Requests and errors over the culling window (the hot-path accounting).
     pub window: crate::cull::ErrorWindow,
     cull: AtomicU8,
+    /// Dry run: the budget granted a cull that was not carried out.
+    dry_run_cull: AtomicBool,
 }
 
 /// Where a backend stands with the culling gate.
@@ -43,12 +45,21 @@ impl BackendState {
             addr_str: addr.to_string(),
             window: crate::cull::ErrorWindow::new(window_secs),
             cull: AtomicU8::new(CullMark::In as u8),
+            dry_run_cull: AtomicBool::new(false),
         }
     }
 
     #[inline]
     pub fn is_culled(&self) -> bool {
         self.cull.load(Ordering::Acquire) == CullMark::Culled as u8
+    }
+
+    pub fn is_dry_run_culled(&self) -> bool {
+        self.dry_run_cull.load(Ordering::Acquire)
+    }
+
+    pub fn set_dry_run_cull(&self, v: bool) {
+        self.dry_run_cull.store(v, Ordering::Release);
     }
 
     pub fn set_culled(&self, culled: bool) {

@@ -1,0 +1,414 @@
+//! The culling check loop: every `check_interval_seconds` it reads the fleet's
+//! claims in one round trip, evaluates each upstream's error windows (with the
+//! systemic-failure guard), and drives each backend's [`CullState`]: claim a
+//! disruption-budget token, eject, renew the lease while bad, probe after the
+//! cooldown, readmit and release. Policy lives in [`crate::cull`]; this file
+//! only performs the actions.
+
+use crate::config::CullingSection;
+use crate::cull::{
+    evaluate, Action, BackendSample, Budget, BudgetSnapshot, ClaimOutcome, CullParams, CullState,
+    Evaluation, StoreError, TickInput,
+};
+use crate::metrics::CullResult;
+use crate::state::{unix_ms, Shared};
+use crate::upstream::{BackendState, Pool};
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::{background_service, BackgroundService, GenBackgroundService};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Mutex;
+
+type StateKey = (String, SocketAddr);
+
+pub struct Culling {
+    shared: Arc<Shared>,
+    budget: Budget,
+    states: Mutex<HashMap<StateKey, CullState>>,
+    systemic: Mutex<HashSet<String>>,
+}
+
+pub fn params(c: &CullingSection) -> CullParams {
+    CullParams {
+        window_secs: c.window_seconds,
+        error_threshold: c.error_threshold,
+        check_interval_secs: c.check_interval_seconds,
+        tokens: c.tokens,
+        token_period_secs: c.token_period_seconds,
+        max_culled_fraction: c.max_culled_fraction,
+        cooldown_secs: c.cooldown_seconds,
+        dry_run: c.dry_run,
+    }
+}
+
+/// The background service; the budget is fleet-wide in Redis when `[redis]`
+/// is configured, else in-process.
+pub fn service(
+    shared: Arc<Shared>,
+    redis: Option<&crate::config::RedisSection>,
+) -> GenBackgroundService<Culling> {
+    let budget = match redis {
+        Some(r) => {
+            match Budget::redis(&r.url, &r.key_prefix, Duration::from_millis(r.timeout_ms)) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(error = %e, "culling: bad Redis settings; using an in-process budget");
+                    Budget::local()
+                }
+            }
+        }
+        None => Budget::local(),
+    };
+    let tokens = shared.runtime.load().config.raw.culling.tokens;
+    shared.metrics.cull_tokens_available.set(i64::from(tokens));
+    background_service(
+        "culling",
+        Culling {
+            shared,
+            budget,
+            states: Mutex::new(HashMap::new()),
+            systemic: Mutex::new(HashSet::new()),
+        },
+    )
+}
+
+#[async_trait]
+impl BackgroundService for Culling {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            let interval = {
+                let rt = self.shared.runtime.load();
+                Duration::from_secs(rt.config.raw.culling.check_interval_seconds.max(1))
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.changed() => return,
+            }
+            self.tick().await;
+        }
+    }
+}
+
+impl Culling {
+    /// One check: exposed for tests and for the loop.
+    pub async fn tick(&self) {
+        let rt = self.shared.runtime.load_full();
+        let cfg = &rt.config.raw.culling;
+        if !cfg.enabled {
+            self.readmit_all(&rt.pools).await;
+            return;
+        }
+        let params = params(cfg);
+        let names: Vec<&str> = rt.pools.iter().map(|p| p.name.as_str()).collect();
+        let snapshot = self.budget.snapshot(&names, &params).await;
+        match &snapshot {
+            Ok(s) => self
+                .shared
+                .metrics
+                .cull_tokens_available
+                .set(s.tokens_available.floor() as i64),
+            Err(e) => {
+                tracing::warn!(event = "cull", error = %e, "budget store unreachable; no new culls")
+            }
+        }
+        let now_ms = unix_ms();
+        let now_secs = now_ms / 1000;
+        let mut states = self.states.lock().await;
+        let mut live: HashSet<StateKey> = HashSet::new();
+        for (pi, pool) in rt.pools.iter().enumerate() {
+            let samples: Vec<BackendSample> = pool
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(index, b)| {
+                    let (requests, errors) = b.window.totals(now_secs);
+                    BackendSample {
+                        index,
+                        requests,
+                        errors,
+                    }
+                })
+                .collect();
+            let eval = evaluate(&samples, params.error_threshold);
+            self.report_systemic(pool, &eval).await;
+            for (bi, b) in pool.backends.iter().enumerate() {
+                let key = (pool.name.clone(), b.addr);
+                live.insert(key.clone());
+                let state = states.entry(key).or_default();
+                let input = TickInput {
+                    now_ms,
+                    candidate: eval.candidates().contains(&bi),
+                    fleet_claimed: fleet_claimed(&snapshot, pi, &b.addr_str),
+                };
+                let action = state.on_tick(input, &params);
+                let errors = samples[bi].errors;
+                self.perform(pool, b, state, action, &params, errors).await;
+            }
+        }
+        states.retain(|k, _| live.contains(k));
+    }
+
+    async fn report_systemic(&self, pool: &Pool, eval: &Evaluation) {
+        let mut systemic = self.systemic.lock().await;
+        match eval {
+            Evaluation::Systemic { failing, total } => {
+                self.shared.metrics.cull_decision(CullResult::Systemic);
+                if systemic.insert(pool.name.clone()) {
+                    tracing::warn!(
+                        event = "cull",
+                        result = "systemic",
+                        upstream = %pool.name,
+                        failing,
+                        total,
+                        "backends fail alike; culling nothing"
+                    );
+                }
+            }
+            _ => {
+                if systemic.remove(&pool.name) {
+                    tracing::info!(event = "cull", upstream = %pool.name, "no longer a systemic failure");
+                }
+            }
+        }
+    }
+
+    /// Carry out an action and whatever follow-up the state machine asks for.
+    async fn perform(
+        &self,
+        pool: &Pool,
+        b: &Arc<BackendState>,
+        state: &mut CullState,
+        mut action: Action,
+        params: &CullParams,
+        errors: u64,
+    ) {
+        let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
+        // Each step changes the state, so this ends; the bound is a fail-safe.
+        for _ in 0..4 {
+            action = match action {
+                Action::None => return,
+                Action::Claim => {
+                    let res = self
+                        .budget
+                        .claim(&pool.name, &b.addr_str, total, params)
+                        .await;
+                    self.record_claim(pool, b, &res, errors);
+                    if let Ok(ClaimOutcome::Granted { dry_run: true, .. }) = res {
+                        b.set_dry_run_cull(true);
+                    }
+                    state.on_claim(unix_ms(), &res, params)
+                }
+                Action::Eject => {
+                    b.set_culled(true);
+                    tracing::warn!(
+                        event = "cull",
+                        upstream = %pool.name,
+                        backend = %b.addr_str,
+                        errors,
+                        "backend ejected; draining in-flight requests"
+                    );
+                    self.webhook(pool, b, errors);
+                    Action::None
+                }
+                Action::Renew => {
+                    let res = self
+                        .budget
+                        .renew(&pool.name, &b.addr_str, params.lease_ttl_ms())
+                        .await;
+                    state.on_renew(unix_ms(), &res, params)
+                }
+                Action::Probe => {
+                    let healthy = probe(pool, b).await;
+                    tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, healthy, "probe after cooldown");
+                    state.on_probe(unix_ms(), healthy, params)
+                }
+                Action::Readmit => {
+                    self.readmit(pool, b);
+                    Action::None
+                }
+                Action::ReleaseAndReadmit => {
+                    if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
+                        tracing::warn!(error = %e, "release failed; the lease will expire by itself");
+                    }
+                    self.readmit(pool, b);
+                    Action::None
+                }
+            };
+        }
+    }
+
+    fn record_claim(
+        &self,
+        pool: &Pool,
+        b: &BackendState,
+        res: &Result<ClaimOutcome, StoreError>,
+        errors: u64,
+    ) {
+        let result = match res {
+            Ok(o) => match o.decision_label() {
+                Some("culled") => CullResult::Culled,
+                Some("dry_run") => CullResult::DryRun,
+                Some("no_token") => CullResult::NoToken,
+                Some("over_budget") => CullResult::OverBudget,
+                _ => CullResult::Renewed,
+            },
+            Err(_) => CullResult::StoreError,
+        };
+        self.shared.metrics.cull_decision(result);
+        tracing::info!(
+            event = "cull_decision",
+            result = result.as_str(),
+            upstream = %pool.name,
+            backend = %b.addr_str,
+            errors,
+        );
+    }
+
+    fn readmit(&self, pool: &Pool, b: &BackendState) {
+        let was = b.is_culled();
+        b.set_culled(false);
+        b.set_dry_run_cull(false);
+        b.window.reset();
+        if was {
+            self.shared.metrics.cull_decision(CullResult::Readmitted);
+            tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, "backend readmitted");
+        }
+    }
+
+    async fn readmit_all(&self, pools: &[Arc<Pool>]) {
+        let mut states = self.states.lock().await;
+        for pool in pools {
+            for b in &pool.backends {
+                if b.is_culled() {
+                    if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
+                        tracing::debug!(error = %e, "release on disable failed");
+                    }
+                    self.readmit(pool, b);
+                }
+            }
+        }
+        states.clear();
+    }
+
+    /// Fire-and-forget POST of `{upstream, backend, reason, errors}`.
+    fn webhook(&self, pool: &Pool, b: &BackendState, errors: u64) {
+        let url = self
+            .shared
+            .runtime
+            .load()
+            .config
+            .raw
+            .culling
+            .webhook_url
+            .clone();
+        if url.is_empty() {
+            return;
+        }
+        let body = serde_json::json!({
+            "upstream": pool.name,
+            "backend": b.addr_str,
+            "reason": "error_threshold",
+            "errors": errors,
+        })
+        .to_string();
+        tokio::spawn(async move {
+            let post = post_json(&url, &body);
+            match tokio::time::timeout(Duration::from_secs(2), post).await {
+                Ok(Ok(status)) => {
+                    tracing::info!(event = "cull_webhook", status, "webhook delivered")
+                }
+                Ok(Err(e)) => tracing::warn!(event = "cull_webhook", error = %e, "webhook failed"),
+                Err(_) => tracing::warn!(event = "cull_webhook", "webhook timed out"),
+            }
+        });
+    }
+}
+
+fn fleet_claimed(
+    snapshot: &Result<BudgetSnapshot, StoreError>,
+    pool_index: usize,
+    backend: &str,
+) -> Option<bool> {
+    match snapshot {
+        Ok(s) => Some(
+            s.claims
+                .get(pool_index)
+                .is_some_and(|c| c.iter().any(|c| c.backend == backend)),
+        ),
+        Err(_) => None,
+    }
+}
+
+/// Probe a culled backend: its `health_check_path` (2xx = healthy) if set,
+/// else a trial `GET /` (anything below 500 = healthy).
+async fn probe(pool: &Pool, b: &BackendState) -> bool {
+    let (path, want_2xx) = if pool.health_check_path.is_empty() {
+        ("/", false)
+    } else {
+        (pool.health_check_path.as_str(), true)
+    };
+    let bound = pool.connect_timeout + Duration::from_secs(2);
+    match tokio::time::timeout(bound, http_get_status(b.addr, path)).await {
+        Ok(Ok(status)) => {
+            if want_2xx {
+                (200..300).contains(&status)
+            } else {
+                status < 500
+            }
+        }
+        _ => false,
+    }
+}
+
+async fn read_status(stream: &mut tokio::net::TcpStream) -> std::io::Result<u16> {
+    let mut buf = vec![0u8; 1024];
+    let mut n = 0;
+    while n < buf.len() {
+        let r = stream.read(&mut buf[n..]).await?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+        if buf[..n].windows(2).any(|w| w == b"\r\n") {
+            break;
+        }
+    }
+    let line = String::from_utf8_lossy(&buf[..n]);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no HTTP status line"))
+}
+
+async fn http_get_status(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: portcullis-cull-probe\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(req.as_bytes()).await?;
+    read_status(&mut stream).await
+}
+
+async fn post_json(url: &str, body: &str) -> std::io::Result<u16> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "webhook_url must be http://",
+        )
+    })?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut stream = tokio::net::TcpStream::connect(authority).await?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await?;
+    read_status(&mut stream).await
+}
