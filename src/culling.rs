@@ -7,8 +7,8 @@
 
 use crate::config::CullingSection;
 use crate::cull::{
-    evaluate, Action, BackendSample, Budget, BudgetSnapshot, ClaimOutcome, CullParams, CullState,
-    Evaluation, StoreError, TickInput,
+    evaluate, Action, BackendSample, Buckets, Budget, BudgetSnapshot, ClaimOutcome, CullParams,
+    CullState, Evaluation, FleetDelta, StoreError, TickInput,
 };
 use crate::metrics::CullResult;
 use crate::state::{unix_ms, Shared};
@@ -25,10 +25,20 @@ use tokio::sync::Mutex;
 
 type StateKey = (String, SocketAddr);
 
+/// What the loop remembers about one backend.
+#[derive(Debug, Default)]
+struct Tracked {
+    state: CullState,
+    /// Totals already added to the fleet counters.
+    pushed: (u64, u64),
+    /// Last readmission (Unix seconds): fleet errors before it are forgiven.
+    since_secs: u64,
+}
+
 pub struct Culling {
     shared: Arc<Shared>,
     budget: Budget,
-    states: Mutex<HashMap<StateKey, CullState>>,
+    states: Mutex<HashMap<StateKey, Tracked>>,
     systemic: Mutex<HashSet<String>>,
 }
 
@@ -119,37 +129,87 @@ impl Culling {
         let now_secs = now_ms / 1000;
         let mut states = self.states.lock().await;
         let mut live: HashSet<StateKey> = HashSet::new();
+        let buckets = Buckets::new(params.window_secs, params.check_interval_secs);
         for (pi, pool) in rt.pools.iter().enumerate() {
-            let samples: Vec<BackendSample> = pool
-                .backends
-                .iter()
-                .enumerate()
-                .map(|(index, b)| {
-                    let (requests, errors) = b.window.totals(now_secs);
-                    BackendSample {
-                        index,
-                        requests,
-                        errors,
-                    }
-                })
-                .collect();
+            for b in &pool.backends {
+                live.insert((pool.name.clone(), b.addr));
+            }
+            let samples = self.samples(pool, &mut states, now_secs, buckets).await;
             let eval = evaluate(&samples, params.error_threshold);
             self.report_systemic(pool, &eval).await;
             for (bi, b) in pool.backends.iter().enumerate() {
-                let key = (pool.name.clone(), b.addr);
-                live.insert(key.clone());
-                let state = states.entry(key).or_default();
+                let tracked = states.entry((pool.name.clone(), b.addr)).or_default();
                 let input = TickInput {
                     now_ms,
                     candidate: eval.candidates().contains(&bi),
                     fleet_claimed: fleet_claimed(&snapshot, pi, &b.addr_str),
                 };
-                let action = state.on_tick(input, &params);
+                let action = tracked.state.on_tick(input, &params);
                 let errors = samples[bi].errors;
-                self.perform(pool, b, state, action, &params, errors).await;
+                self.perform(pool, b, tracked, action, &params, errors)
+                    .await;
             }
         }
         states.retain(|k, _| live.contains(k));
+    }
+
+    /// Each backend's `(requests, errors)` over the window: the larger of this
+    /// instance's window and the fleet's counters (after adding our deltas).
+    async fn samples(
+        &self,
+        pool: &Pool,
+        states: &mut HashMap<StateKey, Tracked>,
+        now_secs: u64,
+        buckets: Buckets,
+    ) -> Vec<BackendSample> {
+        let mut totals = Vec::with_capacity(pool.backends.len());
+        let mut deltas = Vec::with_capacity(pool.backends.len());
+        for b in &pool.backends {
+            let t = states.entry((pool.name.clone(), b.addr)).or_default();
+            let (r, e) = b.totals();
+            totals.push((r, e));
+            deltas.push(FleetDelta {
+                backend: b.addr_str.clone(),
+                requests: r.saturating_sub(t.pushed.0),
+                errors: e.saturating_sub(t.pushed.1),
+                since_secs: t.since_secs,
+            });
+        }
+        let fleet = match self
+            .budget
+            .exchange_errors(&pool.name, &deltas, now_secs, buckets)
+            .await
+        {
+            Some(Ok(f)) => Some(f),
+            Some(Err(e)) => {
+                // Deltas stay unsent and go with the next successful exchange.
+                tracing::debug!(error = %e, "fleet error counts unavailable; using local counts");
+                None
+            }
+            None => None,
+        };
+        let delivered = fleet.is_some() || self.budget.kind() == "local";
+        pool.backends
+            .iter()
+            .enumerate()
+            .map(|(index, b)| {
+                if delivered {
+                    if let Some(t) = states.get_mut(&(pool.name.clone(), b.addr)) {
+                        t.pushed = totals[index];
+                    }
+                }
+                let (mut requests, mut errors) = b.window.totals(now_secs);
+                if let Some((fr, fe)) = fleet.as_ref().and_then(|f| f.get(index)) {
+                    requests = requests.max(*fr);
+                    errors = errors.max(*fe);
+                }
+                BackendSample {
+                    index,
+                    requests,
+                    errors,
+                }
+            })
+            .collect()
     }
 
     async fn report_systemic(&self, pool: &Pool, eval: &Evaluation) {
@@ -181,7 +241,7 @@ impl Culling {
         &self,
         pool: &Pool,
         b: &Arc<BackendState>,
-        state: &mut CullState,
+        tracked: &mut Tracked,
         mut action: Action,
         params: &CullParams,
         errors: u64,
@@ -200,7 +260,7 @@ impl Culling {
                     if let Ok(ClaimOutcome::Granted { dry_run: true, .. }) = res {
                         b.set_dry_run_cull(true);
                     }
-                    state.on_claim(unix_ms(), &res, params)
+                    tracked.state.on_claim(unix_ms(), &res, params)
                 }
                 Action::Eject => {
                     b.set_culled(true);
@@ -219,15 +279,16 @@ impl Culling {
                         .budget
                         .renew(&pool.name, &b.addr_str, params.lease_ttl_ms())
                         .await;
-                    state.on_renew(unix_ms(), &res, params)
+                    tracked.state.on_renew(unix_ms(), &res, params)
                 }
                 Action::Probe => {
                     let healthy = probe(pool, b).await;
                     tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, healthy, "probe after cooldown");
-                    state.on_probe(unix_ms(), healthy, params)
+                    tracked.state.on_probe(unix_ms(), healthy, params)
                 }
                 Action::Readmit => {
                     self.readmit(pool, b);
+                    tracked.since_secs = unix_ms() / 1000;
                     Action::None
                 }
                 Action::ReleaseAndReadmit => {
@@ -235,6 +296,7 @@ impl Culling {
                         tracing::warn!(error = %e, "release failed; the lease will expire by itself");
                     }
                     self.readmit(pool, b);
+                    tracked.since_secs = unix_ms() / 1000;
                     Action::None
                 }
             };

@@ -311,7 +311,7 @@ impl ProxyHttp for Proxy {
     ) -> Box<Error> {
         // Nothing was sent upstream: count it against that backend and try another.
         if let Some(b) = ctx.backend.take() {
-            b.window.record(crate::state::unix_secs(), true);
+            b.record(crate::state::unix_secs(), true);
         }
         let untried = ctx
             .pool
@@ -471,7 +471,7 @@ impl ProxyHttp for Proxy {
         });
         if let Some(b) = ctx.backend.take() {
             let is_error = e.is_some() || status >= 500;
-            b.window.record(crate::state::unix_secs(), is_error);
+            b.record(crate::state::unix_secs(), is_error);
         }
         self.shared
             .metrics

@@ -11,7 +11,7 @@ use pingora::lb::{Backend, Backends, LoadBalancer};
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,10 @@ pub struct BackendState {
     cull: AtomicU8,
     /// Dry run: the budget granted a cull that was not carried out.
     dry_run_cull: AtomicBool,
+    /// Responses and errors since start; the culling loop sends the deltas to
+    /// the fleet counters.
+    total_requests: AtomicU64,
+    total_errors: AtomicU64,
 }
 
 /// Where a backend stands with the culling gate.
@@ -46,7 +50,27 @@ impl BackendState {
             window: crate::cull::ErrorWindow::new(window_secs),
             cull: AtomicU8::new(CullMark::In as u8),
             dry_run_cull: AtomicBool::new(false),
+            total_requests: AtomicU64::new(0),
+            total_errors: AtomicU64::new(0),
         }
+    }
+
+    /// Account one response (hot path): the sliding window plus the totals.
+    #[inline]
+    pub fn record(&self, now_secs: u64, is_error: bool) {
+        self.window.record(now_secs, is_error);
+        self.total_requests.fetch_add(1, Ordering::Relaxed);
+        if is_error {
+            self.total_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(requests, errors)` since start.
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.total_requests.load(Ordering::Relaxed),
+            self.total_errors.load(Ordering::Relaxed),
+        )
     }
 
     #[inline]

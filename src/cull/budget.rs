@@ -17,6 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::fleet::{Buckets, FleetDelta};
 use super::local::LocalBudget;
 use super::params::CullParams;
 use super::redis_store::RedisBudget;
@@ -196,6 +197,22 @@ impl Budget {
         match self {
             Budget::Redis(r) => r.tokens_available(params).await,
             Budget::Local(l) => Ok(l.tokens_available(unix_now_ms(), params)),
+        }
+    }
+
+    /// Fleet-wide `(requests, errors)` per backend over the window, after adding
+    /// this instance's deltas. `None` for the in-process budget: the local
+    /// window already is the whole fleet.
+    pub async fn exchange_errors(
+        &self,
+        upstream: &str,
+        deltas: &[FleetDelta],
+        now_secs: u64,
+        buckets: Buckets,
+    ) -> Option<Result<Vec<(u64, u64)>, StoreError>> {
+        match self {
+            Budget::Redis(r) => Some(r.exchange_errors(upstream, deltas, now_secs, buckets).await),
+            Budget::Local(_) => None,
         }
     }
 

@@ -17,6 +17,7 @@
 
 mod budget;
 mod evaluate;
+mod fleet;
 mod local;
 mod params;
 mod redis_store;
@@ -29,6 +30,7 @@ mod redis_tests;
 
 pub use budget::{ActiveClaim, Budget, BudgetSnapshot, ClaimOutcome, StoreError};
 pub use evaluate::{evaluate, BackendSample, Evaluation, STANDOUT_FACTOR};
+pub use fleet::{Buckets, FleetDelta};
 pub use local::LocalBudget;
 pub use params::{max_out, CullParams};
 pub use redis_store::RedisBudget;

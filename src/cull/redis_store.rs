@@ -21,6 +21,7 @@ use redis::{AsyncConnectionConfig, Client, RedisResult, Script, Value};
 use tokio::sync::Mutex;
 
 use super::budget::{ActiveClaim, BudgetSnapshot, ClaimOutcome, StoreError};
+use super::fleet::{Buckets, FleetDelta};
 use super::params::{max_out, CullParams};
 
 /// KEYS: tokens, claims. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
@@ -359,6 +360,74 @@ impl RedisBudget {
     }
 
     /// See [`super::Budget::snapshot`].
+    /// Key of one backend's fleet error bucket.
+    pub fn errors_key(&self, upstream: &str, backend: &str, bucket: u64) -> String {
+        format!(
+            "{p}:cull:{{{p}}}:err:{upstream}:{backend}:{bucket}",
+            p = self.prefix
+        )
+    }
+
+    /// Add this instance's deltas to the current bucket and read the fleet's
+    /// `(requests, errors)` per backend over the window, in one round trip.
+    pub async fn exchange_errors(
+        &self,
+        upstream: &str,
+        deltas: &[FleetDelta],
+        now_secs: u64,
+        buckets: Buckets,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let cur = now_secs / buckets.bucket_secs;
+        let mut pipe = redis::pipe();
+        let mut reads = Vec::with_capacity(deltas.len());
+        for d in deltas {
+            if d.requests > 0 || d.errors > 0 {
+                let key = self.errors_key(upstream, &d.backend, cur);
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg("r")
+                    .arg(d.requests)
+                    .ignore();
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg("e")
+                    .arg(d.errors)
+                    .ignore();
+                pipe.cmd("EXPIRE")
+                    .arg(&key)
+                    .arg(buckets.ttl_secs())
+                    .ignore();
+            }
+            let range = buckets.to_read(now_secs, d.since_secs);
+            let mut n = 0usize;
+            for b in range {
+                pipe.cmd("HMGET")
+                    .arg(self.errors_key(upstream, &d.backend, b))
+                    .arg("r")
+                    .arg("e");
+                n += 1;
+            }
+            reads.push(n);
+        }
+        if reads.iter().all(|&n| n == 0) {
+            return Ok(vec![(0, 0); deltas.len()]);
+        }
+        let rows: Vec<(Option<u64>, Option<u64>)> = self
+            .run(|mut c| async move { pipe.query_async(&mut c).await })
+            .await?;
+        let mut rows = rows.into_iter();
+        Ok(reads
+            .iter()
+            .map(|&n| {
+                rows.by_ref()
+                    .take(n)
+                    .fold((0u64, 0u64), |(r, e), (dr, de)| {
+                        (r + dr.unwrap_or(0), e + de.unwrap_or(0))
+                    })
+            })
+            .collect())
+    }
+
     pub async fn snapshot(
         &self,
         upstreams: &[&str],

@@ -340,3 +340,54 @@ async fn claim_throughput() {
         "claim throughput: sequential renew path {seq:.0}/s; 64-way concurrent claim+release {conc:.0} pairs/s"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_error_counts_add_up_across_instances() {
+    let Some(r) = TestRedis::start() else { return };
+    let a = r.budget("fl");
+    let b = r.budget("fl");
+    let buckets = Buckets::new(60, 10);
+    let now = 1_700_000_005;
+    let d = |backend: &str, requests, errors, since_secs| FleetDelta {
+        backend: backend.into(),
+        requests,
+        errors,
+        since_secs,
+    };
+    // instance A sees 3 errors of 10 on x; instance B 4 of 10 on x and none on y
+    let fa = a
+        .exchange_errors("app", &[d("x", 10, 3, 0), d("y", 5, 0, 0)], now, buckets)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fa, vec![(10, 3), (5, 0)]);
+    let fb = b
+        .exchange_errors("app", &[d("x", 10, 4, 0), d("y", 0, 0, 0)], now + 12, buckets)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fb, vec![(20, 7), (5, 0)], "the fleet's totals over the window");
+    // a readmission forgives the buckets before it
+    let forgiven = a
+        .exchange_errors("app", &[d("x", 0, 0, now + 12)], now + 13, buckets)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(forgiven, vec![(0, 0)]);
+    // every bucket key is prefixed and expires
+    let mut c = redis::Client::open(r.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("fl:cull:*err*").query(&mut c).unwrap();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for k in &keys {
+        let ttl: i64 = redis::cmd("TTL").arg(k).query(&mut c).unwrap();
+        assert!(ttl > 0, "{k} has no TTL");
+    }
+    // the in-process budget has no fleet counters: the local window is the fleet
+    assert!(Budget::local()
+        .exchange_errors("app", &[d("x", 1, 1, 0)], now, buckets)
+        .await
+        .is_none());
+}
