@@ -15,6 +15,8 @@ pub struct Admin {
     pub shared: Arc<Shared>,
     /// Store errors already added to the Prometheus counter.
     store_errors_seen: AtomicU64,
+    /// Backend errors already added, per (upstream, backend).
+    backend_errors_seen: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
 }
 
 impl Admin {
@@ -22,6 +24,7 @@ impl Admin {
         Self {
             shared,
             store_errors_seen: AtomicU64::new(0),
+            backend_errors_seen: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -39,7 +42,22 @@ impl Admin {
         let prev = self.store_errors_seen.swap(total, Ordering::AcqRel);
         m.ratelimit_store_errors.inc_by(total.saturating_sub(prev));
         let rt = s.runtime.load();
+        let mut seen = match self.backend_errors_seen.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
         for pool in &rt.pools {
+            for b in &pool.backends {
+                let (_, errors) = b.totals();
+                let prev = seen
+                    .entry((pool.name.clone(), b.addr_str.clone()))
+                    .or_insert(0);
+                m.backend_errors
+                    .with_label_values(&[pool.name.as_str(), b.addr_str.as_str()])
+                    // a re-added backend starts from zero again
+                    .inc_by(errors.checked_sub(*prev).unwrap_or(errors));
+                *prev = errors;
+            }
             m.upstream_panic_mode
                 .with_label_values(&[pool.name.as_str()])
                 .set(i64::from(pool.panic_mode.load(Ordering::Relaxed)));

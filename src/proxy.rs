@@ -15,7 +15,7 @@ use crate::metrics::Outcome;
 use crate::ratelimit::{self, Decision, KeyOutcome};
 use crate::shed::InflightGuard;
 use crate::state::{Runtime, Shared};
-use crate::upstream::{BackendState, Pool};
+use crate::upstream::{BackendState, Pool, Tried};
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -23,7 +23,6 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,12 +38,20 @@ pub struct Ctx {
     priority: Priority,
     _guard: Option<InflightGuard>,
     backend: Option<Arc<BackendState>>,
-    tried: Vec<SocketAddr>,
+    tried: Tried,
     outcome: Option<Outcome>,
     no_backend: bool,
     request_id: Option<String>,
     /// `(limit, remaining, reset_secs)` for the RateLimit field on admitted responses.
     rate: Option<(u64, u64, u64)>,
+}
+
+/// What the rate-limit gate decided before any response is written.
+enum Verdict {
+    Checked(Decision),
+    Allow,
+    Reject,
+    TooLong,
 }
 
 /// Headers of a response the proxy makes itself.
@@ -105,56 +112,55 @@ impl Proxy {
         let Some(rl) = rt.rate_limit.as_ref() else {
             return Ok(false);
         };
-        let client_ip;
-        let key = {
+        let now_ms = crate::state::unix_ms();
+        // Decide while the key is still borrowed from the request: no copy of it.
+        let verdict = {
             let req = session.req_header();
             match ratelimit::extract_key(&rl.source, &req.headers, &req.uri, rl.max_key_bytes) {
-                KeyOutcome::Key(k) => k.into_owned(),
-                KeyOutcome::TooLong => {
-                    return self
-                        .reply(
-                            session,
-                            ctx,
-                            Outcome::Rejected,
-                            Reply {
-                                status: 400,
-                                retry_after: None,
-                                body: "portcullis: API key too long\n",
-                            },
-                            &[],
-                        )
-                        .await
-                }
+                KeyOutcome::Key(k) => Verdict::Checked(self.shared.limiter.check(&k, now_ms)),
+                KeyOutcome::TooLong => Verdict::TooLong,
                 KeyOutcome::Missing => match rl.missing_key {
-                    crate::config::MissingKey::Allow => return Ok(false),
-                    crate::config::MissingKey::Reject => {
-                        return self
-                            .reply(
-                                session,
-                                ctx,
-                                Outcome::Rejected,
-                                Reply {
-                                    status: 401,
-                                    retry_after: None,
-                                    body: "portcullis: API key required\n",
-                                },
-                                &[],
-                            )
-                            .await
-                    }
+                    crate::config::MissingKey::Allow => Verdict::Allow,
+                    crate::config::MissingKey::Reject => Verdict::Reject,
                     crate::config::MissingKey::ClientIp => {
-                        client_ip = session
+                        let ip = session
                             .client_addr()
                             .and_then(|a| a.as_inet())
-                            .map(|a| a.ip().to_string())
-                            .unwrap_or_else(|| "unknown".into());
-                        format!("ip:{client_ip}")
+                            .map(|a| a.ip());
+                        let key = match ip {
+                            Some(ip) => format!("ip:{ip}"),
+                            None => "ip:unknown".to_string(),
+                        };
+                        Verdict::Checked(self.shared.limiter.check(&key, now_ms))
                     }
                 },
             }
         };
-        let now_ms = crate::state::unix_ms();
-        match self.shared.limiter.check(&key, now_ms) {
+        let decision = match verdict {
+            Verdict::Checked(d) => d,
+            Verdict::Allow => return Ok(false),
+            Verdict::TooLong => {
+                let reply = Reply {
+                    status: 400,
+                    retry_after: None,
+                    body: "portcullis: API key too long\n",
+                };
+                return self
+                    .reply(session, ctx, Outcome::Rejected, reply, &[])
+                    .await;
+            }
+            Verdict::Reject => {
+                let reply = Reply {
+                    status: 401,
+                    retry_after: None,
+                    body: "portcullis: API key required\n",
+                };
+                return self
+                    .reply(session, ctx, Outcome::Rejected, reply, &[])
+                    .await;
+            }
+        };
+        match decision {
             Decision::Allowed {
                 limit,
                 remaining,
@@ -228,7 +234,7 @@ impl ProxyHttp for Proxy {
             priority: Priority::Normal,
             _guard: None,
             backend: None,
-            tried: Vec::new(),
+            tried: Tried::default(),
             outcome: None,
             no_backend: false,
             request_id: None,
@@ -237,6 +243,7 @@ impl ProxyHttp for Proxy {
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
+        self.shared.note_proxy_runtime();
         let rt = self.shared.runtime.load_full();
         if let Some(ka) = rt.keepalive_seconds {
             session.set_keepalive(Some(ka));

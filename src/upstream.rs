@@ -96,6 +96,28 @@ impl BackendState {
     }
 }
 
+/// Backends a request already tried, without a heap allocation for the
+/// first four.
+#[derive(Debug, Default)]
+pub struct Tried {
+    inline: [Option<SocketAddr>; 4],
+    more: Vec<SocketAddr>,
+}
+
+impl Tried {
+    pub fn push(&mut self, addr: SocketAddr) {
+        match self.inline.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(addr),
+            None => self.more.push(addr),
+        }
+    }
+
+    #[inline]
+    pub fn contains(&self, addr: &SocketAddr) -> bool {
+        self.inline.iter().any(|s| s.as_ref() == Some(addr)) || self.more.contains(addr)
+    }
+}
+
 pub struct Pool {
     pub name: String,
     pub lb: LoadBalancer<RoundRobin>,
@@ -169,7 +191,7 @@ impl Pool {
     /// Next backend round-robin: healthy, not culled and not tried yet by this
     /// request. When health checks leave nothing eligible, fail open to every
     /// backend that is not culled (Envoy's panic mode).
-    pub fn select(&self, tried: &[SocketAddr]) -> Option<Arc<BackendState>> {
+    pub fn select(&self, tried: &Tried) -> Option<Arc<BackendState>> {
         let eligible = |b: &Backend, healthy: bool| {
             healthy
                 && b.ext
