@@ -85,8 +85,10 @@ impl Proxy {
             resp.insert_header(*name, value.as_str())?;
         }
         // Never read a body we are refusing: close instead of draining it.
-        if !session.is_body_empty() {
+        // While draining, ask keep-alive clients to reconnect elsewhere.
+        if !session.is_body_empty() || self.shared.lifecycle.is_draining() {
             session.set_keepalive(None);
+            resp.insert_header("connection", "close")?;
         }
         session.write_response_header(Box::new(resp), false).await?;
         session
