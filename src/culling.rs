@@ -145,6 +145,11 @@ impl Culling {
                     fleet_claimed: fleet_claimed(&snapshot, pi, &b.addr_str),
                 };
                 let action = tracked.state.on_tick(input, &params);
+                if !params.dry_run || !input.candidate {
+                    // The dry-run report says what culling would do now: it clears once
+                    // the backend is no longer a candidate (or dry run is switched off).
+                    b.set_dry_run_cull(false);
+                }
                 let errors = samples[bi].errors;
                 self.perform(pool, b, tracked, action, &params, errors)
                     .await;
@@ -257,8 +262,11 @@ impl Culling {
                         .claim(&pool.name, &b.addr_str, total, params)
                         .await;
                     self.record_claim(pool, b, &res, errors);
-                    if let Ok(ClaimOutcome::Granted { dry_run: true, .. }) = res {
-                        b.set_dry_run_cull(true);
+                    if params.dry_run {
+                        b.set_dry_run_cull(matches!(
+                            res,
+                            Ok(ClaimOutcome::Granted { dry_run: true, .. })
+                        ));
                     }
                     tracked.state.on_claim(unix_ms(), &res, params)
                 }

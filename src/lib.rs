@@ -34,3 +34,4 @@ pub mod server;
 pub mod shed;
 pub mod state;
 pub mod upstream;
+pub mod watchdog;

@@ -9,6 +9,7 @@
 use crate::shed::Shedder;
 use async_trait::async_trait;
 use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,6 +88,29 @@ pub struct DrainingShutdown {
     pub shutdown_timeout: Duration,
     /// From `Server::watch_execution_phase()`, taken before `run`.
     pub phases: std::sync::Mutex<Option<broadcast::Receiver<ExecutionPhase>>>,
+    /// `server.upgrade_sock`: on SIGQUIT the listeners are only handed over (and
+    /// this process only shuts down) once a new process (`-u`) listens there.
+    pub upgrade_sock: PathBuf,
+}
+
+/// How long SIGQUIT waits for a new process to listen on `upgrade_sock` (the
+/// new process may be started right after the signal, as in Pingora's systemd
+/// recipe); Pingora's own sender retries about as long.
+const UPGRADE_WAIT: Duration = Duration::from_secs(5);
+
+/// Polls until `path` exists or `UPGRADE_WAIT` passes. Only existence is checked:
+/// connecting would consume the new process's one hand-over connection.
+async fn new_process_listens(path: &Path) -> bool {
+    let deadline = Instant::now() + UPGRADE_WAIT;
+    loop {
+        if path.exists() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[async_trait]
@@ -103,11 +127,32 @@ impl ShutdownSignalWatch for DrainingShutdown {
                 return ShutdownSignal::FastShutdown;
             }
         };
-        let kind = tokio::select! {
-            _ = term.recv() => ShutdownSignal::GracefulTerminate,
-            _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
-            _ = int.recv() => ShutdownSignal::FastShutdown,
-            _ = self.lifecycle.draining() => ShutdownSignal::GracefulTerminate,
+        let kind = loop {
+            let kind = tokio::select! {
+                _ = term.recv() => ShutdownSignal::GracefulTerminate,
+                _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
+                _ = int.recv() => ShutdownSignal::FastShutdown,
+                _ = self.lifecycle.draining() => ShutdownSignal::GracefulTerminate,
+            };
+            if !matches!(kind, ShutdownSignal::GracefulUpgrade) {
+                break kind;
+            }
+            // Without a new process Pingora would still shut this one down after
+            // failing to hand the listeners over: a full outage. Stay up instead.
+            let listening = tokio::select! {
+                l = new_process_listens(&self.upgrade_sock) => l,
+                _ = term.recv() => break ShutdownSignal::GracefulTerminate,
+                _ = int.recv() => break ShutdownSignal::FastShutdown,
+            };
+            if listening {
+                break kind;
+            }
+            tracing::error!(
+                event = "upgrade",
+                upgrade_sock = %self.upgrade_sock.display(),
+                wait_seconds = UPGRADE_WAIT.as_secs(),
+                "SIGQUIT, but no new process listens on upgrade_sock (start `portcullis -u` first); staying up"
+            );
         };
         match kind {
             ShutdownSignal::FastShutdown => {
@@ -144,10 +189,16 @@ impl ShutdownSignalWatch for DrainingShutdown {
     }
 }
 
+/// How long nothing may be in flight before the process exits. Covers a request
+/// whose connection was accepted just before the listeners closed and whose
+/// headers are parsed but not yet admitted (counted) by the load shedder.
+const QUIET: Duration = Duration::from_millis(50);
+
 /// After Pingora broadcasts shutdown it sleeps a fixed grace period; this
 /// thread ends the process as soon as no request is in flight instead. It
 /// starts counting once Pingora enters its grace period, that is after the
-/// listeners closed (and, on upgrade, after the listeners were handed over).
+/// listeners closed (and, on upgrade, after the listeners were handed over and
+/// Pingora's close timeout passed, so it never exits under the hand-over).
 fn spawn_exit_when_idle(
     shedder: Arc<Shedder>,
     timeout: Duration,
@@ -166,23 +217,47 @@ fn spawn_exit_when_idle(
                     }
                 }
             }
-            let deadline = Instant::now() + timeout;
-            loop {
-                let inflight = shedder.inflight();
-                if inflight == 0 {
-                    tracing::info!(event = "shutdown", "nothing in flight; exiting");
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    tracing::warn!(event = "shutdown", inflight, "shutdown timeout; exiting");
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            tracing::info!(
+                event = "shutdown",
+                inflight = shedder.inflight(),
+                timeout_seconds = timeout.as_secs(),
+                "listeners closed; waiting for in-flight requests"
+            );
+            if wait_idle(&shedder, timeout) {
+                tracing::info!(event = "shutdown", "nothing in flight; exiting");
+            } else {
+                tracing::warn!(
+                    event = "shutdown",
+                    inflight = shedder.inflight(),
+                    "shutdown timeout; exiting with requests in flight"
+                );
             }
             std::process::exit(0);
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot spawn exit thread; relying on the grace period");
+    }
+}
+
+/// Blocks until nothing has been in flight for [`QUIET`] (true) or `timeout`
+/// passed (false).
+fn wait_idle(shedder: &Shedder, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if shedder.inflight() == 0 {
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) >= QUIET {
+                return true;
+            }
+        } else {
+            idle_since = None;
+        }
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -455,6 +455,9 @@ impl ProxyHttp for Proxy {
             },
         };
         ctx.outcome.get_or_insert(outcome);
+        // The connection is closed after this reply (`can_reuse_downstream: false`):
+        // say so (`Connection: close`) so keep-alive clients do not reuse it.
+        session.set_keepalive(None);
         if status > 0 && session.response_written().is_none() {
             let reply = Reply {
                 status,

@@ -144,6 +144,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let admin_listen = config.admin_listen;
     let drain = Duration::from_secs(config.raw.server.drain_seconds);
     let shutdown_timeout = Duration::from_secs(config.raw.server.shutdown_timeout_seconds);
+    let upgrade_sock = PathBuf::from(&config.raw.server.upgrade_sock);
     let redis = config.raw.redis.clone();
     let threads = config.raw.server.threads;
 
@@ -209,6 +210,10 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             shared: Arc::clone(&shared),
         },
     );
+    let watchdog = background_service(
+        "watchdog",
+        crate::watchdog::Watchdog::new(Arc::clone(&shared), redis.as_ref()),
+    );
 
     server.add_service(proxy);
     server.add_service(admin);
@@ -216,6 +221,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(flusher);
     server.add_service(reloader);
     server.add_service(readiness);
+    server.add_service(watchdog);
     server.add_service(culling);
 
     let phases = server.watch_execution_phase();
@@ -234,6 +240,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             drain,
             shutdown_timeout,
             phases: std::sync::Mutex::new(Some(phases)),
+            upgrade_sock,
         }),
     });
 }

@@ -133,6 +133,9 @@ pub struct Shared {
     id_prefix: u64,
     id_counter: AtomicU64,
     proxy_errors: AtomicU64,
+    /// The runtime serving proxy traffic, seen by the first request (the
+    /// watchdog measures event-loop stalls there).
+    proxy_runtime: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 impl Shared {
@@ -156,6 +159,7 @@ impl Shared {
             id_prefix: (unix_ms() ^ (u64::from(std::process::id()) << 40)) & 0xffff_ffff_ffff,
             id_counter: AtomicU64::new(0),
             proxy_errors: AtomicU64::new(0),
+            proxy_runtime: std::sync::OnceLock::new(),
         })
     }
 
@@ -171,6 +175,21 @@ impl Shared {
 
     pub fn proxy_errors(&self) -> u64 {
         self.proxy_errors.load(Ordering::Relaxed)
+    }
+
+    /// Remember the runtime the calling request runs on (once; then one atomic load).
+    #[inline]
+    pub fn note_proxy_runtime(&self) {
+        if self.proxy_runtime.get().is_none() {
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                let _ = self.proxy_runtime.set(h);
+            }
+        }
+    }
+
+    /// The runtime serving proxy traffic, once a request has been seen.
+    pub fn proxy_runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.proxy_runtime.get()
     }
 
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay

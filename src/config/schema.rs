@@ -234,6 +234,8 @@ pub struct WatchdogSection {
     pub max_error_rate: f64,
     /// Event-loop stall considered a breach.
     pub max_stall_ms: u64,
+    /// Requests an interval needs before its error rate is judged.
+    pub min_requests: u64,
     pub check_interval_seconds: u64,
     pub tokens: u32,
     pub token_period_seconds: u64,
@@ -246,6 +248,7 @@ impl Default for WatchdogSection {
             max_rss_mb: 0,
             max_error_rate: 0.5,
             max_stall_ms: 1000,
+            min_requests: 20,
             check_interval_seconds: 10,
             tokens: 1,
             token_period_seconds: 600,

@@ -321,6 +321,7 @@ fn validate_watchdog(w: &WatchdogSection) -> VResult<()> {
         return err("watchdog.max_error_rate", "must be between 0.0 and 1.0");
     }
     positive("watchdog.max_stall_ms", w.max_stall_ms)?;
+    positive("watchdog.min_requests", w.min_requests)?;
     positive("watchdog.check_interval_seconds", w.check_interval_seconds)?;
     positive("watchdog.token_period_seconds", w.token_period_seconds)
 }

@@ -16,6 +16,8 @@
 //! perform the returned [`Action`], feeding store/probe results back through
 //! `on_claim` / `on_renew` / `on_probe` (each may return a follow-up action).
 //! With `dry_run` nothing is ever ejected: claims are evaluated and reported only.
+//! A follower that cannot reach the store keeps following only until the claim it
+//! last saw has certainly lapsed (nobody can renew it meanwhile).
 
 use super::budget::{ClaimOutcome, StoreError};
 use super::params::CullParams;
@@ -65,7 +67,10 @@ pub enum CullState {
     /// Probe in flight (still out of rotation, still holding the claim).
     Probing { since_ms: u64, lease_until_ms: u64 },
     /// Out of rotation because another instance holds a claim on it.
-    Following { since_ms: u64 },
+    /// `seen_ms`: the last tick at which the store showed that claim. While the store
+    /// is unreachable the claim cannot be renewed by its holder either, so it is
+    /// followed only until it has certainly lapsed (`seen_ms + lease + interval`).
+    Following { since_ms: u64, seen_ms: u64 },
 }
 
 impl CullState {
@@ -101,7 +106,10 @@ impl CullState {
         match *self {
             CullState::Up => {
                 if input.fleet_claimed == Some(true) {
-                    *self = CullState::Following { since_ms: now };
+                    *self = CullState::Following {
+                        since_ms: now,
+                        seen_ms: now,
+                    };
                     Action::Eject
                 } else if input.candidate {
                     Action::Claim
@@ -109,14 +117,32 @@ impl CullState {
                     Action::None
                 }
             }
-            CullState::Following { .. } => {
-                if input.fleet_claimed == Some(false) {
+            CullState::Following { since_ms, seen_ms } => match input.fleet_claimed {
+                Some(false) => {
                     *self = CullState::Up;
                     Action::Readmit
-                } else {
+                }
+                Some(true) => {
+                    *self = CullState::Following {
+                        since_ms,
+                        seen_ms: now,
+                    };
                     Action::None
                 }
-            }
+                None => {
+                    // The holder renewed at most one interval after we last saw the
+                    // claim, and cannot have renewed since the store became unreachable.
+                    let lapsed_at = seen_ms
+                        .saturating_add(params.lease_ttl_ms())
+                        .saturating_add(params.check_interval_secs.max(1).saturating_mul(1000));
+                    if now >= lapsed_at {
+                        *self = CullState::Up;
+                        Action::Readmit
+                    } else {
+                        Action::None
+                    }
+                }
+            },
             CullState::Culled {
                 since_ms,
                 probe_at_ms,
@@ -325,6 +351,21 @@ mod tests {
     }
 
     #[test]
+    fn following_ends_when_the_lease_has_lapsed_with_the_store_unreachable() {
+        let p = p(); // interval 10 s, lease 80 s
+        let mut s = CullState::Up;
+        assert_eq!(s.on_tick(tick(0, true, Some(true)), &p), Action::Eject);
+        assert_eq!(s.on_tick(tick(10_000, false, Some(true)), &p), Action::None);
+        // Store gone after the sighting at 10 s: the holder renewed at most at ~20 s,
+        // so the claim has lapsed by 10 + 80 + 10 = 100 s.
+        assert_eq!(s.on_tick(tick(20_000, false, None), &p), Action::None);
+        assert_eq!(s.on_tick(tick(99_999, false, None), &p), Action::None);
+        assert!(s.is_ejected());
+        assert_eq!(s.on_tick(tick(100_000, false, None), &p), Action::Readmit);
+        assert_eq!(s, CullState::Up);
+    }
+
+    #[test]
     fn lost_lease_readmits() {
         let p = p();
         let mut s = CullState::Up;
@@ -375,7 +416,10 @@ mod tests {
         assert_eq!(s.on_tick(tick(0, false, Some(true)), &p), Action::None);
         assert!(!s.is_ejected());
         // Switching to dry run by reload readmits anything ejected.
-        let mut s = CullState::Following { since_ms: 0 };
+        let mut s = CullState::Following {
+            since_ms: 0,
+            seen_ms: 0,
+        };
         assert_eq!(s.on_tick(tick(1, false, Some(true)), &p), Action::Readmit);
     }
 

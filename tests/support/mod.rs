@@ -1545,3 +1545,93 @@ pub fn concurrently<T: Send + 'static>(
         .map(|h| h.join().expect("worker thread panicked"))
         .collect()
 }
+
+// ---------------------------------------------------------------------------------------
+// additions for the rate-limit tests (appended)
+// ---------------------------------------------------------------------------------------
+
+impl Proxy {
+    /// Like [`Proxy::start`] but the process gets the extra environment variables `env`
+    /// (e.g. `RUST_LOG=debug` to check that even debug logs never carry an API key).
+    pub fn start_with_env(cfg: &str, env: &[(&str, &str)]) -> Proxy {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let listen = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        let server_section = server_table(&listen, &admin, &dir.path().join("upgrade.sock"), "");
+        let config_path = dir.path().join("portcullis.toml");
+        fs::write(&config_path, format!("{server_section}\n{cfg}")).expect("write config");
+        let log_path = dir.path().join("proxy-0.log");
+        let log = fs::File::create(&log_path).expect("create proxy log");
+        let child = Command::new(BIN)
+            .arg("-c")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("clone log")))
+            .stderr(Stdio::from(log))
+            .env("RUST_BACKTRACE", "1")
+            .envs(env.iter().copied())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
+        let mut p = Proxy {
+            child: Some(child),
+            dir,
+            config_path,
+            log_path,
+            listen,
+            admin,
+            server_section,
+        };
+        p.wait_ready();
+        p
+    }
+}
+
+impl RedisServer {
+    /// Like [`RedisServer::start`] with extra `redis-server` arguments, e.g.
+    /// `["--enable-debug-command", "local"]` so a test can `DEBUG SLEEP`.
+    /// Note: [`RedisServer::restart`] starts it again WITHOUT these extra arguments.
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        assert_ne!(port, 6379, "never touch the machine's redis");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("redis.log"))
+            .expect("redis log");
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                &dir.path().display().to_string(),
+            ])
+            .args(extra)
+            .stdout(Stdio::from(log.try_clone().expect("clone log")))
+            .stderr(Stdio::from(log))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server (is it installed?)");
+        let mut r = RedisServer {
+            port,
+            child: Some(child),
+            dir,
+        };
+        let ok = wait_until(DEADLINE, || {
+            if let Some(c) = r.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("redis-server on {port} exited early: {st}");
+                }
+            }
+            r.try_cmd(&["PING"]).map(|s| s == "PONG").unwrap_or(false)
+        });
+        assert!(ok, "redis-server on port {port} never answered PING");
+        r
+    }
+}
