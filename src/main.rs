@@ -21,8 +21,15 @@ struct Cli {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    // Pingora's own debug lines print whole request headers (API keys among
+    // them): cap its crates at info whatever RUST_LOG says.
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    for krate in ["pingora", "pingora_core", "pingora_proxy", "pingora_load_balancing"] {
+        if let Ok(d) = format!("{krate}=info").parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
