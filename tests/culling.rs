@@ -1611,25 +1611,3 @@ fn without_redis_a_failing_backend_is_culled_too() {
     );
     eprintln!("[culling] without Redis: threshold→ejection {}", secs(took));
 }
-
-#[test]
-#[ignore]
-fn zz_scratch_stop_under_load() {
-    let bs = four_backends();
-    let mut bs = bs;
-    let cfg = CullCfg::new(None);
-    let ps = start_proxies(1, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[0].addr(), ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 40);
-    bs[0].stop();
-    let ejected = wait_culled_everywhere(&ps, &bs[0].addr(), DEADLINE);
-    load.wait_ok_after(&[ejected[0]], 30);
-    let samples = load.finish();
-    let bad: Vec<&Sample> = samples.iter().filter(|s| !s.ok()).collect();
-    eprintln!("SCRATCH {:?} {:?}", tally(bad.iter().copied()), bad.first());
-    if !bad.is_empty() {
-        for l in ps[0].logs().lines().filter(|l| l.contains("ERROR") || l.contains("WARN")) {
-            eprintln!("SCRATCHLOG {l}");
-        }
-    }
-}

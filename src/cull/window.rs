@@ -210,18 +210,4 @@ mod tests {
         }
         assert_eq!(w.totals(1001), (200_000, 40_000));
     }
-
-    #[test]
-    fn record_is_fast() {
-        let w = ErrorWindow::new(60);
-        let n = 2_000_000u64;
-        let start = std::time::Instant::now();
-        for i in 0..n {
-            w.record(1_700_000_000 + i / 100_000, i % 7 == 0);
-        }
-        let ns = start.elapsed().as_nanos() as f64 / n as f64;
-        eprintln!("ErrorWindow::record: {ns:.1} ns/op");
-        // Generous bound for unoptimised debug builds on a loaded CI machine.
-        assert!(ns < 500.0, "record too slow: {ns} ns");
-    }
 }
