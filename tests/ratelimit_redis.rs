@@ -987,3 +987,136 @@ fn black_hole_redis_does_not_block_startup_or_requests() {
     let expect: Vec<u16> = [[200u16; 5].as_slice(), &[429; 25], &[200; 5], &[429; 15]].concat();
     assert_eq!(statuses, expect, "the limit is enforced locally");
 }
+
+// ---------------------------------------------------------------------------------------
+// §5.2 a burst on a key no instance has seen yet
+// ---------------------------------------------------------------------------------------
+
+/// `r` of a `RateLimit: "<name>";r=<n>;t=<s>` field.
+fn ratelimit_r(r: &Resp) -> Option<u64> {
+    let v = r.header("ratelimit")?;
+    v.split(';')
+        .find_map(|p| p.trim().strip_prefix("r="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// limit 200 per 60 s; two instances that have flushed and know each other (each one's
+/// `RateLimit` `r` on a warm-up key reflects the other's admissions). Then a burst of 4× the
+/// limit at a key neither has seen, as fast as 8 keep-alive threads (4 per proxy) go, 100
+/// requests each, all started together: the instances cannot have synced that key before
+/// deciding, yet together they admit at most 1.05 × the limit. Every refusal is a 429 with
+/// `Retry-After` ≥ 1.
+#[test]
+fn burst_on_a_new_key_stays_within_the_limit_across_two_instances() {
+    const LIMIT: u64 = 200;
+    const WIN: u64 = 60;
+    let wms = WIN * 1000;
+    let redis = RedisServer::start();
+    let b = Backend::start("app");
+    let cfg = redis_config(
+        &b,
+        &redis.url(),
+        "pcx-burst",
+        &format!(
+            "[rate_limit]\nwindow_seconds = {WIN}\nlimit = {LIMIT}\n\n[culling]\nenabled = false\n"
+        ),
+    );
+    let p1 = Proxy::start(&cfg);
+    let p2 = Proxy::start(&cfg);
+    // Warm-up and burst in one window (no decay of a previous window in the figures).
+    wait_window_phase(wms, 0, 20_000);
+
+    // Warm-up: each instance admits a few on a warm-up key, then the other is polled until
+    // its `r` counts them (it has synced since they were flushed, with both heartbeats).
+    let warm = "burst-warm-up-key";
+    let mut admitted_warm = 0u64;
+    for (x, y) in [(&p1, &p2), (&p2, &p1)] {
+        let mut cx = Conn::open(&x.addr()).expect("connect");
+        for _ in 0..5 {
+            let r = cx
+                .request("GET", "/", &[("x-api-key", warm)], b"")
+                .expect("request");
+            assert_eq!(r.status, 200, "warm-up {r:?}");
+            admitted_warm += 1;
+        }
+        let mut cy = Conn::open(&y.addr()).expect("connect");
+        let mut last = None;
+        let synced = wait_until(DEADLINE, || {
+            let r = cy
+                .request("GET", "/", &[("x-api-key", warm)], b"")
+                .expect("request");
+            assert_eq!(r.status, 200, "warm-up {r:?}");
+            admitted_warm += 1;
+            last = ratelimit_r(&r);
+            last.is_some_and(|v| v <= LIMIT - admitted_warm)
+        });
+        assert!(
+            synced,
+            "r never reflected the other instance's admissions (last r {last:?}, \
+             {admitted_warm} admitted)"
+        );
+    }
+    eprintln!("burst: warm-up done, {admitted_warm} admitted on the warm-up key");
+
+    // The burst.
+    let key = format!("burst-new-key-{}", now_ms());
+    let addrs = [p1.addr(), p2.addr()];
+    let go = Arc::new(std::sync::Barrier::new(8));
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let (addr, key, go) = (addrs[i % 2].clone(), key.clone(), go.clone());
+            thread::spawn(move || {
+                let mut c = Conn::open(&addr).expect("connect");
+                go.wait();
+                (0..100)
+                    .map(|_| {
+                        let r = c
+                            .request("GET", "/", &[("x-api-key", &key)], b"")
+                            .expect("request");
+                        (r.status, r.retry_after())
+                    })
+                    .collect::<Vec<(u16, Option<u64>)>>()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for h in handles {
+        statuses.extend(h.join().expect("burst thread"));
+    }
+    let elapsed = t0.elapsed();
+    let admitted = statuses.iter().filter(|(s, _)| *s == 200).count() as u64;
+    let limited: Vec<Option<u64>> = statuses
+        .iter()
+        .filter(|(s, _)| *s == 429)
+        .map(|(_, ra)| *ra)
+        .collect();
+    let mut retry_afters: BTreeMap<Option<u64>, usize> = BTreeMap::new();
+    for ra in &limited {
+        *retry_afters.entry(*ra).or_default() += 1;
+    }
+    eprintln!(
+        "burst on a new key: {} requests through 2 instances in {elapsed:?}: admitted {admitted} \
+         for a limit of {LIMIT} (ratio {:.3}), {} limited; Retry-After counts {retry_afters:?}",
+        statuses.len(),
+        admitted as f64 / LIMIT as f64,
+        limited.len()
+    );
+    assert_eq!(
+        admitted + limited.len() as u64,
+        800,
+        "every request answered 200 or 429"
+    );
+    assert!(
+        limited.iter().all(|ra| ra.is_some_and(|s| s >= 1)),
+        "every 429 carries Retry-After >= 1: {retry_afters:?}"
+    );
+    assert!(
+        admitted * 100 <= LIMIT * 105,
+        "burst on a new key: {admitted} admitted for a limit of {LIMIT}"
+    );
+    assert!(
+        admitted >= LIMIT / 2,
+        "burst on a new key: only {admitted} admitted for a limit of {LIMIT}"
+    );
+}

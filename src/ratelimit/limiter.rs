@@ -20,8 +20,12 @@ const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 const MAX_REFS: u8 = 3;
 /// Slots examined per shard per flush by the idle-key collector.
 const GC_STEP: usize = 512;
-/// With nothing to flush, probe the store this often (ms) so health is kept current.
+/// With nothing to flush, probe the store this often (ms) so health (and the fleet size)
+/// is kept current.
 const PROBE_EVERY_MS: u64 = 1_000;
+/// `Retry-After` of a request refused only for the fleet share: the next syncs (every
+/// `flush_interval_ms`) grant a new share, so the smallest whole number of seconds.
+const SHARE_RETRY_SECS: u64 = 1;
 
 /// Identity hasher for keys that already are uniformly distributed 64-bit hashes.
 #[derive(Default)]
@@ -51,11 +55,11 @@ struct Params {
     limit: u64,
     overrides: HashMap<String, u64>,
     cap_per_shard: usize,
-    generation: u32,
+    generation: u16,
 }
 
 impl Params {
-    fn new(p: RateLimitParams, generation: u32) -> Self {
+    fn new(p: RateLimitParams, generation: u16) -> Self {
         let window_secs = p.window_secs.max(1);
         Self {
             window_ms: window_secs.saturating_mul(1000),
@@ -94,11 +98,16 @@ struct Slot {
     /// Admissions sent by the flush in progress, not yet acknowledged.
     p_prev: u32,
     p_cur: u32,
+    /// Estimate of the other instances' admissions not yet in `g_cur` (counted in the
+    /// current window), set by each sync; used only while the fleet share applies.
+    est: u32,
     /// Cached refusal: the key stays refused until this instant (ms), unless new counts
     /// arrive. 0 = no cached refusal.
     blocked_until: u64,
     limit: u64,
-    generation: u32,
+    /// Parameter generation (wrapping) the slot's limit was computed for. A slot untouched
+    /// for exactly a multiple of 65,536 reloads would keep a stale limit: harmless.
+    generation: u16,
     /// CLOCK reference counter: 0 for a key seen once.
     refs: u8,
     /// In the shard's dirty list (to be sent at the next flush).
@@ -115,10 +124,12 @@ impl Slot {
             self.g_prev = self.g_cur;
             self.l_prev = self.l_cur;
             self.p_prev = self.p_cur;
+            // `est` stays (counted as current: conservative until the next sync).
         } else {
             self.g_prev = 0;
             self.l_prev = 0;
             self.p_prev = 0;
+            self.est = 0;
         }
         self.g_cur = 0;
         self.l_cur = 0;
@@ -138,6 +149,18 @@ impl Slot {
         u64::from(self.g_cur)
             .saturating_add(u64::from(self.p_cur))
             .saturating_add(u64::from(self.l_cur))
+    }
+
+    /// This instance's admissions of the previous window not yet in `g_prev`.
+    #[inline]
+    fn own_prev(&self) -> u64 {
+        u64::from(self.p_prev).saturating_add(u64::from(self.l_prev))
+    }
+
+    /// This instance's admissions of the current window not yet in `g_cur`.
+    #[inline]
+    fn own_cur(&self) -> u64 {
+        u64::from(self.p_cur).saturating_add(u64::from(self.l_cur))
     }
 
     /// Both windows are older than the previous one: the key no longer matters.
@@ -231,6 +254,12 @@ pub struct Limiter {
     flush_state: tokio::sync::Mutex<FlushState>,
     /// Random per-limiter high half of batch ids.
     instance_id: u64,
+    /// Live instances sharing the store, as last reported by it (1 when it reports none).
+    /// Kept while the store is unreachable.
+    instances: AtomicU64,
+    /// Divisor of the fleet share applied by [`Limiter::check`]: `instances` while the
+    /// store is healthy, 1 (no share) while it is not.
+    share_n: AtomicU64,
 }
 
 /// A batch the store did not acknowledge. Its admissions stay in the slots' `p_*` counters
@@ -264,6 +293,8 @@ impl Limiter {
             last_store_call_ms: AtomicU64::new(0),
             flush_state: tokio::sync::Mutex::new(FlushState::default()),
             instance_id: instance_id(),
+            instances: AtomicU64::new(1),
+            share_n: AtomicU64::new(1),
         }
     }
 
@@ -279,6 +310,12 @@ impl Limiter {
                 *lock(m) = Shard::default();
             }
         }
+    }
+
+    /// Live instances sharing the counter store, as last reported by it (1 for a store that
+    /// is not shared, or before the first successful sync).
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed)
     }
 
     /// Window length currently configured, in seconds.
@@ -346,6 +383,29 @@ impl Limiter {
         let prev = s.prev();
         let cur = s.cur();
         if window::admits(prev, cur, limit, wms, e) {
+            // Several instances: this one's share of what the fleet had left at the last
+            // sync (see the module doc). Refused only for the share: retry after the next
+            // syncs, not cached.
+            let n = self.share_n.load(Ordering::Relaxed);
+            if n > 1
+                && !window::within_share(
+                    (
+                        u64::from(s.g_prev),
+                        u64::from(s.g_cur).saturating_add(u64::from(s.est)),
+                    ),
+                    (s.own_prev(), s.own_cur()),
+                    limit,
+                    n,
+                    wms,
+                    e,
+                )
+            {
+                return Decision::Limited {
+                    limit,
+                    retry_after_secs: SHARE_RETRY_SECS,
+                    reset_secs: SHARE_RETRY_SECS,
+                };
+            }
             s.l_cur = s.l_cur.saturating_add(1);
             let cur = cur.saturating_add(1);
             Decision::Allowed {
@@ -378,6 +438,7 @@ impl Limiter {
             l_cur: 0,
             p_prev: 0,
             p_cur: 0,
+            est: 0,
             blocked_until: 0,
             limit: p.limit_for(key),
             generation: p.generation,
@@ -575,13 +636,21 @@ impl Limiter {
         };
         match res {
             Ok(counts) => {
-                self.for_each_taken(&pb.taken, |s, k| apply(s, &pb.batch[k], counts[k]));
+                if let Some(n) = store.instances() {
+                    self.instances.store(n.max(1), Ordering::Relaxed);
+                }
+                let n = self.instances.load(Ordering::Relaxed);
+                self.share_n.store(n, Ordering::Relaxed);
+                self.for_each_taken(&pb.taken, |s, k| apply(s, &pb.batch[k], counts[k], n));
                 if !self.healthy.swap(true, Ordering::Relaxed) {
                     tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");
                 }
                 Ok(())
             }
             Err(err) => {
+                // Unreachable store: each instance enforces the last known global counts
+                // plus its own (no share), until a sync succeeds again.
+                self.share_n.store(1, Ordering::Relaxed);
                 if matches!(err, StoreError::Backoff) {
                     self.healthy.store(false, Ordering::Relaxed);
                 } else {
@@ -629,13 +698,21 @@ impl Limiter {
     }
 }
 
-fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts) {
+/// Applies the global counts returned for delta `d`; `n` live instances.
+fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64) {
     let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    // The other instances are assumed to hold as many admissions not yet synced as we just
+    // sent (they see the same traffic); replaced at every sync.
+    let est = sat(n.saturating_sub(1).saturating_mul(d.cur));
     if s.win == d.window {
         s.g_cur = sat(c.cur);
         s.g_prev = sat(c.prev);
+        s.est = est;
     } else if s.win == d.window + 1 {
         s.g_prev = sat(c.cur);
+        s.est = est;
+    } else {
+        s.est = 0;
     }
     s.p_cur = 0;
     s.p_prev = 0;

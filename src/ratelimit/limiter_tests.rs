@@ -295,6 +295,180 @@ pub(crate) async fn simulate(
     per_window
 }
 
+/// A LocalStore standing in for a shared store with `n` live instances; fails on demand.
+struct Fleet {
+    inner: LocalStore,
+    n: u64,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Fleet {
+    fn new(n: u64) -> Self {
+        Self {
+            inner: LocalStore::new(),
+            n,
+            fail: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl CounterStore for Fleet {
+    async fn sync(
+        &self,
+        batch_id: u128,
+        batch: &[Delta],
+        window_secs: u64,
+        now_ms: u64,
+    ) -> Result<Vec<GlobalCounts>, StoreError> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(StoreError::Connect("refused".into()));
+        }
+        self.inner.sync(batch_id, batch, window_secs, now_ms).await
+    }
+    fn kind(&self) -> &'static str {
+        "test"
+    }
+    fn instances(&self) -> Option<u64> {
+        Some(self.n)
+    }
+}
+
+#[tokio::test]
+async fn fleet_share_splits_a_new_key() {
+    let store = Fleet::new(2);
+    let (a, b) = (lim(200, 60), lim(200, 60));
+    assert_eq!(a.instances(), 1);
+    // Idle probes: both learn n = 2.
+    a.flush_once(&store, T0).await.unwrap();
+    b.flush_once(&store, T0 + 1).await.unwrap();
+    assert_eq!((a.instances(), b.instances()), (2, 2));
+    // A key neither has synced, hit on both: each admits half the limit.
+    assert_eq!(admitted(&a, "new", 300, T0 + 10), 100);
+    assert_eq!(admitted(&b, "new", 300, T0 + 11), 100);
+    // Refused for the share only: retry after the next syncs, 1 s.
+    assert_eq!(retry(a.check("new", T0 + 12)), 1);
+    // After syncing, both see the limit reached: nothing more, and the retry comes from the
+    // window math as on a single instance (200 at the window start: 61 s at 110 ms).
+    for (t, l) in [(50, &a), (57, &b), (100, &a), (107, &b)] {
+        l.flush_once(&store, T0 + t).await.unwrap();
+    }
+    assert_eq!(admitted(&a, "new", 100, T0 + 110), 0);
+    assert_eq!(admitted(&b, "new", 100, T0 + 110), 0);
+    // (`a` had not checked the key since its sync at 50 ms, so it was not refreshed at
+    // 100 ms: its first refusal above was for the share. Checked keys are synced.)
+    a.flush_once(&store, T0 + 150).await.unwrap();
+    b.flush_once(&store, T0 + 157).await.unwrap();
+    assert_eq!(retry(a.check("new", T0 + 160)), 61);
+    assert_eq!(retry(b.check("new", T0 + 160)), 61);
+    let single = lim(200, 60);
+    assert_eq!(admitted(&single, "new", 200, T0), 200);
+    assert_eq!(retry(single.check("new", T0 + 160)), 61);
+    assert_eq!(store.inner.counts(stable_hash("new"), T0 / W).cur, 200);
+}
+
+#[tokio::test]
+async fn fleet_share_single_instance_unchanged() {
+    let store = Fleet::new(1);
+    let a = lim(200, 60);
+    a.flush_once(&store, T0).await.unwrap();
+    assert_eq!(a.instances(), 1);
+    assert_eq!(admitted(&a, "new", 300, T0 + 10), 200);
+    a.flush_once(&store, T0 + 50).await.unwrap();
+    assert_eq!(admitted(&a, "new", 10, T0 + 60), 0);
+}
+
+#[tokio::test]
+async fn fleet_share_converges_when_one_instance_takes_the_load() {
+    // Two live instances, all traffic on `a`: half of what is left per sync, converging on
+    // the limit within a second, never above it.
+    let store = Fleet::new(2);
+    let (a, b) = (lim(200, 60), lim(200, 60));
+    a.flush_once(&store, T0).await.unwrap();
+    b.flush_once(&store, T0 + 1).await.unwrap();
+    let mut total = 0;
+    let mut per_interval = Vec::new();
+    for k in 1..=20u64 {
+        let t = T0 + 50 * k;
+        let n = admitted(&a, "solo", 1_000, t);
+        per_interval.push(n);
+        total += n;
+        assert!(total <= 200, "{per_interval:?}");
+        a.flush_once(&store, t + 10).await.unwrap();
+        b.flush_once(&store, t + 20).await.unwrap();
+    }
+    eprintln!("one busy instance of 2, admitted per 50 ms sync interval: {per_interval:?}");
+    assert_eq!(per_interval[0], 100);
+    assert!(total >= 190, "{total}: {per_interval:?}");
+}
+
+#[tokio::test]
+async fn fleet_share_bursts_on_both_stay_at_the_limit() {
+    // Both instances hammer a new key for 10 sync intervals (staggered flushes); whatever
+    // the phase, the two together admit the limit, not more.
+    for stagger in [1u64, 7, 25, 43, 49] {
+        let store = Fleet::new(2);
+        let (a, b) = (lim(200, 60), lim(200, 60));
+        a.flush_once(&store, T0).await.unwrap();
+        b.flush_once(&store, T0 + stagger).await.unwrap();
+        let mut total = 0;
+        for ms in 0..500u64 {
+            let t = T0 + 100 + ms;
+            total += admitted(&a, "burst", 2, t);
+            total += admitted(&b, "burst", 2, t);
+            if t % 50 == 0 {
+                a.flush_once(&store, t).await.unwrap();
+            }
+            if t % 50 == stagger {
+                b.flush_once(&store, t).await.unwrap();
+            }
+        }
+        eprintln!("burst on 2 instances, flushes {stagger} ms apart: {total} admitted (limit 200)");
+        // (Shares are rounded up: at most n - 1 over.)
+        assert!((190..=201).contains(&total), "stagger {stagger}: {total}");
+    }
+}
+
+#[tokio::test]
+async fn fleet_share_suspended_while_store_unreachable() {
+    let store = Fleet::new(2);
+    let a = lim(200, 60);
+    a.flush_once(&store, T0).await.unwrap();
+    assert_eq!(admitted(&a, "k1", 300, T0 + 1), 100);
+    // Store down: the last known n is kept, but each instance enforces the known counts plus
+    // its own (contract §5.3).
+    store.fail.store(true, Ordering::Relaxed);
+    assert!(a.flush_once(&store, T0 + 50).await.is_err());
+    assert_eq!(a.instances(), 2);
+    assert_eq!(admitted(&a, "k1", 300, T0 + 60), 100);
+    assert_eq!(admitted(&a, "k2", 300, T0 + 60), 200);
+    // Back: the share applies again.
+    store.fail.store(false, Ordering::Relaxed);
+    a.flush_once(&store, T0 + 100).await.unwrap();
+    assert_eq!(admitted(&a, "k3", 300, T0 + 110), 100);
+}
+
+#[tokio::test]
+async fn fleet_share_window_accuracy() {
+    // As `two_limiters_share_local_store`, with both limiters knowing n = 2.
+    let store = Fleet::new(2);
+    let (a, b) = (lim(600, 60), lim(600, 60));
+    let per_window = simulate(&a, &b, &store, &store, 600, 3).await;
+    eprintln!("fleet share, 2 instances, admitted per window (limit 600): {per_window:?}");
+    for (i, n) in per_window.iter().enumerate() {
+        let r = *n as f64 / 600.0;
+        assert!((0.95..=1.03).contains(&r), "window {i}: {n} admitted ({r})");
+    }
+    let store = Fleet::new(2);
+    let (a, b) = (lim(600, 1), lim(600, 1));
+    let per_window = simulate(&a, &b, &store, &store, 600, 3).await;
+    eprintln!("fleet share, 2 instances, admitted per window (limit 600 / 1 s): {per_window:?}");
+    for (i, n) in per_window.iter().enumerate() {
+        let r = *n as f64 / 600.0;
+        assert!((0.95..=1.10).contains(&r), "window {i}: {n} admitted ({r})");
+    }
+}
+
 #[test]
 fn bytes_per_key() {
     let b = approx_bytes_per_key();

@@ -11,6 +11,39 @@
 //!   admissions; unflushed deltas are kept (bounded by the tracked-key cap) and delivered when
 //!   the store is back.
 //!
+//! ## Several instances: the fleet share
+//!
+//! Between two syncs an instance cannot see what the others admit, so if each let a key use
+//! everything the last known global counts leave, `n` instances together could admit up to
+//! `n` times that — most visibly on a key none of them has synced yet (no global view: each
+//! would admit the full limit before its first flush). So while the store is healthy:
+//!
+//! * Each sync also reports the number `n` of live instances sharing the store (the Redis
+//!   store keeps a heartbeat per instance in the same script call; see [`RedisStore`]). It is
+//!   kept on the limiter ([`Limiter::instances`]); 1 for the in-process store.
+//! * A request is admitted only if, in addition to the usual check, this instance's own
+//!   admissions not yet in the global view (unflushed and in flight, weighed by the window
+//!   math) plus this one fit its share `ceil(R / n)` of what the fleet has left,
+//!   `R = limit - (g_prev * (1 - elapsed) + g_cur + est)` from the last known global counts
+//!   (`R = limit` for a key never synced), with no share when `R < 1`. `est` is an estimate
+//!   of the other instances' admissions not yet synced: `(n - 1) ×` what this instance just
+//!   sent (the others are assumed to see the same traffic; replaced at every sync). Without
+//!   it, the first instance to sync a fresh burst sees only its own admissions and grants
+//!   itself half of the rest on top of what the others already hold.
+//! * A request refused only because of the share (the known counts still have room) gets a
+//!   429 with `Retry-After: 1` (the next syncs, every `flush_interval_ms`, grant a new share)
+//!   and the refusal is not cached.
+//!
+//! Refusing rather than admitting is deliberate: the contract prefers accuracy (never far
+//! above the limit) and a refused client is told to retry in a second, when the fleet view is
+//! fresh. The cost: a burst on one instance while others are idle gets half (for `n = 2`) of
+//! the quota at once, then converges (half of the rest per sync interval), and a key kept at
+//! its limit by one instance only stays about `n + 1` sync intervals' worth of decay below it
+//! (under 0.3% of the limit with the 60 s default window and 50 ms flushes). With `n = 1` (a
+//! single instance, the in-process store) nothing changes. While the store is unreachable
+//! the share is suspended (the last known `n` is kept for when it is back): each instance then
+//! enforces the last known global counts plus its own, as §5.3 of the contract requires.
+//!
 //! Window math: see [`window`]. Key hashing for the store: see [`hash`].
 
 mod flusher;

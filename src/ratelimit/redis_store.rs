@@ -12,6 +12,17 @@
 //! side but was executed by Redis later is retried with the same id and then only reads, so
 //! no admission is counted twice.
 //!
+//! Fleet size: the first call of every flush (an empty flush, the idle health probe, runs
+//! the script with no delta) also records a heartbeat of the calling limiter, identified by
+//! the high half of the batch id, in [`HEARTBEAT_BUCKET_MS`] time buckets: a marker
+//! `{prefix}:rl:{instances}:b<bucket>:i<id>` (`SET NX EX`) and, when the marker is new, an
+//! increment of the bucket's counter `{prefix}:rl:{instances}:b<bucket>` (`INCRBY` +
+//! `EXPIRE`). The script returns the larger of the current and the previous bucket's
+//! counters: the instances that flushed (or probed, every second when idle) within the last
+//! one to two buckets. A stopped instance is forgotten after two buckets at most. Buckets
+//! come from the caller's clock (skew well under a bucket is harmless). Only plain string
+//! commands are used (no sorted set), and it costs no extra round trip.
+//!
 //! Redis Cluster: this store uses a plain (non-cluster) connection. A multi-key script
 //! across slots is refused by a Cluster (`CROSSSLOT`); running against a Cluster would need
 //! the batch split per hash slot (CRC16 of the `{…}` tag) and a cluster client. Against a
@@ -22,6 +33,7 @@
 //! (100 ms doubling to 5 s); calls during the backoff fail fast with
 //! [`StoreError::Backoff`] without touching the network.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,20 +50,52 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Extra TTL beyond the two windows a count is needed for.
 const TTL_SLACK_SECS: u64 = 60;
 
+/// Length of a heartbeat bucket (ms). An instance flushes every `flush_interval_ms` and
+/// probes at least every second when idle, so it is seen in every bucket.
+pub const HEARTBEAT_BUCKET_MS: u64 = 2_000;
+/// TTL of heartbeat keys: they are read for two buckets only; much longer, so a marker
+/// never expires while its bucket is still read (which would count its instance twice),
+/// whatever the clock skew.
+const HEARTBEAT_TTL_SECS: u64 = 60;
+
 /// How long a batch id is remembered (a timed-out call executed later than this would be
 /// counted twice if retried; Redis does not hold a command that long in practice).
 const BATCH_ID_TTL_SECS: u64 = 300;
 
-/// KEYS[1] = batch marker, then (prev window, current window) per delta.
-/// ARGV[1] = TTL of counters, ARGV[2] = TTL of the marker, then (prev delta, cur delta).
+/// KEYS[1] = batch marker; then, when ARGV[3] = 3, the heartbeat keys: KEYS[2] = counter of
+/// the current bucket, KEYS[3] = this instance's marker in it, KEYS[4] = counter of the
+/// previous bucket; then (prev window, current window) per delta.
+/// ARGV[1] = TTL of counters, ARGV[2] = TTL of the marker, ARGV[3] = number of heartbeat
+/// keys (0 or 3), ARGV[4] = TTL of heartbeat keys, then (prev delta, cur delta).
+/// Returns the live instance count (0 without heartbeat), then (prev, cur) totals per delta.
 /// A batch whose marker exists was already applied (its client timed out): only read.
 const SCRIPT: &str = r#"
 local ttl = tonumber(ARGV[1])
+local h = tonumber(ARGV[3])
+local n = 0
+if h == 3 then
+  local hb = tonumber(ARGV[4])
+  if redis.call('SET', KEYS[3], '1', 'NX', 'EX', hb) then
+    n = redis.call('INCRBY', KEYS[2], 1)
+    redis.call('EXPIRE', KEYS[2], hb)
+  else
+    n = tonumber(redis.call('GET', KEYS[2]) or '0')
+  end
+  local before = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if before > n then
+    n = before
+  end
+end
+local out = {n}
+local first = 2 + h
+if #KEYS < first then
+  return out
+end
 local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2]))
-local out = {}
-for i = 2, #KEYS, 2 do
-  local pd = fresh and tonumber(ARGV[i + 1]) or 0
-  local cd = fresh and tonumber(ARGV[i + 2]) or 0
+for i = first, #KEYS, 2 do
+  local j = i - first + 5
+  local pd = fresh and tonumber(ARGV[j]) or 0
+  local cd = fresh and tonumber(ARGV[j + 1]) or 0
   local p, c
   if pd > 0 then
     p = redis.call('INCRBY', KEYS[i], pd)
@@ -94,6 +138,8 @@ pub struct RedisStore {
     settings: RedisSettings,
     script: redis::Script,
     state: tokio::sync::Mutex<ConnState>,
+    /// Live instances reported by the last heartbeat (0 = none yet).
+    instances: AtomicU64,
 }
 
 impl RedisStore {
@@ -110,6 +156,7 @@ impl RedisStore {
                 backoff: BACKOFF_MIN,
                 next_attempt: None,
             }),
+            instances: AtomicU64::new(0),
         })
     }
 
@@ -121,6 +168,18 @@ impl RedisStore {
             hash_hex(key_hash),
             window
         )
+    }
+
+    /// Heartbeat keys at `now_ms` for the limiter `instance`: (current bucket's counter,
+    /// the instance's marker in it, previous bucket's counter).
+    pub fn heartbeat_keys(&self, instance: u64, now_ms: u64) -> [String; 3] {
+        let b = now_ms / HEARTBEAT_BUCKET_MS;
+        let base = format!("{}:rl:{{instances}}", self.settings.key_prefix);
+        [
+            format!("{base}:b{b}"),
+            format!("{base}:b{b}:i{instance:016x}"),
+            format!("{base}:b{}", b.saturating_sub(1)),
+        ]
     }
 
     fn call_timeout(&self) -> Duration {
@@ -163,26 +222,31 @@ impl RedisStore {
         batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
+        now_ms: u64,
     ) -> Result<Vec<GlobalCounts>, StoreError> {
-        if batch.is_empty() {
-            let r: Result<redis::RedisResult<String>, _> =
-                timeout(self.call_timeout(), redis::cmd("PING").query_async(conn)).await;
-            return match r {
-                Ok(Ok(_)) => Ok(Vec::new()),
-                Ok(Err(e)) => Err(StoreError::Command(e.to_string())),
-                Err(_) => Err(StoreError::Timeout),
-            };
-        }
         let ttl = window_secs.saturating_mul(2).saturating_add(TTL_SLACK_SECS);
         let mut out = Vec::with_capacity(batch.len());
-        for (n, chunk) in batch.chunks(MAX_KEYS_PER_CALL).enumerate() {
+        // An empty batch (health probe) still makes one call: the heartbeat.
+        let chunks = batch
+            .chunks(MAX_KEYS_PER_CALL)
+            .chain(std::iter::once(&batch[..0]).filter(|_| batch.is_empty()));
+        for (n, chunk) in chunks.enumerate() {
+            let heartbeat = n == 0;
             let mut inv = self.script.prepare_invoke();
             inv.key(format!(
                 "{}:rl:batch:{batch_id:032x}:{n}",
                 self.settings.key_prefix
             ));
+            if heartbeat {
+                // The high half of the batch id identifies the limiter.
+                for k in self.heartbeat_keys((batch_id >> 64) as u64, now_ms) {
+                    inv.key(k);
+                }
+            }
             inv.arg(ttl);
             inv.arg(BATCH_ID_TTL_SECS);
+            inv.arg(if heartbeat { 3 } else { 0 });
+            inv.arg(HEARTBEAT_TTL_SECS);
             for d in chunk {
                 inv.key(self.redis_key(d.key_hash, d.window.saturating_sub(1)));
                 inv.key(self.redis_key(d.key_hash, d.window));
@@ -196,14 +260,20 @@ impl RedisStore {
                 Ok(Err(e)) => return Err(StoreError::Command(e.to_string())),
                 Err(_) => return Err(StoreError::Timeout),
             };
-            if v.len() != chunk.len() * 2 {
+            if v.len() != chunk.len() * 2 + 1 {
                 return Err(StoreError::Protocol(format!(
                     "script returned {} values for {} keys",
                     v.len(),
                     chunk.len()
                 )));
             }
-            for pair in v.chunks_exact(2) {
+            if heartbeat {
+                let live = u64::try_from(v[0]).unwrap_or(0);
+                if live > 0 {
+                    self.instances.store(live, Ordering::Relaxed);
+                }
+            }
+            for pair in v[1..].chunks_exact(2) {
                 out.push(GlobalCounts {
                     prev: u64::try_from(pair[0]).unwrap_or(0),
                     cur: u64::try_from(pair[1]).unwrap_or(0),
@@ -227,11 +297,14 @@ impl CounterStore for RedisStore {
         batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
-        _now_ms: u64,
+        now_ms: u64,
     ) -> Result<Vec<GlobalCounts>, StoreError> {
         let mut st = self.state.lock().await;
         let mut conn = self.connection(&mut st).await?;
-        match self.run(&mut conn, batch_id, batch, window_secs).await {
+        match self
+            .run(&mut conn, batch_id, batch, window_secs, now_ms)
+            .await
+        {
             Ok(v) => {
                 st.backoff = BACKOFF_MIN;
                 st.next_attempt = None;
@@ -247,5 +320,12 @@ impl CounterStore for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    fn instances(&self) -> Option<u64> {
+        match self.instances.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
     }
 }

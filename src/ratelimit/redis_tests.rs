@@ -267,7 +267,8 @@ async fn silent_listener_times_out() {
     // During the backoff the next flush fails fast without the network.
     let t = std::time::Instant::now();
     assert_eq!(l.flush_once(&st, T0 + 3).await, Err(StoreError::Backoff));
-    assert!(t.elapsed() < Duration::from_millis(50));
+    // Well under the 200 ms call timeout: no network was involved.
+    assert!(t.elapsed() < Duration::from_millis(150), "{:?}", t.elapsed());
     assert_eq!(l.unsent_admissions(), 2);
     hold.abort();
 }
@@ -311,4 +312,69 @@ async fn debug_sleep_times_out_then_recovers() {
         .await
         .unwrap();
     assert_eq!(v, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_size_is_learned_and_a_new_key_is_shared() {
+    if !have_redis() {
+        return;
+    }
+    let srv = start(free_port()).await;
+    let (sa, sb) = (store(srv.port, "fl"), store(srv.port, "fl"));
+    let (a, b) = (lim(200, 60), lim(200, 60));
+    // Idle probes carry the heartbeat: one script call each, both learn n = 2.
+    a.flush_once(&sa, T0).await.unwrap();
+    // (The first call also loads the script.)
+    let before = evalsha_calls(srv.port).await;
+    b.flush_once(&sb, T0 + 1).await.unwrap();
+    a.flush_once(&sa, T0 + 1_002).await.unwrap();
+    assert_eq!(evalsha_calls(srv.port).await - before, 2);
+    assert_eq!((a.instances(), b.instances()), (2, 2));
+    // A burst on a key neither has seen, through both, over several flushes.
+    let mut total = 0;
+    for ms in 0..300u64 {
+        let t = T0 + 1_100 + ms;
+        total += (0..4).filter(|_| a.check("fresh", t).is_allowed()).count();
+        total += (0..4).filter(|_| b.check("fresh", t).is_allowed()).count();
+        if t % 50 == 0 {
+            a.flush_once(&sa, t).await.unwrap();
+        }
+        if t % 50 == 20 {
+            b.flush_once(&sb, t).await.unwrap();
+        }
+    }
+    a.flush_once(&sa, T0 + 1_500).await.unwrap();
+    b.flush_once(&sb, T0 + 1_500).await.unwrap();
+    let mut c = conn(srv.port).await.unwrap();
+    let in_redis: i64 = redis::cmd("GET")
+        .arg(sa.redis_key(stable_hash("fresh"), T0 / 60_000))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    eprintln!(
+        "redis, 2 instances, burst on a new key: {total} admitted (limit 200), {in_redis} in Redis"
+    );
+    assert_eq!(in_redis as usize, total);
+    assert!((190..=201).contains(&total), "{total}");
+
+    // Heartbeat keys: prefixed, hash-tagged, with a TTL.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("fl:rl:{instances}:*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        let ttl: i64 = redis::cmd("TTL").arg(k).query_async(&mut c).await.unwrap();
+        assert!(ttl > 0, "{k} ttl {ttl}");
+    }
+
+    // `b` stops: after two heartbeat buckets `a` is alone again and gets the whole limit.
+    let later = T0 + 1_500 + 2 * super::redis_store::HEARTBEAT_BUCKET_MS + 1;
+    a.flush_once(&sa, later).await.unwrap();
+    assert_eq!(a.instances(), 1);
+    let alone = (0..300)
+        .filter(|_| a.check("other", later + 1).is_allowed())
+        .count();
+    assert_eq!(alone, 200);
 }

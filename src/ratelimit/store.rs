@@ -68,7 +68,9 @@ pub trait CounterStore: Send + Sync {
     ///
     /// `batch_id` is unique per batch and limiter; a failed batch is retried with the same id
     /// and the same deltas, and a store must apply one id at most once (a call that timed out
-    /// on the client may still have been executed).
+    /// on the client may still have been executed). Its high 64 bits identify the calling
+    /// limiter (random, fixed for its lifetime): a shared store may count live instances by
+    /// them (see [`CounterStore::instances`]).
     async fn sync(
         &self,
         batch_id: u128,
@@ -79,6 +81,14 @@ pub trait CounterStore: Send + Sync {
 
     /// `"redis"` or `"local"` (for `/status`).
     fn kind(&self) -> &'static str;
+
+    /// Live instances (limiters) sharing this store, as learned by the last successful
+    /// [`CounterStore::sync`] (which must have counted the caller itself); `None` for a store
+    /// that is not shared or has not synced yet. Read by the limiter right after each
+    /// successful sync to size its share of each key's remaining quota.
+    fn instances(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// In-process store, used when there is no `[redis]` section: same window math, no sharing.

@@ -15,6 +15,36 @@ pub fn admits(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> bool {
     lhs <= u128::from(limit) * w
 }
 
+/// Whether one more admission fits this instance's share of what the fleet has left, with
+/// `n` instances deciding independently between syncs.
+///
+/// `global = (prev, cur)`: the fleet's counts as last known (may include an estimate of
+/// admissions not seen yet); `own = (prev, cur)`: this instance's admissions not included
+/// in them. The fleet has `R = limit - estimate(global)` left; this instance's share is
+/// `S = ceil(R / n)` whole requests (0 when `R < 1`), and one more is admitted iff
+/// `estimate(own) + 1 <= S`. With `n = 1` this never refuses what [`admits`] admits (on the
+/// summed counts); with `n >= 2` it admits nothing [`admits`] would refuse (`S <= R`).
+#[inline]
+pub fn within_share(
+    global: (u64, u64),
+    own: (u64, u64),
+    limit: u64,
+    n: u64,
+    w: u64,
+    e: u64,
+) -> bool {
+    let w = u128::from(w);
+    let a = w - u128::from(e);
+    let cap = u128::from(limit) * w;
+    let used = u128::from(global.0) * a + u128::from(global.1) * w;
+    if used + w > cap {
+        return false; // R < 1: no share
+    }
+    let share = (cap - used).div_ceil(u128::from(n.max(1)) * w);
+    let need = u128::from(own.0) * a + (u128::from(own.1) + 1) * w;
+    need <= share * w
+}
+
 /// Whole requests still admissible right now: `floor(limit - estimate)`, at least 0.
 #[inline]
 pub fn remaining(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
@@ -170,6 +200,59 @@ mod tests {
                             brute_retry(prev, cur, limit, w, e),
                             "prev {prev} cur {cur} limit {limit} e {e}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn share_examples() {
+        // New key, 2 instances, limit 200: 100 each.
+        assert!(within_share((0, 0), (0, 99), 200, 2, W, 0));
+        assert!(!within_share((0, 0), (0, 100), 200, 2, W, 0));
+        // Rounded up: limit 201 -> 101 each; 3 left -> 2 each; 1 left -> 1 each.
+        assert!(within_share((0, 0), (0, 100), 201, 2, W, 0));
+        assert!(within_share((0, 198), (0, 1), 201, 2, W, 0));
+        assert!(!within_share((0, 198), (0, 2), 201, 2, W, 0));
+        assert!(within_share((0, 199), (0, 0), 200, 8, W, 0));
+        // Nothing left (R < 1): no share at all.
+        assert!(!within_share((0, 200), (0, 0), 200, 2, W, 0));
+        assert!(!within_share((1, 199), (0, 0), 200, 2, W, W / 2));
+        // Previous window weighs by the elapsed fraction, own and global alike:
+        // R = 200 - 100 * 0.5 = 150 -> 75 each; own 20 * 0.5 + 64 + 1 = 75.
+        assert!(within_share((100, 0), (20, 64), 200, 2, W, W / 2));
+        assert!(!within_share((100, 0), (20, 65), 200, 2, W, W / 2));
+        // limit 0: nothing.
+        assert!(!within_share((0, 0), (0, 0), 0, 2, W, 0));
+    }
+
+    #[test]
+    fn share_is_consistent_with_admits() {
+        // n = 1: the share never refuses what `admits` admits (so it can be skipped);
+        // n >= 2: the share admits nothing `admits` would refuse.
+        let w = 1_000;
+        for limit in 0..8u64 {
+            for gp in 0..6u64 {
+                for gc in 0..6u64 {
+                    for op in 0..4u64 {
+                        for oc in 0..4u64 {
+                            for e in [0u64, 1, 250, 500, 999] {
+                                let a = admits(gp + op, gc + oc, limit, w, e);
+                                let case = format!("{gp} {gc} {op} {oc} {limit} {e}");
+                                if a {
+                                    assert!(
+                                        within_share((gp, gc), (op, oc), limit, 1, w, e),
+                                        "{case}"
+                                    );
+                                }
+                                for n in 2..5 {
+                                    if within_share((gp, gc), (op, oc), limit, n, w, e) {
+                                        assert!(a, "n {n}: {case}");
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
             }
