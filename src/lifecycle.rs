@@ -1,16 +1,29 @@
 //! Process lifecycle: readiness, draining and the shutdown sequence.
 //!
-//! SIGTERM: `/readyz` turns 503 at once, traffic is still proxied for
-//! `drain_seconds`, then listeners close (Pingora's shutdown broadcast) and the
-//! process exits as soon as nothing is in flight, or after
-//! `shutdown_timeout_seconds` at the latest. Stock Pingora instead stops
-//! accepting at once and then sleeps a fixed grace period.
+//! SIGTERM (or a watchdog grant, see [`crate::watchdog`]): `/readyz` turns 503 at
+//! once, traffic is still proxied for `drain_seconds`, then listeners close
+//! (Pingora's shutdown broadcast) and the process exits as soon as nothing is in
+//! flight, or after `shutdown_timeout_seconds` at the latest. Stock Pingora
+//! instead stops accepting at once and then sleeps a fixed grace period (300 s
+//! by default).
+//!
+//! SIGQUIT: once a new process (`-u`) listens on `upgrade_sock`, readiness fails
+//! and Pingora hands the listening sockets over; both processes accept for
+//! Pingora's 5 s close timeout, then this one stops accepting and exits when
+//! idle. Without a new process it logs why and stays up (stock Pingora would
+//! shut down anyway). SIGINT: exit now.
+//!
+//! [`GracefulApp`] wraps the proxy application: it counts client connections and
+//! keeps serving connections accepted just before the listeners closed for
+//! [`ACCEPT_GRACE`], which Pingora's cleanup would otherwise drop unanswered.
 
 use crate::shed::Shedder;
 use async_trait::async_trait;
-use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch};
+use pingora::apps::ServerApp;
+use pingora::protocols::Stream;
+use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
@@ -23,7 +36,8 @@ const DRAINING: u8 = 2;
 #[derive(Debug)]
 pub struct Lifecycle {
     state: AtomicU8,
-    /// Set when the readiness flip came from the watchdog, not a signal.
+    /// Wakes [`Lifecycle::draining`] waiters when draining starts (by signal or
+    /// by the watchdog).
     notify: tokio::sync::Notify,
 }
 
@@ -91,6 +105,8 @@ pub struct DrainingShutdown {
     /// `server.upgrade_sock`: on SIGQUIT the listeners are only handed over (and
     /// this process only shuts down) once a new process (`-u`) listens there.
     pub upgrade_sock: PathBuf,
+    /// Client connections of the proxy service ([`GracefulApp`]).
+    pub connections: Arc<Connections>,
 }
 
 /// How long SIGQUIT waits for a new process to listen on `upgrade_sock` (the
@@ -184,23 +200,99 @@ impl ShutdownSignalWatch for DrainingShutdown {
             }
         }
         let phases = self.phases.lock().ok().and_then(|mut p| p.take());
-        spawn_exit_when_idle(Arc::clone(&self.shedder), self.shutdown_timeout, phases);
+        spawn_exit_when_idle(
+            Arc::clone(&self.shedder),
+            Arc::clone(&self.connections),
+            self.shutdown_timeout,
+            phases,
+        );
         kind
     }
 }
 
-/// How long nothing may be in flight before the process exits. Covers a request
-/// whose connection was accepted just before the listeners closed and whose
-/// headers are parsed but not yet admitted (counted) by the load shedder.
+/// How long nothing may be in flight before the process exits (debounce).
 const QUIET: Duration = Duration::from_millis(50);
 
+/// How long the proxy service keeps serving connections it accepted before the
+/// listeners closed but whose first request has not been read yet. Pingora's
+/// cleanup drops such connections without an answer; under load (or with a
+/// slow client) a connection accepted in the last moment would see a reset.
+pub const ACCEPT_GRACE: Duration = Duration::from_millis(250);
+
+/// Client connections of the proxy service, counted by [`GracefulApp`].
+#[derive(Debug, Default)]
+pub struct Connections {
+    open: AtomicU64,
+    cleaned_up: AtomicBool,
+}
+
+impl Connections {
+    /// Connections being served (including idle keep-alive ones).
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// True once the listeners closed and Pingora's cleanup ran (idle and
+    /// not-yet-read connections are being dropped).
+    pub fn is_cleaned_up(&self) -> bool {
+        self.cleaned_up.load(Ordering::Acquire)
+    }
+}
+
+struct OpenConnection<'a>(&'a Connections);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Wraps the proxy application: counts open client connections, and delays
+/// Pingora's cleanup by [`ACCEPT_GRACE`] so that connections accepted just
+/// before the listeners closed still get their request read and answered.
+pub struct GracefulApp<A> {
+    inner: Arc<A>,
+    connections: Arc<Connections>,
+}
+
+impl<A> GracefulApp<A> {
+    pub fn new(inner: A, connections: Arc<Connections>) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            connections,
+        }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for GracefulApp<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        session: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        self.connections.open.fetch_add(1, Ordering::AcqRel);
+        let _open = OpenConnection(&self.connections);
+        self.inner.process_new(session, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        tokio::time::sleep(ACCEPT_GRACE).await;
+        self.inner.cleanup().await;
+        self.connections.cleaned_up.store(true, Ordering::Release);
+    }
+}
+
 /// After Pingora broadcasts shutdown it sleeps a fixed grace period; this
-/// thread ends the process as soon as no request is in flight instead. It
-/// starts counting once Pingora enters its grace period, that is after the
-/// listeners closed (and, on upgrade, after the listeners were handed over and
-/// Pingora's close timeout passed, so it never exits under the hand-over).
+/// thread ends the process as soon as nothing is left to serve instead. It
+/// starts once Pingora enters its grace period, that is after the listeners
+/// closed (and, on upgrade, after the listeners were handed over and Pingora's
+/// close timeout passed, so it never exits under the hand-over); then it waits
+/// for the proxy's cleanup ([`ACCEPT_GRACE`]) and for every request and client
+/// connection to finish, `timeout` at most.
 fn spawn_exit_when_idle(
     shedder: Arc<Shedder>,
+    connections: Arc<Connections>,
     timeout: Duration,
     phases: Option<broadcast::Receiver<ExecutionPhase>>,
 ) {
@@ -217,18 +309,29 @@ fn spawn_exit_when_idle(
                     }
                 }
             }
+            let deadline = Instant::now() + timeout;
             tracing::info!(
                 event = "shutdown",
                 inflight = shedder.inflight(),
+                connections = connections.open(),
                 timeout_seconds = timeout.as_secs(),
                 "listeners closed; waiting for in-flight requests"
             );
-            if wait_idle(&shedder, timeout) {
+            // The accept grace has passed once the proxy's cleanup ran; count it
+            // here too, so a starved runtime timer cannot hold an idle process.
+            let grace_end = Instant::now() + ACCEPT_GRACE;
+            let idle = || {
+                (connections.is_cleaned_up() || Instant::now() >= grace_end)
+                    && shedder.inflight() == 0
+                    && connections.open() == 0
+            };
+            if wait_quiet(deadline, idle) {
                 tracing::info!(event = "shutdown", "nothing in flight; exiting");
             } else {
                 tracing::warn!(
                     event = "shutdown",
                     inflight = shedder.inflight(),
+                    connections = connections.open(),
                     "shutdown timeout; exiting with requests in flight"
                 );
             }
@@ -239,26 +342,32 @@ fn spawn_exit_when_idle(
     }
 }
 
-/// Blocks until nothing has been in flight for [`QUIET`] (true) or `timeout`
-/// passed (false).
-fn wait_idle(shedder: &Shedder, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    let mut idle_since: Option<Instant> = None;
+/// Polls `cond` every 5 ms until it holds (true) or `deadline` passes (false).
+fn wait_until(deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
     loop {
-        let now = Instant::now();
-        if shedder.inflight() == 0 {
-            let since = *idle_since.get_or_insert(now);
-            if now.duration_since(since) >= QUIET {
-                return true;
-            }
-        } else {
-            idle_since = None;
+        if cond() {
+            return true;
         }
-        if now >= deadline {
+        if Instant::now() >= deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Like [`wait_until`], but `idle` must hold continuously for [`QUIET`].
+fn wait_quiet(deadline: Instant, mut idle: impl FnMut() -> bool) -> bool {
+    let mut idle_since: Option<Instant> = None;
+    wait_until(deadline, || {
+        let now = Instant::now();
+        if idle() {
+            let since = *idle_since.get_or_insert(now);
+            now.duration_since(since) >= QUIET
+        } else {
+            idle_since = None;
+            false
+        }
+    })
 }
 
 #[cfg(test)]

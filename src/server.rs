@@ -152,10 +152,14 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        Proxy::new(Arc::clone(&shared)),
-        "portcullis proxy",
+    // Counts client connections and lets the last accepted ones be served at shutdown.
+    let connections = Arc::new(crate::lifecycle::Connections::default());
+    let mut proxy = Service::new(
+        "portcullis proxy".into(),
+        crate::lifecycle::GracefulApp::new(
+            pingora::proxy::http_proxy(&server.configuration, Proxy::new(Arc::clone(&shared))),
+            Arc::clone(&connections),
+        ),
     );
     for addr in &listen {
         proxy.add_tcp(&addr.to_string());
@@ -241,6 +245,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             shutdown_timeout,
             phases: std::sync::Mutex::new(Some(phases)),
             upgrade_sock,
+            connections,
         }),
     });
 }
