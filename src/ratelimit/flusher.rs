@@ -43,7 +43,7 @@ pub async fn run_flusher(
             }
         }
     }
-    match limiter.flush_once(store.as_ref(), now_ms()).await {
+    match limiter.flush_all(store.as_ref(), now_ms()).await {
         Ok(o) => {
             tracing::debug!(target: "portcullis::ratelimit", keys = o.keys, "final rate-limit flush")
         }

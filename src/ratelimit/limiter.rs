@@ -23,6 +23,25 @@ const GC_STEP: usize = 512;
 /// With nothing to flush, probe the store this often (ms) so health (and the fleet size)
 /// is kept current.
 const PROBE_EVERY_MS: u64 = 1_000;
+/// Adaptive sync: a key far from its limit (see [`Slot::needs_sync`]) is sent only every
+/// `SYNC_EVERY`-th flush (all such keys on the same flush, so the others need no store call
+/// at all); keys near their limit are sent at every flush.
+const SYNC_EVERY: u64 = 8;
+/// "Near the limit": the key's estimate (last known global counts, the estimate of the other
+/// instances' unsynced admissions and its own unsynced admissions) is at least this
+/// percentage of the limit.
+const NEAR_LIMIT_PERCENT: u128 = 50;
+/// A key whose own unsynced admissions reach this percentage of what the fleet had left at
+/// the last sync is sent at the next flush, near its limit or not.
+const BIG_DELTA_PERCENT: u128 = 10;
+/// A previous window's total read at least this long (ms) into the current window (and at
+/// least `2 * SYNC_EVERY` flush intervals) is taken as final: late deltas of the other
+/// instances for it have arrived. It is then not read again for that window.
+const PREV_SETTLE_MS: u64 = 2_000;
+/// `Slot::flags`: in the shard's dirty list.
+const QUEUED: u8 = 1;
+/// `Slot::flags`: `g_prev` is the final total of the previous window.
+const PREV_FINAL: u8 = 2;
 /// `Retry-After` of a request refused only for the fleet share: the next syncs (every
 /// `flush_interval_ms`) grant a new share, so the smallest whole number of seconds.
 const SHARE_RETRY_SECS: u64 = 1;
@@ -110,16 +129,65 @@ struct Slot {
     generation: u16,
     /// CLOCK reference counter: 0 for a key seen once.
     refs: u8,
-    /// In the shard's dirty list (to be sent at the next flush).
-    queued: bool,
+    /// [`QUEUED`]: in the shard's dirty list (to be sent at a coming flush);
+    /// [`PREV_FINAL`]: `g_prev` is final (no need to read it from the store again).
+    flags: u8,
 }
 
 impl Slot {
+    #[inline]
+    fn queued(&self) -> bool {
+        self.flags & QUEUED != 0
+    }
+
+    #[inline]
+    fn prev_final(&self) -> bool {
+        self.flags & PREV_FINAL != 0
+    }
+
+    /// Whether this dirty key must be sent at this flush (rather than at the next
+    /// every-`SYNC_EVERY` flush): its estimate is near the limit, or its own unsynced
+    /// admissions are large relative to what the fleet had left, or the fleet share refuses
+    /// it (a fresh view grants a new share). `n` = divisor of the share, `e` = elapsed ms.
+    ///
+    /// Deferring a far key is safe for accuracy: its admissions between syncs stay bounded
+    /// by the same checks as always (the known counts and its share of what the fleet had
+    /// left, both from its last sync), and it is sent as soon as it gets near its limit or
+    /// its unsynced admissions get large, so the other instances miss at most a small,
+    /// bounded part of it, and only while the key is far from its limit.
+    fn needs_sync(&self, n: u64, wms: u64, e: u64) -> bool {
+        let w = u128::from(wms);
+        let a = w - u128::from(e.min(wms));
+        let cap = u128::from(self.limit) * w;
+        let global =
+            u128::from(self.g_prev) * a + (u128::from(self.g_cur) + u128::from(self.est)) * w;
+        let own = u128::from(self.own_prev()) * a + u128::from(self.own_cur()) * w;
+        if (global + own) * 100 >= cap * NEAR_LIMIT_PERCENT || global >= cap {
+            return true;
+        }
+        if own * 100 >= (cap - global) * BIG_DELTA_PERCENT {
+            return true;
+        }
+        n > 1
+            && !window::within_share(
+                (
+                    u64::from(self.g_prev),
+                    u64::from(self.g_cur).saturating_add(u64::from(self.est)),
+                ),
+                (self.own_prev(), self.own_cur()),
+                self.limit,
+                n,
+                wms,
+                e,
+            )
+    }
+
     #[inline]
     fn roll(&mut self, w: u64) {
         if w <= self.win {
             return;
         }
+        self.flags &= !PREV_FINAL;
         if w == self.win + 1 {
             self.g_prev = self.g_cur;
             self.l_prev = self.l_cur;
@@ -175,7 +243,7 @@ struct Shard {
     slots: Vec<Slot>,
     /// Stable hash of each slot's key (same positions as `slots`).
     hashes: Vec<u128>,
-    /// Slot indexes to send at the next flush (each at most once: `Slot::queued`).
+    /// Slot indexes to send at a coming flush (each at most once: [`QUEUED`]).
     dirty: Vec<u32>,
     /// CLOCK hand.
     hand: usize,
@@ -221,8 +289,8 @@ impl Shard {
 
     #[inline]
     fn queue(&mut self, i: usize) {
-        if !self.slots[i].queued {
-            self.slots[i].queued = true;
+        if !self.slots[i].queued() {
+            self.slots[i].flags |= QUEUED;
             self.dirty.push(i as u32);
         }
     }
@@ -268,7 +336,8 @@ struct PendingBatch {
     id: u128,
     window_secs: u64,
     batch: Vec<Delta>,
-    taken: Vec<(u8, u64)>,
+    /// (shard, slot id, whether the previous window's total read back is final).
+    taken: Vec<(u8, u64, bool)>,
     admissions: u64,
 }
 
@@ -276,6 +345,10 @@ struct PendingBatch {
 struct FlushState {
     seq: u64,
     pending: Option<PendingBatch>,
+    /// Flushes so far (every [`SYNC_EVERY`]-th sends every queued key).
+    flushes: u64,
+    /// `now_ms` of the last flush.
+    last_flush_ms: u64,
 }
 
 impl Limiter {
@@ -443,7 +516,7 @@ impl Limiter {
             limit: p.limit_for(key),
             generation: p.generation,
             refs: 0,
-            queued: false,
+            flags: 0,
         };
         if shard.slots.len() < p.cap_per_shard {
             let i = shard.slots.len();
@@ -461,9 +534,9 @@ impl Limiter {
         self.evictions.fetch_add(1, Ordering::Relaxed);
         let old_id = old.id;
         // Keep the queued flag: the slot index may already be in the dirty list.
-        let queued = old.queued;
+        let flags = old.flags & QUEUED;
         shard.index.remove(&old_id);
-        shard.slots[i] = Slot { queued, ..slot };
+        shard.slots[i] = Slot { flags, ..slot };
         shard.hashes[i] = key_hash;
         shard.index.insert(id, i as u32);
         i
@@ -513,20 +586,59 @@ impl Limiter {
             .sum()
     }
 
-    /// One flush: sends every queued key's unsent admissions (and keys that were merely
-    /// checked, to refresh their global view) to `store` in one batch, then applies the
-    /// returned global counts. A batch that fails is kept (its admissions keep counting
-    /// locally) and retried unchanged, with the same batch id, before anything new is sent.
-    /// Also collects idle keys incrementally. Concurrent calls are serialized.
+    /// One flush: sends queued keys' unsent admissions (and keys that were merely checked,
+    /// to refresh their global view) to `store` in one batch, then applies the returned
+    /// global counts. Adaptive sync: keys near their limit (or with large unsent deltas, or
+    /// refused for their fleet share) are sent at every flush; the others stay queued and
+    /// are sent every [`SYNC_EVERY`]-th flush (so never more than `SYNC_EVERY - 1` flushes
+    /// late), at each of the first `SYNC_EVERY` flushes, and at the first flush after a
+    /// store failure. A flush with nothing to send
+    /// does not call the store (except the idle probe). A batch that fails is kept (its
+    /// admissions keep counting locally) and retried unchanged, with the same batch id,
+    /// before anything new is sent. Also collects idle keys incrementally. Concurrent calls
+    /// are serialized.
     pub async fn flush_once(
         &self,
         store: &dyn CounterStore,
         now_ms: u64,
     ) -> Result<FlushOutcome, StoreError> {
+        self.flush(store, now_ms, false).await
+    }
+
+    /// As [`Limiter::flush_once`], but sends every queued key (used for the final flush at
+    /// shutdown).
+    pub async fn flush_all(
+        &self,
+        store: &dyn CounterStore,
+        now_ms: u64,
+    ) -> Result<FlushOutcome, StoreError> {
+        self.flush(store, now_ms, true).await
+    }
+
+    async fn flush(
+        &self,
+        store: &dyn CounterStore,
+        now_ms: u64,
+        force: bool,
+    ) -> Result<FlushOutcome, StoreError> {
         let mut fs = self.flush_state.lock().await;
         let p = self.params.load_full();
-        let w = now_ms / p.window_ms;
+        let wms = p.window_ms;
+        let w = now_ms / wms;
         let mut out = FlushOutcome::default();
+        // Everything is sent during the first `SYNC_EVERY` flushes (warm-up: no fleet view
+        // yet) and, after a failure (every view is stale), once the store is back.
+        let sync_all = force
+            || fs.pending.is_some()
+            || !self.store_healthy()
+            || fs.flushes < SYNC_EVERY
+            || fs.flushes % SYNC_EVERY == 0;
+        fs.flushes = fs.flushes.wrapping_add(1);
+        // A previous window's total read this late into the current one is final.
+        let interval = now_ms.saturating_sub(fs.last_flush_ms).min(wms);
+        fs.last_flush_ms = now_ms;
+        let settle = PREV_SETTLE_MS.max(interval.saturating_mul(2 * SYNC_EVERY));
+        let share_n = self.share_n.load(Ordering::Relaxed);
 
         // 0. An unacknowledged batch goes first, unchanged.
         if let Some(pb) = fs.pending.take() {
@@ -544,43 +656,53 @@ impl Limiter {
             }
         }
 
-        // 1. Take.
-        let mut taken: Vec<(u8, u64)> = Vec::new();
+        // 1. Take (deferred keys stay queued).
+        let mut taken: Vec<(u8, u64, bool)> = Vec::new();
         let mut batch: Vec<Delta> = Vec::new();
         let mut admissions = 0u64;
         for (si, m) in self.shards.iter().enumerate() {
             let mut sh = lock(m);
             let mut dirty = std::mem::take(&mut sh.dirty);
-            for &i in &dirty {
+            let sh = &mut *sh;
+            dirty.retain(|&i| {
                 let key_hash = sh.hashes.get(i as usize).copied().unwrap_or_default();
                 let Some(s) = sh.slots.get_mut(i as usize) else {
-                    continue;
+                    return false;
                 };
-                if !s.queued {
-                    continue;
+                if !s.queued() {
+                    return false;
                 }
-                s.queued = false;
                 s.roll(w);
+                // Elapsed ms in the slot's window (a slot ahead of this clock: its start).
+                let e = if s.win == w { now_ms % wms } else { 0 };
+                if !sync_all && !s.needs_sync(share_n, wms, e) {
+                    return true;
+                }
+                s.flags &= !QUEUED;
                 s.p_cur = s.p_cur.saturating_add(s.l_cur);
                 s.p_prev = s.p_prev.saturating_add(s.l_prev);
                 s.l_cur = 0;
                 s.l_prev = 0;
                 admissions += u64::from(s.p_cur) + u64::from(s.p_prev);
+                let need_prev = !s.prev_final() || s.p_prev > 0;
                 batch.push(Delta {
                     key_hash,
                     window: s.win,
                     cur: u64::from(s.p_cur),
                     prev: u64::from(s.p_prev),
+                    need_prev,
                 });
-                taken.push((si as u8, s.id));
-            }
-            // Reuse the allocation.
-            dirty.clear();
+                // The total read back is final if read late enough into the window.
+                taken.push((si as u8, s.id, need_prev && s.win == w && e >= settle));
+                false
+            });
+            // Deferred keys stay queued (reusing the allocation).
+            sh.dirty = dirty;
+            // 2. Collect idle keys, only while the dirty list is empty (indexes may move);
+            // it is at least every `SYNC_EVERY` flushes.
             if sh.dirty.is_empty() {
-                sh.dirty = dirty;
+                gc_step(sh, w, p.cap_per_shard);
             }
-            // 2. Collect idle keys (the dirty list is empty here, so indexes may move).
-            gc_step(&mut sh, w, p.cap_per_shard);
         }
 
         if batch.is_empty() {
@@ -641,7 +763,9 @@ impl Limiter {
                 }
                 let n = self.instances.load(Ordering::Relaxed);
                 self.share_n.store(n, Ordering::Relaxed);
-                self.for_each_taken(&pb.taken, |s, k| apply(s, &pb.batch[k], counts[k], n));
+                self.for_each_taken(&pb.taken, |s, k| {
+                    apply(s, &pb.batch[k], counts[k], n, pb.taken[k].2);
+                });
                 if !self.healthy.swap(true, Ordering::Relaxed) {
                     tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");
                 }
@@ -665,7 +789,7 @@ impl Limiter {
     }
 
     /// Runs `f` on every taken slot still present, locking each shard once per run.
-    fn for_each_taken(&self, taken: &[(u8, u64)], mut f: impl FnMut(&mut Slot, usize)) {
+    fn for_each_taken(&self, taken: &[(u8, u64, bool)], mut f: impl FnMut(&mut Slot, usize)) {
         let mut k = 0;
         while k < taken.len() {
             let si = taken[k].0;
@@ -698,15 +822,22 @@ impl Limiter {
     }
 }
 
-/// Applies the global counts returned for delta `d`; `n` live instances.
-fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64) {
+/// Applies the global counts returned for delta `d`; `n` live instances; `prev_final`: the
+/// previous window's total returned is final.
+fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final: bool) {
     let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     // The other instances are assumed to hold as many admissions not yet synced as we just
     // sent (they see the same traffic); replaced at every sync.
     let est = sat(n.saturating_sub(1).saturating_mul(d.cur));
     if s.win == d.window {
         s.g_cur = sat(c.cur);
-        s.g_prev = sat(c.prev);
+        // Without `need_prev` the store may not have read it: `g_prev` is final already.
+        if d.need_prev || d.prev > 0 {
+            s.g_prev = sat(c.prev);
+            if prev_final {
+                s.flags |= PREV_FINAL;
+            }
+        }
         s.est = est;
     } else if s.win == d.window + 1 {
         s.g_prev = sat(c.cur);

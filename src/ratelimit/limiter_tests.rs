@@ -560,3 +560,188 @@ fn check_speed() {
     let per = t.elapsed().as_nanos() as f64 / (2 * rounds) as f64;
     eprintln!("2 threads, random keys: {per:.1} ns/check wall per decision");
 }
+
+/// LocalStore recording every batch it receives.
+struct Recorder {
+    inner: LocalStore,
+    batches: Mutex<Vec<Vec<Delta>>>,
+}
+
+impl Recorder {
+    fn new() -> Self {
+        Self {
+            inner: LocalStore::new(),
+            batches: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Batches received so far (and forgets them).
+    fn take(&self) -> Vec<Vec<Delta>> {
+        std::mem::take(&mut *self.batches.lock().unwrap())
+    }
+}
+
+#[async_trait::async_trait]
+impl CounterStore for Recorder {
+    async fn sync(
+        &self,
+        batch_id: u128,
+        batch: &[Delta],
+        window_secs: u64,
+        now_ms: u64,
+    ) -> Result<Vec<GlobalCounts>, StoreError> {
+        self.batches.lock().unwrap().push(batch.to_vec());
+        self.inner.sync(batch_id, batch, window_secs, now_ms).await
+    }
+    fn kind(&self) -> &'static str {
+        "test"
+    }
+}
+
+fn sent(batches: &[Vec<Delta>], key: &str) -> u64 {
+    let h = stable_hash(key);
+    batches
+        .iter()
+        .flatten()
+        .filter(|d| d.key_hash == h)
+        .map(|d| d.cur + d.prev)
+        .sum()
+}
+
+#[tokio::test]
+async fn adaptive_sync_defers_far_keys_at_most_sync_every_flushes() {
+    let store = Recorder::new();
+    let l = lim(10_000, 60);
+    let mut t = T0 + 1_000;
+    // Warm-up: every flush sends everything.
+    for _ in 0..SYNC_EVERY {
+        assert_eq!(admitted(&l, "far", 1, t), 1);
+        l.flush_once(&store, t).await.unwrap();
+        t += 50;
+    }
+    assert_eq!(sent(&store.take(), "far"), SYNC_EVERY);
+    // "near" is at 60% of its limit: synced at every flush; "far" (a few per flush, far
+    // below its limit) only every SYNC_EVERY-th flush, all deferred keys together.
+    assert_eq!(admitted(&l, "near", 6_000, t), 6_000);
+    let mut calls_with_far = 0;
+    let mut last_far = 0u64;
+    for k in 0..(4 * SYNC_EVERY) {
+        assert_eq!(admitted(&l, "far", 3, t), 3);
+        assert_eq!(admitted(&l, "near", 1, t), 1);
+        l.flush_once(&store, t).await.unwrap();
+        let b = store.take();
+        assert_eq!(b.len(), 1, "near is sent at every flush");
+        assert!(sent(&b, "near") >= 1);
+        if sent(&b, "far") > 0 {
+            calls_with_far += 1;
+            // Never more than SYNC_EVERY flushes' worth of deltas held back.
+            assert!(sent(&b, "far") <= 3 * SYNC_EVERY, "flush {k}");
+            assert!(k - last_far <= SYNC_EVERY || last_far == 0, "flush {k}");
+            last_far = k;
+        }
+        t += 50;
+    }
+    assert_eq!(calls_with_far, 4);
+    let g = store.inner.counts(stable_hash("far"), t / W).cur;
+    assert!(g >= SYNC_EVERY + 3 * 3 * SYNC_EVERY, "{g}");
+    // Nothing else queued: idle flushes make no store call until every deferred key is in.
+    let mut calls = 0;
+    for _ in 0..SYNC_EVERY {
+        if l.flush_once(&store, t).await.unwrap().called_store {
+            calls += 1;
+        }
+        t += 50;
+    }
+    assert!(calls <= 1, "{calls}");
+    assert_eq!(l.unsent_admissions(), 0);
+    assert_eq!(
+        store.inner.counts(stable_hash("far"), t / W).cur,
+        SYNC_EVERY + 3 * 4 * SYNC_EVERY
+    );
+}
+
+#[tokio::test]
+async fn adaptive_sync_sends_at_once_near_the_limit_or_on_a_large_delta() {
+    let store = Recorder::new();
+    let l = lim(1_000, 60);
+    let mut t = T0 + 1_000;
+    // Warm-up, then one more: the next flush is not an every-SYNC_EVERY one.
+    for _ in 0..=SYNC_EVERY {
+        l.flush_once(&store, t).await.unwrap();
+        t += 50;
+    }
+    store.take();
+    // Small deltas far from the limit: deferred.
+    assert_eq!(admitted(&l, "k", 5, t), 5);
+    l.flush_once(&store, t + 1).await.unwrap();
+    assert_eq!(sent(&store.take(), "k"), 0);
+    // A delta of >= 10% of what is left: sent at the next flush (with the deferred ones).
+    assert_eq!(admitted(&l, "k", 100, t + 50), 100);
+    l.flush_once(&store, t + 51).await.unwrap();
+    assert_eq!(sent(&store.take(), "k"), 105);
+    // Crossing 50% of the limit in small steps: from then on at every flush.
+    let mut total = 105;
+    let mut t = t + 100;
+    while total < 600 {
+        let n = admitted(&l, "k", 60, t) as u64;
+        total += n;
+        l.flush_once(&store, t + 1).await.unwrap();
+        let s = sent(&store.take(), "k");
+        if total >= 500 {
+            assert_eq!(s, n, "at {total}");
+        }
+        t += 50;
+    }
+    assert_eq!(store.inner.counts(stable_hash("k"), t / W).cur, total);
+}
+
+#[tokio::test]
+async fn shutdown_flush_sends_deferred_keys() {
+    let store = Recorder::new();
+    let l = lim(1_000_000, 60);
+    let mut t = T0 + 1_000;
+    // Warm-up, then one more: the next flush is not an every-SYNC_EVERY one.
+    for _ in 0..=SYNC_EVERY {
+        l.flush_once(&store, t).await.unwrap();
+        t += 50;
+    }
+    assert_eq!(admitted(&l, "k", 3, t), 3);
+    assert!(!l.flush_once(&store, t).await.unwrap().called_store);
+    assert_eq!(l.unsent_admissions(), 3);
+    let o = l.flush_all(&store, t + 1).await.unwrap();
+    assert_eq!((o.keys, o.admissions), (1, 3));
+    assert_eq!(l.unsent_admissions(), 0);
+}
+
+#[tokio::test]
+async fn previous_window_is_read_until_final() {
+    let store = Recorder::new();
+    let l = lim(100, 10);
+    let w = 10_000;
+    let t0 = 100 * w;
+    assert_eq!(admitted(&l, "k", 60, t0), 60);
+    l.flush_once(&store, t0 + 1).await.unwrap();
+    store.take();
+    // Next window: another instance's late delta for the previous one.
+    let d = Delta {
+        key_hash: stable_hash("k"),
+        window: 100,
+        cur: 10,
+        prev: 0,
+        need_prev: true,
+    };
+    store.inner.sync(0, &[d], 10, t0 + w).await.unwrap();
+    let mut need_prev = Vec::new();
+    for e in [100, 150, 2_500, 2_550, 2_600] {
+        assert_eq!(admitted(&l, "k", 1, t0 + w + e), 1);
+        l.flush_once(&store, t0 + w + e).await.unwrap();
+        let b = store.take();
+        assert_eq!(b.len(), 1);
+        need_prev.push(b[0][0].need_prev);
+    }
+    // Read until read late enough into the window (2 s, and 16 flush intervals: the long
+    // gap before 2.5 s defers it to the next flush), then known final.
+    assert_eq!(need_prev, [true, true, true, true, false]);
+    let (win, prev, cur, _) = l.slot_counts("k").unwrap();
+    assert_eq!((win, prev, cur), (101, 70, 5));
+}

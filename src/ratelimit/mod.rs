@@ -7,6 +7,15 @@
 //!   admissions to the store in one batch and receives the global counts of the key's
 //!   current and previous windows back. Each key's estimate is
 //!   `last known global counts + own in-flight + own unflushed admissions`.
+//! * Adaptive sync: a key near its limit (estimate >= 50% of it), with large unsent
+//!   admissions (>= 10% of what the fleet had left at its last sync) or refused for its
+//!   fleet share is sent at every flush; any other touched key stays queued and is sent
+//!   every 8th flush (every 400 ms at 50 ms flushes; all such keys in the same flush, so the
+//!   flushes in between need no store call), during the first 8 flushes, after a store
+//!   failure and at shutdown. Its admissions between syncs stay bounded by the usual checks
+//!   (known counts, fleet share), so this costs no accuracy near the limit, where it
+//!   matters. A previous window's total, once read late enough into the current window
+//!   (late deltas of other instances are in), is not read again.
 //! * If the store fails, decisions continue on the last known global counts plus the local
 //!   admissions; unflushed deltas are kept (bounded by the tracked-key cap) and delivered when
 //!   the store is back.

@@ -3,11 +3,14 @@
 //! Layout: one integer per key and window, `{prefix}:rl:{<hash>}:<window_index>`, where
 //! `<hash>` is the 128-bit stable hash of the API key in hex (the raw key never reaches
 //! Redis), wrapped in a `{…}` hash tag so both windows of a key live in one Cluster slot.
-//! Every key is written by `INCRBY` immediately followed by `EXPIRE` (2 windows + 60 s).
+//! Every key is written by `INCRBY`; the call that creates it (the result equals the delta)
+//! also sets its TTL (2 windows + 60 s) with `EXPIRE`, in the same script.
 //!
 //! One flush = one `EVALSHA` carrying every delta of the batch (batches over
 //! [`MAX_KEYS_PER_CALL`] keys are split into several calls). The script adds each delta and
-//! returns both windows' totals. Each call also sets a short-lived marker
+//! returns both windows' totals; the previous window's key is not touched at all for a delta
+//! with nothing to add there whose caller already holds that window's final total
+//! ([`Delta::need_prev`] false). Each call also sets a short-lived marker
 //! `{prefix}:rl:batch:<batch id>:<chunk>` (`SET NX EX 300`): a call that timed out on our
 //! side but was executed by Redis later is retried with the same id and then only reads, so
 //! no admission is counted twice.
@@ -17,7 +20,9 @@
 //! the high half of the batch id, in [`HEARTBEAT_BUCKET_MS`] time buckets: a marker
 //! `{prefix}:rl:{instances}:b<bucket>:i<id>` (`SET NX EX`) and, when the marker is new, an
 //! increment of the bucket's counter `{prefix}:rl:{instances}:b<bucket>` (`INCRBY` +
-//! `EXPIRE`). The script returns the larger of the current and the previous bucket's
+//! `EXPIRE` when it creates the counter). Once a call registered the instance in a bucket,
+//! later calls in the same bucket skip the marker and only read both counters (`GET`).
+//! The script returns the larger of the current and the previous bucket's
 //! counters: the instances that flushed (or probed, every second when idle) within the last
 //! one to two buckets. A stopped instance is forgotten after two buckets at most. Buckets
 //! come from the caller's clock (skew well under a bucket is harmless). Only plain string
@@ -62,28 +67,46 @@ const HEARTBEAT_TTL_SECS: u64 = 60;
 /// counted twice if retried; Redis does not hold a command that long in practice).
 const BATCH_ID_TTL_SECS: u64 = 300;
 
-/// KEYS[1] = batch marker; then, when ARGV[3] = 3, the heartbeat keys: KEYS[2] = counter of
-/// the current bucket, KEYS[3] = this instance's marker in it, KEYS[4] = counter of the
-/// previous bucket; then (prev window, current window) per delta.
+/// KEYS[1] = batch marker; then ARGV[3] heartbeat keys (0, 2 or 3): with 3 (registration)
+/// KEYS[2] = counter of the current bucket, KEYS[3] = this instance's marker in it,
+/// KEYS[4] = counter of the previous bucket; with 2 (already registered in this bucket: read
+/// only) KEYS[2] = counter of the current bucket, KEYS[3] = counter of the previous bucket;
+/// then (prev window, current window) per delta.
 /// ARGV[1] = TTL of counters, ARGV[2] = TTL of the marker, ARGV[3] = number of heartbeat
-/// keys (0 or 3), ARGV[4] = TTL of heartbeat keys, then (prev delta, cur delta).
+/// keys, ARGV[4] = TTL of heartbeat keys, then (prev delta, cur delta) per delta; a prev
+/// delta of -1 means "nothing to add and not needed": the previous window's key is not
+/// touched and -1 is returned for it.
 /// Returns the live instance count (0 without heartbeat), then (prev, cur) totals per delta.
 /// A batch whose marker exists was already applied (its client timed out): only read.
+/// Commands are kept to the minimum: a counter gets its TTL only when `INCRBY` created it
+/// (the result equals the delta: counters only grow and always get a TTL in the same
+/// script). Only `SET`, `GET`, `INCRBY` and `EXPIRE` are used.
 const SCRIPT: &str = r#"
 local ttl = tonumber(ARGV[1])
 local h = tonumber(ARGV[3])
 local n = 0
-if h == 3 then
+if h > 0 then
   local hb = tonumber(ARGV[4])
-  if redis.call('SET', KEYS[3], '1', 'NX', 'EX', hb) then
+  local last = KEYS[1 + h]
+  local reg = false
+  if h == 3 then
+    reg = redis.call('SET', KEYS[3], '1', 'NX', 'EX', hb)
+  end
+  if reg then
     n = redis.call('INCRBY', KEYS[2], 1)
-    redis.call('EXPIRE', KEYS[2], hb)
+    if n == 1 then
+      redis.call('EXPIRE', KEYS[2], hb)
+    end
+    local before = tonumber(redis.call('GET', last) or '0')
+    if before > n then
+      n = before
+    end
   else
     n = tonumber(redis.call('GET', KEYS[2]) or '0')
-  end
-  local before = tonumber(redis.call('GET', KEYS[4]) or '0')
-  if before > n then
-    n = before
+    local before = tonumber(redis.call('GET', last) or '0')
+    if before > n then
+      n = before
+    end
   end
 end
 local out = {n}
@@ -94,18 +117,26 @@ end
 local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2]))
 for i = first, #KEYS, 2 do
   local j = i - first + 5
-  local pd = fresh and tonumber(ARGV[j]) or 0
-  local cd = fresh and tonumber(ARGV[j + 1]) or 0
-  local p, c
+  local pd = tonumber(ARGV[j])
+  local cd = tonumber(ARGV[j + 1])
+  if not fresh then
+    if pd > 0 then pd = 0 end
+    if cd > 0 then cd = 0 end
+  end
+  local p, c = -1, 0
   if pd > 0 then
     p = redis.call('INCRBY', KEYS[i], pd)
-    redis.call('EXPIRE', KEYS[i], ttl)
-  else
+    if p == pd then
+      redis.call('EXPIRE', KEYS[i], ttl)
+    end
+  elseif pd == 0 then
     p = tonumber(redis.call('GET', KEYS[i]) or '0')
   end
   if cd > 0 then
     c = redis.call('INCRBY', KEYS[i + 1], cd)
-    redis.call('EXPIRE', KEYS[i + 1], ttl)
+    if c == cd then
+      redis.call('EXPIRE', KEYS[i + 1], ttl)
+    end
   else
     c = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
   end
@@ -130,6 +161,9 @@ struct ConnState {
     conn: Option<MultiplexedConnection>,
     backoff: Duration,
     next_attempt: Option<Instant>,
+    /// (instance, heartbeat bucket) pairs whose registration a successful call confirmed:
+    /// later calls in the same bucket only read the counters.
+    registered: Vec<(u64, u64)>,
 }
 
 /// Counter store shared by every instance using the same Redis and key prefix.
@@ -155,6 +189,7 @@ impl RedisStore {
                 conn: None,
                 backoff: BACKOFF_MIN,
                 next_attempt: None,
+                registered: Vec::new(),
             }),
             instances: AtomicU64::new(0),
         })
@@ -219,6 +254,7 @@ impl RedisStore {
     async fn run(
         &self,
         conn: &mut MultiplexedConnection,
+        registered: &mut Vec<(u64, u64)>,
         batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
@@ -230,6 +266,10 @@ impl RedisStore {
         let chunks = batch
             .chunks(MAX_KEYS_PER_CALL)
             .chain(std::iter::once(&batch[..0]).filter(|_| batch.is_empty()));
+        // The high half of the batch id identifies the limiter.
+        let me = (batch_id >> 64) as u64;
+        let bucket = now_ms / HEARTBEAT_BUCKET_MS;
+        let known = registered.contains(&(me, bucket));
         for (n, chunk) in chunks.enumerate() {
             let heartbeat = n == 0;
             let mut inv = self.script.prepare_invoke();
@@ -237,20 +277,33 @@ impl RedisStore {
                 "{}:rl:batch:{batch_id:032x}:{n}",
                 self.settings.key_prefix
             ));
-            if heartbeat {
-                // The high half of the batch id identifies the limiter.
-                for k in self.heartbeat_keys((batch_id >> 64) as u64, now_ms) {
-                    inv.key(k);
+            let hb_keys = if heartbeat {
+                let [cur, marker, prev] = self.heartbeat_keys(me, now_ms);
+                if known {
+                    inv.key(cur);
+                    inv.key(prev);
+                    2
+                } else {
+                    inv.key(cur);
+                    inv.key(marker);
+                    inv.key(prev);
+                    3
                 }
-            }
+            } else {
+                0
+            };
             inv.arg(ttl);
             inv.arg(BATCH_ID_TTL_SECS);
-            inv.arg(if heartbeat { 3 } else { 0 });
+            inv.arg(hb_keys);
             inv.arg(HEARTBEAT_TTL_SECS);
             for d in chunk {
                 inv.key(self.redis_key(d.key_hash, d.window.saturating_sub(1)));
                 inv.key(self.redis_key(d.key_hash, d.window));
-                inv.arg(d.prev);
+                if d.prev == 0 && !d.need_prev {
+                    inv.arg(-1i64);
+                } else {
+                    inv.arg(d.prev);
+                }
                 inv.arg(d.cur);
             }
             let r: Result<redis::RedisResult<Vec<i64>>, _> =
@@ -272,6 +325,11 @@ impl RedisStore {
                 if live > 0 {
                     self.instances.store(live, Ordering::Relaxed);
                 }
+                if !known {
+                    // Registered (or found registered) in this bucket: forget older ones.
+                    registered.retain(|&(_, b)| b >= bucket);
+                    registered.push((me, bucket));
+                }
             }
             for pair in v[1..].chunks_exact(2) {
                 out.push(GlobalCounts {
@@ -286,6 +344,8 @@ impl RedisStore {
 
 fn fail(st: &mut ConnState) {
     st.conn = None;
+    // The server may have restarted (and lost the markers): register again.
+    st.registered.clear();
     st.next_attempt = Some(Instant::now() + st.backoff);
     st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
 }
@@ -301,10 +361,19 @@ impl CounterStore for RedisStore {
     ) -> Result<Vec<GlobalCounts>, StoreError> {
         let mut st = self.state.lock().await;
         let mut conn = self.connection(&mut st).await?;
-        match self
-            .run(&mut conn, batch_id, batch, window_secs, now_ms)
-            .await
-        {
+        let mut registered = std::mem::take(&mut st.registered);
+        let r = self
+            .run(
+                &mut conn,
+                &mut registered,
+                batch_id,
+                batch,
+                window_secs,
+                now_ms,
+            )
+            .await;
+        st.registered = registered;
+        match r {
             Ok(v) => {
                 st.backoff = BACKOFF_MIN;
                 st.next_attempt = None;

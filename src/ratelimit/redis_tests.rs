@@ -268,7 +268,11 @@ async fn silent_listener_times_out() {
     let t = std::time::Instant::now();
     assert_eq!(l.flush_once(&st, T0 + 3).await, Err(StoreError::Backoff));
     // Well under the 200 ms call timeout: no network was involved.
-    assert!(t.elapsed() < Duration::from_millis(150), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(l.unsent_admissions(), 2);
     hold.abort();
 }
@@ -377,4 +381,71 @@ async fn fleet_size_is_learned_and_a_new_key_is_shared() {
         .filter(|_| a.check("other", later + 1).is_allowed())
         .count();
     assert_eq!(alone, 200);
+}
+
+/// `total_commands_processed` of the server (counts the commands a script runs too).
+async fn total_commands(port: u16) -> u64 {
+    let mut c = conn(port).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .map(|v| v.trim().parse::<u64>().unwrap())
+        .unwrap()
+}
+
+/// One limiter, 8 keys, a limit that never binds, `rate` requests/s spread over the keys,
+/// a flush every 50 ms, 10 simulated seconds. Returns (Redis commands, script calls,
+/// requests).
+async fn measure_commands(port: u16, prefix: &str, rate: u64) -> (u64, u64, u64) {
+    let l = lim(1_000_000_000, 60);
+    let st = store(port, prefix);
+    // 5 s before the end of a window: the run crosses one window boundary.
+    let start = T0 + 55_000;
+    l.flush_once(&st, start).await.unwrap();
+    // (each read below is one command itself: subtract them)
+    let c0 = total_commands(port).await;
+    let e0 = evalsha_calls(port).await;
+    let secs = 10;
+    let total = rate * secs;
+    let mut next_flush = start + 50;
+    for k in 0..total {
+        let t = start + k * 1_000 / rate;
+        while next_flush <= t {
+            l.flush_once(&st, next_flush).await.unwrap();
+            next_flush += 50;
+        }
+        assert!(l.check(&format!("api-key-{}", k % 8), t).is_allowed());
+    }
+    while next_flush <= start + secs * 1_000 {
+        l.flush_once(&st, next_flush).await.unwrap();
+        next_flush += 50;
+    }
+    let c1 = total_commands(port).await;
+    let e1 = evalsha_calls(port).await;
+    // INFO stats, INFO commandstats (x2) between the two reads of the counter.
+    (c1 - c0 - 3, e1 - e0, total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_commands_per_request() {
+    if !have_redis() {
+        return;
+    }
+    let srv = start(free_port()).await;
+    for (rate, prefix) in [(9_000u64, "m9"), (2_000, "m2")] {
+        let (cmds, calls, requests) = measure_commands(srv.port, prefix, rate).await;
+        let per = cmds as f64 / requests as f64;
+        eprintln!(
+            "1 instance, 8 keys @ {rate} req/s, 50 ms flushes, 10 s: {cmds} Redis commands \
+             ({per:.4} per request), {calls} script calls ({:.4} per request)",
+            calls as f64 / requests as f64
+        );
+        if rate == 2_000 {
+            assert!(per <= 0.05, "{per} commands per request at {rate} req/s");
+        }
+    }
 }

@@ -18,6 +18,10 @@ pub struct Delta {
     pub cur: u64,
     /// Admissions to add to window `window - 1`.
     pub prev: u64,
+    /// Whether the caller needs the total of window `window - 1` back. When false (the
+    /// caller already holds its final value) and `prev` is 0, a store may skip reading it
+    /// and return anything as `prev` (the caller ignores it).
+    pub need_prev: bool,
 }
 
 /// Global totals after a sync, for the delta's windows `window` (`cur`) and `window - 1`
@@ -240,6 +244,7 @@ mod tests {
             window: w,
             cur,
             prev,
+            need_prev: true,
         };
         let r = s.sync(0, &[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 3, prev: 0 }]);
@@ -266,6 +271,7 @@ mod tests {
                 window: 1,
                 cur: 1,
                 prev: 0,
+                need_prev: true,
             };
             s.sync(0, &[d], 60, 60_000).await.unwrap();
         }
