@@ -25,7 +25,12 @@ fn init_logging() {
     // them): cap its crates at info whatever RUST_LOG says.
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    for krate in ["pingora", "pingora_core", "pingora_proxy", "pingora_load_balancing"] {
+    for krate in [
+        "pingora",
+        "pingora_core",
+        "pingora_proxy",
+        "pingora_load_balancing",
+    ] {
         if let Ok(d) = format!("{krate}=info").parse() {
             filter = filter.add_directive(d);
         }

@@ -366,11 +366,20 @@ async fn fleet_error_counts_add_up_across_instances() {
         .unwrap();
     assert_eq!(fa, vec![(10, 3), (5, 0)]);
     let fb = b
-        .exchange_errors("app", &[d("x", 10, 4, 0), d("y", 0, 0, 0)], now + 12, buckets)
+        .exchange_errors(
+            "app",
+            &[d("x", 10, 4, 0), d("y", 0, 0, 0)],
+            now + 12,
+            buckets,
+        )
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(fb, vec![(20, 7), (5, 0)], "the fleet's totals over the window");
+    assert_eq!(
+        fb,
+        vec![(20, 7), (5, 0)],
+        "the fleet's totals over the window"
+    );
     // a readmission forgives the buckets before it
     let forgiven = a
         .exchange_errors("app", &[d("x", 0, 0, now + 12)], now + 13, buckets)
@@ -383,7 +392,10 @@ async fn fleet_error_counts_add_up_across_instances() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("fl:cull:*err*").query(&mut c).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("fl:cull:*err*")
+        .query(&mut c)
+        .unwrap();
     assert_eq!(keys.len(), 3, "{keys:?}");
     for k in &keys {
         let ttl: i64 = redis::cmd("TTL").arg(k).query(&mut c).unwrap();
