@@ -10,4 +10,3 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --no-fail-fast "$@"
 fi
-cargo test --doc
