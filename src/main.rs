@@ -1,6 +1,12 @@
 //! The `portcullis` binary: CLI → config → server → run.
 
 use clap::Parser;
+
+// jemalloc instead of glibc malloc: Pingora allocates per request (headers,
+// buffers) from several threads; BENCHMARKS.md has the A/B (jemalloc 0.86x
+// the CPU per request of glibc, mimalloc 1.02x).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

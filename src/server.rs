@@ -129,6 +129,10 @@ fn server_conf(config: &Config) -> ServerConf {
         ..ServerConf::default()
     };
     conf.upstream_keepalive_pool_size = 256;
+    // One single-threaded runtime per worker thread instead of a work-stealing
+    // pool: a request's phases stay on one core (BENCHMARKS.md: 0.83x the CPU
+    // per request of work stealing in bare Pingora).
+    conf.work_stealing = false;
     conf
 }
 
