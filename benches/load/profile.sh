@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# CPU profile of portcullis (gates off, gates on) and bare Pingora under the
+# same wrk load as run.sh, with `perf record -e cpu-clock` (software clock:
+# works in VMs without hardware counters). Writes the top symbols and DSOs to
+# benches/load/results/profile/.
+#
+#   bash benches/load/profile.sh          # after run.sh has built the binaries
+#   DURATION=10 FREQ=999 CALLGRAPH=1 bash benches/load/profile.sh
+#
+# Needs `perf` (Debian: linux-perf; installed when missing). Loopback only;
+# every process started here is stopped by PID on exit.
+set -euo pipefail
+# report pipelines end in `head`; a SIGPIPE upstream is expected there
+set +o pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+DURATION=${DURATION:-10}
+FREQ=${FREQ:-999}
+CALLGRAPH=${CALLGRAPH:-1}
+TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+OUT=${OUT:-$HERE/results/profile}
+TARGETS=${TARGETS:-"pc_off bare pc_on"}
+export LB_KEYS=8
+
+log() { printf '[profile %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+if ! command -v perf >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || die "perf missing: sudo apt-get install -y linux-perf"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
+fi
+perf stat -e cpu-clock true >/dev/null 2>&1 || die "perf cannot count cpu-clock here (perf_event_paranoid?)"
+[ -x "$TARGET_DIR/release/portcullis" ] && [ -x "$TARGET_DIR/release/examples/bare_pingora" ] ||
+  die "build first: cargo build --release --bin portcullis --example bare_pingora"
+
+TMP=$(mktemp -d /tmp/portcullis-prof.XXXXXX)
+declare -a PIDS=()
+cleanup() {
+  local rc=$? p
+  set +e
+  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null; done
+  sleep 0.5
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$TMP"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+cp "$TARGET_DIR/release/portcullis" "$TMP/portcullis"
+cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
+read -r P_BACK P_OFF A_OFF P_ON A_ON P_BARE P_REDIS < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(7)]
+[x.bind(("127.0.0.1", 0)) for x in s]
+print(" ".join(str(x.getsockname()[1]) for x in s))')
+
+cat >"$TMP/backend.conf" <<EOF
+worker_processes 1; daemon off; master_process on; pid $TMP/backend.pid; error_log $TMP/backend.err warn;
+events { worker_connections 8192; }
+http {
+  access_log off; keepalive_requests 10000000; keepalive_timeout 300s;
+  client_body_temp_path $TMP/cb; proxy_temp_path $TMP/p; fastcgi_temp_path $TMP/f; uwsgi_temp_path $TMP/u; scgi_temp_path $TMP/s;
+  server { listen 127.0.0.1:$P_BACK backlog=4096; location / { default_type text/plain; return 200 "hello from the backend\n"; } }
+}
+EOF
+pc() { # pc NAME PORT ADMIN CAP RL CULL REDIS
+  {
+    printf '[server]\nlisten = ["127.0.0.1:%s"]\nadmin_listen = "127.0.0.1:%s"\nthreads = 2\ndrain_seconds = 0\nshutdown_timeout_seconds = 2\nupgrade_sock = "%s"\n\n' "$2" "$3" "$TMP/$1.sock"
+    [ "$7" = 1 ] && printf '[redis]\nurl = "redis://127.0.0.1:%s"\nkey_prefix = "bench"\n\n' "$P_REDIS"
+    printf '[[upstreams]]\nname = "app"\nbackends = ["127.0.0.1:%s"]\n\n[shedding]\nmax_concurrency = %s\n\n[rate_limit]\nenabled = %s\nkey = "header:x-api-key"\nlimit = 1000000000\n\n[culling]\nenabled = %s\n' "$P_BACK" "$4" "$5" "$6"
+  } >"$TMP/$1.toml"
+  "$TMP/portcullis" -c "$TMP/$1.toml" --check >/dev/null || die "bad config $1"
+}
+pc pc_off "$P_OFF" "$A_OFF" 0 false false 0
+pc pc_on "$P_ON" "$A_ON" 4096 true true 1
+
+start() { local n=$1; shift; "$@" >"$TMP/$n.log" 2>&1 & PIDS+=("$!"); eval "PID_$n=$!"; }
+start backend nginx -p "$TMP" -c "$TMP/backend.conf" -e "$TMP/backend.err"
+start redis redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no
+start pc_off "$TMP/portcullis" -c "$TMP/pc_off.toml"
+start pc_on "$TMP/portcullis" -c "$TMP/pc_on.toml"
+start bare "$TMP/bare_pingora" "127.0.0.1:$P_BARE" "127.0.0.1:$P_BACK" 2
+for u in "http://127.0.0.1:$P_BACK/" "http://127.0.0.1:$A_OFF/readyz" "http://127.0.0.1:$A_ON/readyz" "http://127.0.0.1:$P_BARE/"; do
+  for _ in $(seq 1 100); do curl -s -o /dev/null -m 1 "$u" && break; sleep 0.1; done
+done
+declare -A URL=([pc_off]="http://127.0.0.1:$P_OFF/" [pc_on]="http://127.0.0.1:$P_ON/" [bare]="http://127.0.0.1:$P_BARE/")
+
+mkdir -p "$OUT"
+for t in $TARGETS; do
+  pid_var=PID_$t
+  pid=${!pid_var}
+  log "$t (pid $pid): warm-up, then perf record ${DURATION}s at ${FREQ} Hz"
+  timeout 20 wrk -t2 -c64 -d2s -s "$HERE/keys.lua" "${URL[$t]}" >/dev/null 2>&1 || true
+  timeout $((DURATION + 20)) wrk -t2 -c64 -d$((DURATION + 2))s -s "$HERE/keys.lua" "${URL[$t]}" >"$OUT/$t.wrk.txt" 2>&1 &
+  wrk_pid=$!
+  PIDS+=("$wrk_pid")
+  sleep 1
+  perf record -q -e cpu-clock -F "$FREQ" -p "$pid" -o "$TMP/$t.data" -- sleep "$DURATION" 2>/dev/null
+  wait "$wrk_pid" || true
+  perf report -i "$TMP/$t.data" --no-children --sort symbol --stdio 2>/dev/null |
+    grep -v '^#' | grep -v '^$' | head -n 60 >"$OUT/$t.symbols.txt"
+  perf report -i "$TMP/$t.data" --no-children --sort dso --stdio 2>/dev/null |
+    grep -v '^#' | grep -v '^$' | head -n 20 >"$OUT/$t.dso.txt"
+  if [ "$CALLGRAPH" = 1 ]; then
+    # inclusive view: a shorter DWARF-unwound sample (frame pointers are off)
+    timeout 30 wrk -t2 -c64 -d9s -s "$HERE/keys.lua" "${URL[$t]}" >/dev/null 2>&1 &
+    wrk_pid=$!
+    PIDS+=("$wrk_pid")
+    sleep 1
+    perf record -q -e cpu-clock -F "${CG_FREQ:-399}" --call-graph dwarf,32768 -p "$pid" -o "$TMP/$t.cg.data" -- sleep 6 2>/dev/null
+    wait "$wrk_pid" || true
+    # inclusive time of the frames that matter (the full list is mostly inlined async glue)
+    perf report -i "$TMP/$t.cg.data" --children --sort symbol --stdio -g none 2>/dev/null |
+      grep -v '^#' | grep -v '^$' |
+      grep -E 'portcullis::|ProxyHttp|proxy_trait|HttpPeer|register_timer|TimerManager|prometheus|tracing|arc_swap|libc_malloc|__libc_free|cfree|realloc|malloc_consolidate|fmt::|format|insert_header|append_header|write_response_header|read_request|proxy_handle_upstream|proxy_handle_downstream|upstream_peer|get_http_session|release_http_session|sendto|recvfrom|epoll_wait|futex|sched_yield|schedule' |
+      head -n 150 >"$OUT/$t.inclusive.txt"
+    # who calls malloc (caller graph, folded stacks, top 40)
+    perf report -i "$TMP/$t.cg.data" --no-children --sort symbol --stdio -G -g folded,0.5,caller,function,percent \
+      --symbols=malloc,_int_malloc,realloc,_int_realloc,cfree@GLIBC_2.2.5,_int_free,malloc_consolidate 2>/dev/null |
+      grep -v '^#' | grep -v '^$' | head -n 200 >"$OUT/$t.malloc_callers.txt"
+    # portcullis hooks and allocator callers, attributed per sample
+    perf script -i "$TMP/$t.cg.data" -F comm,tid,ip,sym 2>/dev/null | python3 "$HERE/perf_attr.py" >"$OUT/$t.attr.txt"
+    [ -n "${PERF_KEEP:-}" ] && mkdir -p "$PERF_KEEP" && cp "$TMP/$t.data" "$TMP/$t.cg.data" "$PERF_KEEP/"
+  fi
+done
+log "done: $OUT"
