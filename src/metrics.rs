@@ -92,8 +92,6 @@ pub struct Metrics {
     pub ratelimit_store_errors: IntCounter,
     pub ratelimit_store_healthy: IntGauge,
     pub ratelimit_tracked_keys: IntGauge,
-    pub ratelimit_flushes: IntCounter,
-    pub ratelimit_store_commands: IntCounter,
     pub config_reloads: IntCounterVec,
     pub watchdog_breaches: IntCounterVec,
     pub ready: IntGauge,
@@ -195,16 +193,6 @@ impl Metrics {
             "API keys tracked in memory",
         ));
         reg(Box::new(ratelimit_tracked_keys.clone()));
-        let ratelimit_flushes = must(IntCounter::new(
-            "portcullis_ratelimit_flushes_total",
-            "Batched flushes sent to the rate-limit store",
-        ));
-        reg(Box::new(ratelimit_flushes.clone()));
-        let ratelimit_store_commands = must(IntCounter::new(
-            "portcullis_ratelimit_store_commands_total",
-            "Redis commands sent by the rate limiter",
-        ));
-        reg(Box::new(ratelimit_store_commands.clone()));
         let config_reloads = must(IntCounterVec::new(
             Opts::new(
                 "portcullis_config_reloads_total",
@@ -243,8 +231,6 @@ impl Metrics {
             ratelimit_store_errors,
             ratelimit_store_healthy,
             ratelimit_tracked_keys,
-            ratelimit_flushes,
-            ratelimit_store_commands,
             config_reloads,
             watchdog_breaches,
             ready,

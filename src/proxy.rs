@@ -482,7 +482,11 @@ impl ProxyHttp for Proxy {
             Outcome::Proxied
         });
         if let Some(b) = ctx.backend.take() {
-            let is_error = e.is_some() || status >= 500;
+            // The backend's fault only: a 5xx, or an error on the upstream side
+            // (timeouts, resets). A client hanging up is not the backend's error.
+            let upstream_failed =
+                e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
+            let is_error = upstream_failed || status >= 500;
             b.record(crate::state::unix_secs(), is_error);
         }
         self.shared
