@@ -101,9 +101,9 @@ for t in $TARGETS; do
   perf record -q -e cpu-clock -F "$FREQ" -p "$pid" -o "$TMP/$t.data" -- sleep "$DURATION" 2>/dev/null
   wait "$wrk_pid" || true
   perf report -i "$TMP/$t.data" --no-children --sort symbol --stdio 2>/dev/null |
-    grep -v '^#' | grep -v '^$' | head -n 60 >"$OUT/$t.symbols.txt"
+    grep -v '^#' | grep -v '^$' | sed 's/[[:space:]-]*$//' | head -n 60 >"$OUT/$t.symbols.txt"
   perf report -i "$TMP/$t.data" --no-children --sort dso --stdio 2>/dev/null |
-    grep -v '^#' | grep -v '^$' | head -n 20 >"$OUT/$t.dso.txt"
+    grep -v '^#' | grep -v '^$' | sed 's/[[:space:]-]*$//' | head -n 20 >"$OUT/$t.dso.txt"
   if [ "$CALLGRAPH" = 1 ]; then
     # inclusive view: a shorter DWARF-unwound sample (frame pointers are off)
     timeout 30 wrk -t2 -c64 -d9s -s "$HERE/keys.lua" "${URL[$t]}" >/dev/null 2>&1 &
@@ -114,13 +114,13 @@ for t in $TARGETS; do
     wait "$wrk_pid" || true
     # inclusive time of the frames that matter (the full list is mostly inlined async glue)
     perf report -i "$TMP/$t.cg.data" --children --sort symbol --stdio -g none 2>/dev/null |
-      grep -v '^#' | grep -v '^$' |
+      grep -v '^#' | grep -v '^$' | sed 's/[[:space:]-]*$//' |
       grep -E 'portcullis::|ProxyHttp|proxy_trait|HttpPeer|register_timer|TimerManager|prometheus|tracing|arc_swap|libc_malloc|__libc_free|cfree|realloc|malloc_consolidate|fmt::|format|insert_header|append_header|write_response_header|read_request|proxy_handle_upstream|proxy_handle_downstream|upstream_peer|get_http_session|release_http_session|sendto|recvfrom|epoll_wait|futex|sched_yield|schedule' |
       head -n 150 >"$OUT/$t.inclusive.txt"
     # who calls malloc (caller graph, folded stacks, top 40)
     perf report -i "$TMP/$t.cg.data" --no-children --sort symbol --stdio -G -g folded,0.5,caller,function,percent \
       --symbols=malloc,_int_malloc,realloc,_int_realloc,cfree@GLIBC_2.2.5,_int_free,malloc_consolidate 2>/dev/null |
-      grep -v '^#' | grep -v '^$' | head -n 200 >"$OUT/$t.malloc_callers.txt"
+      grep -v '^#' | grep -v '^$' | sed 's/[[:space:]-]*$//' | head -n 200 >"$OUT/$t.malloc_callers.txt"
     # portcullis hooks and allocator callers, attributed per sample
     perf script -i "$TMP/$t.cg.data" -F comm,tid,ip,sym 2>/dev/null | python3 "$HERE/perf_attr.py" >"$OUT/$t.attr.txt"
     [ -n "${PERF_KEEP:-}" ] && mkdir -p "$PERF_KEEP" && cp "$TMP/$t.data" "$TMP/$t.cg.data" "$PERF_KEEP/"
