@@ -492,9 +492,6 @@ impl ProxyHttp for Proxy {
         self.shared
             .metrics
             .record(outcome, ctx.start.elapsed().as_secs_f64());
-        if outcome == Outcome::UpstreamError {
-            self.shared.note_proxy_error();
-        }
         tracing::debug!(
             event = "request",
             status,

@@ -132,7 +132,6 @@ pub struct Shared {
     pub config_path: std::path::PathBuf,
     id_prefix: u64,
     id_counter: AtomicU64,
-    proxy_errors: AtomicU64,
     /// The runtime serving proxy traffic, seen by the first request (the
     /// watchdog measures event-loop stalls there).
     proxy_runtime: std::sync::OnceLock<tokio::runtime::Handle>,
@@ -158,7 +157,6 @@ impl Shared {
             config_path,
             id_prefix: (unix_ms() ^ (u64::from(std::process::id()) << 40)) & 0xffff_ffff_ffff,
             id_counter: AtomicU64::new(0),
-            proxy_errors: AtomicU64::new(0),
             proxy_runtime: std::sync::OnceLock::new(),
         })
     }
@@ -167,14 +165,6 @@ impl Shared {
     pub fn next_request_id(&self) -> String {
         let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
         format!("{:012x}{:016x}", self.id_prefix, n)
-    }
-
-    pub fn note_proxy_error(&self) {
-        self.proxy_errors.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn proxy_errors(&self) -> u64 {
-        self.proxy_errors.load(Ordering::Relaxed)
     }
 
     /// Remember the runtime the calling request runs on (once; then one atomic load).
