@@ -3,8 +3,8 @@
 use clap::Parser;
 
 // jemalloc instead of glibc malloc: Pingora allocates per request (headers,
-// buffers) from several threads; BENCHMARKS.md has the A/B (jemalloc 0.86x
-// the CPU per request of glibc, mimalloc 1.02x).
+// buffers) from several threads; BENCHMARKS.md has the A/B (jemalloc 0.85x
+// the CPU per request of glibc, mimalloc 0.88x).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use std::path::PathBuf;

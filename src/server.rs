@@ -130,8 +130,8 @@ fn server_conf(config: &Config) -> ServerConf {
     };
     conf.upstream_keepalive_pool_size = 256;
     // One single-threaded runtime per worker thread instead of a work-stealing
-    // pool: a request's phases stay on one core (BENCHMARKS.md: 0.83x the CPU
-    // per request of work stealing in bare Pingora).
+    // pool: a request's phases stay on one core. BENCHMARKS.md measured it on
+    // bare Pingora at 0.83x then 0.97x (within noise) the CPU per request.
     conf.work_stealing = false;
     conf
 }
