@@ -15,7 +15,7 @@
 //! 5. **Backend selection** ([`upstream`]) — round robin over healthy backends
 //!    that are not culled; a failed connect is retried on another backend.
 //! 6. **Accounting** — every response feeds the backend's error window, which
-//!    the culling loop ([`cull`], [`culling`]) reads to eject a failing backend
+//!    the culling driver ([`cull::driver`]) reads to eject a failing backend
 //!    when the fleet-wide disruption budget allows it.
 //!
 //! Around the request path: [`admin`] endpoints, [`metrics`], [`lifecycle`]
@@ -24,7 +24,6 @@
 pub mod admin;
 pub mod config;
 pub mod cull;
-pub mod culling;
 pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;
@@ -33,5 +32,6 @@ pub mod reload;
 pub mod server;
 pub mod shed;
 pub mod state;
+pub mod store;
 pub mod upstream;
 pub mod watchdog;

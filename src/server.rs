@@ -4,10 +4,12 @@
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::cull::Budget;
 use crate::lifecycle::DrainingShutdown;
 use crate::proxy::Proxy;
 use crate::ratelimit::{CounterStore, LocalStore, RedisSettings, RedisStore};
 use crate::state::Shared;
+use crate::store::Store;
 use async_trait::async_trait;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server, ShutdownWatch};
@@ -190,6 +192,16 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         None => (Arc::new(LocalStore::new()), Duration::from_millis(50)),
     };
 
+    // The one Redis client of the process, shared by culling and the watchdog.
+    let fleet_store = match &redis {
+        Some(r) => Store::redis(&r.url, &r.key_prefix, Duration::from_millis(r.timeout_ms))
+            .unwrap_or_else(|e| {
+                // validated at load; only reachable if the URL became invalid
+                tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
+                Store::Local
+            }),
+        None => Store::Local,
+    };
     let health = background_service(
         "health checks",
         HealthChecks {
@@ -204,7 +216,11 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             interval: flush_interval,
         },
     );
-    let culling = crate::culling::service(Arc::clone(&shared), redis.as_ref());
+    let budget = match &fleet_store {
+        Store::Redis(client) => Budget::shared(Arc::clone(client)),
+        Store::Local => Budget::local(),
+    };
+    let culling = crate::cull::driver::service(Arc::clone(&shared), budget);
     let readiness = background_service(
         "readiness",
         Readiness {
@@ -220,7 +236,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     );
     let watchdog = background_service(
         "watchdog",
-        crate::watchdog::Watchdog::new(Arc::clone(&shared), redis.as_ref()),
+        crate::watchdog::Watchdog::new(Arc::clone(&shared), &fleet_store),
     );
 
     server.add_service(proxy);

@@ -18,8 +18,8 @@
 //! the limits are re-read from the live config each tick, so a reload applies.
 //!
 //! On a breach the process asks a fleet-wide "self" token bucket for permission
-//! to restart itself: the culling budget ([`crate::cull::Budget`]) in Redis under
-//! the key prefix `<redis.key_prefix>-self`, so it never shares tokens with
+//! to restart itself: a plain token bucket ([`crate::store::FleetBucket`]) in Redis
+//! under the key prefix `<redis.key_prefix>-self`, so it never shares tokens with
 //! upstream culling. Granted: readiness fails and the normal graceful shutdown
 //! follows (drain, close listeners, finish in-flight, exit 0) — the orchestrator
 //! starts a fresh process. Not granted, or no Redis (no fleet view, so no way to
@@ -31,9 +31,9 @@
 //! with result `granted`, `no_token`, `no_store` or `store_error`.
 
 use crate::config::WatchdogSection;
-use crate::cull::{Budget, ClaimOutcome, CullParams};
 use crate::metrics::Outcome;
 use crate::state::Shared;
+use crate::store::{FleetBucket, Store, Take};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -44,9 +44,6 @@ use tokio::time::Instant;
 
 /// Period of the stall probes.
 const PROBE_PERIOD: Duration = Duration::from_millis(100);
-
-/// The "upstream" name of the self bucket's claims.
-const SELF_UPSTREAM: &str = "self";
 
 /// What was breached (`kind` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,21 +182,6 @@ fn instance_id() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// Parameters of the self bucket: only tokens and their period bind; the claim
-/// itself never does (every instance may hold one).
-fn self_params(w: &WatchdogSection) -> CullParams {
-    CullParams {
-        window_secs: w.check_interval_seconds.max(1),
-        error_threshold: 1,
-        check_interval_secs: w.check_interval_seconds.max(1),
-        tokens: w.tokens,
-        token_period_secs: w.token_period_seconds.max(1),
-        max_culled_fraction: 1.0,
-        cooldown_secs: 0,
-        dry_run: false,
-    }
-}
-
 /// The budget's answer, as the `result` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -224,7 +206,7 @@ impl Verdict {
 pub struct Watchdog {
     shared: Arc<Shared>,
     /// The fleet "self" bucket; `None` without `[redis]`.
-    budget: Option<Budget>,
+    bucket: Option<FleetBucket>,
     instance: String,
     proxy_probe: Arc<StallProbe>,
     own_probe: Arc<StallProbe>,
@@ -239,22 +221,16 @@ struct Counts {
 }
 
 impl Watchdog {
-    /// `redis`: the `[redis]` section, if any (the bucket lives under
-    /// `<key_prefix>-self`).
-    pub fn new(shared: Arc<Shared>, redis: Option<&crate::config::RedisSection>) -> Self {
-        let budget = redis.and_then(|r| {
-            let prefix = format!("{}-self", r.key_prefix);
-            match Budget::redis(&r.url, &prefix, Duration::from_millis(r.timeout_ms)) {
-                Ok(b) => Some(b),
-                Err(e) => {
-                    tracing::error!(event = "watchdog", error = %e, "invalid Redis settings; the watchdog will never restart this process");
-                    None
-                }
-            }
-        });
+    /// With a Redis store the restart budget is the fleet bucket `<key_prefix>-self`;
+    /// without one there is no fleet budget and the watchdog never restarts.
+    pub fn new(shared: Arc<Shared>, store: &Store) -> Self {
+        let bucket = match store {
+            Store::Redis(client) => Some(FleetBucket::redis(Arc::clone(client), "self")),
+            Store::Local => None,
+        };
         Self {
             shared,
-            budget,
+            bucket,
             instance: instance_id(),
             proxy_probe: Arc::new(StallProbe::default()),
             own_probe: Arc::new(StallProbe::default()),
@@ -289,32 +265,21 @@ impl Watchdog {
 
     /// Ask the fleet bucket for a token to restart this instance.
     async fn claim(&self, w: &WatchdogSection) -> (Verdict, String) {
-        let Some(budget) = &self.budget else {
+        let Some(bucket) = &self.bucket else {
             return (
                 Verdict::NoStore,
                 "no [redis]: no fleet-wide budget, staying up".into(),
             );
         };
-        let params = self_params(w);
-        match budget
-            .claim(SELF_UPSTREAM, &self.instance, u32::MAX, &params)
-            .await
-        {
-            Ok(ClaimOutcome::Granted { tokens_left, .. }) => (
+        let period_ms = w.token_period_seconds.max(1).saturating_mul(1000);
+        match bucket.take(w.tokens, period_ms).await {
+            Ok(Take::Granted { tokens_left }) => (
                 Verdict::Granted,
                 format!("token granted ({tokens_left:.2} left); restarting gracefully"),
             ),
-            Ok(ClaimOutcome::Renewed { .. }) => (
-                Verdict::Granted,
-                "already holds a token; restarting gracefully".into(),
-            ),
-            Ok(ClaimOutcome::NoToken { retry_after_ms }) => (
+            Ok(Take::Empty { retry_after_ms }) => (
                 Verdict::NoToken,
                 format!("no token in the fleet bucket (next in {retry_after_ms} ms); staying up"),
-            ),
-            Ok(ClaimOutcome::OverBudget { active, max_out }) => (
-                Verdict::NoToken,
-                format!("over budget ({active}/{max_out}); staying up"),
             ),
             Err(e) => (Verdict::StoreError, format!("{e}; staying up")),
         }
@@ -506,16 +471,6 @@ mod tests {
         task.abort();
     }
 
-    #[test]
-    fn self_bucket_never_binds_on_claims() {
-        let p = self_params(&section());
-        assert_eq!(
-            crate::cull::max_out(u32::MAX, p.max_culled_fraction),
-            u32::MAX - 1
-        );
-        assert_eq!(p.tokens, section().tokens);
-    }
-
     #[tokio::test]
     async fn local_budget_is_no_store() {
         // without [redis] a breach never restarts the process
@@ -527,7 +482,7 @@ mod tests {
         .unwrap();
         let shared = Shared::new(cfg, "t.toml".into());
         shared.lifecycle.mark_ready();
-        let dog = Watchdog::new(Arc::clone(&shared), None);
+        let dog = Watchdog::new(Arc::clone(&shared), &Store::Local);
         let s = Sample {
             rss_bytes: Some(u64::MAX / 2),
             ..Sample::default()

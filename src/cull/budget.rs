@@ -14,102 +14,16 @@
 //!
 //! With `dry_run`, steps 1–5 are evaluated but nothing is written.
 
-use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 use super::fleet::{Buckets, FleetDelta};
 use super::local::LocalBudget;
 use super::params::CullParams;
 use super::redis_store::RedisBudget;
-
-/// The store could not answer (unreachable, slow, protocol error). Map it to the
-/// cull result `store_error`; never cull on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
-    /// The call took longer than the configured timeout.
-    Timeout(Duration),
-    /// Redis answered with an error, or the connection failed.
-    Redis(String),
-    /// The reply did not have the expected shape.
-    Protocol(String),
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::Timeout(d) => write!(f, "cull store timed out after {} ms", d.as_millis()),
-            StoreError::Redis(e) => write!(f, "cull store error: {e}"),
-            StoreError::Protocol(e) => write!(f, "cull store protocol error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
-
-impl From<redis::RedisError> for StoreError {
-    fn from(e: redis::RedisError) -> Self {
-        StoreError::Redis(e.to_string())
-    }
-}
-
-/// Result of a claim.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ClaimOutcome {
-    /// A token was taken and the claim recorded (or, with `dry_run`, would have been).
-    Granted {
-        tokens_left: f64,
-        expires_ms: u64,
-        dry_run: bool,
-    },
-    /// The backend already held an active claim; its lease was extended for free.
-    Renewed { expires_ms: u64 },
-    /// The fleet bucket is empty; a token will be available in `retry_after_ms`.
-    NoToken { retry_after_ms: u64 },
-    /// The upstream already has `active` of at most `max_out` backends out.
-    OverBudget { active: u32, max_out: u32 },
-}
-
-impl ClaimOutcome {
-    /// The `result` label of `portcullis_cull_decisions_total` for this outcome
-    /// (`culled`, `dry_run`, `no_token`, `over_budget`), or `None` for a renewal,
-    /// which is not a new decision.
-    pub fn decision_label(&self) -> Option<&'static str> {
-        match self {
-            ClaimOutcome::Granted { dry_run: false, .. } => Some("culled"),
-            ClaimOutcome::Granted { dry_run: true, .. } => Some("dry_run"),
-            ClaimOutcome::Renewed { .. } => None,
-            ClaimOutcome::NoToken { .. } => Some("no_token"),
-            ClaimOutcome::OverBudget { .. } => Some("over_budget"),
-        }
-    }
-
-    /// True when the backend may (or, in dry run, would) be ejected.
-    pub fn is_held(&self) -> bool {
-        matches!(
-            self,
-            ClaimOutcome::Granted { .. } | ClaimOutcome::Renewed { .. }
-        )
-    }
-}
-
-/// One active (unexpired) claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ActiveClaim {
-    pub backend: String,
-    /// Expiry on the store's clock (Unix milliseconds).
-    pub expires_ms: u64,
-    /// Time left, independent of clocks.
-    pub remaining_ms: u64,
-}
-
-/// Everything the check loop needs each tick, read in one round trip.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BudgetSnapshot {
-    /// Tokens in the fleet bucket now (fractional while refilling).
-    pub tokens_available: f64,
-    /// Active claims per upstream, in the order the upstreams were asked for.
-    pub claims: Vec<Vec<ActiveClaim>>,
-}
+use crate::store::clock::unix_ms;
+use crate::store::{RedisClient, StoreError};
 
 /// The budget the proxy holds.
 #[derive(Debug)]
@@ -118,20 +32,18 @@ pub enum Budget {
     Local(LocalBudget),
 }
 
-pub(crate) fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 impl Budget {
     /// A fleet-wide budget in Redis (`[redis]` url, key_prefix, timeout_ms).
     /// Connects lazily; never fails for an unreachable server, only for a bad URL.
     pub fn redis(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
-        Ok(Budget::Redis(Box::new(RedisBudget::new(
+        Ok(Self::shared(Arc::new(RedisClient::new(
             url, key_prefix, timeout,
         )?)))
+    }
+
+    /// A fleet-wide budget on the process's Redis client.
+    pub fn shared(client: Arc<RedisClient>) -> Self {
+        Budget::Redis(Box::new(RedisBudget::new(client)))
     }
 
     /// An in-process budget (no `[redis]` section).
@@ -157,7 +69,7 @@ impl Budget {
     ) -> Result<ClaimOutcome, StoreError> {
         match self {
             Budget::Redis(r) => r.claim(upstream, backend, total, params).await,
-            Budget::Local(l) => Ok(l.claim(unix_now_ms(), upstream, backend, total, params)),
+            Budget::Local(l) => Ok(l.claim(unix_ms(), upstream, backend, total, params)),
         }
     }
 
@@ -171,7 +83,7 @@ impl Budget {
     ) -> Result<bool, StoreError> {
         match self {
             Budget::Redis(r) => r.renew(upstream, backend, lease_ttl_ms).await,
-            Budget::Local(l) => Ok(l.renew(unix_now_ms(), upstream, backend, lease_ttl_ms)),
+            Budget::Local(l) => Ok(l.renew(unix_ms(), upstream, backend, lease_ttl_ms)),
         }
     }
 
@@ -188,7 +100,7 @@ impl Budget {
     pub async fn active_claims(&self, upstream: &str) -> Result<Vec<ActiveClaim>, StoreError> {
         match self {
             Budget::Redis(r) => r.active_claims(upstream).await,
-            Budget::Local(l) => Ok(l.active_claims(unix_now_ms(), upstream)),
+            Budget::Local(l) => Ok(l.active_claims(unix_ms(), upstream)),
         }
     }
 
@@ -196,7 +108,7 @@ impl Budget {
     pub async fn tokens_available(&self, params: &CullParams) -> Result<f64, StoreError> {
         match self {
             Budget::Redis(r) => r.tokens_available(params).await,
-            Budget::Local(l) => Ok(l.tokens_available(unix_now_ms(), params)),
+            Budget::Local(l) => Ok(l.tokens_available(unix_ms(), params)),
         }
     }
 
@@ -224,7 +136,7 @@ impl Budget {
     ) -> Result<BudgetSnapshot, StoreError> {
         match self {
             Budget::Redis(r) => r.snapshot(upstreams, params).await,
-            Budget::Local(l) => Ok(l.snapshot(unix_now_ms(), upstreams, params)),
+            Budget::Local(l) => Ok(l.snapshot(unix_ms(), upstreams, params)),
         }
     }
 }

@@ -6,8 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use super::budget::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
+use super::claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 use super::params::{max_out, CullParams};
+use crate::store::bucket::{ms_until_one, refill};
 
 #[derive(Debug, Default)]
 struct State {
@@ -21,31 +22,6 @@ struct State {
 #[derive(Debug, Default)]
 pub struct LocalBudget {
     state: Mutex<State>,
-}
-
-/// Tokens in a bucket of capacity `cap` refilling `cap` per `period_ms`, last
-/// holding `last` at `at_ms`, seen at `now_ms` (clock going back counts as no time).
-pub(crate) fn refill(last: Option<(f64, u64)>, cap: f64, period_ms: u64, now_ms: u64) -> f64 {
-    match last {
-        None => cap,
-        Some((tokens, at)) => {
-            let elapsed = now_ms.saturating_sub(at) as f64;
-            (tokens + elapsed * cap / period_ms.max(1) as f64).min(cap)
-        }
-    }
-}
-
-/// Milliseconds until `tokens` reaches 1.
-pub(crate) fn ms_until_one(tokens: f64, cap: f64, period_ms: u64) -> u64 {
-    if cap <= 0.0 {
-        return u64::MAX;
-    }
-    let ms = ((1.0 - tokens).max(0.0) * period_ms as f64 / cap).ceil();
-    if ms >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        ms as u64
-    }
 }
 
 impl LocalBudget {

@@ -16,19 +16,25 @@
 //! * Redis unreachable or slow → `Err(StoreError)`; the caller must not cull.
 
 mod budget;
+mod claim;
+pub mod driver;
 mod evaluate;
 mod fleet;
+mod http;
 mod local;
 mod params;
 mod redis_store;
 mod state;
+mod webhook;
 mod window;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod redis_tests;
 
-pub use budget::{ActiveClaim, Budget, BudgetSnapshot, ClaimOutcome, StoreError};
+pub use crate::store::StoreError;
+pub use budget::Budget;
+pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use fleet::{Buckets, FleetDelta};
 pub use local::LocalBudget;

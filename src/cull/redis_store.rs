@@ -9,28 +9,26 @@
 //! * `{p}:cull:{{p}}:claims:{upstream}` — hash backend → lease expiry (Unix ms);
 //!   expired fields are pruned by the claim script; key TTL ≥ the longest lease.
 //!
-//! Every call is bounded by `timeout` (connect included); on error or timeout the
-//! caller gets `Err(StoreError)` and must not cull. Note: a claim that timed out on
+//! Calls go through the process's [`RedisClient`] (timeouts, backoff); on error or
+//! timeout the caller gets `Err(StoreError)` and must not cull. Note: a claim that timed out on
 //! the client may still have been committed; its lease then simply expires.
 
-use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisResult, Script, Value};
-use tokio::sync::Mutex;
+use redis::{Script, Value};
 
-use super::budget::{ActiveClaim, BudgetSnapshot, ClaimOutcome, StoreError};
+use super::claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 use super::fleet::{Buckets, FleetDelta};
 use super::params::{max_out, CullParams};
+use crate::refill_lua;
+use crate::store::{RedisClient, StoreError};
 
 /// KEYS: tokens, claims. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
 /// Returns {code, tokens_milli, a, b}: 0 granted (a = expiry), 1 renewed (a = expiry),
 /// 2 no token (a = retry ms, -1 = never), 3 over budget (a = active, b = max_out).
-const CLAIM_LUA: &str = r#"
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const CLAIM_LUA: &str = concat!(
+    refill_lua!(),
+    r#"
 local backend = ARGV[1]
 local cap = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
@@ -51,17 +49,7 @@ for i = 1, #claims, 2 do
   end
 end
 
-local tok = cap
-local b = redis.call('HMGET', KEYS[1], 't', 'ts')
-if b[1] and b[2] then
-  local last = tonumber(b[1])
-  local ts = tonumber(b[2])
-  if last and ts then
-    local el = now - ts
-    if el < 0 then el = 0 end
-    tok = math.min(cap, last + el * cap / period)
-  end
-end
+local tok = refill(KEYS[1], cap, period)
 local milli = math.floor(tok * 1000)
 
 local function keep_claims_key()
@@ -84,13 +72,13 @@ if tok < 1 then
   return {2, milli, math.ceil((1 - tok) * period / cap), 0}
 end
 if not dry then
-  redis.call('HSET', KEYS[1], 't', string.format('%.17g', tok - 1), 'ts', string.format('%d', now))
-  redis.call('PEXPIRE', KEYS[1], period + 1000)
+  store_bucket(KEYS[1], tok - 1, period)
   redis.call('HSET', KEYS[2], backend, string.format('%d', now + lease))
   keep_claims_key()
 end
 return {0, math.floor((tok - 1) * 1000), now + lease, 0}
-"#;
+"#
+);
 
 /// KEYS: claims. ARGV: backend, lease_ms. Returns 1 renewed, 0 no active claim.
 const RENEW_LUA: &str = r#"
@@ -111,22 +99,12 @@ return 1
 
 /// Read-only. KEYS: tokens, claims of upstream 1..n. ARGV: cap, period_ms.
 /// Returns {now, tokens_milli, {backend, expiry, ...} per upstream...}.
-const SNAPSHOT_LUA: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const SNAPSHOT_LUA: &str = concat!(
+    refill_lua!(),
+    r#"
 local cap = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
-local tok = cap
-local b = redis.call('HMGET', KEYS[1], 't', 'ts')
-if b[1] and b[2] then
-  local last = tonumber(b[1])
-  local ts = tonumber(b[2])
-  if last and ts then
-    local el = now - ts
-    if el < 0 then el = 0 end
-    tok = math.min(cap, last + el * cap / period)
-  end
-end
+local tok = refill(KEYS[1], cap, period)
 local out = {now, math.floor(tok * 1000)}
 for k = 2, #KEYS do
   local c = redis.call('HGETALL', KEYS[k])
@@ -141,14 +119,12 @@ for k = 2, #KEYS do
   out[#out + 1] = live
 end
 return out
-"#;
+"#
+);
 
 /// Budget stored in Redis, shared by every instance with the same `key_prefix`.
 pub struct RedisBudget {
-    client: Client,
-    conn: Mutex<Option<MultiplexedConnection>>,
-    prefix: String,
-    timeout: Duration,
+    client: Arc<RedisClient>,
     claim: Script,
     renew: Script,
     snapshot: Script,
@@ -157,8 +133,7 @@ pub struct RedisBudget {
 impl std::fmt::Debug for RedisBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBudget")
-            .field("prefix", &self.prefix)
-            .field("timeout", &self.timeout)
+            .field("client", &self.client)
             .finish_non_exhaustive()
     }
 }
@@ -194,81 +169,27 @@ fn parse_claims(v: &Value, now: i64) -> Result<Vec<ActiveClaim>, StoreError> {
 }
 
 impl RedisBudget {
-    /// `url` like `redis://127.0.0.1:6379`; no connection is made until first use.
-    pub fn new(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let client = Client::open(url)?;
-        Ok(Self {
+    /// A budget on the process's Redis client (which connects lazily).
+    pub fn new(client: Arc<RedisClient>) -> Self {
+        Self {
             client,
-            conn: Mutex::new(None),
-            prefix: key_prefix.to_owned(),
-            timeout: timeout.max(Duration::from_millis(1)),
             claim: Script::new(CLAIM_LUA),
             renew: Script::new(RENEW_LUA),
             snapshot: Script::new(SNAPSHOT_LUA),
-        })
+        }
     }
 
     /// Key of the fleet token bucket.
     pub fn tokens_key(&self) -> String {
-        format!("{p}:cull:{{{p}}}:tokens", p = self.prefix)
+        format!("{p}:cull:{{{p}}}:tokens", p = self.client.prefix())
     }
 
     /// Key of an upstream's claims hash.
     pub fn claims_key(&self, upstream: &str) -> String {
-        format!("{p}:cull:{{{p}}}:claims:{upstream}", p = self.prefix)
-    }
-
-    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
-        let mut guard = self.conn.lock().await;
-        if let Some(c) = guard.as_ref() {
-            return Ok(c.clone());
-        }
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
-        let c = self
-            .client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await?;
-        *guard = Some(c.clone());
-        Ok(c)
-    }
-
-    async fn invalidate(&self) {
-        *self.conn.lock().await = None;
-    }
-
-    /// Run `op` on a connection, the whole thing (connect included) bounded by the timeout.
-    async fn run<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
-    where
-        F: FnOnce(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = RedisResult<T>>,
-    {
-        let attempt = async {
-            let conn = self.connection().await?;
-            op(conn).await
-        };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                // Server-side errors (e.g. a script error) leave the connection usable.
-                if e.kind() != redis::ErrorKind::ResponseError
-                    && e.kind() != redis::ErrorKind::ExtensionError
-                {
-                    self.invalidate().await;
-                }
-                if e.is_timeout() {
-                    Err(StoreError::Timeout(self.timeout))
-                } else {
-                    Err(e.into())
-                }
-            }
-            Err(_) => {
-                // A hung connection (black-holed peer) must not be reused forever.
-                self.invalidate().await;
-                Err(StoreError::Timeout(self.timeout))
-            }
-        }
+        format!(
+            "{p}:cull:{{{p}}}:claims:{upstream}",
+            p = self.client.prefix()
+        )
     }
 
     /// See [`super::Budget::claim`].
@@ -285,6 +206,7 @@ impl RedisBudget {
         let lease = params.lease_ttl_ms();
         let dry = params.dry_run;
         let reply: Vec<i64> = self
+            .client
             .run(|mut c| async move {
                 self.claim
                     .key(&tokens_key)
@@ -332,6 +254,7 @@ impl RedisBudget {
     ) -> Result<bool, StoreError> {
         let key = self.claims_key(upstream);
         let r: i64 = self
+            .client
             .run(|mut c| async move {
                 self.renew
                     .key(&key)
@@ -348,6 +271,7 @@ impl RedisBudget {
     pub async fn release(&self, upstream: &str, backend: &str) -> Result<bool, StoreError> {
         let key = self.claims_key(upstream);
         let n: i64 = self
+            .client
             .run(|mut c| async move {
                 redis::cmd("HDEL")
                     .arg(&key)
@@ -364,7 +288,7 @@ impl RedisBudget {
     pub fn errors_key(&self, upstream: &str, backend: &str, bucket: u64) -> String {
         format!(
             "{p}:cull:{{{p}}}:err:{upstream}:{backend}:{bucket}",
-            p = self.prefix
+            p = self.client.prefix()
         )
     }
 
@@ -413,6 +337,7 @@ impl RedisBudget {
             return Ok(vec![(0, 0); deltas.len()]);
         }
         let rows: Vec<(Option<u64>, Option<u64>)> = self
+            .client
             .run(|mut c| async move { pipe.query_async(&mut c).await })
             .await?;
         let mut rows = rows.into_iter();
@@ -437,6 +362,7 @@ impl RedisBudget {
         keys.push(self.tokens_key());
         keys.extend(upstreams.iter().map(|u| self.claims_key(u)));
         let reply: Vec<Value> = self
+            .client
             .run(|mut c| async move {
                 let mut inv = self.snapshot.prepare_invoke();
                 for k in &keys {

@@ -300,7 +300,7 @@ async fn redis_down_errors_quickly_then_recovers() {
     let t = Instant::now();
     assert!(matches!(
         hb.claim("app", "b", 4, &p).await,
-        Err(StoreError::Timeout(_))
+        Err(StoreError::Timeout)
     ));
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     // Redis back (empty): the same budget reconnects by itself.

@@ -19,8 +19,9 @@
 //! A follower that cannot reach the store keeps following only until the claim it
 //! last saw has certainly lapsed (nobody can renew it meanwhile).
 
-use super::budget::{ClaimOutcome, StoreError};
+use super::claim::ClaimOutcome;
 use super::params::CullParams;
+use crate::store::StoreError;
 
 /// What the check loop knows about one backend this tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,7 +327,7 @@ mod tests {
                 active: 2,
                 max_out: 2,
             }),
-            Err(StoreError::Timeout(std::time::Duration::from_millis(200))),
+            Err(StoreError::Timeout),
         ] {
             assert_eq!(s.on_tick(tick(0, true, None), &p), Action::Claim);
             assert_eq!(s.on_claim(0, &r, &p), Action::None);
@@ -390,7 +391,7 @@ mod tests {
         let mut s = CullState::Up;
         s.on_tick(tick(0, true, Some(false)), &p);
         s.on_claim(0, &granted(), &p);
-        let err = Err(StoreError::Redis("down".into()));
+        let err = Err(StoreError::Command("down".into()));
         assert_eq!(s.on_tick(tick(10_000, true, None), &p), Action::Renew);
         assert_eq!(s.on_renew(10_000, &err, &p), Action::None);
         assert!(s.is_ejected());

@@ -2,16 +2,19 @@
 //! claims in one round trip, evaluates each upstream's error windows (with the
 //! systemic-failure guard), and drives each backend's [`CullState`]: claim a
 //! disruption-budget token, eject, renew the lease while bad, probe after the
-//! cooldown, readmit and release. Policy lives in [`crate::cull`]; this file
-//! only performs the actions.
+//! cooldown, readmit and release. Policy lives beside it in [`crate::cull`]
+//! (`state`, `evaluate`, `budget`); this file only performs the actions. What the
+//! loop remembers between ticks is a [`Memory`] the loop owns, and every tick
+//! takes `now`, so a test can drive ticks on its own clock.
 
-use crate::config::CullingSection;
-use crate::cull::{
-    evaluate, Action, BackendSample, Buckets, Budget, BudgetSnapshot, ClaimOutcome, CullParams,
-    CullState, Evaluation, FleetDelta, StoreError, TickInput,
+use super::{
+    evaluate, http, webhook, Action, BackendSample, Buckets, Budget, BudgetSnapshot, ClaimOutcome,
+    CullParams, CullState, Evaluation, FleetDelta, StoreError, TickInput,
 };
+use crate::config::CullingSection;
 use crate::metrics::CullResult;
-use crate::state::{unix_ms, Shared};
+use crate::state::Shared;
+use crate::store::clock::unix_ms;
 use crate::upstream::{BackendState, Pool};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -20,8 +23,6 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Mutex;
 
 type StateKey = (String, SocketAddr);
 
@@ -35,11 +36,27 @@ struct Tracked {
     since_secs: u64,
 }
 
+/// One backend's turn in a tick.
+struct Step<'a> {
+    pool: &'a Pool,
+    b: &'a Arc<BackendState>,
+    /// Errors in the window (for logs and the webhook).
+    errors: u64,
+    now_ms: u64,
+}
+
+/// The culling driver: performs what the policy decides.
 pub struct Culling {
     shared: Arc<Shared>,
     budget: Budget,
-    states: Mutex<HashMap<StateKey, Tracked>>,
-    systemic: Mutex<HashSet<String>>,
+}
+
+/// What the loop remembers between ticks.
+#[derive(Debug, Default)]
+pub struct Memory {
+    states: HashMap<StateKey, Tracked>,
+    /// Upstreams currently failing systemically (logged once per episode).
+    systemic: HashSet<String>,
 }
 
 pub fn params(c: &CullingSection) -> CullParams {
@@ -55,40 +72,15 @@ pub fn params(c: &CullingSection) -> CullParams {
     }
 }
 
-/// The background service; the budget is fleet-wide in Redis when `[redis]`
-/// is configured, else in-process.
-pub fn service(
-    shared: Arc<Shared>,
-    redis: Option<&crate::config::RedisSection>,
-) -> GenBackgroundService<Culling> {
-    let budget = match redis {
-        Some(r) => {
-            match Budget::redis(&r.url, &r.key_prefix, Duration::from_millis(r.timeout_ms)) {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::error!(error = %e, "culling: bad Redis settings; using an in-process budget");
-                    Budget::local()
-                }
-            }
-        }
-        None => Budget::local(),
-    };
-    let tokens = shared.runtime.load().config.raw.culling.tokens;
-    shared.metrics.cull_tokens_available.set(i64::from(tokens));
-    background_service(
-        "culling",
-        Culling {
-            shared,
-            budget,
-            states: Mutex::new(HashMap::new()),
-            systemic: Mutex::new(HashSet::new()),
-        },
-    )
+/// The background service over `budget` (fleet-wide in Redis, or in-process).
+pub fn service(shared: Arc<Shared>, budget: Budget) -> GenBackgroundService<Culling> {
+    background_service("culling", Culling::new(shared, budget))
 }
 
 #[async_trait]
 impl BackgroundService for Culling {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut memory = Memory::default();
         loop {
             let interval = {
                 let rt = self.shared.runtime.load();
@@ -98,18 +90,24 @@ impl BackgroundService for Culling {
                 _ = tokio::time::sleep(interval) => {}
                 _ = shutdown.changed() => return,
             }
-            self.tick().await;
+            self.tick(&mut memory, unix_ms()).await;
         }
     }
 }
 
 impl Culling {
-    /// One check: exposed for tests and for the loop.
-    pub async fn tick(&self) {
+    pub fn new(shared: Arc<Shared>, budget: Budget) -> Self {
+        let tokens = shared.runtime.load().config.raw.culling.tokens;
+        shared.metrics.cull_tokens_available.set(i64::from(tokens));
+        Self { shared, budget }
+    }
+
+    /// One check at `now_ms` (Unix ms).
+    pub async fn tick(&self, memory: &mut Memory, now_ms: u64) {
         let rt = self.shared.runtime.load_full();
         let cfg = &rt.config.raw.culling;
         if !cfg.enabled {
-            self.readmit_all(&rt.pools).await;
+            self.readmit_all(memory, &rt.pools).await;
             return;
         }
         let params = params(cfg);
@@ -125,20 +123,23 @@ impl Culling {
                 tracing::warn!(event = "cull", error = %e, "budget store unreachable; no new culls")
             }
         }
-        let now_ms = unix_ms();
         let now_secs = now_ms / 1000;
-        let mut states = self.states.lock().await;
         let mut live: HashSet<StateKey> = HashSet::new();
         let buckets = Buckets::new(params.window_secs, params.check_interval_secs);
         for (pi, pool) in rt.pools.iter().enumerate() {
             for b in &pool.backends {
                 live.insert((pool.name.clone(), b.addr));
             }
-            let samples = self.samples(pool, &mut states, now_secs, buckets).await;
+            let samples = self
+                .samples(pool, &mut memory.states, now_secs, buckets)
+                .await;
             let eval = evaluate(&samples, params.error_threshold);
-            self.report_systemic(pool, &eval).await;
+            report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
             for (bi, b) in pool.backends.iter().enumerate() {
-                let tracked = states.entry((pool.name.clone(), b.addr)).or_default();
+                let tracked = memory
+                    .states
+                    .entry((pool.name.clone(), b.addr))
+                    .or_default();
                 let input = TickInput {
                     now_ms,
                     candidate: eval.candidates().contains(&bi),
@@ -151,11 +152,16 @@ impl Culling {
                     b.set_dry_run_cull(false);
                 }
                 let errors = samples[bi].errors;
-                self.perform(pool, b, tracked, action, &params, errors)
-                    .await;
+                let step = Step {
+                    pool,
+                    b,
+                    errors,
+                    now_ms,
+                };
+                self.perform(step, tracked, action, &params).await;
             }
         }
-        states.retain(|k, _| live.contains(k));
+        memory.states.retain(|k, _| live.contains(k));
     }
 
     /// Each backend's `(requests, errors)` over the window: the larger of this
@@ -217,40 +223,20 @@ impl Culling {
             .collect()
     }
 
-    async fn report_systemic(&self, pool: &Pool, eval: &Evaluation) {
-        let mut systemic = self.systemic.lock().await;
-        match eval {
-            Evaluation::Systemic { failing, total } => {
-                self.shared.metrics.cull_decision(CullResult::Systemic);
-                if systemic.insert(pool.name.clone()) {
-                    tracing::warn!(
-                        event = "cull",
-                        result = "systemic",
-                        upstream = %pool.name,
-                        failing,
-                        total,
-                        "backends fail alike; culling nothing"
-                    );
-                }
-            }
-            _ => {
-                if systemic.remove(&pool.name) {
-                    tracing::info!(event = "cull", upstream = %pool.name, "no longer a systemic failure");
-                }
-            }
-        }
-    }
-
     /// Carry out an action and whatever follow-up the state machine asks for.
     async fn perform(
         &self,
-        pool: &Pool,
-        b: &Arc<BackendState>,
+        step: Step<'_>,
         tracked: &mut Tracked,
         mut action: Action,
         params: &CullParams,
-        errors: u64,
     ) {
+        let Step {
+            pool,
+            b,
+            errors,
+            now_ms,
+        } = step;
         let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
         // Each step changes the state, so this ends; the bound is a fail-safe.
         for _ in 0..4 {
@@ -268,7 +254,7 @@ impl Culling {
                             Ok(ClaimOutcome::Granted { dry_run: true, .. })
                         ));
                     }
-                    tracked.state.on_claim(unix_ms(), &res, params)
+                    tracked.state.on_claim(now_ms, &res, params)
                 }
                 Action::Eject => {
                     b.set_culled(true);
@@ -279,7 +265,8 @@ impl Culling {
                         errors,
                         "backend ejected; draining in-flight requests"
                     );
-                    self.webhook(pool, b, errors);
+                    let url = &self.shared.runtime.load().config.raw.culling.webhook_url;
+                    webhook::notify(url, &pool.name, &b.addr_str, errors);
                     Action::None
                 }
                 Action::Renew => {
@@ -287,16 +274,16 @@ impl Culling {
                         .budget
                         .renew(&pool.name, &b.addr_str, params.lease_ttl_ms())
                         .await;
-                    tracked.state.on_renew(unix_ms(), &res, params)
+                    tracked.state.on_renew(now_ms, &res, params)
                 }
                 Action::Probe => {
                     let healthy = probe(pool, b).await;
                     tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, healthy, "probe after cooldown");
-                    tracked.state.on_probe(unix_ms(), healthy, params)
+                    tracked.state.on_probe(now_ms, healthy, params)
                 }
                 Action::Readmit => {
                     self.readmit(pool, b);
-                    tracked.since_secs = unix_ms() / 1000;
+                    tracked.since_secs = now_ms / 1000;
                     Action::None
                 }
                 Action::ReleaseAndReadmit => {
@@ -304,7 +291,7 @@ impl Culling {
                         tracing::warn!(error = %e, "release failed; the lease will expire by itself");
                     }
                     self.readmit(pool, b);
-                    tracked.since_secs = unix_ms() / 1000;
+                    tracked.since_secs = now_ms / 1000;
                     Action::None
                 }
             };
@@ -349,8 +336,7 @@ impl Culling {
         }
     }
 
-    async fn readmit_all(&self, pools: &[Arc<Pool>]) {
-        let mut states = self.states.lock().await;
+    async fn readmit_all(&self, memory: &mut Memory, pools: &[Arc<Pool>]) {
         for pool in pools {
             for b in &pool.backends {
                 if b.is_culled() {
@@ -361,40 +347,35 @@ impl Culling {
                 }
             }
         }
-        states.clear();
+        memory.states.clear();
     }
+}
 
-    /// Fire-and-forget POST of `{upstream, backend, reason, errors}`.
-    fn webhook(&self, pool: &Pool, b: &BackendState, errors: u64) {
-        let url = self
-            .shared
-            .runtime
-            .load()
-            .config
-            .raw
-            .culling
-            .webhook_url
-            .clone();
-        if url.is_empty() {
-            return;
-        }
-        let body = serde_json::json!({
-            "upstream": pool.name,
-            "backend": b.addr_str,
-            "reason": "error_threshold",
-            "errors": errors,
-        })
-        .to_string();
-        tokio::spawn(async move {
-            let post = post_json(&url, &body);
-            match tokio::time::timeout(Duration::from_secs(2), post).await {
-                Ok(Ok(status)) => {
-                    tracing::info!(event = "cull_webhook", status, "webhook delivered")
-                }
-                Ok(Err(e)) => tracing::warn!(event = "cull_webhook", error = %e, "webhook failed"),
-                Err(_) => tracing::warn!(event = "cull_webhook", "webhook timed out"),
+fn report_systemic(
+    shared: &Shared,
+    systemic: &mut HashSet<String>,
+    pool: &Pool,
+    eval: &Evaluation,
+) {
+    match eval {
+        Evaluation::Systemic { failing, total } => {
+            shared.metrics.cull_decision(CullResult::Systemic);
+            if systemic.insert(pool.name.clone()) {
+                tracing::warn!(
+                    event = "cull",
+                    result = "systemic",
+                    upstream = %pool.name,
+                    failing,
+                    total,
+                    "backends fail alike; culling nothing"
+                );
             }
-        });
+        }
+        _ => {
+            if systemic.remove(&pool.name) {
+                tracing::info!(event = "cull", upstream = %pool.name, "no longer a systemic failure");
+            }
+        }
     }
 }
 
@@ -422,63 +403,9 @@ async fn probe(pool: &Pool, b: &BackendState) -> bool {
         (pool.health_check_path.as_str(), true)
     };
     let bound = pool.connect_timeout + Duration::from_secs(2);
-    match tokio::time::timeout(bound, http_get_status(b.addr, path)).await {
-        Ok(Ok(status)) => {
-            if want_2xx {
-                (200..300).contains(&status)
-            } else {
-                status < 500
-            }
-        }
-        _ => false,
+    match http::status_of(b.addr, "GET", path, &b.addr_str, None, bound).await {
+        Ok(status) if want_2xx => (200..300).contains(&status),
+        Ok(status) => status < 500,
+        Err(_) => false,
     }
-}
-
-async fn read_status(stream: &mut tokio::net::TcpStream) -> std::io::Result<u16> {
-    let mut buf = vec![0u8; 1024];
-    let mut n = 0;
-    while n < buf.len() {
-        let r = stream.read(&mut buf[n..]).await?;
-        if r == 0 {
-            break;
-        }
-        n += r;
-        if buf[..n].windows(2).any(|w| w == b"\r\n") {
-            break;
-        }
-    }
-    let line = String::from_utf8_lossy(&buf[..n]);
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no HTTP status line"))
-}
-
-async fn http_get_status(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: portcullis-cull-probe\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(req.as_bytes()).await?;
-    read_status(&mut stream).await
-}
-
-async fn post_json(url: &str, body: &str) -> std::io::Result<u16> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "webhook_url must be http://",
-        )
-    })?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let mut stream = tokio::net::TcpStream::connect(authority).await?;
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(req.as_bytes()).await?;
-    read_status(&mut stream).await
 }

@@ -1,0 +1,47 @@
+//! The shared-state layer: everything the fleet shares goes through here.
+//!
+//! * [`RedisClient`] owns every Redis connection of the process: timeouts,
+//!   reconnect backoff, the key prefix. It is built once in `server.rs` and
+//!   handed to the rate limiter's flusher, to culling and to the watchdog.
+//! * Without `[redis]` each of them uses its in-process twin with the same
+//!   semantics (`ratelimit::LocalStore`, `cull::LocalBudget`, [`LocalBucket`]).
+//! * [`StoreError`] is the one error type; [`clock`] the one wall clock.
+//! * [`bucket`] holds the token-bucket arithmetic, in Rust and in Lua.
+
+pub mod bucket;
+pub mod clock;
+mod error;
+mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use self::redis::RedisClient;
+pub use bucket::{FleetBucket, LocalBucket, Take};
+pub use error::StoreError;
+
+/// Where the fleet's shared state lives.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// Shared through Redis by every instance with the same key prefix.
+    Redis(Arc<RedisClient>),
+    /// In this process only (no `[redis]` section).
+    Local,
+}
+
+impl Store {
+    /// A Redis store (connects lazily; fails only on an invalid URL).
+    pub fn redis(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        Ok(Store::Redis(Arc::new(RedisClient::new(
+            url, key_prefix, timeout,
+        )?)))
+    }
+
+    /// `"redis"` or `"local"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Redis(_) => "redis",
+            Store::Local => "local",
+        }
+    }
+}
