@@ -403,7 +403,17 @@ async fn probe(pool: &Pool, b: &BackendState) -> bool {
         (pool.health_check_path.as_str(), true)
     };
     let bound = pool.connect_timeout + Duration::from_secs(2);
-    match http::status_of(b.addr, "GET", path, &b.addr_str, None, bound).await {
+    match http::status_of(
+        b.addr,
+        "GET",
+        path,
+        &b.addr_str,
+        "portcullis-cull-probe",
+        None,
+        bound,
+    )
+    .await
+    {
         Ok(status) if want_2xx => (200..300).contains(&status),
         Ok(status) => status < 500,
         Err(_) => false,

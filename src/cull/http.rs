@@ -17,6 +17,7 @@ pub async fn status_of(
     method: &str,
     path: &str,
     host: &str,
+    user_agent: &str,
     body: Option<(&'static str, String)>,
     timeout: Duration,
 ) -> pingora::Result<u16> {
@@ -29,7 +30,7 @@ pub async fn status_of(
         let (mut session, _) = connector.get_http_session(&peer).await?;
         let mut req = RequestHeader::build(method, path.as_bytes(), None)?;
         req.insert_header("host", host)?;
-        req.insert_header("user-agent", "portcullis-cull")?;
+        req.insert_header("user-agent", user_agent)?;
         req.insert_header("connection", "close")?;
         if let Some((content_type, body)) = &body {
             req.insert_header("content-type", *content_type)?;

@@ -30,6 +30,9 @@ mod window;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
+mod driver_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod redis_tests;
 
 pub use crate::store::StoreError;

@@ -44,6 +44,7 @@ async fn post(url: &str, body: String) -> Result<u16, String> {
         "POST",
         path,
         authority,
+        "portcullis-cull-webhook",
         Some(("application/json", body)),
         Duration::from_secs(2),
     )
