@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;
 pub mod reload;
+pub mod respond;
 pub mod server;
 pub mod shed;
 pub mod state;
