@@ -62,7 +62,10 @@ impl Runtime {
         let pools = config
             .upstreams
             .iter()
-            .map(|u| Arc::new(Pool::build(u, window, &known)))
+            .map(|u| {
+                let same = previous.and_then(|p| p.pools.iter().find(|p| p.name == u.name));
+                Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
+            })
             .collect();
         let rl = &config.raw.rate_limit;
         let rate_limit = rl.enabled.then(|| RateLimitRuntime {
