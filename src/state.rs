@@ -48,7 +48,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Build from a validated config, keeping the state of backends that stay.
+    /// Build from a validated config. Backends that stay keep their state
+    /// (culling window, cull mark) and their active health-check state.
     pub fn build(config: Config, previous: Option<&Runtime>) -> Self {
         let mut known: HashMap<(String, SocketAddr), Arc<BackendState>> = HashMap::new();
         if let Some(prev) = previous {
