@@ -20,6 +20,14 @@ RUN apt-get update \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin portcullis
 COPY --from=builder /src/target/release/portcullis /usr/local/bin/portcullis
 # The shipped default listens on loopback; in a container listen on all interfaces.
+# That includes the admin listener (9090), so that orchestrator probes and
+# Prometheus can reach it. It has no TLS and its GET endpoints (/healthz,
+# /readyz, /metrics, /status) need no credentials: publish it only on a private
+# network (e.g. `-p 127.0.0.1:9090:9090`), never to the internet. Its POST
+# endpoints (/reload) are refused with 403 on a non-loopback listener until
+# `server.admin_token` is set; then they need `Authorization: Bearer <token>`.
+# The proxy logs a warning at start-up while the listener is exposed without a
+# token. SIGHUP reloads without any token (`docker kill -s HUP`).
 COPY conf/portcullis.toml /etc/portcullis/portcullis.toml
 RUN sed -i \
       -e 's/^listen = \["127.0.0.1:8080"\]/listen = ["0.0.0.0:8080"]/' \

@@ -1,6 +1,11 @@
 //! Admin endpoints on `admin_listen`: `/healthz` (liveness), `/readyz`
 //! (readiness, 503 once draining), `/metrics` (Prometheus text), `/status`
 //! (JSON) and `POST /reload` (same as SIGHUP).
+//!
+//! `GET`s are open (probes and scrapers need them). `POST`s change the running
+//! proxy: with `server.admin_token` set they need `Authorization: Bearer
+//! <token>` (401 otherwise); without a token they are answered only when
+//! `admin_listen` is a loopback address, and refused (403) elsewhere.
 
 use crate::state::{unix_secs, Shared};
 use async_trait::async_trait;
@@ -17,14 +22,111 @@ pub struct Admin {
     store_errors_seen: AtomicU64,
     /// Backend errors already added, per (upstream, backend).
     backend_errors_seen: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
+    /// The admin listener is bound to a loopback address (fixed at start:
+    /// `admin_listen` only changes with a restart).
+    loopback: bool,
+}
+
+/// Whether a `POST` may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostAccess {
+    Allowed,
+    /// A token is set and the request does not carry it.
+    Unauthorized,
+    /// No token, and the listener is reachable from other hosts.
+    Forbidden,
+}
+
+/// The access rule for admin `POST`s: `token` is `server.admin_token`,
+/// `authorization` the request's `Authorization` value.
+pub fn post_access(token: &str, loopback: bool, authorization: Option<&[u8]>) -> PostAccess {
+    if token.is_empty() {
+        return if loopback {
+            PostAccess::Allowed
+        } else {
+            PostAccess::Forbidden
+        };
+    }
+    let presented = authorization.and_then(bearer_token).unwrap_or(b"");
+    if constant_time_eq(presented, token.as_bytes()) {
+        PostAccess::Allowed
+    } else {
+        PostAccess::Unauthorized
+    }
+}
+
+/// The credentials of `Bearer <token>` (scheme case-insensitive).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let (scheme, rest) = value.split_at(value.iter().position(|b| *b == b' ')?);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| rest.trim_ascii())
+}
+
+/// Compares in time that depends only on the expected token's length, not on
+/// where the first difference is.
+fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(presented.len() != expected.len());
+    for (i, e) in expected.iter().enumerate() {
+        diff |= presented.get(i).copied().unwrap_or(0) ^ e;
+    }
+    std::hint::black_box(diff) == 0
 }
 
 impl Admin {
     pub fn new(shared: Arc<Shared>) -> Self {
+        let (addr, has_token) = {
+            let rt = shared.runtime.load();
+            (
+                rt.config.admin_listen,
+                !rt.config.raw.server.admin_token.is_empty(),
+            )
+        };
+        let loopback = addr.ip().is_loopback();
+        if !loopback && !has_token {
+            tracing::warn!(
+                event = "admin",
+                admin_listen = %addr,
+                "the admin listener is reachable from other hosts and server.admin_token is not set: \
+                 GET endpoints are open, POST endpoints (/reload) are refused (403) until a token is set"
+            );
+        }
         Self {
             shared,
             store_errors_seen: AtomicU64::new(0),
             backend_errors_seen: std::sync::Mutex::new(std::collections::HashMap::new()),
+            loopback,
+        }
+    }
+
+    /// `None` when the `POST` may run, else the refusal to send.
+    fn refuse_post(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
+        let rt = self.shared.runtime.load();
+        let token = rt.config.raw.server.admin_token.expose();
+        let auth = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        match post_access(token, self.loopback, auth) {
+            PostAccess::Allowed => None,
+            PostAccess::Unauthorized => {
+                let mut r = text(
+                    StatusCode::UNAUTHORIZED,
+                    "admin: this endpoint needs Authorization: Bearer <server.admin_token>\n",
+                );
+                r.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer realm=\"portcullis-admin\""),
+                );
+                Some(r)
+            }
+            PostAccess::Forbidden => Some(text(
+                StatusCode::FORBIDDEN,
+                "admin: POST endpoints are off because admin_listen is not a loopback address \
+                 and server.admin_token is not set; set admin_token to enable them\n",
+            )),
         }
     }
 
@@ -151,6 +253,17 @@ impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
+        if method == http::Method::POST {
+            if let Some(refusal) = self.refuse_post(session) {
+                tracing::warn!(
+                    event = "admin",
+                    status = refusal.status().as_u16(),
+                    path = %path,
+                    "admin POST refused"
+                );
+                return refusal;
+            }
+        }
         match (method.as_str(), path.as_str()) {
             ("GET" | "HEAD", "/healthz") => text(StatusCode::OK, "ok\n"),
             ("GET" | "HEAD", "/readyz") => {
@@ -181,5 +294,40 @@ impl ServeHttp for Admin {
             }
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn post_access_rules() {
+        use PostAccess::*;
+        assert_eq!(post_access("", true, None), Allowed);
+        assert_eq!(post_access("", false, None), Forbidden);
+        assert_eq!(post_access("", false, Some(b"Bearer x")), Forbidden);
+        assert_eq!(post_access("s3cret", true, None), Unauthorized);
+        assert_eq!(
+            post_access("s3cret", false, Some(b"Bearer s3cret")),
+            Allowed
+        );
+        assert_eq!(
+            post_access("s3cret", true, Some(b"bearer  s3cret ")),
+            Allowed
+        );
+        assert_eq!(
+            post_access("s3cret", true, Some(b"Bearer s3cre")),
+            Unauthorized
+        );
+        assert_eq!(
+            post_access("s3cret", true, Some(b"Bearer s3cretX")),
+            Unauthorized
+        );
+        assert_eq!(
+            post_access("s3cret", true, Some(b"Basic s3cret")),
+            Unauthorized
+        );
+        assert_eq!(post_access("s3cret", true, Some(b"s3cret")), Unauthorized);
     }
 }

@@ -117,7 +117,7 @@ const UPGRADE_WAIT: Duration = Duration::from_secs(5);
 /// Polls until `path` exists or `UPGRADE_WAIT` passes. Only existence is checked:
 /// connecting would consume the new process's one hand-over connection.
 async fn new_process_listens(path: &Path) -> bool {
-    let deadline = Instant::now() + UPGRADE_WAIT;
+    let deadline = deadline_after(UPGRADE_WAIT);
     loop {
         if path.exists() {
             return true;
@@ -309,7 +309,7 @@ fn spawn_exit_when_idle(
                     }
                 }
             }
-            let deadline = Instant::now() + timeout;
+            let deadline = deadline_after(timeout);
             tracing::info!(
                 event = "shutdown",
                 inflight = shedder.inflight(),
@@ -319,7 +319,7 @@ fn spawn_exit_when_idle(
             );
             // The accept grace has passed once the proxy's cleanup ran; count it
             // here too, so a starved runtime timer cannot hold an idle process.
-            let grace_end = Instant::now() + ACCEPT_GRACE;
+            let grace_end = deadline_after(ACCEPT_GRACE);
             let idle = || {
                 (connections.is_cleaned_up() || Instant::now() >= grace_end)
                     && shedder.inflight() == 0
@@ -340,6 +340,20 @@ fn spawn_exit_when_idle(
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot spawn exit thread; relying on the grace period");
     }
+}
+
+/// `now + d` without overflow: a duration past what `Instant` can hold means
+/// "no deadline", which a year stands for (config validation keeps real values
+/// far below; this only makes a panic impossible).
+pub fn deadline_after(d: Duration) -> Instant {
+    deadline_from(Instant::now(), d)
+}
+
+fn deadline_from(now: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    now.checked_add(d)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
 }
 
 /// Polls `cond` every 5 ms until it holds (true) or `deadline` passes (false).
@@ -373,6 +387,17 @@ fn wait_quiet(deadline: Instant, mut idle: impl FnMut() -> bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deadline_never_overflows() {
+        let now = Instant::now();
+        let huge = Duration::from_secs(u64::MAX);
+        assert!(deadline_from(now, huge) > now);
+        assert_eq!(
+            deadline_from(now, Duration::from_secs(30)),
+            now + Duration::from_secs(30)
+        );
+    }
 
     #[tokio::test]
     async fn draining_resolves_after_flip() {

@@ -48,7 +48,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Build from a validated config, keeping the state of backends that stay.
+    /// Build from a validated config. Backends that stay keep their state
+    /// (culling window, cull mark) and their active health-check state.
     pub fn build(config: Config, previous: Option<&Runtime>) -> Self {
         let mut known: HashMap<(String, SocketAddr), Arc<BackendState>> = HashMap::new();
         if let Some(prev) = previous {
@@ -62,7 +63,10 @@ impl Runtime {
         let pools = config
             .upstreams
             .iter()
-            .map(|u| Arc::new(Pool::build(u, window, &known)))
+            .map(|u| {
+                let same = previous.and_then(|p| p.pools.iter().find(|p| p.name == u.name));
+                Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
+            })
             .collect();
         let rl = &config.raw.rate_limit;
         let rate_limit = rl.enabled.then(|| RateLimitRuntime {

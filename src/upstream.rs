@@ -3,11 +3,13 @@
 //! shared with the culling gate.
 
 use crate::config::Upstream;
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::lb::discovery;
-use pingora::lb::health_check::HttpHealthCheck;
+use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
 use pingora::lb::selection::RoundRobin;
-use pingora::lb::{Backend, Backends, LoadBalancer};
+use pingora::lb::{Backend, Backends, HealthRegistry, LoadBalancer};
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -118,6 +120,47 @@ impl Tried {
     }
 }
 
+/// The active health state of one upstream, kept across reloads: each
+/// rebuilt pool registers its backend view with the same registry, so a
+/// backend that stays keeps its health (as it keeps its cull state) instead of
+/// starting "up" again until its next check.
+#[derive(Clone)]
+pub struct PoolHealth {
+    registry: Arc<HealthRegistry>,
+    check: SwappableCheck,
+}
+
+impl PoolHealth {
+    fn new(check: HttpHealthCheck) -> Self {
+        let check = SwappableCheck(Arc::new(ArcSwap::from_pointee(check)));
+        let registry = Arc::new(HealthRegistry::new());
+        // A fresh registry has no check yet, so this cannot panic.
+        registry.set_health_check(Box::new(check.clone()));
+        Self { registry, check }
+    }
+}
+
+/// The registry takes its check once; a reload that changes the path or the
+/// timeout swaps what this wrapper delegates to.
+#[derive(Clone)]
+struct SwappableCheck(Arc<ArcSwap<HttpHealthCheck>>);
+
+#[async_trait]
+impl HealthCheck for SwappableCheck {
+    async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        let current = self.0.load_full();
+        current.check(target).await
+    }
+
+    fn backend_summary(&self, target: &Backend) -> String {
+        format!("backend {}", target.addr)
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.0.load().health_threshold(success)
+    }
+}
+
 pub struct Pool {
     pub name: String,
     pub lb: LoadBalancer<RoundRobin>,
@@ -128,6 +171,8 @@ pub struct Pool {
     pub health_check_path: String,
     /// Set while no backend is eligible and traffic goes to all of them.
     pub panic_mode: AtomicBool,
+    /// `None` without active checks (every backend counts as healthy).
+    health: Option<PoolHealth>,
 }
 
 /// Poll a future once; pingora's static discovery never blocks.
@@ -141,11 +186,13 @@ fn poll_once<F: Future>(f: F) -> Option<F::Output> {
 }
 
 impl Pool {
-    /// Build a pool; backends already in `known` keep their state (reload).
+    /// Build a pool; backends already in `known` keep their state, and with
+    /// `previous` (the pool of the same name before a reload) their health.
     pub fn build(
         cfg: &Upstream,
         window_secs: u64,
         known: &HashMap<(String, SocketAddr), Arc<BackendState>>,
+        previous: Option<&Pool>,
     ) -> Self {
         let mut set = BTreeSet::new();
         let mut states = Vec::with_capacity(cfg.backends.len());
@@ -163,19 +210,30 @@ impl Pool {
             set.insert(b);
             states.push(state);
         }
-        let backends = Backends::new(discovery::Static::new(set));
-        let mut lb = LoadBalancer::<RoundRobin>::from_backends(backends);
+        let health = (!cfg.health_check_path.is_empty()).then(|| {
+            let check = http_health_check(
+                &cfg.health_check_path,
+                Duration::from_millis(cfg.connect_timeout_ms),
+            );
+            match previous.and_then(|p| p.health.as_ref()) {
+                Some(h) => {
+                    h.check.0.store(Arc::new(check));
+                    h.clone()
+                }
+                None => PoolHealth::new(check),
+            }
+        });
+        let discovery = discovery::Static::new(set);
+        let backends = match &health {
+            Some(h) => Backends::new_with_health_registry(discovery, Arc::clone(&h.registry)),
+            None => Backends::new(discovery),
+        };
+        let lb = LoadBalancer::<RoundRobin>::from_backends(backends);
         if poll_once(lb.update()).is_none() {
             tracing::error!(upstream = %cfg.name, "static discovery did not complete");
         }
         let health_check_interval = (!cfg.health_check_path.is_empty())
             .then(|| Duration::from_secs(cfg.health_check_interval_seconds));
-        if !cfg.health_check_path.is_empty() {
-            lb.set_health_check(http_health_check(
-                &cfg.health_check_path,
-                Duration::from_millis(cfg.connect_timeout_ms),
-            ));
-        }
         Self {
             name: cfg.name.clone(),
             lb,
@@ -185,6 +243,7 @@ impl Pool {
             health_check_interval,
             health_check_path: cfg.health_check_path.clone(),
             panic_mode: AtomicBool::new(false),
+            health,
         }
     }
 
@@ -240,7 +299,7 @@ impl Pool {
     }
 }
 
-fn http_health_check(path: &str, timeout: Duration) -> Box<HttpHealthCheck> {
+fn http_health_check(path: &str, timeout: Duration) -> HttpHealthCheck {
     let mut hc = HttpHealthCheck::new("localhost", false);
     match RequestHeader::build("GET", path.as_bytes(), None) {
         Ok(mut req) => {
@@ -262,5 +321,5 @@ fn http_health_check(path: &str, timeout: Duration) -> Box<HttpHealthCheck> {
             )
         }
     }));
-    Box::new(hc)
+    hc
 }

@@ -4,6 +4,7 @@
 //! parser knows it, `line:column`.
 
 mod locate;
+pub mod redact;
 pub mod schema;
 mod validate;
 
@@ -37,26 +38,52 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl ConfigError {
+    /// Every error is built here: its reason never carries a Redis password.
+    fn new(file: &str, line_col: Option<(usize, usize)>, key_path: String, reason: &str) -> Self {
+        Self {
+            file: file.to_string(),
+            line_col,
+            key_path,
+            reason: redact::redact_secrets(reason),
+        }
+    }
+}
+
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        line_col: None,
-        key_path: String::new(),
-        reason: format!("cannot read config file: {e}"),
+    let bytes = std::fs::read(path).map_err(|e| {
+        ConfigError::new(
+            &file,
+            None,
+            String::new(),
+            &format!("cannot read config file: {e}"),
+        )
     })?;
+    let text = String::from_utf8(bytes).map_err(|e| not_utf8(&file, &e))?;
     parse(&file, &text)
+}
+
+/// A file that is not UTF-8: where, and under which key.
+fn not_utf8(file: &str, e: &std::string::FromUtf8Error) -> ConfigError {
+    let at = e.utf8_error().valid_up_to();
+    let bytes = e.as_bytes();
+    let lossy = String::from_utf8_lossy(bytes);
+    let byte = bytes.get(at).copied().unwrap_or(0);
+    ConfigError::new(
+        file,
+        Some(locate::line_col(&lossy, at)),
+        locate::path_at(&lossy, at).unwrap_or_default(),
+        &format!("invalid UTF-8 (byte 0x{byte:02x}): the config file must be UTF-8"),
+    )
 }
 
 /// Parse and validate config text; `file` only labels errors.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
     let raw: FileConfig = deserialize(file, text)?;
-    validate::validate(raw).map_err(|(key_path, reason)| ConfigError {
-        file: file.to_string(),
-        line_col: locate::locate(text, &key_path),
-        key_path,
-        reason,
+    validate::validate(raw).map_err(|(key_path, reason)| {
+        ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)
     })
 }
 
@@ -82,16 +109,18 @@ fn deserialize(file: &str, text: &str) -> Result<FileConfig, ConfigError> {
                 };
             }
         }
+        // Parse errors (an integer too large for 64 bits) come without a
+        // path: take it from the position.
+        if key_path.is_empty() {
+            if let Some(span) = inner.span() {
+                key_path = locate::path_at(text, span.start).unwrap_or_default();
+            }
+        }
         let line_col = inner
             .span()
             .map(|s| locate::line_col(text, s.start))
             .or_else(|| locate::locate(text, &key_path));
-        ConfigError {
-            file: file.to_string(),
-            line_col,
-            key_path,
-            reason,
-        }
+        ConfigError::new(file, line_col, key_path, &reason)
     })
 }
 

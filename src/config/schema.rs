@@ -45,6 +45,10 @@ pub struct ServerSection {
     pub max_request_header_bytes: usize,
     /// Idle keep-alive timeout for client connections.
     pub keepalive_timeout_seconds: u64,
+    /// When set, `POST` admin endpoints need `Authorization: Bearer <token>`
+    /// (401 otherwise). Without it they are answered only on a loopback
+    /// `admin_listen` (403 elsewhere).
+    pub admin_token: Secret,
 }
 
 impl Default for ServerSection {
@@ -58,17 +62,55 @@ impl Default for ServerSection {
             upgrade_sock: "/tmp/portcullis-upgrade.sock".into(),
             max_request_header_bytes: 64 * 1024,
             keepalive_timeout_seconds: 60,
+            admin_token: Secret::default(),
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// A string that never appears in `Debug` output (tokens, passwords).
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+#[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSection {
     pub url: String,
     pub key_prefix: String,
     pub flush_interval_ms: u64,
     pub timeout_ms: u64,
+}
+
+/// The URL may carry a password: `Debug` shows it redacted.
+impl std::fmt::Debug for RedisSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSection")
+            .field("url", &super::redact::redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("flush_interval_ms", &self.flush_interval_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
 }
 
 impl Default for RedisSection {

@@ -102,3 +102,24 @@ fn shipped_default_config_is_valid() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/portcullis.toml");
     load(std::path::Path::new(path)).expect("conf/portcullis.toml must validate");
 }
+
+#[test]
+fn secrets_stay_out_of_debug_output() {
+    let c = check(&format!(
+        "[server]\nadmin_token = \"tok-3c7e9a\"\n{MIN}[redis]\nurl = \"redis://u:pw-9d1f@127.0.0.1:6379\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(c.raw.server.admin_token.expose(), "tok-3c7e9a");
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("tok-3c7e9a"), "{debug}");
+    assert!(!debug.contains("pw-9d1f"), "{debug}");
+    assert!(debug.contains("redis://u:***@127.0.0.1:6379"), "{debug}");
+}
+
+#[test]
+fn admin_token_must_be_visible_ascii() {
+    let e = check(&format!("[server]\nadmin_token = \"a b\"\n{MIN}")).unwrap_err();
+    assert_eq!(e.key_path, "server.admin_token");
+    assert_eq!(e.line_col.map(|l| l.0), Some(2));
+    assert!(!e.to_string().contains("a b"), "{e}");
+}

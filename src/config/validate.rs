@@ -100,12 +100,30 @@ fn parse_addr(path: &str, s: &str) -> VResult<SocketAddr> {
     }
 }
 
-fn positive(path: &str, v: u64) -> VResult<()> {
-    if v == 0 {
-        return err(path, "must be at least 1");
+/// `lo <= v <= hi`, else an error naming the range and the unit.
+fn range(path: &str, v: u64, lo: u64, hi: u64, unit: &str) -> VResult<()> {
+    if v < lo || v > hi {
+        let unit = if unit.is_empty() {
+            String::new()
+        } else {
+            format!(" {unit}")
+        };
+        return err(
+            path,
+            format!("{v} is out of range: must be between {lo} and {hi}{unit}"),
+        );
     }
     Ok(())
 }
+
+/// Upper bounds: far above any sensible setting, far below where a duration or
+/// a count would overflow (`Instant + Duration`, `u64` sums, Redis TTLs).
+const HOUR: u64 = 3600;
+const DAY: u64 = 24 * HOUR;
+const WEEK: u64 = 7 * DAY;
+const MINUTE_MS: u64 = 60_000;
+const DAY_MS: u64 = DAY * 1000;
+const MAX_COUNT: u64 = 1_000_000_000_000;
 
 fn validate_server(s: &ServerSection) -> VResult<Vec<SocketAddr>> {
     if s.listen.is_empty() {
@@ -122,18 +140,39 @@ fn validate_server(s: &ServerSection) -> VResult<Vec<SocketAddr>> {
         }
         out.push(a);
     }
-    if s.threads == 0 || s.threads > 1024 {
-        return err("server.threads", "must be between 1 and 1024");
+    range("server.threads", s.threads as u64, 1, 1024, "")?;
+    range("server.drain_seconds", s.drain_seconds, 0, HOUR, "seconds")?;
+    range(
+        "server.shutdown_timeout_seconds",
+        s.shutdown_timeout_seconds,
+        0,
+        HOUR,
+        "seconds",
+    )?;
+    range(
+        "server.keepalive_timeout_seconds",
+        s.keepalive_timeout_seconds,
+        0,
+        HOUR,
+        "seconds",
+    )?;
+    let token = s.admin_token.expose();
+    if token.len() > 1024 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return err(
+            "server.admin_token",
+            "must be at most 1024 visible ASCII characters (no spaces)",
+        );
     }
     if s.upgrade_sock.is_empty() {
         return err("server.upgrade_sock", "must not be empty");
     }
-    if s.max_request_header_bytes < 1024 || s.max_request_header_bytes > 1_048_575 {
-        return err(
-            "server.max_request_header_bytes",
-            "must be between 1024 and 1048575 bytes",
-        );
-    }
+    range(
+        "server.max_request_header_bytes",
+        s.max_request_header_bytes as u64,
+        1024,
+        1_048_575,
+        "bytes",
+    )?;
     Ok(out)
 }
 
@@ -143,7 +182,7 @@ fn validate_redis(r: &RedisSection) -> VResult<()> {
             "redis.url",
             format!(
                 "invalid Redis URL {:?} ({e}): expected redis://host:port[/db]",
-                r.url
+                super::redact::redact_url(&r.url)
             ),
         );
     }
@@ -153,8 +192,14 @@ fn validate_redis(r: &RedisSection) -> VResult<()> {
             "must be non-empty and contain no spaces or braces",
         );
     }
-    positive("redis.flush_interval_ms", r.flush_interval_ms)?;
-    positive("redis.timeout_ms", r.timeout_ms)
+    range(
+        "redis.flush_interval_ms",
+        r.flush_interval_ms,
+        1,
+        MINUTE_MS,
+        "ms",
+    )?;
+    range("redis.timeout_ms", r.timeout_ms, 1, MINUTE_MS, "ms")
 }
 
 fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
@@ -188,12 +233,21 @@ fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
         if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
             return err(p("health_check_path"), "must be empty or start with '/'");
         }
-        positive(
+        range(
             &p("health_check_interval_seconds"),
             u.health_check_interval_seconds,
+            1,
+            DAY,
+            "seconds",
         )?;
-        positive(&p("connect_timeout_ms"), u.connect_timeout_ms)?;
-        positive(&p("read_timeout_ms"), u.read_timeout_ms)?;
+        range(
+            &p("connect_timeout_ms"),
+            u.connect_timeout_ms,
+            1,
+            10 * MINUTE_MS,
+            "ms",
+        )?;
+        range(&p("read_timeout_ms"), u.read_timeout_ms, 1, DAY_MS, "ms")?;
         out.push(Upstream {
             name: u.name.clone(),
             backends,
@@ -251,7 +305,20 @@ fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Rou
 }
 
 fn validate_shedding(s: &SheddingSection) -> VResult<()> {
-    positive("shedding.retry_after_seconds", s.retry_after_seconds)
+    range(
+        "shedding.max_concurrency",
+        s.max_concurrency,
+        0,
+        10_000_000,
+        "requests",
+    )?;
+    range(
+        "shedding.retry_after_seconds",
+        s.retry_after_seconds,
+        1,
+        DAY,
+        "seconds",
+    )
 }
 
 fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
@@ -272,14 +339,28 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
             )
         }
     };
-    positive("rate_limit.window_seconds", r.window_seconds)?;
-    positive("rate_limit.limit", r.limit)?;
-    if r.max_key_bytes == 0 || r.max_key_bytes > 8192 {
-        return err("rate_limit.max_key_bytes", "must be between 1 and 8192");
-    }
-    if r.max_tracked_keys < 16 {
-        return err("rate_limit.max_tracked_keys", "must be at least 16");
-    }
+    range(
+        "rate_limit.window_seconds",
+        r.window_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    range("rate_limit.limit", r.limit, 1, MAX_COUNT, "requests")?;
+    range(
+        "rate_limit.max_key_bytes",
+        r.max_key_bytes as u64,
+        1,
+        8192,
+        "bytes",
+    )?;
+    range(
+        "rate_limit.max_tracked_keys",
+        r.max_tracked_keys as u64,
+        16,
+        100_000_000,
+        "keys",
+    )?;
     if r.policy_name.is_empty()
         || !r
             .policy_name
@@ -296,17 +377,48 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
         if k.is_empty() || k.len() > r.max_key_bytes {
             return err(path, "key must be 1..=max_key_bytes bytes long");
         }
-        positive(&path, *v)?;
+        range(&path, *v, 1, MAX_COUNT, "requests")?;
     }
     Ok(key)
 }
 
 fn validate_culling(c: &CullingSection) -> VResult<()> {
-    positive("culling.window_seconds", c.window_seconds)?;
-    positive("culling.error_threshold", c.error_threshold)?;
-    positive("culling.check_interval_seconds", c.check_interval_seconds)?;
-    positive("culling.token_period_seconds", c.token_period_seconds)?;
-    positive("culling.cooldown_seconds", c.cooldown_seconds)?;
+    range(
+        "culling.window_seconds",
+        c.window_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    range(
+        "culling.error_threshold",
+        c.error_threshold,
+        1,
+        MAX_COUNT,
+        "errors",
+    )?;
+    range(
+        "culling.check_interval_seconds",
+        c.check_interval_seconds,
+        1,
+        HOUR,
+        "seconds",
+    )?;
+    range("culling.tokens", u64::from(c.tokens), 0, 1_000_000, "")?;
+    range(
+        "culling.token_period_seconds",
+        c.token_period_seconds,
+        1,
+        WEEK,
+        "seconds",
+    )?;
+    range(
+        "culling.cooldown_seconds",
+        c.cooldown_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
     if !(0.0..=1.0).contains(&c.max_culled_fraction) {
         return err("culling.max_culled_fraction", "must be between 0.0 and 1.0");
     }
@@ -320,8 +432,34 @@ fn validate_watchdog(w: &WatchdogSection) -> VResult<()> {
     if !(0.0..=1.0).contains(&w.max_error_rate) {
         return err("watchdog.max_error_rate", "must be between 0.0 and 1.0");
     }
-    positive("watchdog.max_stall_ms", w.max_stall_ms)?;
-    positive("watchdog.min_requests", w.min_requests)?;
-    positive("watchdog.check_interval_seconds", w.check_interval_seconds)?;
-    positive("watchdog.token_period_seconds", w.token_period_seconds)
+    range("watchdog.max_rss_mb", w.max_rss_mb, 0, 1 << 20, "MiB")?;
+    range(
+        "watchdog.max_stall_ms",
+        w.max_stall_ms,
+        1,
+        10 * MINUTE_MS,
+        "ms",
+    )?;
+    range(
+        "watchdog.min_requests",
+        w.min_requests,
+        1,
+        MAX_COUNT,
+        "requests",
+    )?;
+    range(
+        "watchdog.check_interval_seconds",
+        w.check_interval_seconds,
+        1,
+        HOUR,
+        "seconds",
+    )?;
+    range("watchdog.tokens", u64::from(w.tokens), 0, 1_000_000, "")?;
+    range(
+        "watchdog.token_period_seconds",
+        w.token_period_seconds,
+        1,
+        WEEK,
+        "seconds",
+    )
 }
