@@ -79,8 +79,8 @@ impl Admin {
         let (addr, has_token) = {
             let rt = shared.runtime.load();
             (
-                rt.config.admin_listen,
-                !rt.config.raw.server.admin_token.is_empty(),
+                rt.config.server.admin_listen,
+                !rt.config.server.admin_token.is_empty(),
             )
         };
         let loopback = addr.ip().is_loopback();
@@ -103,7 +103,7 @@ impl Admin {
     /// `None` when the `POST` may run, else the refusal to send.
     fn refuse_post(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
         let rt = self.shared.runtime.load();
-        let token = rt.config.raw.server.admin_token.expose();
+        let token = rt.config.server.admin_token.expose();
         let auth = session
             .req_header()
             .headers
@@ -207,7 +207,7 @@ impl Admin {
                 })
             })
             .collect();
-        let culling = &rt.config.raw.culling;
+        let culling = &rt.config.culling;
         json!({
             "state": s.lifecycle.state_name(),
             "inflight": s.shedder.inflight(),
@@ -220,7 +220,7 @@ impl Admin {
             },
             "culling": {
                 "enabled": culling.enabled,
-                "dry_run": culling.dry_run,
+                "dry_run": culling.params.dry_run,
                 "tokens_available": s.metrics.cull_tokens_available.get(),
             },
             "upstreams": upstreams,

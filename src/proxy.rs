@@ -122,9 +122,9 @@ impl Proxy {
                 KeyOutcome::Key(k) => Verdict::Checked(self.shared.limiter.check(&k, now_ms)),
                 KeyOutcome::TooLong => Verdict::TooLong,
                 KeyOutcome::Missing => match rl.missing_key {
-                    crate::config::MissingKey::Allow => Verdict::Allow,
-                    crate::config::MissingKey::Reject => Verdict::Reject,
-                    crate::config::MissingKey::ClientIp => {
+                    crate::ratelimit::MissingKey::Allow => Verdict::Allow,
+                    crate::ratelimit::MissingKey::Reject => Verdict::Reject,
+                    crate::ratelimit::MissingKey::ClientIp => {
                         let ip = session
                             .client_addr()
                             .and_then(|a| a.as_inet())

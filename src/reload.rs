@@ -9,13 +9,12 @@ use std::sync::Arc;
 pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
     let result = config::load(&shared.config_path).inspect(|next| {
         let cur = shared.runtime.load();
-        let old = &cur.config.raw;
-        let new = &next.raw;
+        let (old, new) = (&cur.config, next);
         let needs_restart = [
             (old.server.listen != new.server.listen, "server.listen"),
             (old.server.admin_listen != new.server.admin_listen, "server.admin_listen"),
             (old.server.threads != new.server.threads, "server.threads"),
-            (old.redis != new.redis, "redis"),
+            (old.store != new.store, "redis"),
         ];
         for (changed, key) in needs_restart {
             if changed {

@@ -120,13 +120,13 @@ impl BackgroundService for Reloader {
 }
 
 fn server_conf(config: &Config) -> ServerConf {
-    let s = &config.raw.server;
+    let s = &config.server;
     let mut conf = ServerConf {
         threads: s.threads,
-        upgrade_sock: s.upgrade_sock.clone(),
+        upgrade_sock: s.upgrade_sock.display().to_string(),
         // Our own shutdown watch exits as soon as nothing is in flight; this is
         // only the upper bound Pingora sleeps after closing the listeners.
-        grace_period_seconds: Some(s.shutdown_timeout_seconds),
+        grace_period_seconds: Some(s.shutdown_timeout.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
@@ -146,13 +146,13 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         ..Opt::default()
     };
     let conf = server_conf(&config);
-    let listen = config.listen.clone();
-    let admin_listen = config.admin_listen;
-    let drain = Duration::from_secs(config.raw.server.drain_seconds);
-    let shutdown_timeout = Duration::from_secs(config.raw.server.shutdown_timeout_seconds);
-    let upgrade_sock = PathBuf::from(&config.raw.server.upgrade_sock);
-    let redis = config.raw.redis.clone();
-    let threads = config.raw.server.threads;
+    let listen = config.server.listen.clone();
+    let admin_listen = config.server.admin_listen;
+    let drain = config.server.drain;
+    let shutdown_timeout = config.server.shutdown_timeout;
+    let upgrade_sock = config.server.upgrade_sock.clone();
+    let redis = config.store.clone();
+    let threads = config.server.threads;
 
     let shared = Shared::new(config, config_path);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
@@ -180,9 +180,9 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         Some(r) => match RedisStore::new(RedisSettings {
             url: r.url.clone(),
             key_prefix: r.key_prefix.clone(),
-            timeout_ms: r.timeout_ms,
+            timeout_ms: u64::try_from(r.timeout.as_millis()).unwrap_or(u64::MAX),
         }) {
-            Ok(s) => (Arc::new(s), Duration::from_millis(r.flush_interval_ms)),
+            Ok(s) => (Arc::new(s), r.flush_interval),
             Err(e) => {
                 // validated at load; only reachable if the URL became invalid
                 tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
@@ -194,12 +194,11 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
 
     // The one Redis client of the process, shared by culling and the watchdog.
     let fleet_store = match &redis {
-        Some(r) => Store::redis(&r.url, &r.key_prefix, Duration::from_millis(r.timeout_ms))
-            .unwrap_or_else(|e| {
-                // validated at load; only reachable if the URL became invalid
-                tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
-                Store::Local
-            }),
+        Some(r) => Store::redis(&r.url, &r.key_prefix, r.timeout).unwrap_or_else(|e| {
+            // validated at load; only reachable if the URL became invalid
+            tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
+            Store::Local
+        }),
         None => Store::Local,
     };
     let health = background_service(

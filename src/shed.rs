@@ -3,7 +3,17 @@
 //! Admission is a compare-and-swap that never over-counts, so a burst of
 //! rejections cannot push an admissible request over the limit.
 
-use crate::config::Priority;
+/// A route's load-shedding class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// May use the whole cap.
+    Critical,
+    /// Shed at 90% of the cap.
+    #[default]
+    Normal,
+    /// Shed first, at 75%.
+    Low,
+}
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

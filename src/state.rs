@@ -2,10 +2,10 @@
 //! and the long-lived parts (shedder, limiter, metrics, lifecycle) that a
 //! reload keeps.
 
-use crate::config::{Config, KeySpec, MissingKey, Route};
+use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::ratelimit::{KeySource, Limiter, RateLimitParams};
+use crate::ratelimit::{KeySource, Limiter, MissingKey};
 use crate::shed::Shedder;
 use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
@@ -13,17 +13,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-pub fn unix_secs() -> u64 {
-    unix_ms() / 1000
-}
+pub use crate::store::clock::{unix_ms, unix_secs};
 
 /// Rate-limit settings the request path needs.
 #[derive(Debug, Clone)]
@@ -59,7 +50,7 @@ impl Runtime {
                 }
             }
         }
-        let window = config.raw.culling.window_seconds;
+        let window = config.culling.params.window_secs;
         let pools = config
             .upstreams
             .iter()
@@ -68,23 +59,19 @@ impl Runtime {
                 Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
             })
             .collect();
-        let rl = &config.raw.rate_limit;
+        let rl = &config.rate_limit;
         let rate_limit = rl.enabled.then(|| RateLimitRuntime {
-            source: match &config.rate_limit_key {
-                KeySpec::Header(h) => KeySource::Header(h.clone()),
-                KeySpec::Query(q) => KeySource::Query(q.clone()),
-                KeySpec::Bearer => KeySource::Bearer,
-            },
+            source: rl.source.clone(),
             missing_key: rl.missing_key,
-            max_key_bytes: rl.max_key_bytes,
+            max_key_bytes: rl.params.max_key_bytes,
             headers: rl.headers,
             policy_name: rl.policy_name.clone(),
-            window_secs: rl.window_seconds,
+            window_secs: rl.params.window_secs,
         });
         Self {
-            keepalive_seconds: Some(config.raw.server.keepalive_timeout_seconds),
-            max_request_header_bytes: config.raw.server.max_request_header_bytes,
-            retry_after_seconds: config.raw.shedding.retry_after_seconds,
+            keepalive_seconds: Some(config.server.keepalive_seconds),
+            max_request_header_bytes: config.server.max_request_header_bytes,
+            retry_after_seconds: config.shedding.retry_after_secs,
             rate_limit,
             pools,
             config,
@@ -111,19 +98,8 @@ static DEFAULT_ROUTE: Route = Route {
     host: None,
     path_prefix: String::new(),
     upstream: 0,
-    priority: crate::config::Priority::Normal,
+    priority: crate::shed::Priority::Normal,
 };
-
-pub fn rate_limit_params(config: &Config) -> RateLimitParams {
-    let rl = &config.raw.rate_limit;
-    RateLimitParams {
-        window_secs: rl.window_seconds,
-        limit: rl.limit,
-        overrides: rl.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-        max_key_bytes: rl.max_key_bytes,
-        max_tracked_keys: rl.max_tracked_keys,
-    }
-}
 
 pub struct Shared {
     pub runtime: ArcSwap<Runtime>,
@@ -143,9 +119,9 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(config: Config, config_path: std::path::PathBuf) -> Arc<Self> {
-        let shedder = Shedder::new(config.raw.shedding.max_concurrency);
-        let limiter = Arc::new(Limiter::new(rate_limit_params(&config)));
-        let store_kind = if config.raw.redis.is_some() {
+        let shedder = Shedder::new(config.shedding.max_concurrency);
+        let limiter = Arc::new(Limiter::new(config.rate_limit.params.clone()));
+        let store_kind = if config.store.is_some() {
             "redis"
         } else {
             "local"
@@ -189,8 +165,8 @@ impl Shared {
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay
     /// keep their state; removed backends finish what they have in flight.
     pub fn apply(&self, config: Config) {
-        self.shedder.set_cap(config.raw.shedding.max_concurrency);
-        self.limiter.set_params(rate_limit_params(&config));
+        self.shedder.set_cap(config.shedding.max_concurrency);
+        self.limiter.set_params(config.rate_limit.params.clone());
         let prev = self.runtime.load();
         let next = Runtime::build(config, Some(&prev));
         self.runtime.store(Arc::new(next));

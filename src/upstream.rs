@@ -211,10 +211,7 @@ impl Pool {
             states.push(state);
         }
         let health = (!cfg.health_check_path.is_empty()).then(|| {
-            let check = http_health_check(
-                &cfg.health_check_path,
-                Duration::from_millis(cfg.connect_timeout_ms),
-            );
+            let check = http_health_check(&cfg.health_check_path, cfg.connect_timeout);
             match previous.and_then(|p| p.health.as_ref()) {
                 Some(h) => {
                     h.check.0.store(Arc::new(check));
@@ -232,14 +229,14 @@ impl Pool {
         if poll_once(lb.update()).is_none() {
             tracing::error!(upstream = %cfg.name, "static discovery did not complete");
         }
-        let health_check_interval = (!cfg.health_check_path.is_empty())
-            .then(|| Duration::from_secs(cfg.health_check_interval_seconds));
+        let health_check_interval =
+            (!cfg.health_check_path.is_empty()).then_some(cfg.health_check_interval);
         Self {
             name: cfg.name.clone(),
             lb,
             backends: states,
-            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            read_timeout: Duration::from_millis(cfg.read_timeout_ms),
+            connect_timeout: cfg.connect_timeout,
+            read_timeout: cfg.read_timeout,
             health_check_interval,
             health_check_path: cfg.health_check_path.clone(),
             panic_mode: AtomicBool::new(false),

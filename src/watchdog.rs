@@ -30,7 +30,7 @@
 //! Every breach is counted as `portcullis_watchdog_breaches_total{kind, result}`
 //! with result `granted`, `no_token`, `no_store` or `store_error`.
 
-use crate::config::WatchdogSection;
+use crate::config::WatchdogSettings;
 use crate::metrics::Outcome;
 use crate::state::Shared;
 use crate::store::{FleetBucket, Store, Take};
@@ -86,7 +86,7 @@ pub struct Sample {
 }
 
 /// The limits `sample` exceeds (strictly above the limit).
-pub fn breaches(w: &WatchdogSection, s: &Sample) -> Vec<Breach> {
+pub fn breaches(w: &WatchdogSettings, s: &Sample) -> Vec<Breach> {
     let mut out = Vec::new();
     if w.max_rss_mb > 0 {
         if let Some(rss) = s.rss_bytes {
@@ -264,7 +264,7 @@ impl Watchdog {
     }
 
     /// Ask the fleet bucket for a token to restart this instance.
-    async fn claim(&self, w: &WatchdogSection) -> (Verdict, String) {
+    async fn claim(&self, w: &WatchdogSettings) -> (Verdict, String) {
         let Some(bucket) = &self.bucket else {
             return (
                 Verdict::NoStore,
@@ -286,7 +286,7 @@ impl Watchdog {
     }
 
     /// One check. Returns true when the process was told to restart.
-    async fn check(&self, w: &WatchdogSection, sample: &Sample) -> bool {
+    async fn check(&self, w: &WatchdogSettings, sample: &Sample) -> bool {
         let found = breaches(w, sample);
         if found.is_empty() {
             return false;
@@ -337,7 +337,7 @@ impl BackgroundService for Watchdog {
         // Only whole intervals spent ready are judged: not start-up, not draining.
         let mut was_ready = false;
         loop {
-            let w = self.shared.runtime.load().config.raw.watchdog.clone();
+            let w = self.shared.runtime.load().config.watchdog.clone();
             let every = Duration::from_secs(w.check_interval_seconds.max(1));
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
@@ -356,7 +356,7 @@ impl BackgroundService for Watchdog {
             let judged = was_ready;
             was_ready = self.shared.lifecycle.is_ready();
             // reread: a reload may have changed it while we slept
-            let w = self.shared.runtime.load().config.raw.watchdog.clone();
+            let w = self.shared.runtime.load().config.watchdog.clone();
             if !w.enabled || !judged || !was_ready {
                 continue;
             }
@@ -374,14 +374,16 @@ impl BackgroundService for Watchdog {
 mod tests {
     use super::*;
 
-    fn section() -> WatchdogSection {
-        WatchdogSection {
+    fn section() -> WatchdogSettings {
+        WatchdogSettings {
             enabled: true,
             max_rss_mb: 100,
             max_error_rate: 0.5,
             max_stall_ms: 1000,
             min_requests: 20,
-            ..WatchdogSection::default()
+            check_interval_seconds: 10,
+            tokens: 1,
+            token_period_seconds: 600,
         }
     }
 
@@ -432,7 +434,7 @@ mod tests {
         };
         assert_eq!(breaches(&section(), &s)[0].kind, Kind::ErrorRate);
         // 1.0 is never exceeded: error rate not watched
-        let w = WatchdogSection {
+        let w = WatchdogSettings {
             max_error_rate: 1.0,
             ..section()
         };
@@ -446,7 +448,7 @@ mod tests {
 
     #[test]
     fn rss_zero_is_not_watched() {
-        let w = WatchdogSection {
+        let w = WatchdogSettings {
             max_rss_mb: 0,
             ..section()
         };

@@ -5,11 +5,12 @@
 
 mod locate;
 pub mod redact;
-pub mod schema;
+mod schema;
+mod settings;
 mod validate;
 
-pub use schema::*;
-pub use validate::{Config, KeySpec, MissingKey, Route, Upstream};
+use schema::FileConfig;
+pub use settings::*;
 
 use std::fmt;
 use std::path::Path;

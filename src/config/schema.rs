@@ -3,6 +3,8 @@
 //! typo can never silently disable a gate.
 
 use serde::Deserialize;
+
+pub use super::settings::Secret;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -68,29 +70,6 @@ impl Default for ServerSection {
 }
 
 /// A string that never appears in `Debug` output (tokens, passwords).
-#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
-    }
-}
 
 #[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -151,7 +130,7 @@ fn default_read_timeout() -> u64 {
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum Priority {
+pub enum PrioritySection {
     Critical,
     #[default]
     Normal,
@@ -167,7 +146,7 @@ pub struct RouteSection {
     pub path_prefix: String,
     pub upstream: String,
     #[serde(default)]
-    pub priority: Priority,
+    pub priority: PrioritySection,
 }
 
 fn default_prefix() -> String {

@@ -9,17 +9,17 @@ const MIN: &str = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"
 #[test]
 fn minimal_config_gets_contract_defaults() {
     let c = check(MIN).expect("valid");
-    assert_eq!(c.raw.server.threads, 2);
-    assert_eq!(c.raw.server.drain_seconds, 5);
-    assert_eq!(c.raw.shedding.max_concurrency, 1024);
-    assert_eq!(c.raw.rate_limit.limit, 600);
-    assert_eq!(c.raw.rate_limit.window_seconds, 60);
-    assert_eq!(c.raw.culling.tokens, 10);
-    assert!(c.raw.redis.is_none());
+    assert_eq!(c.server.threads, 2);
+    assert_eq!(c.server.drain, std::time::Duration::from_secs(5));
+    assert_eq!(c.shedding.max_concurrency, 1024);
+    assert_eq!(c.rate_limit.params.limit, 600);
+    assert_eq!(c.rate_limit.params.window_secs, 60);
+    assert_eq!(c.culling.params.tokens, 10);
+    assert!(c.store.is_none());
     assert_eq!(c.routes.len(), 1);
     assert_eq!(
-        c.rate_limit_key,
-        KeySpec::Header(http::HeaderName::from_static("x-api-key"))
+        c.rate_limit.source,
+        crate::ratelimit::KeySource::Header(http::HeaderName::from_static("x-api-key"))
     );
 }
 
@@ -109,7 +109,7 @@ fn secrets_stay_out_of_debug_output() {
         "[server]\nadmin_token = \"tok-3c7e9a\"\n{MIN}[redis]\nurl = \"redis://u:pw-9d1f@127.0.0.1:6379\"\n"
     ))
     .expect("valid");
-    assert_eq!(c.raw.server.admin_token.expose(), "tok-3c7e9a");
+    assert_eq!(c.server.admin_token.expose(), "tok-3c7e9a");
     let debug = format!("{c:?}");
     assert!(!debug.contains("tok-3c7e9a"), "{debug}");
     assert!(!debug.contains("pw-9d1f"), "{debug}");

@@ -2,8 +2,13 @@
 //! `(key_path, reason)`; the caller adds file and line:column.
 
 use super::schema::*;
+use super::settings::*;
+use crate::cull::CullParams;
+use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
 use std::collections::HashSet;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
 
 type VResult<T> = Result<T, (String, String)>;
 
@@ -11,75 +16,25 @@ fn err<T>(path: impl Into<String>, reason: impl Into<String>) -> VResult<T> {
     Err((path.into(), reason.into()))
 }
 
-/// How the rate-limit key is taken from a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySpec {
-    Header(http::HeaderName),
-    Query(String),
-    Bearer,
-}
-
-/// What to do with a request that carries no key.
-pub type MissingKey = MissingKeySection;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Upstream {
-    pub name: String,
-    pub backends: Vec<SocketAddr>,
-    pub health_check_path: String,
-    pub health_check_interval_seconds: u64,
-    pub connect_timeout_ms: u64,
-    pub read_timeout_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Route {
-    /// Lower-case host without port; `None` matches any host.
-    pub host: Option<String>,
-    pub path_prefix: String,
-    /// Index into [`Config::upstreams`].
-    pub upstream: usize,
-    pub priority: Priority,
-}
-
-/// A validated configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// The file as written (defaults filled in).
-    pub raw: FileConfig,
-    pub listen: Vec<SocketAddr>,
-    pub admin_listen: SocketAddr,
-    pub upstreams: Vec<Upstream>,
-    /// Routes ordered for first-match: longest prefix first, host-specific before any-host.
-    pub routes: Vec<Route>,
-    pub rate_limit_key: KeySpec,
-}
-
+/// Validate the file schema into typed settings.
 pub fn validate(raw: FileConfig) -> VResult<Config> {
-    let listen = validate_server(&raw.server)?;
-    let admin_listen = parse_addr("server.admin_listen", &raw.server.admin_listen)?;
-    if listen.contains(&admin_listen) {
-        return err(
-            "server.admin_listen",
-            "must differ from every server.listen address",
-        );
-    }
-    if let Some(redis) = &raw.redis {
-        validate_redis(redis)?;
-    }
+    let server = validate_server(&raw.server)?;
+    let store = raw.redis.as_ref().map(validate_redis).transpose()?;
     let upstreams = validate_upstreams(&raw.upstreams)?;
     let routes = validate_routes(&raw.routes, &upstreams)?;
-    validate_shedding(&raw.shedding)?;
-    let rate_limit_key = validate_rate_limit(&raw.rate_limit)?;
-    validate_culling(&raw.culling)?;
-    validate_watchdog(&raw.watchdog)?;
+    let shedding = validate_shedding(&raw.shedding)?;
+    let rate_limit = validate_rate_limit(&raw.rate_limit)?;
+    let culling = validate_culling(&raw.culling)?;
+    let watchdog = validate_watchdog(&raw.watchdog)?;
     Ok(Config {
-        listen,
-        admin_listen,
+        server,
+        store,
         upstreams,
         routes,
-        rate_limit_key,
-        raw,
+        shedding,
+        rate_limit,
+        culling,
+        watchdog,
     })
 }
 
@@ -125,7 +80,7 @@ const MINUTE_MS: u64 = 60_000;
 const DAY_MS: u64 = DAY * 1000;
 const MAX_COUNT: u64 = 1_000_000_000_000;
 
-fn validate_server(s: &ServerSection) -> VResult<Vec<SocketAddr>> {
+fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
     if s.listen.is_empty() {
         return err("server.listen", "at least one listen address is required");
     }
@@ -173,10 +128,27 @@ fn validate_server(s: &ServerSection) -> VResult<Vec<SocketAddr>> {
         1_048_575,
         "bytes",
     )?;
-    Ok(out)
+    let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
+    if out.contains(&admin_listen) {
+        return err(
+            "server.admin_listen",
+            "must differ from every server.listen address",
+        );
+    }
+    Ok(ServerSettings {
+        listen: out,
+        admin_listen,
+        threads: s.threads,
+        drain: Duration::from_secs(s.drain_seconds),
+        shutdown_timeout: Duration::from_secs(s.shutdown_timeout_seconds),
+        upgrade_sock: PathBuf::from(&s.upgrade_sock),
+        max_request_header_bytes: s.max_request_header_bytes,
+        keepalive_seconds: s.keepalive_timeout_seconds,
+        admin_token: s.admin_token.clone(),
+    })
 }
 
-fn validate_redis(r: &RedisSection) -> VResult<()> {
+fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
     if let Err(e) = redis::Client::open(r.url.as_str()) {
         return err(
             "redis.url",
@@ -199,7 +171,13 @@ fn validate_redis(r: &RedisSection) -> VResult<()> {
         MINUTE_MS,
         "ms",
     )?;
-    range("redis.timeout_ms", r.timeout_ms, 1, MINUTE_MS, "ms")
+    range("redis.timeout_ms", r.timeout_ms, 1, MINUTE_MS, "ms")?;
+    Ok(StoreSettings {
+        url: r.url.clone(),
+        key_prefix: r.key_prefix.clone(),
+        flush_interval: Duration::from_millis(r.flush_interval_ms),
+        timeout: Duration::from_millis(r.timeout_ms),
+    })
 }
 
 fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
@@ -252,9 +230,9 @@ fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
             name: u.name.clone(),
             backends,
             health_check_path: u.health_check_path.clone(),
-            health_check_interval_seconds: u.health_check_interval_seconds,
-            connect_timeout_ms: u.connect_timeout_ms,
-            read_timeout_ms: u.read_timeout_ms,
+            health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
+            connect_timeout: Duration::from_millis(u.connect_timeout_ms),
+            read_timeout: Duration::from_millis(u.read_timeout_ms),
         });
     }
     Ok(out)
@@ -283,7 +261,11 @@ fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Rou
             host,
             path_prefix: r.path_prefix.clone(),
             upstream,
-            priority: r.priority,
+            priority: match r.priority {
+                PrioritySection::Critical => Priority::Critical,
+                PrioritySection::Normal => Priority::Normal,
+                PrioritySection::Low => Priority::Low,
+            },
         });
     }
     if out.is_empty() {
@@ -304,7 +286,7 @@ fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Rou
     Ok(out)
 }
 
-fn validate_shedding(s: &SheddingSection) -> VResult<()> {
+fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
     range(
         "shedding.max_concurrency",
         s.max_concurrency,
@@ -318,17 +300,21 @@ fn validate_shedding(s: &SheddingSection) -> VResult<()> {
         1,
         DAY,
         "seconds",
-    )
+    )?;
+    Ok(SheddingSettings {
+        max_concurrency: s.max_concurrency,
+        retry_after_secs: s.retry_after_seconds,
+    })
 }
 
-fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
+fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {
     let key = match r.key.split_once(':') {
         Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
-            Ok(h) => KeySpec::Header(h),
+            Ok(h) => KeySource::Header(h),
             Err(_) => return err("rate_limit.key", format!("invalid header name {name:?}")),
         },
-        Some(("query", name)) if !name.is_empty() => KeySpec::Query(name.to_string()),
-        None if r.key == "bearer" => KeySpec::Bearer,
+        Some(("query", name)) if !name.is_empty() => KeySource::Query(name.to_string()),
+        None if r.key == "bearer" => KeySource::Bearer,
         _ => {
             return err(
                 "rate_limit.key",
@@ -379,10 +365,28 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<KeySpec> {
         }
         range(&path, *v, 1, MAX_COUNT, "requests")?;
     }
-    Ok(key)
+    Ok(RateLimitSettings {
+        enabled: r.enabled,
+        source: key,
+        missing_key: match r.missing_key {
+            MissingKeySection::ClientIp => MissingKey::ClientIp,
+            MissingKeySection::Reject => MissingKey::Reject,
+            MissingKeySection::Allow => MissingKey::Allow,
+        },
+        headers: r.headers,
+        policy_name: r.policy_name.clone(),
+        params: RateLimitParams {
+            window_secs: r.window_seconds,
+            limit: r.limit,
+            overrides: r.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            max_key_bytes: r.max_key_bytes,
+            max_tracked_keys: r.max_tracked_keys,
+        },
+        keys: r.keys.clone(),
+    })
 }
 
-fn validate_culling(c: &CullingSection) -> VResult<()> {
+fn validate_culling(c: &CullingSection) -> VResult<CullingSettings> {
     range(
         "culling.window_seconds",
         c.window_seconds,
@@ -425,10 +429,23 @@ fn validate_culling(c: &CullingSection) -> VResult<()> {
     if !c.webhook_url.is_empty() && !c.webhook_url.starts_with("http://") {
         return err("culling.webhook_url", "must be empty or an http:// URL");
     }
-    Ok(())
+    Ok(CullingSettings {
+        enabled: c.enabled,
+        params: CullParams {
+            window_secs: c.window_seconds,
+            error_threshold: c.error_threshold,
+            check_interval_secs: c.check_interval_seconds,
+            tokens: c.tokens,
+            token_period_secs: c.token_period_seconds,
+            max_culled_fraction: c.max_culled_fraction,
+            cooldown_secs: c.cooldown_seconds,
+            dry_run: c.dry_run,
+        },
+        webhook_url: c.webhook_url.clone(),
+    })
 }
 
-fn validate_watchdog(w: &WatchdogSection) -> VResult<()> {
+fn validate_watchdog(w: &WatchdogSection) -> VResult<WatchdogSettings> {
     if !(0.0..=1.0).contains(&w.max_error_rate) {
         return err("watchdog.max_error_rate", "must be between 0.0 and 1.0");
     }
@@ -461,5 +478,15 @@ fn validate_watchdog(w: &WatchdogSection) -> VResult<()> {
         1,
         WEEK,
         "seconds",
-    )
+    )?;
+    Ok(WatchdogSettings {
+        enabled: w.enabled,
+        max_rss_mb: w.max_rss_mb,
+        max_error_rate: w.max_error_rate,
+        max_stall_ms: w.max_stall_ms,
+        min_requests: w.min_requests,
+        check_interval_seconds: w.check_interval_seconds,
+        tokens: w.tokens,
+        token_period_seconds: w.token_period_seconds,
+    })
 }

@@ -11,7 +11,6 @@ use super::{
     evaluate, http, webhook, Action, BackendSample, Buckets, Budget, BudgetSnapshot, ClaimOutcome,
     CullParams, CullState, Evaluation, FleetDelta, StoreError, TickInput,
 };
-use crate::config::CullingSection;
 use crate::metrics::CullResult;
 use crate::state::Shared;
 use crate::store::clock::unix_ms;
@@ -59,19 +58,6 @@ pub struct Memory {
     systemic: HashSet<String>,
 }
 
-pub fn params(c: &CullingSection) -> CullParams {
-    CullParams {
-        window_secs: c.window_seconds,
-        error_threshold: c.error_threshold,
-        check_interval_secs: c.check_interval_seconds,
-        tokens: c.tokens,
-        token_period_secs: c.token_period_seconds,
-        max_culled_fraction: c.max_culled_fraction,
-        cooldown_secs: c.cooldown_seconds,
-        dry_run: c.dry_run,
-    }
-}
-
 /// The background service over `budget` (fleet-wide in Redis, or in-process).
 pub fn service(shared: Arc<Shared>, budget: Budget) -> GenBackgroundService<Culling> {
     background_service("culling", Culling::new(shared, budget))
@@ -84,7 +70,7 @@ impl BackgroundService for Culling {
         loop {
             let interval = {
                 let rt = self.shared.runtime.load();
-                Duration::from_secs(rt.config.raw.culling.check_interval_seconds.max(1))
+                Duration::from_secs(rt.config.culling.params.check_interval_secs.max(1))
             };
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -97,7 +83,7 @@ impl BackgroundService for Culling {
 
 impl Culling {
     pub fn new(shared: Arc<Shared>, budget: Budget) -> Self {
-        let tokens = shared.runtime.load().config.raw.culling.tokens;
+        let tokens = shared.runtime.load().config.culling.params.tokens;
         shared.metrics.cull_tokens_available.set(i64::from(tokens));
         Self { shared, budget }
     }
@@ -105,12 +91,12 @@ impl Culling {
     /// One check at `now_ms` (Unix ms).
     pub async fn tick(&self, memory: &mut Memory, now_ms: u64) {
         let rt = self.shared.runtime.load_full();
-        let cfg = &rt.config.raw.culling;
+        let cfg = &rt.config.culling;
         if !cfg.enabled {
             self.readmit_all(memory, &rt.pools).await;
             return;
         }
-        let params = params(cfg);
+        let params = cfg.params.clone();
         let names: Vec<&str> = rt.pools.iter().map(|p| p.name.as_str()).collect();
         let snapshot = self.budget.snapshot(&names, &params).await;
         match &snapshot {
@@ -265,7 +251,7 @@ impl Culling {
                         errors,
                         "backend ejected; draining in-flight requests"
                     );
-                    let url = &self.shared.runtime.load().config.raw.culling.webhook_url;
+                    let url = &self.shared.runtime.load().config.culling.webhook_url;
                     webhook::notify(url, &pool.name, &b.addr_str, errors);
                     Action::None
                 }

@@ -79,7 +79,7 @@ pub use store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
 pub const DEFAULT_MAX_TRACKED_KEYS: usize = 100_000;
 
 /// Limiter parameters; hot-reloadable through [`Limiter::set_params`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitParams {
     /// Window length in seconds (>= 1; 0 is treated as 1).
     pub window_secs: u64,
