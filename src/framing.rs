@@ -55,6 +55,16 @@ pub fn check(
     Ok(())
 }
 
+/// Whether a request target (as parsed) holds a byte that no URI may hold
+/// (RFC 3986 §2; RFC 9112 §3.2): a control byte, space, DEL, `"`, `<` or `>`.
+/// `httparse` lets `"`, `<` and `>` through. Bytes above 0x7F (raw UTF-8) are
+/// left to the backend, as Pingora does.
+pub fn target_has_invalid_byte(target: &[u8]) -> bool {
+    target
+        .iter()
+        .any(|&b| b <= b' ' || b == 0x7f || matches!(b, b'"' | b'<' | b'>'))
+}
+
 /// `chunked` and nothing else (case-insensitive, optional whitespace around).
 fn is_only_chunked(value: &[u8]) -> bool {
     value
@@ -121,6 +131,22 @@ mod tests {
             ("transfer-encoding", "chunked"),
         ]);
         assert_eq!(check(&two, || None), Err(Ambiguity::UnsupportedCoding));
+    }
+
+    #[test]
+    fn invalid_target_bytes() {
+        for bad in [&b"/a b"[..], b"/a\"b", b"/<x>", b"/a\tb", b"/\x7f", b"/a\0"] {
+            assert!(target_has_invalid_byte(bad), "{bad:?}");
+        }
+        for ok in [
+            &b"/a%20b?x=1&y=%22"[..],
+            b"/",
+            b"*",
+            b"/caf\xc3\xa9",
+            b"/a{b}|c",
+        ] {
+            assert!(!target_has_invalid_byte(ok), "{ok:?}");
+        }
     }
 
     #[test]

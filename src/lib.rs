@@ -31,6 +31,7 @@ pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;
+pub mod raw_window;
 pub mod reload;
 pub mod server;
 pub mod shed;

@@ -276,6 +276,28 @@ impl Proxy {
     }
 }
 
+/// Whether the request target holds a byte no URI may hold, as received or as
+/// Pingora rewrote it: Pingora percent-encodes a target that `httparse`
+/// refuses (a space, a control byte, …) and parses again. Such a request is
+/// refused, not forwarded rewritten. The raw bytes are looked up only for
+/// targets that contain `%`.
+fn invalid_target(session: &Session) -> bool {
+    let req = session.req_header();
+    let target = req.raw_path();
+    if crate::framing::target_has_invalid_byte(target) {
+        return true;
+    }
+    if !target.contains(&b'%') {
+        return false;
+    }
+    let Some(h1) = session.as_downstream().as_http1() else {
+        return false;
+    };
+    crate::raw_window::recent_bytes(h1.stream()).is_some_and(|recent| {
+        crate::raw_window::target_was_rewritten(recent, req.method.as_str().as_bytes(), target)
+    })
+}
+
 fn host_of(session: &Session) -> &str {
     let req = session.req_header();
     let host = req
@@ -333,6 +355,11 @@ impl ProxyHttp for Proxy {
             session.set_keepalive(None);
             ctx.outcome = Some(Outcome::Rejected);
             return Error::e_explain(ErrorType::HTTPStatus(400), why.as_str());
+        }
+        if invalid_target(session) {
+            session.set_keepalive(None);
+            ctx.outcome = Some(Outcome::Rejected);
+            return Error::e_explain(ErrorType::HTTPStatus(400), "invalid byte in request target");
         }
         if Self::header_block_len(session) > rt.max_request_header_bytes {
             session.set_keepalive(None);

@@ -540,3 +540,22 @@ fn upstream_errors_are_still_logged_without_secrets() {
     let logs = p.logs();
     assert!(secret_lines(&logs).is_empty(), "{logs}");
 }
+
+/// A target the client percent-encoded itself is forwarded as sent; the same target
+/// sent with a raw space (which Pingora would rewrite to the same `%20`) is refused,
+/// even right after the encoded one on the same connection.
+#[test]
+fn encoded_target_passes_raw_space_does_not() {
+    let b = Backend::start("app");
+    let p = Proxy::start(&upstream(&b));
+    let mut c = Conn::open(&p.addr()).expect("connect");
+    let r = c.request("GET", "/x%20y?q=%22", &[], b"").expect("encoded");
+    assert_eq!(r.status, 200);
+    assert_eq!(b.received_paths(), vec!["/x%20y?q=%22"]);
+    c.write_raw(b"GET /x y?q=\" HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let r = c.read_response().expect("response");
+    assert_eq!(r.status, 400, "{}", r.body_str());
+    assert!(closed_within(&mut c, Duration::from_secs(5)));
+    assert_eq!(b.received_paths(), vec!["/x%20y?q=%22"]);
+}
