@@ -66,17 +66,16 @@ impl RecordingStream {
 
 impl AsyncRead for RecordingStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
         let before = buf.filled().len();
-        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = res {
-            let filled = buf.filled();
-            if filled.len() > before {
-                let new = filled[before..].to_vec();
-                self.remember(&new);
+            if let Some(new) = buf.filled().get(before..).filter(|n| !n.is_empty()) {
+                this.remember(new);
             }
         }
         res
@@ -220,7 +219,7 @@ pub fn recent_bytes(stream: &Stream) -> Option<&[u8]> {
 /// Pingora's repair: control bytes (and DEL), space, `<`, `>`, `"` and every
 /// non-ASCII byte become `%XX` (upper-case hex).
 fn needs_escape(b: u8) -> bool {
-    b < 0x20 || b >= 0x7f || matches!(b, b' ' | b'<' | b'>' | b'"')
+    !(0x20..0x7f).contains(&b) || matches!(b, b' ' | b'<' | b'>' | b'"')
 }
 
 fn escape_into(target: &[u8], out: &mut Vec<u8>) {
