@@ -28,9 +28,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Bytes kept per connection: enough for the request lines of the requests
-/// currently buffered. A longer line is not found and the request passes.
-pub const WINDOW: usize = 16 * 1024;
+/// Bytes kept per connection (the buffer holds at most twice this): enough
+/// for the request lines of the requests currently buffered. A request line
+/// longer than this is not found, and such a request passes unchecked; Pingora
+/// itself keeps a header buffer of this order per connection.
+pub const WINDOW: usize = 4 * 1024;
 
 /// A client stream that remembers the last [`WINDOW`] bytes read from it.
 #[derive(Debug)]
