@@ -24,10 +24,13 @@
 pub mod admin;
 pub mod config;
 pub mod cull;
+pub mod framing;
 pub mod lifecycle;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;
+pub mod raw_window;
 pub mod reload;
 pub mod respond;
 pub mod server;

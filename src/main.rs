@@ -26,30 +26,6 @@ struct Cli {
     upgrade: bool,
 }
 
-fn init_logging() {
-    // Pingora's own debug lines print whole request headers (API keys among
-    // them): cap its crates at info whatever RUST_LOG says.
-    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    for krate in [
-        "pingora",
-        "pingora_core",
-        "pingora_proxy",
-        "pingora_load_balancing",
-    ] {
-        if let Ok(d) = format!("{krate}=info").parse() {
-            filter = filter.add_directive(d);
-        }
-    }
-    tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter)
-        .init();
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let config = match portcullis::config::load(&cli.conf) {
@@ -63,7 +39,7 @@ fn main() -> ExitCode {
         println!("OK");
         return ExitCode::SUCCESS;
     }
-    init_logging();
+    portcullis::logging::init();
     portcullis::server::run(config, cli.conf, cli.upgrade);
     ExitCode::SUCCESS
 }

@@ -79,6 +79,23 @@ impl CullResult {
     }
 }
 
+/// `portcullis_client_aborts_total`: requests whose client hung up before the
+/// response was complete (mid-header, mid-body, or while the backend was
+/// answering). Normal traffic, not an error: counted here, logged at debug.
+///
+/// Process-global because one source is Pingora's own log line for a client
+/// that hangs up mid-header (see [`crate::logging`]), which is seen before any
+/// [`Metrics`] exists; every [`Metrics`] registry exposes this one counter.
+pub fn client_aborts() -> &'static IntCounter {
+    static CLIENT_ABORTS: std::sync::LazyLock<IntCounter> = std::sync::LazyLock::new(|| {
+        must(IntCounter::new(
+            "portcullis_client_aborts_total",
+            "Requests the client abandoned before the response was complete",
+        ))
+    });
+    &CLIENT_ABORTS
+}
+
 pub struct Metrics {
     pub registry: Registry,
     requests: [IntCounter; 6],
@@ -217,6 +234,7 @@ impl Metrics {
             "1 while /readyz answers 200",
         ));
         reg(Box::new(ready.clone()));
+        reg(Box::new(client_aborts().clone()));
 
         Self {
             registry,
@@ -282,6 +300,7 @@ mod tests {
             "portcullis_cull_decisions_total",
             "portcullis_ratelimit_store_errors_total",
             "portcullis_ratelimit_store_healthy",
+            "portcullis_client_aborts_total",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

@@ -209,6 +209,95 @@ impl Proxy {
     }
 }
 
+/// A client that went away (hang-up, reset) before its response was complete.
+fn is_client_abort(e: &Error) -> bool {
+    matches!(e.esource(), pingora::ErrorSource::Downstream)
+        && matches!(
+            e.etype(),
+            ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed
+        )
+}
+
+/// The underlying OS or library error, when it is not a Pingora error (whose
+/// context may quote raw request or response bytes).
+fn plain_cause(e: &Error) -> Option<String> {
+    let root = e.root_cause();
+    if root.downcast_ref::<Error>().is_some() {
+        None
+    } else {
+        Some(root.to_string())
+    }
+}
+
+impl Proxy {
+    /// One line per failed request. Client aborts are normal traffic: counted
+    /// and logged at debug. The line names the error kind, the path (no query)
+    /// and the backend; never a header value or the error's free-text context.
+    fn log_failure(&self, session: &Session, e: &Error, ctx: &Ctx, status: u16) {
+        let path = session.req_header().uri.path();
+        let upstream = ctx.pool.as_ref().map_or("", |p| p.name.as_str());
+        let cause = plain_cause(e).unwrap_or_default();
+        if is_client_abort(e) {
+            crate::metrics::client_aborts().inc();
+            tracing::debug!(
+                event = "client_abort",
+                error = e.etype().as_str(),
+                path,
+                upstream,
+                cause,
+            );
+        } else if (400..500).contains(&status)
+            || matches!(e.esource(), pingora::ErrorSource::Downstream)
+        {
+            tracing::debug!(
+                event = "request_refused",
+                status,
+                error = e.etype().as_str(),
+                path,
+                cause,
+            );
+        } else {
+            tracing::error!(
+                event = "proxy_error",
+                status,
+                error = e.etype().as_str(),
+                source = e.esource().as_str(),
+                path,
+                upstream,
+                backend = ctx
+                    .backend
+                    .as_ref()
+                    .map(|b| b.addr.to_string())
+                    .unwrap_or_default(),
+                cause,
+                "request failed"
+            );
+        }
+    }
+}
+
+/// Whether the request target holds a byte no URI may hold, as received or as
+/// Pingora rewrote it: Pingora percent-encodes a target that `httparse`
+/// refuses (a space, a control byte, …) and parses again. Such a request is
+/// refused, not forwarded rewritten. The raw bytes are looked up only for
+/// targets that contain `%`.
+fn invalid_target(session: &Session) -> bool {
+    let req = session.req_header();
+    let target = req.raw_path();
+    if crate::framing::target_has_invalid_byte(target) {
+        return true;
+    }
+    if !target.contains(&b'%') {
+        return false;
+    }
+    let Some(h1) = session.as_downstream().as_http1() else {
+        return false;
+    };
+    crate::raw_window::recent_bytes(h1.stream()).is_some_and(|recent| {
+        crate::raw_window::target_was_rewritten(recent, req.method.as_str().as_bytes(), target)
+    })
+}
+
 fn host_of(session: &Session) -> &str {
     let req = session.req_header();
     let host = req
@@ -247,8 +336,30 @@ impl ProxyHttp for Proxy {
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         self.shared.note_proxy_runtime();
         let rt = self.shared.runtime.load_full();
-        if let Some(ka) = rt.keepalive_seconds {
+        // Pingora has already decided whether this connection may be reused: off
+        // for HTTP/1.0 without `Connection: keep-alive`, for `Connection: close`
+        // and for ambiguous framing (RFC 9112 §6.1, §9.3). Only the timeout is
+        // ours to set; never turn keep-alive back on.
+        if let (Some(ka), Some(_)) = (rt.keepalive_seconds, session.get_keepalive()) {
             session.set_keepalive(Some(ka));
+        }
+        // Pipelined requests are answered one after another, in order (RFC 9112
+        // §9.3.2); without this Pingora closes after the first.
+        session.set_pipelining_enabled(true);
+        if let Err(why) = crate::framing::check(&session.req_header().headers, || {
+            session
+                .as_downstream()
+                .as_http1()
+                .map(|h1| h1.get_headers_raw_bytes())
+        }) {
+            session.set_keepalive(None);
+            ctx.outcome = Some(Outcome::Rejected);
+            return Error::e_explain(ErrorType::HTTPStatus(400), why.as_str());
+        }
+        if invalid_target(session) {
+            session.set_keepalive(None);
+            ctx.outcome = Some(Outcome::Rejected);
+            return Error::e_explain(ErrorType::HTTPStatus(400), "invalid byte in request target");
         }
         if Self::header_block_len(session) > rt.max_request_header_bytes {
             session.set_keepalive(None);
@@ -314,11 +425,17 @@ impl ProxyHttp for Proxy {
     fn fail_to_connect(
         &self,
         _session: &mut Session,
-        _peer: &HttpPeer,
+        peer: &HttpPeer,
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
         // Nothing was sent upstream: count it against that backend and try another.
+        tracing::warn!(
+            event = "connect_failed",
+            backend = %pingora::upstreams::peer::Peer::address(peer),
+            error = e.etype().as_str(),
+            cause = plain_cause(&e).unwrap_or_default(),
+        );
         if let Some(b) = ctx.backend.take() {
             b.record(crate::state::unix_secs(), true);
         }
@@ -455,6 +572,7 @@ impl ProxyHttp for Proxy {
             },
         };
         ctx.outcome.get_or_insert(outcome);
+        self.log_failure(session, e, ctx, status);
         // The connection is closed after this reply (`can_reuse_downstream: false`):
         // say so (`Connection: close`) so keep-alive clients do not reuse it.
         session.set_keepalive(None);
@@ -472,6 +590,29 @@ impl ProxyHttp for Proxy {
             error_code: status,
             can_reuse_downstream: false,
         }
+    }
+
+    /// Pingora's own failure lines end with this summary: method and path only,
+    /// never the query string or a header value (CONTRACT §7).
+    fn request_summary(&self, session: &Session, _ctx: &Ctx) -> String {
+        let req = session.req_header();
+        format!("{} {}", req.method, req.uri.path())
+    }
+
+    /// Every failure is logged once, by [`Proxy::log_failure`], without the
+    /// request's secrets; Pingora's own lines would print the error context.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Ctx,
+        _error: &Error,
+        _context: pingora::proxy::ProxyWarnLogContext,
+    ) -> bool {
+        true
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {

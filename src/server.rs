@@ -163,7 +163,10 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let mut proxy = Service::new(
         "portcullis proxy".into(),
         crate::lifecycle::GracefulApp::new(
-            pingora::proxy::http_proxy(&server.configuration, Proxy::new(Arc::clone(&shared))),
+            crate::raw_window::RecordingApp::new(pingora::proxy::http_proxy(
+                &server.configuration,
+                Proxy::new(Arc::clone(&shared)),
+            )),
             Arc::clone(&connections),
         ),
     );

@@ -1,0 +1,172 @@
+//! Request framing the proxy refuses to forward (CONTRACT §7, RFC 9112 §6).
+//!
+//! Pingora 0.9.1 already answers 400 and closes for: differing duplicate
+//! `Content-Length`, a final coding other than `chunked`, `Transfer-Encoding` on
+//! HTTP/1.0, and control bytes (NUL, bare CR) in a header. It *accepts* two
+//! things that a front proxy must not forward:
+//!
+//! - `Content-Length` together with `Transfer-Encoding`: Pingora drops the
+//!   `Content-Length` and frames by chunks (and turns keep-alive off), so a
+//!   backend or another hop that framed by length would disagree. The header it
+//!   dropped is only visible in the raw header block.
+//! - a coding before `chunked` (`gzip, chunked`, or two `Transfer-Encoding`
+//!   fields): Pingora forwards the body as plain chunked, losing the coding.
+//!
+//! Both are answered 400 with the connection closed, before anything is sent
+//! upstream. Pure functions over the parsed header and its raw bytes.
+
+use bytes::Bytes;
+use http::header::{HeaderMap, TRANSFER_ENCODING};
+
+/// Why a request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ambiguity {
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    LengthAndChunked,
+    /// A transfer coding other than exactly `chunked`.
+    UnsupportedCoding,
+}
+
+impl Ambiguity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ambiguity::LengthAndChunked => "both Content-Length and Transfer-Encoding",
+            Ambiguity::UnsupportedCoding => "transfer coding other than chunked",
+        }
+    }
+}
+
+/// Checks a request header. `raw_header` gives the header block as received
+/// (HTTP/1.x), read only when a `Transfer-Encoding` is present.
+pub fn check(
+    headers: &HeaderMap,
+    raw_header: impl FnOnce() -> Option<Bytes>,
+) -> Result<(), Ambiguity> {
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
+    let Some(first) = codings.next() else {
+        return Ok(());
+    };
+    if codings.next().is_some() || !is_only_chunked(first.as_bytes()) {
+        return Err(Ambiguity::UnsupportedCoding);
+    }
+    if raw_header().is_some_and(|raw| has_content_length_field(&raw)) {
+        return Err(Ambiguity::LengthAndChunked);
+    }
+    Ok(())
+}
+
+/// Whether a request target (as parsed) holds a byte that no URI may hold
+/// (RFC 3986 §2; RFC 9112 §3.2): a control byte, space, DEL, `"`, `<` or `>`.
+/// `httparse` lets `"`, `<` and `>` through. Bytes above 0x7F (raw UTF-8) are
+/// left to the backend, as Pingora does.
+pub fn target_has_invalid_byte(target: &[u8]) -> bool {
+    target
+        .iter()
+        .any(|&b| b <= b' ' || b == 0x7f || matches!(b, b'"' | b'<' | b'>'))
+}
+
+/// `chunked` and nothing else (case-insensitive, optional whitespace around).
+fn is_only_chunked(value: &[u8]) -> bool {
+    value
+        .trim_ascii_start()
+        .trim_ascii_end()
+        .eq_ignore_ascii_case(b"chunked")
+}
+
+/// Whether a raw header block (request line first) has a `Content-Length` field.
+fn has_content_length_field(raw: &[u8]) -> bool {
+    raw.split(|&b| b == b'\n').skip(1).any(|line| {
+        line.iter()
+            .position(|&b| b == b':')
+            .is_some_and(|i| line[..i].eq_ignore_ascii_case(b"content-length"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn no_transfer_encoding_passes_without_reading_raw() {
+        let h = headers(&[("content-length", "5")]);
+        assert_eq!(check(&h, || panic!("raw read without TE")), Ok(()));
+    }
+
+    #[test]
+    fn only_exactly_chunked_is_accepted() {
+        for ok in ["chunked", "CHUNKED", " chunked ", "Chunked"] {
+            let h = headers(&[("transfer-encoding", ok)]);
+            assert_eq!(
+                check(&h, || Some(Bytes::from_static(b"POST / HTTP/1.1\r\n\r\n"))),
+                Ok(()),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "gzip, chunked",
+            "chunked, chunked",
+            "xchunked",
+            "identity",
+            "",
+            "chunked;q=1",
+        ] {
+            let h = headers(&[("transfer-encoding", bad)]);
+            assert_eq!(
+                check(&h, || None),
+                Err(Ambiguity::UnsupportedCoding),
+                "{bad:?}"
+            );
+        }
+        let two = headers(&[
+            ("transfer-encoding", "gzip"),
+            ("transfer-encoding", "chunked"),
+        ]);
+        assert_eq!(check(&two, || None), Err(Ambiguity::UnsupportedCoding));
+    }
+
+    #[test]
+    fn invalid_target_bytes() {
+        for bad in [&b"/a b"[..], b"/a\"b", b"/<x>", b"/a\tb", b"/\x7f", b"/a\0"] {
+            assert!(target_has_invalid_byte(bad), "{bad:?}");
+        }
+        for ok in [
+            &b"/a%20b?x=1&y=%22"[..],
+            b"/",
+            b"*",
+            b"/caf\xc3\xa9",
+            b"/a{b}|c",
+        ] {
+            assert!(!target_has_invalid_byte(ok), "{ok:?}");
+        }
+    }
+
+    #[test]
+    fn content_length_next_to_chunked_is_found_in_the_raw_block() {
+        // Pingora removed Content-Length from the parsed header; the raw block keeps it.
+        let h = headers(&[("transfer-encoding", "chunked")]);
+        for raw in [
+            &b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 72\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\ncOnTeNt-LeNgTh:5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\nTransfer-Encoding: chunked\ncontent-length: 1\n\n",
+        ] {
+            assert_eq!(
+                check(&h, || Some(Bytes::from_static(raw))),
+                Err(Ambiguity::LengthAndChunked),
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        // a value mentioning content-length is not the field
+        let raw = b"POST /content-length: HTTP/1.1\r\nX-A: content-length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(check(&h, || Some(Bytes::from_static(raw))), Ok(()));
+    }
+}
