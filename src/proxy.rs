@@ -52,6 +52,7 @@ enum Verdict {
     Allow,
     Reject,
     TooLong,
+    Duplicate,
 }
 
 /// Headers of a response the proxy makes itself.
@@ -119,8 +120,11 @@ impl Proxy {
         let verdict = {
             let req = session.req_header();
             match ratelimit::extract_key(&rl.source, &req.headers, &req.uri, rl.max_key_bytes) {
-                KeyOutcome::Key(k) => Verdict::Checked(self.shared.limiter.check(&k, now_ms)),
+                KeyOutcome::Key(k) => {
+                    Verdict::Checked(self.shared.limiter.check(k.as_ref(), now_ms))
+                }
                 KeyOutcome::TooLong => Verdict::TooLong,
+                KeyOutcome::Duplicate => Verdict::Duplicate,
                 KeyOutcome::Missing => match rl.missing_key {
                     crate::ratelimit::MissingKey::Allow => Verdict::Allow,
                     crate::ratelimit::MissingKey::Reject => Verdict::Reject,
@@ -146,6 +150,17 @@ impl Proxy {
                     status: 400,
                     retry_after: None,
                     body: "portcullis: API key too long\n",
+                };
+                return self
+                    .reply(session, ctx, Outcome::Rejected, reply, &[])
+                    .await;
+            }
+            Verdict::Duplicate => {
+                // The limiter would count one value while the backend may act on another.
+                let reply = Reply {
+                    status: 400,
+                    retry_after: None,
+                    body: "portcullis: more than one API key\n",
                 };
                 return self
                     .reply(session, ctx, Outcome::Rejected, reply, &[])

@@ -8,10 +8,12 @@
 const FNV128_OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
 const FNV128_PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
 
-/// 128-bit FNV-1a of `key`; identical in every instance and every build.
-pub fn stable_hash(key: &str) -> u128 {
+/// 128-bit FNV-1a of the bytes of `key`; identical in every instance and every build. Keys
+/// are bytes: two keys that differ in any byte (valid UTF-8 or not) hash differently, and a
+/// UTF-8 key hashes as its bytes, so the Redis keys of UTF-8 API keys are unchanged.
+pub fn stable_hash(key: impl AsRef<[u8]>) -> u128 {
     let mut h = FNV128_OFFSET;
-    for b in key.as_bytes() {
+    for b in key.as_ref() {
         h ^= u128::from(*b);
         h = h.wrapping_mul(FNV128_PRIME);
     }
@@ -38,5 +40,9 @@ mod tests {
         );
         assert_ne!(stable_hash("key-1"), stable_hash("key-2"));
         assert_eq!(hash_hex(stable_hash("x")).len(), 32);
+        // Bytes, not text: invalid UTF-8 keys stay distinct, and a UTF-8 key hashes as its
+        // bytes.
+        assert_ne!(stable_hash(b"a\xff"), stable_hash(b"a\xfe"));
+        assert_eq!(stable_hash("a"), stable_hash(b"a"));
     }
 }

@@ -27,16 +27,22 @@ pub enum MissingKey {
 /// Result of [`extract_key`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyOutcome<'a> {
-    /// A non-empty key of at most `max_key_bytes` bytes.
-    Key(Cow<'a, str>),
+    /// A non-empty key of at most `max_key_bytes` bytes. Keys are bytes: a value that is not
+    /// valid UTF-8 is kept as is (never converted lossily, so `a\xff` and `a\xfe` stay two
+    /// keys).
+    Key(Cow<'a, [u8]>),
     /// No key, or an empty one.
     Missing,
     /// Longer than `max_key_bytes` (answer 400, never store it).
     TooLong,
+    /// More than one value for the key: the key header twice, `Authorization` twice (for
+    /// `bearer`), or the query parameter twice. Answer 400 and never forward the request:
+    /// the limiter would count one value while the backend may act on another.
+    Duplicate,
 }
 
-/// Reads the API key of a request. Surrounding whitespace is trimmed; a value that is not
-/// valid UTF-8 is converted lossily.
+/// Reads the API key of a request. Surrounding ASCII whitespace is trimmed; a request with
+/// more than one value for the key is [`KeyOutcome::Duplicate`], whatever the values.
 pub fn extract_key<'a>(
     src: &KeySource,
     headers: &'a http::HeaderMap,
@@ -44,44 +50,65 @@ pub fn extract_key<'a>(
     max_key_bytes: usize,
 ) -> KeyOutcome<'a> {
     match src {
-        KeySource::Header(name) => match headers.get(name) {
-            Some(v) => finish(bytes_to_str(v.as_bytes()), max_key_bytes),
-            None => KeyOutcome::Missing,
+        KeySource::Header(name) => match single(headers, name) {
+            Ok(Some(v)) => finish(Cow::Borrowed(v.as_bytes()), max_key_bytes),
+            Ok(None) => KeyOutcome::Missing,
+            Err(d) => d,
         },
         KeySource::Bearer => {
-            let Some(v) = headers.get(http::header::AUTHORIZATION) else {
-                return KeyOutcome::Missing;
+            let v = match single(headers, &http::header::AUTHORIZATION) {
+                Ok(Some(v)) => v,
+                Ok(None) => return KeyOutcome::Missing,
+                Err(d) => return d,
             };
-            let b = v.as_bytes();
-            let b = trim(b);
+            let b = trim(v.as_bytes());
             if b.len() < 7 || !b[..6].eq_ignore_ascii_case(b"bearer") || !is_ws(b[6]) {
                 return KeyOutcome::Missing;
             }
-            finish(bytes_to_str(&b[7..]), max_key_bytes)
+            finish(Cow::Borrowed(&b[7..]), max_key_bytes)
         }
         KeySource::Query(name) => {
             let Some(q) = uri.query() else {
                 return KeyOutcome::Missing;
             };
+            let mut found: Option<&str> = None;
             for pair in q.split('&') {
                 let (k, v) = match pair.split_once('=') {
                     Some((k, v)) => (k, v),
                     None => (pair, ""),
                 };
-                if k != name && percent_decode(k, usize::MAX).as_deref() != Some(name.as_str()) {
+                if k != name && percent_decode(k, usize::MAX).as_ref() != name.as_bytes() {
                     continue;
                 }
-                // Fast reject before decoding: a decoded byte needs at most 3 raw bytes.
-                if v.len() > max_key_bytes.saturating_mul(3) {
-                    return KeyOutcome::TooLong;
+                if found.is_some() {
+                    return KeyOutcome::Duplicate;
                 }
-                return match percent_decode(v, max_key_bytes.saturating_add(1)) {
-                    Some(s) => finish(s, max_key_bytes),
-                    None => KeyOutcome::Missing,
-                };
+                found = Some(v);
             }
-            KeyOutcome::Missing
+            let Some(v) = found else {
+                return KeyOutcome::Missing;
+            };
+            // Fast reject before decoding: a decoded byte needs at most 3 raw bytes.
+            if v.len() > max_key_bytes.saturating_mul(3) {
+                return KeyOutcome::TooLong;
+            }
+            finish(
+                percent_decode(v, max_key_bytes.saturating_add(1)),
+                max_key_bytes,
+            )
         }
+    }
+}
+
+/// The one value of header `name`: `Ok(None)` without one, `Err(Duplicate)` with several.
+fn single<'a>(
+    headers: &'a http::HeaderMap,
+    name: &http::HeaderName,
+) -> Result<Option<&'a http::HeaderValue>, KeyOutcome<'static>> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(_), Some(_)) => Err(KeyOutcome::Duplicate),
+        (v, _) => Ok(v),
     }
 }
 
@@ -89,30 +116,12 @@ fn is_ws(b: u8) -> bool {
     b == b' ' || b == b'\t'
 }
 
-fn trim(mut b: &[u8]) -> &[u8] {
-    while let [first, rest @ ..] = b {
-        if is_ws(*first) {
-            b = rest;
-        } else {
-            break;
-        }
-    }
-    while let [rest @ .., last] = b {
-        if is_ws(*last) {
-            b = rest;
-        } else {
-            break;
-        }
-    }
-    b
+fn trim(b: &[u8]) -> &[u8] {
+    b.trim_ascii()
 }
 
-fn bytes_to_str(b: &[u8]) -> Cow<'_, str> {
-    String::from_utf8_lossy(trim(b))
-}
-
-fn finish(s: Cow<'_, str>, max: usize) -> KeyOutcome<'_> {
-    let t = s.trim();
+fn finish(s: Cow<'_, [u8]>, max: usize) -> KeyOutcome<'_> {
+    let t = trim(&s);
     if t.is_empty() {
         return KeyOutcome::Missing;
     }
@@ -122,15 +131,19 @@ fn finish(s: Cow<'_, str>, max: usize) -> KeyOutcome<'_> {
     if t.len() == s.len() {
         KeyOutcome::Key(s)
     } else {
-        KeyOutcome::Key(Cow::Owned(t.to_owned()))
+        match s {
+            Cow::Borrowed(b) => KeyOutcome::Key(Cow::Borrowed(trim(b))),
+            Cow::Owned(v) => KeyOutcome::Key(Cow::Owned(trim(&v).to_vec())),
+        }
     }
 }
 
-/// Decodes `%XX` escapes (invalid escapes are kept literally). Stops early once the output
-/// exceeds `limit` bytes (the caller then sees an over-long key).
-fn percent_decode(s: &str, limit: usize) -> Option<Cow<'_, str>> {
+/// Decodes `%XX` escapes into bytes (invalid escapes are kept literally; the result need
+/// not be UTF-8). Stops early once the output exceeds `limit` bytes (the caller then sees an
+/// over-long key).
+fn percent_decode(s: &str, limit: usize) -> Cow<'_, [u8]> {
     if !s.contains('%') {
-        return Some(Cow::Borrowed(s));
+        return Cow::Borrowed(s.as_bytes());
     }
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len().min(limit));
@@ -146,7 +159,7 @@ fn percent_decode(s: &str, limit: usize) -> Option<Cow<'_, str>> {
         out.push(b[i]);
         i += 1;
     }
-    Some(Cow::Owned(String::from_utf8_lossy(&out).into_owned()))
+    Cow::Owned(out)
 }
 
 fn hex(c: u8) -> Option<u8> {
@@ -176,7 +189,7 @@ mod tests {
 
     fn key(o: KeyOutcome<'_>) -> Option<String> {
         match o {
-            KeyOutcome::Key(k) => Some(k.into_owned()),
+            KeyOutcome::Key(k) => Some(String::from_utf8(k.into_owned()).unwrap()),
             _ => None,
         }
     }
@@ -185,7 +198,7 @@ mod tests {
     fn header_source() {
         let src = KeySource::Header(http::HeaderName::from_static("x-api-key"));
         let uri: http::Uri = "/p".parse().unwrap();
-        let h = hm(&[("x-api-key", " abc "), ("x-api-key", "second")]);
+        let h = hm(&[("x-api-key", " abc ")]);
         assert_eq!(
             key(extract_key(&src, &h, &uri, 256)).as_deref(),
             Some("abc")
@@ -213,8 +226,59 @@ mod tests {
         let h = hm(&[("x-api-key", "abc")]);
         assert!(matches!(
             extract_key(&src, &h, &uri, 256),
-            KeyOutcome::Key(Cow::Borrowed("abc"))
+            KeyOutcome::Key(Cow::Borrowed(b"abc"))
         ));
+    }
+
+    #[test]
+    fn more_than_one_value_is_a_duplicate() {
+        let src = KeySource::Header(http::HeaderName::from_static("x-api-key"));
+        let uri: http::Uri = "/p".parse().unwrap();
+        for pairs in [
+            &[("x-api-key", "rnd-1"), ("x-api-key", "realkey")][..],
+            &[("x-api-key", "same"), ("x-api-key", "same")],
+            &[("x-api-key", ""), ("x-api-key", "realkey")],
+            &[("x-api-key", "k"), ("other", "1"), ("X-Api-Key", "k2")],
+        ] {
+            assert_eq!(
+                extract_key(&src, &hm(pairs), &uri, 256),
+                KeyOutcome::Duplicate,
+                "{pairs:?}"
+            );
+        }
+        let b = KeySource::Bearer;
+        let two = hm(&[("authorization", "Bearer a"), ("authorization", "Bearer b")]);
+        assert_eq!(extract_key(&b, &two, &uri, 256), KeyOutcome::Duplicate);
+        let mixed = hm(&[("authorization", "Basic x"), ("authorization", "Bearer b")]);
+        assert_eq!(extract_key(&b, &mixed, &uri, 256), KeyOutcome::Duplicate);
+        // Another header repeated is not the key's business.
+        let h = hm(&[("x-api-key", "k"), ("accept", "a"), ("accept", "b")]);
+        assert_eq!(key(extract_key(&src, &h, &uri, 256)).as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn keys_are_bytes() {
+        let src = KeySource::Header(http::HeaderName::from_static("x-api-key"));
+        let uri: http::Uri = "/p".parse().unwrap();
+        let raw = |v: &[u8]| {
+            let mut h = http::HeaderMap::new();
+            h.insert("x-api-key", http::HeaderValue::from_bytes(v).unwrap());
+            match extract_key(&src, &h, &uri, 256) {
+                KeyOutcome::Key(k) => k.into_owned(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(raw(b"a\xff"), b"a\xff");
+        assert_eq!(raw(b"a\xfe"), b"a\xfe");
+        assert_eq!(raw(b" a\xff\t"), b"a\xff");
+        let q = KeySource::Query("k".into());
+        let h = http::HeaderMap::new();
+        let dec = |u: &str| match extract_key(&q, &h, &u.parse().unwrap(), 256) {
+            KeyOutcome::Key(k) => k.into_owned(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(dec("/?k=a%FF"), b"a\xff");
+        assert_eq!(dec("/?k=a%FE"), b"a\xfe");
     }
 
     #[test]
@@ -225,6 +289,7 @@ mod tests {
             KeyOutcome::Key(k) => KeyOutcome::Key(Cow::Owned(k.into_owned())),
             KeyOutcome::Missing => KeyOutcome::Missing,
             KeyOutcome::TooLong => KeyOutcome::TooLong,
+            KeyOutcome::Duplicate => KeyOutcome::Duplicate,
         };
         assert_eq!(key(t("Bearer tok123")).as_deref(), Some("tok123"));
         assert_eq!(key(t("bearer   tok")).as_deref(), Some("tok"));
@@ -243,11 +308,15 @@ mod tests {
         let t = |u: &str| {
             let uri: http::Uri = u.parse().unwrap();
             match extract_key(&s, &h, &uri, 8) {
-                KeyOutcome::Key(k) => Ok(k.into_owned()),
+                KeyOutcome::Key(k) => Ok(String::from_utf8(k.into_owned()).unwrap()),
                 other => Err(format!("{other:?}")),
             }
         };
-        assert_eq!(t("/x?a=1&api_key=abc&api_key=zzz"), Ok("abc".into()));
+        assert_eq!(t("/x?a=1&api_key=abc"), Ok("abc".into()));
+        // The parameter twice (also spelled differently, or once empty): refused.
+        assert_eq!(t("/x?a=1&api_key=abc&api_key=zzz"), Err("Duplicate".into()));
+        assert_eq!(t("/x?api%5Fkey=abc&api_key=abc"), Err("Duplicate".into()));
+        assert_eq!(t("/x?api_key=&api_key=abc"), Err("Duplicate".into()));
         assert_eq!(t("/x?api_key=a%2Bb+c"), Ok("a+b+c".into()));
         assert_eq!(t("/x?api%5Fkey=k1"), Ok("k1".into()));
         assert_eq!(t("/x?api_key=%zz"), Ok("%zz".into()));

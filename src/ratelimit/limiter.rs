@@ -42,6 +42,24 @@ const PREV_SETTLE_MS: u64 = 2_000;
 const QUEUED: u8 = 1;
 /// `Slot::flags`: `g_prev` is the final total of the previous window.
 const PREV_FINAL: u8 = 2;
+/// `Slot::flags`: the key's counts matter to the fleet: it is queued for the store when
+/// checked. Set once this instance admitted more than [`LOCAL_ONLY_MAX`] requests of it in
+/// the current and previous windows, or refused it, or synced it; never cleared.
+const SHARED: u8 = 4;
+/// `Slot::flags`: synced with the store at least once (a global view exists).
+const SYNCED: u8 = 8;
+/// `Slot::flags`: created, without a ghost, in a shard that evicted keys in this or the
+/// previous window: it may be a key this instance forgot. Until its first sync it admits at
+/// most [`LOCAL_ONLY_MAX`] requests, then is refused for one sync (`Retry-After: 1`).
+const UNKNOWN: u8 = 16;
+/// Keys stay local until their counts can matter: a key this instance admitted at most
+/// this many times over its current and previous windows (and never refused) is never sent
+/// to the store, so a flood of keys each seen once creates no store key at all. Bound on the
+/// overshoot this adds: each instance may admit up to `LOCAL_ONLY_MAX` requests of a key
+/// that the fleet does not see, i.e. at most `N x LOCAL_ONLY_MAX` (N instances) per sliding
+/// window per key above the limit (1 per instance; the fleet share already caps what an
+/// instance admits of a key before syncing it).
+pub const LOCAL_ONLY_MAX: u64 = 1;
 /// `Retry-After` of a request refused only for the fleet share: the next syncs (every
 /// `flush_interval_ms`) grant a new share, so the smallest whole number of seconds.
 const SHARE_RETRY_SECS: u64 = 1;
@@ -90,12 +108,16 @@ impl Params {
         }
     }
 
-    fn limit_for(&self, key: &str) -> u64 {
+    fn limit_for(&self, key: &[u8]) -> u64 {
         if self.overrides.is_empty() {
-            self.limit
-        } else {
-            self.overrides.get(key).copied().unwrap_or(self.limit)
+            return self.limit;
         }
+        // Overrides come from TOML (UTF-8); a key that is not UTF-8 has none.
+        std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| self.overrides.get(k))
+            .copied()
+            .unwrap_or(self.limit)
     }
 }
 
@@ -156,6 +178,9 @@ impl Slot {
     /// its unsynced admissions get large, so the other instances miss at most a small,
     /// bounded part of it, and only while the key is far from its limit.
     fn needs_sync(&self, n: u64, wms: u64, e: u64) -> bool {
+        if self.flags & (UNKNOWN | SYNCED) == UNKNOWN {
+            return true; // possibly a forgotten key: learn its counts at once
+        }
         let w = u128::from(wms);
         let a = w - u128::from(e.min(wms));
         let cap = u128::from(self.limit) * w;
@@ -235,6 +260,51 @@ impl Slot {
     fn is_dead(&self, w: u64) -> bool {
         self.win.saturating_add(1) < w
     }
+
+    /// Known to be at or near its limit at window `w`, elapsed `e`: the estimate (everything
+    /// known, global and own) is at least half the limit. Such keys are evicted last.
+    fn near_limit(&self, w: u64, wms: u64, e: u64) -> bool {
+        self.limit > 0
+            && 2 * estimate_at(self.win, self.prev(), self.cur(), w, wms, e) >= self.limit
+    }
+}
+
+/// Sliding estimate (whole requests, rounded down) at window `w`, elapsed `e`, of counts
+/// `(prev, cur)` recorded for window `win` (rolled forward as the window math does).
+fn estimate_at(win: u64, prev: u64, cur: u64, w: u64, wms: u64, e: u64) -> u64 {
+    let (prev, cur, e) = if win >= w {
+        (prev, cur, if win == w { e } else { 0 })
+    } else if win + 1 == w {
+        (cur, 0, e)
+    } else {
+        return 0;
+    };
+    let wms128 = u128::from(wms.max(1));
+    let v = u128::from(prev) * (wms128 - u128::from(e.min(wms))) / wms128 + u128::from(cur);
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// What an evicted key leaves behind, so that it comes back with its counts: the shard keeps
+/// one per slot of its cap (direct-mapped by the key's process-local hash; on a collision
+/// the larger estimate stays). Allocated at the shard's first eviction.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ghost {
+    id: u64,
+    win: u64,
+    /// Known global totals (in-flight batch included) of the previous and current window.
+    g: [u32; 2],
+    /// This instance's admissions not yet sent, previous and current window.
+    l: [u32; 2],
+    shared: bool,
+    used: bool,
+}
+
+impl Ghost {
+    fn estimate(&self, w: u64, wms: u64, e: u64) -> u64 {
+        let prev = u64::from(self.g[0]) + u64::from(self.l[0]);
+        let cur = u64::from(self.g[1]) + u64::from(self.l[1]);
+        estimate_at(self.win, prev, cur, w, wms, e)
+    }
 }
 
 #[derive(Default)]
@@ -249,28 +319,100 @@ struct Shard {
     hand: usize,
     /// Idle-key collector cursor.
     gc_cursor: usize,
+    /// Ghosts of evicted keys (empty until the first eviction).
+    ghosts: Vec<Ghost>,
+    /// Window of the last eviction, if any.
+    evicted_win: Option<u64>,
 }
 
 impl Shard {
     /// CLOCK victim: the first slot at or after the hand that is dead or has no reference
     /// left; slots passed over lose one reference. Keys hit repeatedly survive a flood of
-    /// one-shot keys, which have no reference at all.
-    fn victim(&mut self, w: u64) -> usize {
+    /// one-shot keys, which have no reference at all. Keys at or near their limit
+    /// ([`Slot::near_limit`]) are passed over without losing a reference: they are evicted
+    /// only when every live slot of the shard is near its limit (an attacker needs half a
+    /// limit of admitted requests per such slot).
+    fn victim(&mut self, w: u64, wms: u64, e: u64) -> usize {
         let n = self.slots.len();
         // Every slot loses a reference per pass, so 1 + MAX_REFS passes always find one.
-        for _ in 0..(n * (usize::from(MAX_REFS) + 1) + 1) {
-            if self.hand >= n {
-                self.hand = 0;
+        for protect in [true, false] {
+            let mut protected_run = 0;
+            for _ in 0..(n * (usize::from(MAX_REFS) + 1) + 1) {
+                if self.hand >= n {
+                    self.hand = 0;
+                }
+                let i = self.hand;
+                self.hand += 1;
+                let s = &mut self.slots[i];
+                if s.is_dead(w) {
+                    return i;
+                }
+                if protect && s.near_limit(w, wms, e) {
+                    protected_run += 1;
+                    if protected_run >= n {
+                        break; // all near their limit: plain CLOCK
+                    }
+                    continue;
+                }
+                protected_run = 0;
+                if s.refs == 0 {
+                    return i;
+                }
+                s.refs -= 1;
             }
-            let i = self.hand;
-            self.hand += 1;
-            let s = &mut self.slots[i];
-            if s.refs == 0 || s.is_dead(w) {
-                return i;
-            }
-            s.refs -= 1;
         }
         self.hand.min(n.saturating_sub(1))
+    }
+
+    /// Takes the ghost of key `id`, if one is still alive at window `w`.
+    fn take_ghost(&mut self, id: u64, w: u64) -> Option<Ghost> {
+        if self.ghosts.is_empty() {
+            return None;
+        }
+        let j = (id % self.ghosts.len() as u64) as usize;
+        let g = self.ghosts[j];
+        if g.used && g.id == id && g.win.saturating_add(1) >= w {
+            self.ghosts[j].used = false;
+            return Some(g);
+        }
+        None
+    }
+
+    /// Remembers slot `i` (about to be evicted) as a ghost; false if its counts are lost
+    /// (another key's larger ghost holds the entry).
+    fn bury(&mut self, i: usize, w: u64, wms: u64, e: u64, cap: usize) -> bool {
+        let s = &self.slots[i];
+        if s.is_dead(w) {
+            return true;
+        }
+        let g = Ghost {
+            id: s.id,
+            win: s.win,
+            g: [
+                s.g_prev.saturating_add(s.p_prev),
+                s.g_cur.saturating_add(s.p_cur),
+            ],
+            l: [s.l_prev, s.l_cur],
+            shared: s.flags & SHARED != 0,
+            used: true,
+        };
+        if g.g == [0, 0] && g.l == [0, 0] {
+            return true;
+        }
+        if self.ghosts.is_empty() {
+            self.ghosts = vec![Ghost::default(); cap.max(1)];
+        }
+        let j = (g.id % self.ghosts.len() as u64) as usize;
+        let old = self.ghosts[j];
+        if !old.used
+            || old.id == g.id
+            || old.win.saturating_add(1) < w
+            || g.estimate(w, wms, e) >= old.estimate(w, wms, e)
+        {
+            self.ghosts[j] = g;
+            return true;
+        }
+        false
     }
 
     /// Removes slot `i` (swap-remove). Only called while the dirty list is empty.
@@ -397,8 +539,8 @@ impl Limiter {
     }
 
     /// The limit that applies to `key` (its override, or the default).
-    pub fn limit_for(&self, key: &str) -> u64 {
-        self.params.load().limit_for(key)
+    pub fn limit_for<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> u64 {
+        self.params.load().limit_for(key.as_ref())
     }
 
     #[inline]
@@ -407,14 +549,16 @@ impl Limiter {
     }
 
     /// Decides one request for `key` at `now_ms` (Unix ms). In-memory only, never blocks on
-    /// I/O; the request is counted only if admitted.
-    pub fn check(&self, key: &str, now_ms: u64) -> Decision {
+    /// I/O; the request is counted only if admitted. Keys are bytes: two keys are the same
+    /// key only if they are equal byte for byte.
+    pub fn check<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
+        let key = key.as_ref();
         let p = self.params.load();
         let id = self.hasher.hash_one(key);
         let mut shard = lock(self.shard_of(id));
         let wms = p.window_ms;
-        let mut w = now_ms / wms;
-        let mut e = now_ms % wms;
+        let w = now_ms / wms;
+        let e = now_ms % wms;
 
         let i = match shard.index.get(&id) {
             Some(&i) => {
@@ -425,15 +569,26 @@ impl Limiter {
                 }
                 i
             }
-            None => self.insert(&mut shard, id, key, &p, w),
+            None => self.insert(&mut shard, id, key, &p, w, e),
         };
-        shard.queue(i);
         let s = &mut shard.slots[i];
         if s.generation != p.generation {
             s.limit = p.limit_for(key);
             s.generation = p.generation;
             s.blocked_until = 0;
         }
+        let d = self.decide(s, now_ms, wms, w, e);
+        // Keys whose counts matter are sent at a coming flush (also when merely refused:
+        // that refreshes their global view); the others stay local.
+        if shard.slots[i].flags & SHARED != 0 {
+            shard.queue(i);
+        }
+        d
+    }
+
+    /// The decision proper on the key's slot (see [`Limiter::check`]).
+    #[inline]
+    fn decide(&self, s: &mut Slot, now_ms: u64, wms: u64, mut w: u64, mut e: u64) -> Decision {
         if w < s.win {
             // A clock slightly behind the one that last touched the key: decide as of the
             // start of the key's window.
@@ -455,24 +610,32 @@ impl Limiter {
 
         let prev = s.prev();
         let cur = s.cur();
+        let own = s.own_prev().saturating_add(s.own_cur());
         if window::admits(prev, cur, limit, wms, e) {
+            // A key that may have been forgotten (evicted) admits no more than a key kept
+            // local before its first sync, which tells its real counts.
+            let unknown = s.flags & (UNKNOWN | SYNCED) == UNKNOWN
+                && own >= LOCAL_ONLY_MAX
+                && self.healthy.load(Ordering::Relaxed);
             // Several instances: this one's share of what the fleet had left at the last
             // sync (see the module doc). Refused only for the share: retry after the next
             // syncs, not cached.
             let n = self.share_n.load(Ordering::Relaxed);
-            if n > 1
-                && !window::within_share(
-                    (
-                        u64::from(s.g_prev),
-                        u64::from(s.g_cur).saturating_add(u64::from(s.est)),
-                    ),
-                    (s.own_prev(), s.own_cur()),
-                    limit,
-                    n,
-                    wms,
-                    e,
-                )
+            if unknown
+                || (n > 1
+                    && !window::within_share(
+                        (
+                            u64::from(s.g_prev),
+                            u64::from(s.g_cur).saturating_add(u64::from(s.est)),
+                        ),
+                        (s.own_prev(), s.own_cur()),
+                        limit,
+                        n,
+                        wms,
+                        e,
+                    ))
             {
+                s.flags |= SHARED;
                 return Decision::Limited {
                     limit,
                     retry_after_secs: SHARE_RETRY_SECS,
@@ -480,6 +643,9 @@ impl Limiter {
                 };
             }
             s.l_cur = s.l_cur.saturating_add(1);
+            if own >= LOCAL_ONLY_MAX {
+                s.flags |= SHARED;
+            }
             let cur = cur.saturating_add(1);
             Decision::Allowed {
                 limit,
@@ -487,6 +653,7 @@ impl Limiter {
                 reset_secs: window::ceil_secs(window::drain_ms(prev, cur, wms, e)),
             }
         } else {
+            s.flags |= SHARED;
             let ms = window::retry_after_ms(prev, cur, limit, wms, e).max(1);
             s.blocked_until = now_ms.saturating_add(ms);
             let secs = window::ceil_secs(ms).max(1);
@@ -498,11 +665,13 @@ impl Limiter {
         }
     }
 
-    /// Adds a slot for a new key, evicting one under the shard's cap.
+    /// Adds a slot for a new key, evicting one under the shard's cap. A key evicted before
+    /// comes back with its counts from its ghost; a key without one, in a shard that evicted
+    /// recently, may be a forgotten key ([`UNKNOWN`]).
     #[cold]
-    fn insert(&self, shard: &mut Shard, id: u64, key: &str, p: &Params, w: u64) -> usize {
+    fn insert(&self, shard: &mut Shard, id: u64, key: &[u8], p: &Params, w: u64, e: u64) -> usize {
         let key_hash = stable_hash(key);
-        let slot = Slot {
+        let mut slot = Slot {
             id,
             win: w,
             g_prev: 0,
@@ -518,6 +687,22 @@ impl Limiter {
             refs: 0,
             flags: 0,
         };
+        let restored = shard.take_ghost(id, w);
+        if let Some(g) = restored {
+            slot.win = g.win;
+            slot.g_prev = g.g[0];
+            slot.g_cur = g.g[1];
+            slot.l_prev = g.l[0];
+            slot.l_cur = g.l[1];
+            if g.shared {
+                slot.flags = SHARED;
+            }
+        } else if shard
+            .evicted_win
+            .is_some_and(|ew| ew.saturating_add(1) >= w)
+        {
+            slot.flags = UNKNOWN;
+        }
         if shard.slots.len() < p.cap_per_shard {
             let i = shard.slots.len();
             shard.slots.push(slot);
@@ -525,10 +710,17 @@ impl Limiter {
             shard.index.insert(id, i as u32);
             return i;
         }
-        let i = shard.victim(w);
+        let i = shard.victim(w, p.window_ms, e);
+        let kept = shard.bury(i, w, p.window_ms, e, p.cap_per_shard);
+        if restored.is_none() {
+            // This shard evicts now: the next keys new to it may be forgotten ones.
+            slot.flags |= UNKNOWN;
+        }
+        shard.evicted_win = Some(w);
         let old = &shard.slots[i];
-        // Admissions already in a batch (`p_*`) are still delivered; only `l_*` are lost.
-        if (old.l_cur | old.l_prev) != 0 && !old.is_dead(w) {
+        // Admissions already in a batch (`p_*`) are still delivered; `l_*` are lost unless
+        // the ghost keeps them.
+        if (old.l_cur | old.l_prev) != 0 && !old.is_dead(w) && !kept {
             self.dropped_unsent.fetch_add(1, Ordering::Relaxed);
         }
         self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -536,7 +728,10 @@ impl Limiter {
         // Keep the queued flag: the slot index may already be in the dirty list.
         let flags = old.flags & QUEUED;
         shard.index.remove(&old_id);
-        shard.slots[i] = Slot { flags, ..slot };
+        shard.slots[i] = Slot {
+            flags: flags | slot.flags,
+            ..slot
+        };
         shard.hashes[i] = key_hash;
         shard.index.insert(id, i as u32);
         i
@@ -672,6 +867,12 @@ impl Limiter {
                 if !s.queued() {
                     return false;
                 }
+                if s.flags & SHARED == 0 {
+                    // A local-only key in a reused slot (its index was queued for the key
+                    // evicted from it).
+                    s.flags &= !QUEUED;
+                    return false;
+                }
                 s.roll(w);
                 // Elapsed ms in the slot's window (a slot ahead of this clock: its start).
                 let e = if s.win == w { now_ms % wms } else { 0 };
@@ -691,6 +892,8 @@ impl Limiter {
                     cur: u64::from(s.p_cur),
                     prev: u64::from(s.p_prev),
                     need_prev,
+                    floor_cur: u64::from(s.g_cur),
+                    floor_prev: u64::from(s.g_prev),
                 });
                 // The total read back is final if read late enough into the window.
                 taken.push((si as u8, s.id, need_prev && s.win == w && e >= settle));
@@ -701,7 +904,7 @@ impl Limiter {
             // 2. Collect idle keys, only while the dirty list is empty (indexes may move);
             // it is at least every `SYNC_EVERY` flushes.
             if sh.dirty.is_empty() {
-                gc_step(sh, w, p.cap_per_shard);
+                gc_step(sh, w, wms, now_ms % wms, p.cap_per_shard);
             }
         }
 
@@ -812,8 +1015,8 @@ impl Limiter {
     }
 
     #[cfg(test)]
-    fn slot_counts(&self, key: &str) -> Option<(u64, u64, u64, u64)> {
-        let id = self.hasher.hash_one(key);
+    fn slot_counts<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Option<(u64, u64, u64, u64)> {
+        let id = self.hasher.hash_one(key.as_ref());
         let sh = lock(self.shard_of(id));
         sh.index.get(&id).map(|&i| {
             let s = &sh.slots[i as usize];
@@ -823,24 +1026,28 @@ impl Limiter {
 }
 
 /// Applies the global counts returned for delta `d`; `n` live instances; `prev_final`: the
-/// previous window's total returned is final.
+/// previous window's total returned is final. A total below what was known before plus
+/// what was just added (the store lost data and did not restore it) is not trusted: the
+/// known value stays (the next sync carries it as the floor again).
 fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final: bool) {
     let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     // The other instances are assumed to hold as many admissions not yet synced as we just
     // sent (they see the same traffic); replaced at every sync.
     let est = sat(n.saturating_sub(1).saturating_mul(d.cur));
+    let cur = c.cur.max(d.floor_cur.saturating_add(d.cur));
+    s.flags = (s.flags | SYNCED | SHARED) & !UNKNOWN;
     if s.win == d.window {
-        s.g_cur = sat(c.cur);
+        s.g_cur = sat(cur);
         // Without `need_prev` the store may not have read it: `g_prev` is final already.
         if d.need_prev || d.prev > 0 {
-            s.g_prev = sat(c.prev);
+            s.g_prev = sat(c.prev.max(d.floor_prev.saturating_add(d.prev)));
             if prev_final {
                 s.flags |= PREV_FINAL;
             }
         }
         s.est = est;
     } else if s.win == d.window + 1 {
-        s.g_prev = sat(c.cur);
+        s.g_prev = sat(cur);
         s.est = est;
     } else {
         s.est = 0;
@@ -851,10 +1058,12 @@ fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final: bool) {
     s.blocked_until = 0;
 }
 
-fn gc_step(sh: &mut Shard, w: u64, cap: usize) {
+fn gc_step(sh: &mut Shard, w: u64, wms: u64, e: u64, cap: usize) {
     // Over the cap after a reload that lowered it: evict down to it.
     while sh.slots.len() > cap {
-        let i = sh.victim(w);
+        let i = sh.victim(w, wms, e);
+        sh.bury(i, w, wms, e, cap);
+        sh.evicted_win = Some(w);
         sh.remove_at(i);
     }
     let mut budget = GC_STEP;
@@ -889,9 +1098,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Approximate memory per tracked key: the slot and its stable hash, plus the index entry
-/// (with the hash table's control byte and a 7/8 load factor) and a dirty-list entry.
+/// (with the hash table's control byte and a 7/8 load factor), a dirty-list entry and the
+/// ghost entry (one per slot of the cap once the shard evicts).
 pub fn approx_bytes_per_key() -> usize {
-    let slot = std::mem::size_of::<Slot>() + std::mem::size_of::<u128>();
+    let slot =
+        std::mem::size_of::<Slot>() + std::mem::size_of::<u128>() + std::mem::size_of::<Ghost>();
     let index = (std::mem::size_of::<(u64, u32)>() + 1) * 8 / 7;
     slot + index + std::mem::size_of::<u32>()
 }

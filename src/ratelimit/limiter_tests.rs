@@ -729,6 +729,8 @@ async fn previous_window_is_read_until_final() {
         cur: 10,
         prev: 0,
         need_prev: true,
+        floor_cur: 0,
+        floor_prev: 0,
     };
     store.inner.sync(0, &[d], 10, t0 + w).await.unwrap();
     let mut need_prev = Vec::new();
@@ -744,4 +746,209 @@ async fn previous_window_is_read_until_final() {
     assert_eq!(need_prev, [true, true, true, true, false]);
     let (win, prev, cur, _) = l.slot_counts("k").unwrap();
     assert_eq!((win, prev, cur), (101, 70, 5));
+}
+
+// ---------------------------------------------------------------------------------------
+// Hardening (issue 9): keys are bytes, lost store data, eviction, local-only keys
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn keys_are_compared_as_bytes() {
+    let l = lim(3, 60);
+    let n = |k: &[u8]| (0..5).filter(|_| l.check(k, T0).is_allowed()).count();
+    assert_eq!(n(b"a\xff"), 3);
+    // Not the same key, although both are "a\u{fffd}" when converted lossily.
+    assert_eq!(n(b"a\xfe"), 3);
+    assert_eq!(n("a\u{fffd}".as_bytes()), 3);
+    assert_eq!(l.tracked_keys(), 3);
+}
+
+/// A LocalStore that can lose everything (`FLUSHALL`, a restart without persistence).
+/// With `honor_floors` false it also ignores the floors (a store that cannot restore).
+struct Lossy {
+    inner: ArcSwap<LocalStore>,
+    honor_floors: bool,
+}
+
+impl Lossy {
+    fn new(honor_floors: bool) -> Self {
+        Self {
+            inner: ArcSwap::from_pointee(LocalStore::new()),
+            honor_floors,
+        }
+    }
+
+    fn wipe(&self) {
+        self.inner.store(std::sync::Arc::new(LocalStore::new()));
+    }
+}
+
+#[async_trait::async_trait]
+impl CounterStore for Lossy {
+    async fn sync(
+        &self,
+        batch_id: u128,
+        batch: &[Delta],
+        window_secs: u64,
+        now_ms: u64,
+    ) -> Result<Vec<GlobalCounts>, StoreError> {
+        let mut b = batch.to_vec();
+        if !self.honor_floors {
+            for d in &mut b {
+                d.floor_cur = 0;
+                d.floor_prev = 0;
+            }
+        }
+        let inner = self.inner.load_full();
+        inner.sync(batch_id, &b, window_secs, now_ms).await
+    }
+    fn kind(&self) -> &'static str {
+        "test"
+    }
+}
+
+#[tokio::test]
+async fn store_data_loss_is_restored_not_trusted() {
+    let wms = 3_600_000;
+    let t = 20 * wms + 1_000;
+    for honor in [true, false] {
+        let store = Lossy::new(honor);
+        let l = lim(100, 3600);
+        assert_eq!(admitted(&l, "k", 150, t), 100);
+        l.flush_once(&store, t + 1).await.unwrap();
+        store.wipe();
+        // Refused (so queued) and synced against the empty store, several times.
+        for k in 0..(2 * SYNC_EVERY) {
+            let now = t + 10 + k * 50;
+            assert_eq!(admitted(&l, "k", 20, now), 0, "honor {honor}, sync {k}");
+            l.flush_once(&store, now + 1).await.unwrap();
+        }
+        assert_eq!(admitted(&l, "k", 100, t + 5_000), 0, "honor {honor}");
+        let (_, _, cur, g) = l.slot_counts("k").unwrap();
+        assert_eq!((cur, g), (100, 100), "honor {honor}");
+        if honor {
+            // Written back to the store.
+            let c = store.inner.load().counts(stable_hash("k"), t / wms);
+            assert_eq!(c.cur, 100);
+        }
+    }
+}
+
+#[test]
+fn a_key_near_its_limit_outlives_a_flood() {
+    // 1 h window, 4 slots per shard, 200k one-shot keys through them.
+    let l = Limiter::new(RateLimitParams {
+        window_secs: 3600,
+        limit: 100,
+        max_tracked_keys: 64 * 4,
+        ..Default::default()
+    });
+    let t = T0;
+    assert_eq!(admitted(&l, "victim", 150, t), 100);
+    assert_eq!(admitted(&l, "near", 60, t), 60);
+    for i in 0..200_000u64 {
+        l.check(&format!("flood-{i}"), t + 1 + i / 1_000);
+        assert!(l.tracked_keys() <= 64 * 4);
+    }
+    assert!(l.evictions_total() > 190_000);
+    assert_eq!(l.slot_counts("victim").map(|c| c.2), Some(100), "evicted");
+    assert_eq!(l.slot_counts("near").map(|c| c.2), Some(60), "evicted");
+    assert_eq!(admitted(&l, "victim", 100, t + 300), 0);
+    assert_eq!(admitted(&l, "near", 100, t + 300), 40);
+}
+
+#[test]
+fn an_evicted_key_comes_back_with_its_counts() {
+    // One slot per shard (max_tracked_keys = 64): every new key evicts, even a key at its
+    // limit; its ghost brings its counts back.
+    let l = Limiter::new(RateLimitParams {
+        window_secs: 3600,
+        limit: 100,
+        max_tracked_keys: 64,
+        ..Default::default()
+    });
+    assert_eq!(admitted(&l, "victim", 150, T0), 100);
+    for i in 0..10_000u64 {
+        l.check(&format!("flood-{i}"), T0 + 1);
+    }
+    assert!(
+        l.slot_counts("victim").is_none(),
+        "the flood did not evict it"
+    );
+    assert_eq!(admitted(&l, "victim", 100, T0 + 2), 0);
+    assert_eq!(l.slot_counts("victim").map(|c| c.2), Some(100));
+}
+
+#[tokio::test]
+async fn a_forgotten_key_waits_for_its_first_sync() {
+    let store = LocalStore::new();
+    let l = Limiter::new(RateLimitParams {
+        window_secs: 3600,
+        limit: 100,
+        max_tracked_keys: 64,
+        ..Default::default()
+    });
+    assert_eq!(admitted(&l, "victim", 150, T0), 100);
+    l.flush_once(&store, T0 + 1).await.unwrap();
+    for i in 0..10_000u64 {
+        l.check(&format!("flood-{i}"), T0 + 2);
+    }
+    // Its ghost lost as well (as if displaced by a larger one).
+    for m in l.shards.iter() {
+        lock(m).ghosts.clear();
+    }
+    assert!(l.slot_counts("victim").is_none());
+    // Back, unknown: at most what a local-only key may hold, then refused until it syncs.
+    let first = admitted(&l, "victim", 50, T0 + 3) as u64;
+    assert!(
+        first <= LOCAL_ONLY_MAX,
+        "{first} admitted before its first sync"
+    );
+    assert_eq!(retry(l.check("victim", T0 + 3)), 1);
+    l.flush_once(&store, T0 + 4).await.unwrap();
+    assert_eq!(admitted(&l, "victim", 50, T0 + 5), 0);
+    assert!(retry(l.check("victim", T0 + 5)) > 1);
+}
+
+#[tokio::test]
+async fn keys_seen_once_stay_local() {
+    let store = Recorder::new();
+    let l = lim(100, 60);
+    for i in 0..5_000 {
+        assert!(l.check(&format!("once-{i}"), T0 + 1).is_allowed());
+    }
+    assert_eq!(admitted(&l, "twice", 2, T0 + 1), 2);
+    for k in 0..=SYNC_EVERY {
+        l.flush_once(&store, T0 + 50 * (k + 1)).await.unwrap();
+    }
+    l.flush_all(&store, T0 + 1_000).await.unwrap();
+    let batches = store.take();
+    let sent_keys: std::collections::HashSet<u128> =
+        batches.iter().flatten().map(|d| d.key_hash).collect();
+    assert_eq!(
+        sent_keys.len(),
+        1,
+        "only the key seen twice reaches the store"
+    );
+    assert_eq!(sent(&batches, "twice"), 2);
+    // Still tracked and counted locally.
+    assert_eq!(l.tracked_keys(), 5_001);
+    assert_eq!(l.slot_counts("once-7").map(|c| c.2), Some(1));
+    // A local-only key refused (limit 1) matters at once.
+    let l = lim(1, 60);
+    assert_eq!(admitted(&l, "one", 3, T0), 1);
+    l.flush_once(&store, T0 + 1).await.unwrap();
+    assert_eq!(sent(&store.take(), "one"), 1);
+}
+
+#[test]
+fn near_limit_and_estimates() {
+    let wms = 10_000;
+    // Rolled forward like the window math: previous window weighs (1 - e / w).
+    assert_eq!(estimate_at(5, 10, 20, 5, wms, 0), 30);
+    assert_eq!(estimate_at(5, 10, 20, 5, wms, 5_000), 25);
+    assert_eq!(estimate_at(5, 10, 20, 6, wms, 5_000), 10);
+    assert_eq!(estimate_at(5, 10, 20, 7, wms, 0), 0);
+    // A clock behind the key's window: as of its start.
+    assert_eq!(estimate_at(6, 10, 20, 5, wms, 9_000), 30);
 }

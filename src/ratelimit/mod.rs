@@ -19,6 +19,34 @@
 //! * If the store fails, decisions continue on the last known global counts plus the local
 //!   admissions; unflushed deltas are kept (bounded by the tracked-key cap) and delivered when
 //!   the store is back.
+//! * Keys are bytes ([`extract_key`] never converts them lossily): two keys are one key only
+//!   if they are equal byte for byte. A request with more than one value for the key (two
+//!   key headers, two `Authorization` headers, a repeated query parameter) is
+//!   [`KeyOutcome::Duplicate`]: answered 400, never forwarded, never counted.
+//!
+//! ## Hardening against floods and data loss
+//!
+//! * **Keys stay local until their counts can matter.** A key this instance admitted at most
+//!   [`LOCAL_ONLY_MAX`] (1) times over its current and previous windows, and never refused,
+//!   is never sent to the store: a flood of keys each seen once creates no store key (the
+//!   Redis keys of such a flood were unbounded before). It becomes shared (sent like any
+//!   other key from then on) at its second admission, at its first refusal, or when restored
+//!   as shared from a ghost. Overshoot this adds: at most `N x LOCAL_ONLY_MAX` admissions per
+//!   key per sliding window for `N` instances (each may hold one admission the fleet does not
+//!   see), on top of the fleet-share bound below.
+//! * **Lost store data is restored, not trusted.** Every delta carries the totals its caller
+//!   last read (the floors of [`Delta`]); a store holding less (`FLUSHALL`, a restart without
+//!   persistence) raises the counter back to the floor before adding, in the same script
+//!   call, and the limiter never lowers a known total on a smaller answer. Floors never
+//!   exceed the true total, so several instances restore one loss once.
+//! * **Eviction spares the keys that matter.** The CLOCK eviction passes over keys at or near
+//!   their limit (estimate >= 50%) and evicts them only when every slot of the shard is such
+//!   a key. An evicted key leaves a ghost (its counts; one per slot of the cap, the larger
+//!   estimate wins a collision) and comes back with its counts. A key created without a
+//!   ghost in a shard that evicted in this or the previous window may be a forgotten key:
+//!   before its first sync it admits at most [`LOCAL_ONLY_MAX`] request, then is refused with
+//!   `Retry-After: 1` and synced at the next flush (this needs a healthy store; without one
+//!   each instance enforces what it knows, §5.3).
 //!
 //! ## Several instances: the fleet share
 //!
@@ -71,7 +99,7 @@ use std::collections::HashMap;
 
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
-pub use limiter::{approx_bytes_per_key, FlushOutcome, Limiter, SHARDS};
+pub use limiter::{approx_bytes_per_key, FlushOutcome, Limiter, LOCAL_ONLY_MAX, SHARDS};
 pub use redis_store::{RedisSettings, RedisStore};
 pub use store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
 

@@ -15,6 +15,13 @@
 //! side but was executed by Redis later is retried with the same id and then only reads, so
 //! no admission is counted twice.
 //!
+//! Data loss: each delta carries the totals its caller last read ([`Delta::floor_cur`],
+//! [`Delta::floor_prev`]). A counter found below its floor (after `FLUSHALL`, a restart
+//! without persistence, an eviction by `maxmemory`) is written back (`SET … EX`) to
+//! floor + delta instead of trusting the loss. Floors never exceed the true total, so
+//! several instances restoring the same loss restore it once. In the normal case this
+//! costs no command: the `INCRBY` (or `GET`) result is compared in the script.
+//!
 //! Fleet size: the first call of every flush (an empty flush, the idle health probe, runs
 //! the script with no delta) also records a heartbeat of the calling limiter, identified by
 //! the high half of the batch id, in [`HEARTBEAT_BUCKET_MS`] time buckets: a marker
@@ -73,9 +80,10 @@ const BATCH_ID_TTL_SECS: u64 = 300;
 /// only) KEYS[2] = counter of the current bucket, KEYS[3] = counter of the previous bucket;
 /// then (prev window, current window) per delta.
 /// ARGV[1] = TTL of counters, ARGV[2] = TTL of the marker, ARGV[3] = number of heartbeat
-/// keys, ARGV[4] = TTL of heartbeat keys, then (prev delta, cur delta) per delta; a prev
-/// delta of -1 means "nothing to add and not needed": the previous window's key is not
-/// touched and -1 is returned for it.
+/// keys, ARGV[4] = TTL of heartbeat keys, then (prev delta, cur delta, prev floor, cur
+/// floor) per delta; a prev delta of -1 means "nothing to add and not needed": the previous
+/// window's key is not touched and -1 is returned for it. A counter below its floor (data
+/// lost) is set back to floor + delta (with the counters' TTL).
 /// Returns the live instance count (0 without heartbeat), then (prev, cur) totals per delta.
 /// A batch whose marker exists was already applied (its client timed out): only read.
 /// Commands are kept to the minimum: a counter gets its TTL only when `INCRBY` created it
@@ -116,9 +124,11 @@ if #KEYS < first then
 end
 local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2]))
 for i = first, #KEYS, 2 do
-  local j = i - first + 5
+  local j = (i - first) * 2 + 5
   local pd = tonumber(ARGV[j])
   local cd = tonumber(ARGV[j + 1])
+  local pf = tonumber(ARGV[j + 2])
+  local cf = tonumber(ARGV[j + 3])
   if not fresh then
     if pd > 0 then pd = 0 end
     if cd > 0 then cd = 0 end
@@ -132,6 +142,10 @@ for i = first, #KEYS, 2 do
   elseif pd == 0 then
     p = tonumber(redis.call('GET', KEYS[i]) or '0')
   end
+  if pd >= 0 and p < pf + pd then
+    p = pf + pd
+    redis.call('SET', KEYS[i], p, 'EX', ttl)
+  end
   if cd > 0 then
     c = redis.call('INCRBY', KEYS[i + 1], cd)
     if c == cd then
@@ -139,6 +153,10 @@ for i = first, #KEYS, 2 do
     end
   else
     c = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+  end
+  if c < cf + cd then
+    c = cf + cd
+    redis.call('SET', KEYS[i + 1], c, 'EX', ttl)
   end
   out[#out + 1] = p
   out[#out + 1] = c
@@ -305,6 +323,8 @@ impl RedisStore {
                     inv.arg(d.prev);
                 }
                 inv.arg(d.cur);
+                inv.arg(d.floor_prev);
+                inv.arg(d.floor_cur);
             }
             let r: Result<redis::RedisResult<Vec<i64>>, _> =
                 timeout(self.call_timeout(), inv.invoke_async(conn)).await;

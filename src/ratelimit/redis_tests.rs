@@ -214,7 +214,8 @@ async fn outage_keeps_deltas_and_delivers_them() {
     let (_, _, cur, g) = l.slot_counts_for_tests("k");
     assert_eq!((cur, g), (35, 10));
 
-    // Back on the same port (empty, no persistence): the outage's 25 arrive.
+    // Back on the same port (empty, no persistence): the outage's 25 arrive, and the 10 the
+    // restarted Redis lost are restored from what this instance knew (not trusted as 0).
     let srv = start(port).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -231,7 +232,79 @@ async fn outage_keeps_deltas_and_delivers_them() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(v, 25);
+    assert_eq!(v, 10 + 25);
+}
+
+/// `FLUSHALL` (or a restart without persistence) under a key at its limit: the instances
+/// that knew the count write it back at their next sync instead of granting a fresh quota,
+/// and two instances that both knew it restore it once, not twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_counts_are_restored_once() {
+    if !have_redis() {
+        return;
+    }
+    let srv = start(free_port()).await;
+    let (sa, sb) = (store(srv.port, "ls"), store(srv.port, "ls"));
+    let (a, b) = (lim(100, 3600), lim(100, 3600));
+    let t = T0 + 1_000;
+    assert_eq!(
+        (0..150).filter(|_| a.check("k", t).is_allowed()).count(),
+        100
+    );
+    a.flush_once(&sa, t + 1).await.unwrap();
+    // `b` learns the key (its first admissions, then its sync) and `a` syncs again: both
+    // know the same total.
+    b.flush_once(&sb, t + 2).await.unwrap();
+    b.check("k", t + 3);
+    b.check("k", t + 4);
+    b.flush_once(&sb, t + 5).await.unwrap();
+    a.check("k", t + 6);
+    a.flush_once(&sa, t + 7).await.unwrap();
+    let key = sa.redis_key(stable_hash("k"), t / 3_600_000);
+    let mut c = conn(srv.port).await.unwrap();
+    let get = |c: &mut redis::aio::MultiplexedConnection| {
+        let key = key.clone();
+        let mut c = c.clone();
+        async move {
+            let v: Option<i64> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            v
+        }
+    };
+    let known = get(&mut c).await;
+    assert!(known.is_some_and(|v| v >= 100), "{known:?}");
+    let _: String = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    assert_eq!(get(&mut c).await, None);
+    // Both keep refusing, sync (the refusals queue the key), and restore 100 between them.
+    for (i, (l, st)) in [(&a, &sa), (&b, &sb)].into_iter().enumerate() {
+        let now = t + 10 + i as u64;
+        assert!(!l.check("k", now).is_allowed());
+        l.flush_once(st, now).await.unwrap();
+    }
+    assert_eq!(
+        get(&mut c).await,
+        known,
+        "restored once, not once per instance"
+    );
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "restored counter without TTL: {ttl}");
+    for (l, st) in [(&a, &sa), (&b, &sb)] {
+        l.flush_once(st, t + 100).await.unwrap();
+        assert_eq!(
+            (0..20)
+                .filter(|_| l.check("k", t + 101).is_allowed())
+                .count(),
+            0
+        );
+    }
+    assert_eq!(get(&mut c).await, known);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

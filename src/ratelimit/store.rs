@@ -22,6 +22,15 @@ pub struct Delta {
     /// caller already holds its final value) and `prev` is 0, a store may skip reading it
     /// and return anything as `prev` (the caller ignores it).
     pub need_prev: bool,
+    /// What the caller last read as window `window`'s total (0 = nothing known). Counters
+    /// only grow, so a store holding less lost data (`FLUSHALL`, a restart without
+    /// persistence, an eviction): it raises the counter to this floor before adding `cur`
+    /// rather than trusting the loss. A floor never exceeds the true total, so several
+    /// instances restoring the same loss restore it once (it is a maximum, not a sum).
+    pub floor_cur: u64,
+    /// As `floor_cur`, for window `window - 1` (applied only when that window is read or
+    /// written: `need_prev` or `prev > 0`).
+    pub floor_prev: u64,
 }
 
 /// Global totals after a sync, for the delta's windows `window` (`cur`) and `window - 1`
@@ -203,12 +212,15 @@ impl CounterStore for LocalStore {
                     prev: 0,
                 };
             }
+            // Never below what the caller already knew (see `Delta::floor_cur`).
             if c.window == d.window {
-                c.cur = c.cur.saturating_add(d.cur);
-                c.prev = c.prev.saturating_add(d.prev);
+                c.cur = c.cur.max(d.floor_cur).saturating_add(d.cur);
+                if d.need_prev || d.prev > 0 {
+                    c.prev = c.prev.max(d.floor_prev).saturating_add(d.prev);
+                }
             } else if c.window == d.window + 1 {
                 // The store is one window ahead of this delta.
-                c.prev = c.prev.saturating_add(d.cur);
+                c.prev = c.prev.max(d.floor_cur).saturating_add(d.cur);
             }
             out.push(counts_at(c, d.window));
         }
@@ -245,6 +257,8 @@ mod tests {
             cur,
             prev,
             need_prev: true,
+            floor_cur: 0,
+            floor_prev: 0,
         };
         let r = s.sync(0, &[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
         assert_eq!(r, vec![GlobalCounts { cur: 3, prev: 0 }]);
@@ -263,6 +277,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn local_store_restores_a_lost_count_from_the_floor() {
+        let s = LocalStore::new();
+        let d = |key_hash, cur, floor_cur, floor_prev| Delta {
+            key_hash,
+            window: 5,
+            cur,
+            prev: 0,
+            need_prev: true,
+            floor_cur,
+            floor_prev,
+        };
+        // (`s` stands for a store restarted empty: key 1 was at 100 before.)
+        assert_eq!(s.counts(1, 5), GlobalCounts::default());
+        // Two callers that knew 100 (and 40 in the previous window) restore it once.
+        let r = s.sync(0, &[d(1, 0, 100, 40)], 60, 5 * 60_000).await;
+        assert_eq!(r.unwrap(), vec![GlobalCounts { cur: 100, prev: 40 }]);
+        let r = s.sync(0, &[d(1, 2, 100, 40)], 60, 5 * 60_000).await;
+        assert_eq!(r.unwrap(), vec![GlobalCounts { cur: 102, prev: 40 }]);
+        // A floor below the stored total changes nothing.
+        let r = s.sync(0, &[d(1, 1, 50, 0)], 60, 5 * 60_000).await;
+        assert_eq!(r.unwrap(), vec![GlobalCounts { cur: 103, prev: 40 }]);
+    }
+
+    #[tokio::test]
     async fn local_store_bounded() {
         let s = LocalStore::with_max_keys(100);
         for i in 0..1000u128 {
@@ -272,6 +310,8 @@ mod tests {
                 cur: 1,
                 prev: 0,
                 need_prev: true,
+                floor_cur: 0,
+                floor_prev: 0,
             };
             s.sync(0, &[d], 60, 60_000).await.unwrap();
         }
