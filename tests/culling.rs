@@ -2,7 +2,7 @@
 //! real `redis-server`, real `portcullis` processes, real backends, no mocks.
 //!
 //! Every test runs with `check_interval_seconds = 1` and a small window/threshold so a
-//! cull happens within a few seconds. Client traffic comes from [`Load`], one keep-alive
+//! cull happens within a few seconds. Client traffic comes from [`Load`] (support kit), one keep-alive
 //! client thread per proxy that records every response (status, answering backend,
 //! start/end instants) so the tests can count exactly what clients saw before and after
 //! an ejection. The ejection instant of a proxy is the moment the test first *observes*
@@ -13,8 +13,6 @@ mod support;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 use support::*;
@@ -23,8 +21,6 @@ use support::*;
 const INTERVAL: Duration = Duration::from_secs(1);
 /// `error_threshold` of every test.
 const THRESHOLD: u64 = 5;
-/// Pause between two requests of one load thread (pacing, not synchronisation).
-const PACE: Duration = Duration::from_millis(4);
 /// User agents of the proxy's own requests to backends (not client traffic).
 const PROBE_UA: &str = "portcullis-cull-probe";
 const HEALTH_UA: &str = "portcullis-health-check";
@@ -249,154 +245,6 @@ fn wait_culled_everywhere(ps: &[Proxy], addr: &str, timeout: Duration) -> Vec<In
 
 fn secs(d: Duration) -> String {
     format!("{:.3} s", d.as_secs_f64())
-}
-
-// ---------------------------------------------------------------------------------------
-// client load with per-request records
-// ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone)]
-struct Sample {
-    proxy: usize,
-    start: Instant,
-    end: Instant,
-    /// `None`: transport error (no complete response).
-    status: Option<u16>,
-    /// `x-backend` of the response.
-    backend: Option<String>,
-    error: Option<String>,
-}
-
-impl Sample {
-    fn ok(&self) -> bool {
-        self.status.is_some_and(|s| (200..300).contains(&s))
-    }
-
-    /// A 500 passed through from backend `name` (its own failure, not the proxy's).
-    fn is_500_from(&self, name: &str) -> bool {
-        self.status == Some(500) && self.backend.as_deref() == Some(name)
-    }
-}
-
-/// One paced keep-alive client thread per proxy address, recording every response.
-struct Load {
-    stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<Sample>>>,
-    handles: Vec<JoinHandle<()>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Load {
-    fn start(addrs: &[String]) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let samples = Arc::new(Mutex::new(Vec::new()));
-        let handles = addrs
-            .iter()
-            .enumerate()
-            .map(|(proxy, addr)| {
-                let (stop, samples, addr) = (stop.clone(), samples.clone(), addr.clone());
-                thread::spawn(move || {
-                    let mut conn: Option<Conn> = None;
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::SeqCst) {
-                        n += 1;
-                        let start = Instant::now();
-                        let res = match conn.as_mut() {
-                            Some(c) => Ok(c),
-                            None => Conn::open(&addr).map(|c| conn.insert(c)),
-                        }
-                        .and_then(|c| c.request("GET", &format!("/load/{n}"), &[], b""));
-                        let end = Instant::now();
-                        let sample = match res {
-                            Ok(r) => {
-                                if r.header("connection")
-                                    .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-                                {
-                                    conn = None;
-                                }
-                                Sample {
-                                    proxy,
-                                    start,
-                                    end,
-                                    status: Some(r.status),
-                                    backend: r.header("x-backend").map(String::from),
-                                    error: None,
-                                }
-                            }
-                            Err(e) => {
-                                conn = None;
-                                Sample {
-                                    proxy,
-                                    start,
-                                    end,
-                                    status: None,
-                                    backend: None,
-                                    error: Some(e.to_string()),
-                                }
-                            }
-                        };
-                        lock(&samples).push(sample);
-                        thread::sleep(PACE);
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            samples,
-            handles,
-        }
-    }
-
-    fn count(&self, f: impl Fn(&Sample) -> bool) -> usize {
-        lock(&self.samples).iter().filter(|s| f(s)).count()
-    }
-
-    /// Waits until `f` holds for at least `n` recorded samples.
-    fn wait_for(&self, n: usize, what: &str, f: impl Fn(&Sample) -> bool) {
-        let ok = wait_until(DEADLINE, || self.count(&f) >= n);
-        assert!(
-            ok,
-            "load: fewer than {n} samples {what} within {DEADLINE:?} (have {})",
-            self.count(&f)
-        );
-    }
-
-    /// Waits until every proxy has `n` successful responses to requests started after
-    /// its instant in `after`.
-    fn wait_ok_after(&self, after: &[Instant], n: usize) {
-        for (i, t) in after.iter().enumerate() {
-            let t = *t;
-            self.wait_for(n, &format!("ok through proxy {i} after {t:?}"), |s| {
-                s.proxy == i && s.start > t && s.ok()
-            });
-        }
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        lock(&self.samples).clone()
-    }
-
-    fn finish(mut self) -> Vec<Sample> {
-        self.halt();
-        self.samples()
-    }
-
-    fn halt(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
-        }
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.halt();
-    }
 }
 
 /// End instant of the `n`-th (1-based) 5xx response from backend `name` through any

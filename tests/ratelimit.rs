@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
@@ -33,33 +33,6 @@ enabled = false
 "#,
         b.addr()
     )
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as u64
-}
-
-/// Polls the clock until the elapsed part of the current `window_ms` window lies in
-/// `[lo, hi]` ms; returns that window's index.
-fn wait_window_phase(window_ms: u64, lo: u64, hi: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_millis(3 * window_ms);
-    loop {
-        let t = now_ms();
-        let e = t % window_ms;
-        if (lo..=hi).contains(&e) {
-            return t / window_ms;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clock never reached phase [{lo}, {hi}]"
-        );
-        // Sleep at most until the phase opens (short naps; this is a clock poll).
-        let wait = if e < lo { lo - e } else { window_ms - e + lo };
-        thread::sleep(Duration::from_millis(wait.clamp(1, 20)));
-    }
 }
 
 /// A parsed structured-field item `"<name>";k=v;k=v`.

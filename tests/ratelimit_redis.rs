@@ -15,49 +15,12 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------------------
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as u64
-}
-
-/// Polls the clock until the elapsed part of the current `window_ms` window lies in
-/// `[lo, hi]` ms; returns that window's index.
-fn wait_window_phase(window_ms: u64, lo: u64, hi: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_millis(3 * window_ms);
-    loop {
-        let t = now_ms();
-        let e = t % window_ms;
-        if (lo..=hi).contains(&e) {
-            return t / window_ms;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clock never reached phase [{lo}, {hi}]"
-        );
-        let wait = if e < lo { lo - e } else { window_ms - e + lo };
-        thread::sleep(Duration::from_millis(wait.clamp(1, 20)));
-    }
-}
-
-/// Polls the clock until Unix time `t_ms`.
-fn wait_until_ms(t_ms: u64) {
-    loop {
-        let now = now_ms();
-        if now >= t_ms {
-            return;
-        }
-        thread::sleep(Duration::from_millis((t_ms - now).min(20)));
-    }
-}
 
 /// Two proxies' config: one upstream, `[redis]` with `flush_interval_ms = 50`, `extra`
 /// (the `[rate_limit]` section, maybe `[culling]`).

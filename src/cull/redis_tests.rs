@@ -64,7 +64,9 @@ async fn race(r: &RedisServer, prefix: &str, n: usize, p: &CullParams) -> (usize
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_respect_token_bucket() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let p = params(3, 1.0);
     let (granted, _renewed, _other) = race(&r, "t1", 60, &p).await;
     assert_eq!(granted, 3, "exactly `tokens` culls granted fleet-wide");
@@ -76,7 +78,9 @@ async fn concurrent_claims_respect_token_bucket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_respect_fraction() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     // A refill too slow to show within the test, so the token count is exact.
     let p = CullParams {
         token_period_secs: 100_000_000,
@@ -95,7 +99,9 @@ async fn concurrent_claims_respect_fraction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_costs_no_token_and_last_backend_stays() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let b = budget(&r, "t3");
     let p = params(2, 1.0);
     let ClaimOutcome::Granted {
@@ -145,7 +151,9 @@ async fn renew_costs_no_token_and_last_backend_stays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expiry_frees_the_slot() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let b = budget(&r, "t4");
     let p = params(10, 0.5);
     assert!(b.claim("app", "a", 2, &p).await.unwrap().is_held());
@@ -172,7 +180,9 @@ async fn lease_expiry_frees_the_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_prefixed_tagged_and_expire() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let b = budget(&r, "pfx");
     let p = params(10, 0.5);
     assert!(b.claim("app", "a", 4, &p).await.unwrap().is_held());
@@ -204,7 +214,9 @@ async fn keys_are_prefixed_tagged_and_expire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_commits_nothing() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let b = budget(&r, "t6");
     let mut p = params(1, 0.5);
     p.dry_run = true;
@@ -257,7 +269,9 @@ async fn redis_down_errors_quickly_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn claim_throughput() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let b = Arc::new(budget(&r, "bench"));
     let p = params(1_000_000, 1.0);
     let n = 20_000usize;
@@ -295,7 +309,9 @@ async fn claim_throughput() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_error_counts_add_up_across_instances() {
-    let Some(r) = RedisServer::try_start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let a = budget(&r, "fl");
     let b = budget(&r, "fl");
     let buckets = Buckets::new(60, 10);

@@ -449,4 +449,3 @@ fn serve_conn(stream: TcpStream, st: &BackendState) -> io::Result<()> {
         }
     }
 }
-

@@ -419,4 +419,3 @@ pub fn send_raw(addr: &str, bytes: &[u8]) -> RawOutcome {
         },
     }
 }
-

@@ -122,4 +122,3 @@ pub fn has_metric(text: &str, name: &str) -> bool {
                 .is_some_and(|s| matches!(s, "_bucket" | "_count" | "_sum"))
     })
 }
-

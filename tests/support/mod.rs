@@ -23,6 +23,8 @@ mod redis;
 
 // Each test crate uses a part of the kit; the rest is unused there.
 #[allow(unused_imports)]
+pub use self::redis::*;
+#[allow(unused_imports)]
 pub use backend::*;
 #[allow(unused_imports)]
 pub use client::*;
@@ -32,8 +34,6 @@ pub use load::*;
 pub use metrics::*;
 #[allow(unused_imports)]
 pub use proxy::*;
-#[allow(unused_imports)]
-pub use self::redis::*;
 
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
@@ -106,4 +106,3 @@ pub fn fnv1a(data: &[u8]) -> String {
     }
     format!("{h:016x}")
 }
-

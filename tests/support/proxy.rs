@@ -2,10 +2,10 @@
 //! table, ready once its admin `/readyz` answers 200; and `--check` runs.
 
 use std::fs;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
-use std::net::TcpStream;
 use std::time::Duration;
 
 use super::*;

@@ -13,6 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The program; the only place the Rust code names it.
+const REDIS_SERVER: &str = "redis-server";
+
 /// How long a fresh `redis-server` may take to answer PING on a loaded 2-core machine.
 const START_DEADLINE: Duration = Duration::from_secs(20);
 
@@ -34,7 +37,7 @@ pub struct RedisServer {
 impl RedisServer {
     /// Whether `redis-server` is on PATH (the unit tests skip with a note when it is not).
     pub fn available() -> bool {
-        let ok = Command::new("redis-server")
+        let ok = Command::new(REDIS_SERVER)
             .arg("--version")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -82,7 +85,7 @@ impl RedisServer {
             .append(true)
             .open(self.dir.path().join("redis.log"))
             .expect("redis log");
-        let child = Command::new("redis-server")
+        let child = Command::new(REDIS_SERVER)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", &self.dir.path().display().to_string()])
