@@ -128,14 +128,7 @@ backends = ["{}", "{}"]
 #[test]
 fn request_bodies_arrive_intact() {
     let a = Backend::start("A");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-"#,
-        a.addr()
-    ));
+    let p = Proxy::start(&one_upstream(&a));
 
     // small Content-Length body, echoed back
     let r = post(
@@ -184,14 +177,7 @@ backends = ["{}"]
 #[test]
 fn forwarding_headers() {
     let a = Backend::start("A");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-"#,
-        a.addr()
-    ));
+    let p = Proxy::start(&one_upstream(&a));
 
     let r = p.get("/h", &[]);
     assert_eq!(r.status, 200);

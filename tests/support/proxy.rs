@@ -40,6 +40,14 @@ fn server_table(listen: &str, admin: &str, sock: &Path, extra: &str) -> String {
     s
 }
 
+/// An `[[upstreams]]` table: upstream "app" with the one backend `b`.
+pub fn one_upstream(b: &Backend) -> String {
+    format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [\"{}\"]\n",
+        b.addr()
+    )
+}
+
 /// A running `portcullis` process on free ports.
 pub struct Proxy {
     child: Option<Child>,
@@ -146,6 +154,28 @@ impl Proxy {
         }
     }
 
+    /// [`Proxy::spawn_upgrade`], then waits until the new process listens on
+    /// `upgrade_sock`; panics with its logs if it exits first or never listens.
+    pub fn spawn_upgrade_listening(&self) -> Proxy {
+        let mut new = self.spawn_upgrade();
+        let sock = self.dir.path().join("upgrade.sock");
+        let listening = wait_until(DEADLINE, || {
+            assert!(
+                new.is_running(),
+                "new process exited; logs:\n{}",
+                new.logs()
+            );
+            sock.exists()
+        });
+        assert!(
+            listening,
+            "new process never listened on {}; logs:\n{}",
+            sock.display(),
+            new.logs()
+        );
+        new
+    }
+
     /// Waits (20 s) until admin `/readyz` answers 200; panics with the logs if the process
     /// exits or the deadline passes.
     pub fn wait_ready(&mut self) {
@@ -246,6 +276,12 @@ impl Proxy {
             status.is_some()
         });
         status
+    }
+
+    /// [`Proxy::wait_exit`] that panics (with `what` and the logs) when it does not exit.
+    pub fn expect_exit(&mut self, timeout: Duration, what: &str) -> ExitStatus {
+        self.wait_exit(timeout)
+            .unwrap_or_else(|| panic!("{what} did not exit; logs:\n{}", self.logs()))
     }
 
     /// Stderr+stdout of the process so far.
