@@ -146,6 +146,14 @@ fn start_proxies(n: usize, conf: &str) -> Vec<Proxy> {
     (0..n).map(|_| Proxy::start(conf)).collect()
 }
 
+/// [`Load`] through every proxy of `ps`, once each has answered `ok_each` requests with 2xx.
+fn warm_load(ps: &[Proxy], ok_each: usize) -> Load {
+    let addrs: Vec<String> = ps.iter().map(Proxy::addr).collect();
+    let load = Load::start(&addrs);
+    load.wait_ok_after(&vec![Instant::now(); ps.len()], ok_each);
+    load
+}
+
 // ---------------------------------------------------------------------------------------
 // observation helpers
 // ---------------------------------------------------------------------------------------
@@ -323,8 +331,7 @@ fn failing_backend_is_culled_within_two_intervals_on_every_instance() {
     let bs = four_backends();
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -410,8 +417,7 @@ fn culled_backend_receives_no_requests_from_any_instance() {
     let bs = four_backends();
     let cfg = CullCfg::new(Some(&redis)); // cooldown 30 s: no probe during the test
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[2];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -476,8 +482,7 @@ fn client_visible_errors_during_a_cull_are_only_the_backends_own() {
     let bs = four_backends();
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[3];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -540,8 +545,7 @@ fn stopped_backend_is_culled_and_clients_see_no_errors() {
     let mut bs = four_backends();
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     // The backend goes away between two requests (a request it had already accepted
     // when killed would be a different failure: a reset mid-request, not a refused
@@ -615,8 +619,7 @@ fn hanging_backend_times_out_and_is_culled() {
     let mut cfg = CullCfg::new(Some(&redis));
     cfg.read_timeout_ms = 300; // a timeout is an error too
     let ps = start_proxies(1, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[2];
     let t_hang = Instant::now();
@@ -670,8 +673,7 @@ fn without_a_token_a_second_failing_backend_is_not_culled() {
     cfg.token_period = 3600;
     cfg.window = 30;
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let first = &bs[0];
     fail_and_wait_cull(&ps, &load, first, Mode::Fail(500));
@@ -726,8 +728,7 @@ fn all_backends_failing_alike_is_systemic_and_nothing_is_culled() {
     let cfg = CullCfg::new(Some(&redis)); // max_culled_fraction 0.5 → at most 2 of 4
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     for b in &bs {
         b.set_mode(Mode::Fail(500));
@@ -793,8 +794,7 @@ fn two_failing_with_fraction_quarter_culls_only_one() {
     cfg.window = 30;
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let _load = warm_load(&ps, 20);
 
     bs[1].set_mode(Mode::Fail(500));
     bs[2].set_mode(Mode::Fail(503));
@@ -846,8 +846,7 @@ fn with_redis_down_nothing_is_culled_and_traffic_is_served() {
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
     // The budget store answered at least once (the gauge comes from a snapshot).
     assert_eventually!(p.metric("portcullis_cull_tokens_available") == Some(10.0));
 
@@ -908,8 +907,7 @@ fn with_redis_down_an_existing_cull_ends_with_its_lease_on_every_instance() {
     cfg.cooldown = 3; // lease = 5 s
     let lease = cfg.lease_ttl();
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1051,8 +1049,7 @@ fn recovered_backend_is_readmitted_after_cooldown() {
     let mut cfg = CullCfg::new(Some(&redis));
     cfg.cooldown = 2;
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1119,8 +1116,7 @@ fn readmission_probe_uses_health_check_path() {
     cfg.health_path = "/health".into();
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[2];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1174,8 +1170,7 @@ fn lease_expires_by_itself_when_every_proxy_dies() {
     cfg.cooldown = 3; // lease = max(3 × 1, 3 + 2 × 1) = 5 s
     let lease = cfg.lease_ttl();
     let mut ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[0];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1248,8 +1243,7 @@ fn when_the_holder_dies_the_lease_lapses_and_a_survivor_takes_over() {
     let lease = cfg.lease_ttl();
     let conf = cfg.render(&bs);
     let mut ps = start_proxies(1, &conf);
-    let load = Load::start(&[ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[3];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1321,8 +1315,7 @@ fn dry_run_reports_but_keeps_the_backend_in_rotation() {
     cfg.window = 4; // so that the report clears soon after recovery
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[3];
     bad.set_mode(Mode::Fail(500));
@@ -1386,8 +1379,7 @@ fn webhook_receives_a_post_on_cull() {
     let mut cfg = CullCfg::new(Some(&redis));
     cfg.webhook = format!("http://{}/hooks/cull", hook.addr());
     let ps = start_proxies(1, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[0];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(502));
@@ -1432,8 +1424,7 @@ fn without_redis_a_failing_backend_is_culled_too() {
     let cfg = CullCfg::new(None);
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[2];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));

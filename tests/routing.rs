@@ -103,15 +103,7 @@ backends = ["{}"]
 fn round_robin_across_backends_of_one_upstream() {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}", "{}"]
-"#,
-        a.addr(),
-        b.addr()
-    ));
+    let p = Proxy::start(&upstream_of(&[&a, &b]));
     let n = 40;
     for i in 0..n {
         let r = p.get(&format!("/rr/{i}"), &[]);
@@ -244,15 +236,7 @@ connect_timeout_ms = 1000
 fn stopped_backend_after_traffic_is_retried_on_the_other() {
     let mut a = Backend::start("A");
     let b = Backend::start("B");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}", "{}"]
-"#,
-        a.addr(),
-        b.addr()
-    ));
+    let p = Proxy::start(&upstream_of(&[&a, &b]));
     for i in 0..6 {
         assert_eq!(p.get(&format!("/warm/{i}"), &[]).status, 200);
     }

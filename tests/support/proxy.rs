@@ -42,9 +42,18 @@ fn server_table(listen: &str, admin: &str, sock: &Path, extra: &str) -> String {
 
 /// An `[[upstreams]]` table: upstream "app" with the one backend `b`.
 pub fn one_upstream(b: &Backend) -> String {
+    upstream_of(&[b])
+}
+
+/// An `[[upstreams]]` table: upstream "app" with `backends` in that order.
+pub fn upstream_of(backends: &[&Backend]) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|b| format!("\"{}\"", b.addr()))
+        .collect();
     format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"{}\"]\n",
-        b.addr()
+        "[[upstreams]]\nname = \"app\"\nbackends = [{}]\n",
+        list.join(", ")
     )
 }
 
