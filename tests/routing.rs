@@ -7,15 +7,7 @@ use support::*;
 
 fn two_upstreams(a: &Backend, b: &Backend) -> String {
     format!(
-        r#"
-[[upstreams]]
-name = "alpha"
-backends = ["{a}"]
-
-[[upstreams]]
-name = "beta"
-backends = ["{b}"]
-
+        r#"{}
 [[routes]]
 path_prefix = "/api"
 upstream = "alpha"
@@ -33,8 +25,7 @@ upstream = "beta"
 path_prefix = "/"
 upstream = "alpha"
 "#,
-        a = a.addr(),
-        b = b.addr()
+        upstreams(&[("alpha", &[a]), ("beta", &[b])])
     )
 }
 
@@ -76,19 +67,7 @@ fn routes_by_longest_prefix_and_host() {
 fn without_routes_everything_goes_to_first_upstream() {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "first"
-backends = ["{}"]
-
-[[upstreams]]
-name = "second"
-backends = ["{}"]
-"#,
-        a.addr(),
-        b.addr()
-    ));
+    let p = Proxy::start(&upstreams(&[("first", &[&a]), ("second", &[&b])]));
     for path in ["/", "/api", "/api/v2/x", "/second"] {
         for host in ["localhost", "b.example"] {
             let r = p.get(path, &[("Host", host)]);
@@ -206,6 +185,20 @@ fn forwarding_headers() {
     );
 }
 
+/// `n` GETs on `/{prefix}/{i}`, each answered 200 by backend `name` (retried there).
+fn expect_all_from(p: &Proxy, prefix: &str, n: usize, name: &str) {
+    for i in 0..n {
+        let r = p.get(&format!("/{prefix}/{i}"), &[]);
+        assert_eq!(
+            r.status,
+            200,
+            "request {i} must be retried on {name}: {}",
+            r.body_str()
+        );
+        assert_eq!(r.header("x-backend"), Some(name));
+    }
+}
+
 #[test]
 fn connect_failure_is_retried_on_another_backend() {
     let live = Backend::start("live");
@@ -219,16 +212,7 @@ connect_timeout_ms = 1000
 "#,
         live.addr()
     ));
-    for i in 0..12 {
-        let r = p.get(&format!("/r/{i}"), &[]);
-        assert_eq!(
-            r.status,
-            200,
-            "request {i} must be retried on the live backend: {}",
-            r.body_str()
-        );
-        assert_eq!(r.header("x-backend"), Some("live"));
-    }
+    expect_all_from(&p, "r", 12, "live");
     assert_eq!(live.requests(), 12);
 }
 
@@ -242,16 +226,7 @@ fn stopped_backend_after_traffic_is_retried_on_the_other() {
     }
     assert!(a.requests() > 0 && b.requests() > 0);
     a.stop();
-    for i in 0..12 {
-        let r = p.get(&format!("/after-stop/{i}"), &[]);
-        assert_eq!(
-            r.status,
-            200,
-            "request {i} after stopping A: {}",
-            r.body_str()
-        );
-        assert_eq!(r.header("x-backend"), Some("B"));
-    }
+    expect_all_from(&p, "after-stop", 12, "B");
 }
 
 #[test]

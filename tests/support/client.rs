@@ -251,6 +251,18 @@ impl Conn {
         })
     }
 
+    /// Request line and `headers`, plus `Host` unless given; no blank line yet.
+    fn head(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
+        let mut req = format!("{method} {path} HTTP/1.1\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req
+    }
+
     /// Sends one request with a Content-Length body (when `body` is non-empty or the method
     /// is POST/PUT) and reads the response. A `Host` header is added unless given.
     pub fn request(
@@ -260,13 +272,7 @@ impl Conn {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> io::Result<Resp> {
-        let mut req = format!("{method} {path} HTTP/1.1\r\n");
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-            req.push_str(&format!("Host: {}\r\n", self.addr));
-        }
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
+        let mut req = self.head(method, path, headers);
         let has_te = headers
             .iter()
             .any(|(k, _)| k.eq_ignore_ascii_case("transfer-encoding"));
@@ -291,13 +297,7 @@ impl Conn {
         headers: &[(&str, &str)],
         chunks: &[&[u8]],
     ) -> io::Result<Resp> {
-        let mut req = format!("{method} {path} HTTP/1.1\r\n");
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-            req.push_str(&format!("Host: {}\r\n", self.addr));
-        }
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
+        let mut req = self.head(method, path, headers);
         req.push_str("Transfer-Encoding: chunked\r\n\r\n");
         self.r.stream.write_all(req.as_bytes())?;
         for c in chunks {

@@ -47,14 +47,22 @@ pub fn one_upstream(b: &Backend) -> String {
 
 /// An `[[upstreams]]` table: upstream "app" with `backends` in that order.
 pub fn upstream_of(backends: &[&Backend]) -> String {
-    let list: Vec<String> = backends
-        .iter()
-        .map(|b| format!("\"{}\"", b.addr()))
-        .collect();
-    format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [{}]\n",
-        list.join(", ")
-    )
+    upstreams(&[("app", backends)])
+}
+
+/// `[[upstreams]]` tables, one per `(name, backends)`, in that order.
+pub fn upstreams(list: &[(&str, &[&Backend])]) -> String {
+    let table = |(name, backends): &(&str, &[&Backend])| {
+        let addrs: Vec<String> = backends
+            .iter()
+            .map(|b| format!("\"{}\"", b.addr()))
+            .collect();
+        format!(
+            "[[upstreams]]\nname = \"{name}\"\nbackends = [{}]\n\n",
+            addrs.join(", ")
+        )
+    };
+    list.iter().map(table).collect()
 }
 
 /// A running `portcullis` process on free ports.
