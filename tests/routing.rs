@@ -185,6 +185,15 @@ fn forwarding_headers() {
     );
 }
 
+/// Upstream "app" on `addrs` (some of which may be dead) with `connect_timeout_ms`.
+fn app_with_timeout(addrs: &[&str], connect_timeout_ms: u64) -> String {
+    let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [{}]\nconnect_timeout_ms = {connect_timeout_ms}\n",
+        list.join(", ")
+    )
+}
+
 /// `n` GETs on `/{prefix}/{i}`, each answered 200 by backend `name` (retried there).
 fn expect_all_from(p: &Proxy, prefix: &str, n: usize, name: &str) {
     for i in 0..n {
@@ -203,15 +212,7 @@ fn expect_all_from(p: &Proxy, prefix: &str, n: usize, name: &str) {
 fn connect_failure_is_retried_on_another_backend() {
     let live = Backend::start("live");
     let dead = format!("127.0.0.1:{}", free_port()); // nothing listens here
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{dead}", "{}"]
-connect_timeout_ms = 1000
-"#,
-        live.addr()
-    ));
+    let p = Proxy::start(&app_with_timeout(&[&dead, &live.addr()], 1000));
     expect_all_from(&p, "r", 12, "live");
     assert_eq!(live.requests(), 12);
 }
@@ -233,14 +234,7 @@ fn stopped_backend_after_traffic_is_retried_on_the_other() {
 fn no_backend_reachable_is_503_with_retry_after() {
     let d1 = format!("127.0.0.1:{}", free_port());
     let d2 = format!("127.0.0.1:{}", free_port());
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{d1}", "{d2}"]
-connect_timeout_ms = 500
-"#
-    ));
+    let p = Proxy::start(&app_with_timeout(&[&d1, &d2], 500));
     let mut seen = HashSet::new();
     for i in 0..3 {
         let r = p.get(&format!("/nothing/{i}"), &[]);
