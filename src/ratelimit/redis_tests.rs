@@ -7,6 +7,9 @@ use super::hash::stable_hash;
 use super::limiter::tests::{simulate, T0};
 use super::*;
 
+// The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
+// both mount it (the lib has no shared test module to mount it once).
+#[allow(clippy::duplicate_mod)]
 #[path = "../../tests/support/redis.rs"]
 mod redis_server;
 use redis_server::RedisServer;
