@@ -1,14 +1,19 @@
-//! End-to-end test support: real processes, real sockets, no mocks.
+//! End-to-end test support: real processes, real sockets, no mocks. One module per concern,
+//! all re-exported here so a test writes `use support::*;`:
 //!
-//! * [`RedisServer`] — a real `redis-server` on a free port (never 6379) that a test can
-//!   kill and restart.
-//! * [`Backend`] — a real HTTP/1.1 server whose behaviour ([`Mode`]) can be changed at run
-//!   time; it counts requests, tracks concurrency and echoes what it received.
-//! * [`Proxy`] — the real `portcullis` binary started on free ports with a generated
-//!   `[server]` table, ready once its admin `/readyz` answers 200.
-//! * A small blocking HTTP/1.1 client ([`get`], [`post`], [`send_raw`], [`Conn`]).
-//! * Polling helpers ([`wait_until`], [`eventually`], `assert_eventually!`) and a
-//!   Prometheus text matcher ([`metric_value`]).
+//! * `redis` — [`RedisServer`]: a real `redis-server` on a free port (never 6379) that a
+//!   test can kill and restart. Self-contained: the crate's unit tests mount it too, so it
+//!   is the one place that starts `redis-server`.
+//! * `backend` — [`Backend`]: a real HTTP/1.1 server whose behaviour ([`Mode`]) can be
+//!   changed at run time; it counts requests, tracks concurrency and echoes what it received.
+//! * `proxy` — [`Proxy`]: the real `portcullis` binary on free ports with a generated
+//!   `[server]` table, ready once its admin `/readyz` answers 200; `[[upstreams]]` builders
+//!   ([`one_upstream`], [`upstreams`]) and `--check` runs ([`check_config`]).
+//! * `client` — a small blocking HTTP/1.1 client ([`get`], [`post`], [`send_raw`], [`Conn`]).
+//! * `metrics` — a Prometheus text matcher ([`metric_value`]).
+//! * `load` — client load ([`Load`], [`concurrently`]) and epoch-aligned window timing
+//!   ([`now_ms`], [`wait_window_phase`]).
+//! * here — polling helpers ([`wait_until`], [`eventually`], `assert_eventually!`).
 //!
 //! Everything is std-only (threads, blocking sockets) so tests need no async runtime.
 //! Every blocking read has a timeout so a broken proxy fails a test instead of hanging it.
