@@ -192,7 +192,11 @@ start_proxy() { # CONFIG ADMIN_PORT NAME
   say "started portcullis $3 (pid $pid) with $1: admin on 127.0.0.1:$2"
 }
 
-say "portcullis demo: $SOURCE_CONFIG, ${REDIS_URL:+two instances sharing $REDIS_URL}${REDIS_URL:-one instance, in-process store}"
+if [ -n "$REDIS_URL" ]; then
+  say "portcullis demo: $SOURCE_CONFIG, two instances sharing $REDIS_URL"
+else
+  say "portcullis demo: $SOURCE_CONFIG, one instance, in-process store"
+fi
 say "proxy binary: $PORTCULLIS_BIN"
 start_backend "$B1_PORT"
 start_backend "$B2_PORT"
@@ -263,9 +267,18 @@ else
   LAST=$B
 fi
 [ "${refused:-0}" -ge 1 ] || fail "no 429 after $n requests with one key"
-run "curl -si -H 'x-api-key: $KEY' $LAST/"
-limited=$OUT
-[ "$(status_of "$limited")" = 429 ] || fail "expected 429, got: $(head -n 1 <<<"$limited")"
+# With several instances an instance may refuse a key for its share of what the fleet
+# had left and admit it again after the next sync; repeat until the key is refused.
+tries=0
+refuses() {
+  limited=$("${CURL[@]}" -i -H "x-api-key: $KEY" "$LAST/" | tr -d '\r')
+  tries=$((tries + 1))
+  [ "$(status_of "$limited")" = 200 ] && admitted=$((admitted + 1))
+  [ "$(status_of "$limited")" = 429 ]
+}
+wait_for 10 refuses || fail "expected 429, got: $(head -n 1 <<<"$limited")"
+say "\$ curl -si -H 'x-api-key: $KEY' $LAST/$([ "$tries" -gt 1 ] && printf '   (request %s: the first refused)' "$tries")"
+say "$limited"
 ra=$(header "$limited" Retry-After)
 [[ "$ra" =~ ^[0-9]+$ ]] && [ "$ra" -ge 1 ] || fail "Retry-After is '$ra', expected an integer >= 1"
 [ "$(header "$limited" RateLimit-Policy)" = "\"$POLICY\";q=$LIMIT;w=$WINDOW" ] || fail "429 without RateLimit-Policy \"$POLICY\";q=$LIMIT;w=$WINDOW"
