@@ -157,10 +157,10 @@ done
 # reloads, and with REDIS_URL it gains a [redis] section.
 CFG_A="$TMP/a.toml"
 write_config() { # OUT PROXY_PORT ADMIN_PORT NAME
-  sed -e "s/^listen = \[.*/listen = [\"127.0.0.1:$2\"]/" \
-      -e "s/^admin_listen = .*/admin_listen = \"127.0.0.1:$3\"/" \
-      -e "s/^backends = .*/backends = [\"127.0.0.1:$B1_PORT\", \"127.0.0.1:$B2_PORT\"]/" \
-      -e "s#^upgrade_sock = .*#upgrade_sock = \"$TMP/upgrade-$4.sock\"#" \
+  sed -e "s/^listen = \[[^]]*\]/listen = [\"127.0.0.1:$2\"]/" \
+      -e "s/^admin_listen = \"[^\"]*\"/admin_listen = \"127.0.0.1:$3\"/" \
+      -e "s/^backends = \[[^]]*\]/backends = [\"127.0.0.1:$B1_PORT\", \"127.0.0.1:$B2_PORT\"]/" \
+      -e "s#^upgrade_sock = \"[^\"]*\"#upgrade_sock = \"$TMP/upgrade-$4.sock\"#" \
       "$SOURCE_CONFIG" >"$1"
   if [ -n "$REDIS_URL" ]; then
     grep -q '^\[redis\]' "$1" && fail "$SOURCE_CONFIG already has [redis]; unset REDIS_URL"
@@ -325,7 +325,7 @@ run "curl -si $A/"
 shed=$OUT
 wait "$burst" || true
 burst_codes=$(cat "$TMP/burst")
-say "-- the burst of 30: $(sort <<<"$burst_codes" | uniq -c | tr '\n' ' ' | tr -s ' ')"
+say "-- the burst of 30: $(sort <<<"$burst_codes" | uniq -c | tr '\n' ' ' | tr -s ' ' | sed 's/^ //; s/ $//')"
 [ "$(status_of "$shed")" = 503 ] || fail "expected 503 while the cap is full, got: $(head -n 1 <<<"$shed")"
 sra=$(header "$shed" Retry-After)
 [[ "$sra" =~ ^[0-9]+$ ]] && [ "$sra" -ge 1 ] || fail "shed 503 Retry-After is '$sra', expected an integer >= 1"

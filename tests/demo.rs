@@ -22,6 +22,8 @@ const TOUR_DEADLINE: Duration = Duration::from_secs(240);
 struct Demo {
     child: Option<Child>,
     log: tempfile::NamedTempFile,
+    /// `(port used, the shipped default it stands for)`.
+    ports: Vec<(u16, u16)>,
 }
 
 impl Demo {
@@ -30,16 +32,22 @@ impl Demo {
         let out = log.reopen().expect("reopen log");
         let err = out.try_clone().expect("clone log");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/demo.sh");
-        let ports = format!("{} {}", free_port(), free_port());
+        let ports: Vec<(u16, u16)> = [8080, 9090, 8081, 9091, 9001, 9002]
+            .into_iter()
+            .map(|default| (free_port(), default))
+            .collect();
         let mut cmd = Command::new("bash");
         cmd.arg(script)
             .env("PORTCULLIS_BIN", env!("CARGO_BIN_EXE_portcullis"))
             .env("DEMO_BACKEND_BIN", env!("CARGO_BIN_EXE_demo_backend"))
-            .env("DEMO_PROXY_PORT", free_port().to_string())
-            .env("DEMO_ADMIN_PORT", free_port().to_string())
-            .env("DEMO_PROXY2_PORT", free_port().to_string())
-            .env("DEMO_ADMIN2_PORT", free_port().to_string())
-            .env("DEMO_BACKEND_PORTS", ports)
+            .env("DEMO_PROXY_PORT", ports[0].0.to_string())
+            .env("DEMO_ADMIN_PORT", ports[1].0.to_string())
+            .env("DEMO_PROXY2_PORT", ports[2].0.to_string())
+            .env("DEMO_ADMIN2_PORT", ports[3].0.to_string())
+            .env(
+                "DEMO_BACKEND_PORTS",
+                format!("{} {}", ports[4].0, ports[5].0),
+            )
             .env_remove("REDIS_URL")
             .env_remove("DEMO_CONFIG")
             .stdin(Stdio::null())
@@ -52,10 +60,12 @@ impl Demo {
         Demo {
             child: Some(child),
             log,
+            ports,
         }
     }
 
-    /// Waits for the script to end; returns its exit code and everything it printed.
+    /// Waits for the script to end; returns its exit code and everything it printed,
+    /// with the free ports it used written as the shipped defaults they stand for.
     fn finish(mut self) -> (Option<i32>, String) {
         let deadline = Instant::now() + TOUR_DEADLINE;
         let mut child = self.child.take().expect("running");
@@ -76,7 +86,10 @@ impl Demo {
     }
 
     fn output(&self) -> String {
-        fs::read_to_string(self.log.path()).unwrap_or_default()
+        let raw = fs::read_to_string(self.log.path()).unwrap_or_default();
+        self.ports.iter().fold(raw, |text, &(used, default)| {
+            replace_port(&text, used, default)
+        })
     }
 }
 
@@ -101,6 +114,68 @@ impl Drop for Demo {
             terminate(&mut c);
         }
     }
+}
+
+/// `127.0.0.1:<used>` written as `127.0.0.1:<default>` (not when more digits follow).
+fn replace_port(text: &str, used: u16, default: u16) -> String {
+    let from = format!("127.0.0.1:{used}");
+    let to = format!("127.0.0.1:{default}");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(&from) {
+        let after = &rest[i + from.len()..];
+        out.push_str(&rest[..i]);
+        if after.starts_with(|c: char| c.is_ascii_digit()) {
+            out.push_str(&from);
+        } else {
+            out.push_str(&to);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether `line` matches `pattern`, where `…` in the pattern stands for any text
+/// (both trimmed; without `…` they must be equal).
+fn matches(pattern: &str, line: &str) -> bool {
+    let (pattern, line) = (pattern.trim(), line.trim());
+    let parts: Vec<&str> = pattern.split('…').collect();
+    if parts.len() == 1 {
+        return pattern == line;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !line.starts_with(first) || line.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &line[first.len()..];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// The README's expected tour output: the `text` block after the demo-output marker.
+fn readme_expected_output() -> Vec<String> {
+    let readme = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("read README.md");
+    let marker = readme
+        .find("<!-- demo-output")
+        .expect("README.md has the demo-output marker");
+    let block = &readme[marker..];
+    let start = block
+        .find("```text\n")
+        .expect("a text block after the marker")
+        + 8;
+    let end = block[start..].find("```").expect("the block ends") + start;
+    block[start..end]
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// The text of step `n` (from its `== n/5` heading to the next heading).
@@ -172,7 +247,11 @@ fn assert_tour(code: Option<i32>, out: &str) {
     // 4: culled, visible in /status, then readmitted and serving again.
     let s4 = step(out, 4);
     assert_has(s4, "\"state\": \"culled\"", "step 4");
-    assert_has(s4, "portcullis_cull_decisions_total{result=\"culled\"} 1", "step 4");
+    assert_has(
+        s4,
+        "portcullis_cull_decisions_total{result=\"culled\"} 1",
+        "step 4",
+    );
     assert_has(s4, "readmitted at t=", "step 4");
     assert_has(
         s4,
@@ -204,6 +283,35 @@ fn tour_on_the_in_process_store() {
     let (code, out) = Demo::start(&[]).finish();
     assert_tour(code, &out);
     assert_has(&out, "one instance, in-process store", "heading");
+    // The README's expected output, line by line and in order.
+    let expected = readme_expected_output();
+    assert!(expected.len() > 40, "README block too short: {expected:?}");
+    let mut lines = out.lines();
+    for want in &expected {
+        assert!(
+            lines.any(|l| matches(want, l)),
+            "README line {want:?} not found (in order) in the tour's output:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn readme_line_matching() {
+    assert!(matches(
+        "ok 2: … admitted (limit 600), then …",
+        "ok 2: 600 of 636 requests admitted (limit 600), then 429"
+    ));
+    assert!(matches("… 200", "    599 200"));
+    assert!(!matches("… 200", "    36 429"));
+    assert!(!matches(
+        "HTTP/1.1 200 OK",
+        "HTTP/1.1 503 Service Unavailable"
+    ));
+    assert!(!matches("a…b…c", "a c b"));
+    assert_eq!(
+        replace_port("127.0.0.1:4000 127.0.0.1:40001", 4000, 8080),
+        "127.0.0.1:8080 127.0.0.1:40001"
+    );
 }
 
 #[test]
@@ -228,13 +336,13 @@ fn tour_on_two_instances_sharing_redis() {
 /// responses, step 1 cannot show them, and the tour fails there.
 #[test]
 fn tour_fails_when_a_step_does_not_show_what_it_claims() {
-    let shipped = fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/conf/portcullis.toml"
-    ))
-    .expect("read conf/portcullis.toml");
+    let shipped = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/portcullis.toml"))
+        .expect("read conf/portcullis.toml");
     let changed = shipped.replacen("\nheaders = true", "\nheaders = false", 1);
-    assert_ne!(changed, shipped, "conf/portcullis.toml has no `headers = true`");
+    assert_ne!(
+        changed, shipped,
+        "conf/portcullis.toml has no `headers = true`"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = dir.path().join("no-headers.toml");
     fs::write(&cfg, changed).expect("write config");
