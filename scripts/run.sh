@@ -8,7 +8,8 @@
 # when the proxy exits. With your own config nothing but the proxy is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# cmake builds Pingora; Redis is not needed to run (setup.sh installs or names both).
+command -v cmake >/dev/null 2>&1 || scripts/setup.sh
 conf=${1:-conf/portcullis.toml}
 target=${CARGO_TARGET_DIR:-target}
 cargo build --release --bin portcullis --bin demo_backend
