@@ -34,15 +34,19 @@ REDIS_URL=${REDIS_URL:-}
 RUN="$$-$(date +%s)"
 START=$SECONDS
 STEP=setup
-PIDS=()
+PIDS=()       # demo backends: SIGTERM
+PROXY_PIDS=() # proxies: SIGINT, their fast exit (SIGTERM would drain for drain_seconds)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/portcullis-demo.XXXXXX")
 
 cleanup() {
   local pid
+  for pid in "${PROXY_PIDS[@]}"; do
+    kill -INT "$pid" 2>/dev/null || true
+  done
   for pid in "${PIDS[@]}"; do
     kill "$pid" 2>/dev/null || true
   done
-  for pid in "${PIDS[@]}"; do
+  for pid in "${PROXY_PIDS[@]}" "${PIDS[@]}"; do
     wait "$pid" 2>/dev/null || true
   done
   rm -rf "$TMP"
@@ -186,7 +190,7 @@ start_backend() { # PORT
 start_proxy() { # CONFIG ADMIN_PORT NAME
   "$PORTCULLIS_BIN" -c "$1" >>"$TMP/proxy-$3.log" 2>&1 &
   local pid=$!
-  PIDS+=("$pid")
+  PROXY_PIDS+=("$pid")
   ready() { [ "$("${CURL[@]}" -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/readyz")" = 200 ]; }
   wait_for 60 ready "$2" || fail "portcullis ($3) not ready on admin port $2"
   say "started portcullis $3 (pid $pid) with $1: admin on 127.0.0.1:$2"
@@ -235,9 +239,7 @@ n=$((LIMIT + LIMIT / 20 + 5))
 admitted=1
 if [ -z "$REDIS_URL" ]; then
   run "curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: $KEY' '$A/limited/[1-$n]' | sort | uniq -c"
-  codes=$("${CURL[@]}" --max-time 120 -o /dev/null -w '%{http_code}\n' -H "x-api-key: $KEY" "$A/again/[1-5]")
-  say "(and 5 more: $(tr '\n' ' ' <<<"$codes"))"
-  admitted=$((admitted + $(uc 200) + $(count 200 "$codes")))
+  admitted=$((admitted + $(uc 200)))
   refused=$(uc 429)
   LAST=$A
 else
