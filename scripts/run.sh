@@ -20,6 +20,9 @@ cleanup() {
   for pid in "${backends[@]}"; do
     kill "$pid" 2>/dev/null || true
   done
+  for pid in "${backends[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
 }
 trap cleanup EXIT
 
