@@ -2,14 +2,17 @@
 # shellcheck shell=bash
 
 # render TEMPLATE OUT KEY=VALUE...: copy a conf/ template to OUT with every
-# {{KEY}} replaced by VALUE; fails if a {{UPPER_CASE}} placeholder is left.
+# {{KEY}} replaced by VALUE (a later KEY=... overrides an earlier one); fails
+# if a {{UPPER_CASE}} placeholder is left.
 render() {
-  local src=$1 out=$2 text kv
+  local src=$1 out=$2 text kv k
+  local -A val=()
   shift 2
   [ -f "$src" ] || die "template missing: $src"
+  for kv in "$@"; do val[${kv%%=*}]=${kv#*=}; done
   text=$(<"$src")
-  for kv in "$@"; do
-    text=${text//"{{${kv%%=*}}}"/"${kv#*=}"}
+  for k in "${!val[@]}"; do
+    text=${text//"{{$k}}"/"${val[$k]}"}
   done
   if [[ $text =~ \{\{[A-Z_]+\}\} ]]; then
     die "$src: placeholder ${BASH_REMATCH[0]} not filled"
