@@ -18,6 +18,12 @@ MALLOC = {
     "_int_malloc", "_int_free", "malloc", "cfree@GLIBC_2.2.5", "malloc_consolidate",
     "unlink_chunk.constprop.0", "realloc", "_int_realloc", "free", "__libc_malloc",
 }
+# jemalloc as linked by tikv-jemallocator: _rjem_* plus a few static internals
+JEMALLOC = re.compile(r"^(_rjem_|tikv_jemalloc|do_rallocx$|ifree$|isfree$)")
+
+
+def is_alloc(sym):
+    return sym in MALLOC or bool(JEMALLOC.match(sym))
 TOP_SYMBOLS = 20
 TOP_FRAMES = 12
 
@@ -110,8 +116,8 @@ def main():
     row("kernel (`[kernel.kallsyms]`)", lambda x: fmt(dso_share(x, lambda n: n == "[kernel.kallsyms]")))
     row("glibc (`libc.so.6`)", lambda x: fmt(dso_share(x, lambda n: n.startswith("libc."))))
     row("the binary itself", lambda x: fmt(dso_share(x, lambda n: n in ("portcullis", "bare_pingora"))))
-    row("malloc family, self time (flat profile)",
-        lambda x: fmt(sum(p for p, _, s in x["syms"] if s in MALLOC) if x["syms"] else None))
+    row("allocator (glibc malloc family or jemalloc), self time (flat profile)",
+        lambda x: fmt(sum(p for p, _, s in x["syms"] if is_alloc(s)) if x["syms"] else None))
     row("allocator + memcpy leaf samples (call-graph run)",
         lambda x: fmt(float(x["head"]["allocator/memcpy leaf samples"].rstrip("%")))
         if "allocator/memcpy leaf samples" in x["head"] else "–")
