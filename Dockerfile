@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build: a Rust builder with cmake (Pingora's zlib-ng), then a slim
 # non-root runtime.
-FROM rust:1.85-bookworm AS builder
+# Base images pinned by digest (unverified here: no container engine; see README).
+FROM rust:1.85-bookworm@sha256:e51d0265072d2d9d5d320f6a44dde6b9ef13653b035098febd68cce8fa7c0bc4 AS builder
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake \
  && rm -rf /var/lib/apt/lists/*
@@ -13,7 +14,7 @@ COPY conf ./conf
 RUN cargo build --release --locked --bin portcullis \
  && ./target/release/portcullis -c conf/portcullis.toml --check
 
-FROM debian:bookworm-slim
+FROM debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/* \

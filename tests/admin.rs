@@ -15,20 +15,7 @@ const METRICS: &[&str] = &[
 ];
 
 fn config(a: &Backend, b: &Backend) -> String {
-    format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}", "{}"]
-
-[[upstreams]]
-name = "other"
-backends = ["{}"]
-"#,
-        a.addr(),
-        b.addr(),
-        a.addr()
-    )
+    upstreams(&[("app", &[a, b]), ("other", &[a])])
 }
 
 #[test]

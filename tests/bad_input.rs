@@ -7,14 +7,7 @@ use support::*;
 
 fn start() -> (Backend, Proxy) {
     let b = Backend::start("app");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-"#,
-        b.addr()
-    ));
+    let p = Proxy::start(&one_upstream(&b));
     (b, p)
 }
 

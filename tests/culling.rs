@@ -2,7 +2,7 @@
 //! real `redis-server`, real `portcullis` processes, real backends, no mocks.
 //!
 //! Every test runs with `check_interval_seconds = 1` and a small window/threshold so a
-//! cull happens within a few seconds. Client traffic comes from [`Load`], one keep-alive
+//! cull happens within a few seconds. Client traffic comes from [`Load`] (support kit), one keep-alive
 //! client thread per proxy that records every response (status, answering backend,
 //! start/end instants) so the tests can count exactly what clients saw before and after
 //! an ejection. The ejection instant of a proxy is the moment the test first *observes*
@@ -13,8 +13,6 @@ mod support;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 use support::*;
@@ -23,8 +21,6 @@ use support::*;
 const INTERVAL: Duration = Duration::from_secs(1);
 /// `error_threshold` of every test.
 const THRESHOLD: u64 = 5;
-/// Pause between two requests of one load thread (pacing, not synchronisation).
-const PACE: Duration = Duration::from_millis(4);
 /// User agents of the proxy's own requests to backends (not client traffic).
 const PROBE_UA: &str = "portcullis-cull-probe";
 const HEALTH_UA: &str = "portcullis-health-check";
@@ -150,6 +146,14 @@ fn start_proxies(n: usize, conf: &str) -> Vec<Proxy> {
     (0..n).map(|_| Proxy::start(conf)).collect()
 }
 
+/// [`Load`] through every proxy of `ps`, once each has answered `ok_each` requests with 2xx.
+fn warm_load(ps: &[Proxy], ok_each: usize) -> Load {
+    let addrs: Vec<String> = ps.iter().map(Proxy::addr).collect();
+    let load = Load::start(&addrs);
+    load.wait_ok_after(&vec![Instant::now(); ps.len()], ok_each);
+    load
+}
+
 // ---------------------------------------------------------------------------------------
 // observation helpers
 // ---------------------------------------------------------------------------------------
@@ -251,154 +255,6 @@ fn secs(d: Duration) -> String {
     format!("{:.3} s", d.as_secs_f64())
 }
 
-// ---------------------------------------------------------------------------------------
-// client load with per-request records
-// ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone)]
-struct Sample {
-    proxy: usize,
-    start: Instant,
-    end: Instant,
-    /// `None`: transport error (no complete response).
-    status: Option<u16>,
-    /// `x-backend` of the response.
-    backend: Option<String>,
-    error: Option<String>,
-}
-
-impl Sample {
-    fn ok(&self) -> bool {
-        self.status.is_some_and(|s| (200..300).contains(&s))
-    }
-
-    /// A 500 passed through from backend `name` (its own failure, not the proxy's).
-    fn is_500_from(&self, name: &str) -> bool {
-        self.status == Some(500) && self.backend.as_deref() == Some(name)
-    }
-}
-
-/// One paced keep-alive client thread per proxy address, recording every response.
-struct Load {
-    stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<Sample>>>,
-    handles: Vec<JoinHandle<()>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Load {
-    fn start(addrs: &[String]) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let samples = Arc::new(Mutex::new(Vec::new()));
-        let handles = addrs
-            .iter()
-            .enumerate()
-            .map(|(proxy, addr)| {
-                let (stop, samples, addr) = (stop.clone(), samples.clone(), addr.clone());
-                thread::spawn(move || {
-                    let mut conn: Option<Conn> = None;
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::SeqCst) {
-                        n += 1;
-                        let start = Instant::now();
-                        let res = match conn.as_mut() {
-                            Some(c) => Ok(c),
-                            None => Conn::open(&addr).map(|c| conn.insert(c)),
-                        }
-                        .and_then(|c| c.request("GET", &format!("/load/{n}"), &[], b""));
-                        let end = Instant::now();
-                        let sample = match res {
-                            Ok(r) => {
-                                if r.header("connection")
-                                    .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-                                {
-                                    conn = None;
-                                }
-                                Sample {
-                                    proxy,
-                                    start,
-                                    end,
-                                    status: Some(r.status),
-                                    backend: r.header("x-backend").map(String::from),
-                                    error: None,
-                                }
-                            }
-                            Err(e) => {
-                                conn = None;
-                                Sample {
-                                    proxy,
-                                    start,
-                                    end,
-                                    status: None,
-                                    backend: None,
-                                    error: Some(e.to_string()),
-                                }
-                            }
-                        };
-                        lock(&samples).push(sample);
-                        thread::sleep(PACE);
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            samples,
-            handles,
-        }
-    }
-
-    fn count(&self, f: impl Fn(&Sample) -> bool) -> usize {
-        lock(&self.samples).iter().filter(|s| f(s)).count()
-    }
-
-    /// Waits until `f` holds for at least `n` recorded samples.
-    fn wait_for(&self, n: usize, what: &str, f: impl Fn(&Sample) -> bool) {
-        let ok = wait_until(DEADLINE, || self.count(&f) >= n);
-        assert!(
-            ok,
-            "load: fewer than {n} samples {what} within {DEADLINE:?} (have {})",
-            self.count(&f)
-        );
-    }
-
-    /// Waits until every proxy has `n` successful responses to requests started after
-    /// its instant in `after`.
-    fn wait_ok_after(&self, after: &[Instant], n: usize) {
-        for (i, t) in after.iter().enumerate() {
-            let t = *t;
-            self.wait_for(n, &format!("ok through proxy {i} after {t:?}"), |s| {
-                s.proxy == i && s.start > t && s.ok()
-            });
-        }
-    }
-
-    fn samples(&self) -> Vec<Sample> {
-        lock(&self.samples).clone()
-    }
-
-    fn finish(mut self) -> Vec<Sample> {
-        self.halt();
-        self.samples()
-    }
-
-    fn halt(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
-        }
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.halt();
-    }
-}
-
 /// End instant of the `n`-th (1-based) 5xx response from backend `name` through any
 /// proxy: when the errors the fleet saw from it reached `n`. (Instances share their
 /// per-backend counts, so this is the earliest moment a cull is due; per instance it is
@@ -475,8 +331,7 @@ fn failing_backend_is_culled_within_two_intervals_on_every_instance() {
     let bs = four_backends();
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -562,8 +417,7 @@ fn culled_backend_receives_no_requests_from_any_instance() {
     let bs = four_backends();
     let cfg = CullCfg::new(Some(&redis)); // cooldown 30 s: no probe during the test
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[2];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -628,8 +482,7 @@ fn client_visible_errors_during_a_cull_are_only_the_backends_own() {
     let bs = four_backends();
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[3];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -692,8 +545,7 @@ fn stopped_backend_is_culled_and_clients_see_no_errors() {
     let mut bs = four_backends();
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     // The backend goes away between two requests (a request it had already accepted
     // when killed would be a different failure: a reset mid-request, not a refused
@@ -767,8 +619,7 @@ fn hanging_backend_times_out_and_is_culled() {
     let mut cfg = CullCfg::new(Some(&redis));
     cfg.read_timeout_ms = 300; // a timeout is an error too
     let ps = start_proxies(1, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[2];
     let t_hang = Instant::now();
@@ -822,8 +673,7 @@ fn without_a_token_a_second_failing_backend_is_not_culled() {
     cfg.token_period = 3600;
     cfg.window = 30;
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let first = &bs[0];
     fail_and_wait_cull(&ps, &load, first, Mode::Fail(500));
@@ -878,8 +728,7 @@ fn all_backends_failing_alike_is_systemic_and_nothing_is_culled() {
     let cfg = CullCfg::new(Some(&redis)); // max_culled_fraction 0.5 → at most 2 of 4
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     for b in &bs {
         b.set_mode(Mode::Fail(500));
@@ -945,8 +794,7 @@ fn two_failing_with_fraction_quarter_culls_only_one() {
     cfg.window = 30;
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let _load = warm_load(&ps, 20);
 
     bs[1].set_mode(Mode::Fail(500));
     bs[2].set_mode(Mode::Fail(503));
@@ -998,8 +846,7 @@ fn with_redis_down_nothing_is_culled_and_traffic_is_served() {
     let cfg = CullCfg::new(Some(&redis));
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
     // The budget store answered at least once (the gauge comes from a snapshot).
     assert_eventually!(p.metric("portcullis_cull_tokens_available") == Some(10.0));
 
@@ -1060,8 +907,7 @@ fn with_redis_down_an_existing_cull_ends_with_its_lease_on_every_instance() {
     cfg.cooldown = 3; // lease = 5 s
     let lease = cfg.lease_ttl();
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1203,8 +1049,7 @@ fn recovered_backend_is_readmitted_after_cooldown() {
     let mut cfg = CullCfg::new(Some(&redis));
     cfg.cooldown = 2;
     let ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1271,8 +1116,7 @@ fn readmission_probe_uses_health_check_path() {
     cfg.health_path = "/health".into();
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[2];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1326,8 +1170,7 @@ fn lease_expires_by_itself_when_every_proxy_dies() {
     cfg.cooldown = 3; // lease = max(3 × 1, 3 + 2 × 1) = 5 s
     let lease = cfg.lease_ttl();
     let mut ps = start_proxies(2, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr(), ps[1].addr()]);
-    load.wait_ok_after(&[Instant::now(), Instant::now()], 40);
+    let load = warm_load(&ps, 40);
 
     let bad = &bs[0];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1400,8 +1243,7 @@ fn when_the_holder_dies_the_lease_lapses_and_a_survivor_takes_over() {
     let lease = cfg.lease_ttl();
     let conf = cfg.render(&bs);
     let mut ps = start_proxies(1, &conf);
-    let load = Load::start(&[ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[3];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));
@@ -1473,8 +1315,7 @@ fn dry_run_reports_but_keeps_the_backend_in_rotation() {
     cfg.window = 4; // so that the report clears soon after recovery
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[3];
     bad.set_mode(Mode::Fail(500));
@@ -1538,8 +1379,7 @@ fn webhook_receives_a_post_on_cull() {
     let mut cfg = CullCfg::new(Some(&redis));
     cfg.webhook = format!("http://{}/hooks/cull", hook.addr());
     let ps = start_proxies(1, &cfg.render(&bs));
-    let load = Load::start(&[ps[0].addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[0];
     fail_and_wait_cull(&ps, &load, bad, Mode::Fail(502));
@@ -1584,8 +1424,7 @@ fn without_redis_a_failing_backend_is_culled_too() {
     let cfg = CullCfg::new(None);
     let ps = start_proxies(1, &cfg.render(&bs));
     let p = &ps[0];
-    let load = Load::start(&[p.addr()]);
-    load.wait_ok_after(&[Instant::now()], 20);
+    let load = warm_load(&ps, 20);
 
     let bad = &bs[2];
     let run = fail_and_wait_cull(&ps, &load, bad, Mode::Fail(500));

@@ -278,9 +278,7 @@ fn sigterm_drains_under_load_without_failures() {
         "Connection: close while draining"
     );
 
-    let status = p
-        .wait_exit(Duration::from_secs(DRAIN + 15))
-        .unwrap_or_else(|| panic!("did not exit; logs:\n{}", p.logs()));
+    let status = p.expect_exit(Duration::from_secs(DRAIN + 15), "the proxy");
     let to_exit = t0.elapsed();
     assert!(
         status.success(),
@@ -390,9 +388,10 @@ fn inflight_request_outlives_the_listeners_then_exit_is_prompt() {
     held.release_all();
     let r = req.join().expect("client").expect("held request");
     assert_eq!(r.status, 200, "held request: {}", r.body_str());
-    let status = p
-        .wait_exit(Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("did not exit after the last request; logs:\n{}", p.logs()));
+    let status = p.expect_exit(
+        Duration::from_secs(10),
+        "the proxy (after the last request)",
+    );
     let release_to_exit = released.elapsed();
     assert!(status.success(), "exit status {status}");
     eprintln!(
@@ -429,9 +428,7 @@ fn idle_proxy_exits_right_after_drain() {
     );
     let t0 = Instant::now();
     p.signal("TERM");
-    let status = p
-        .wait_exit(Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("did not exit; logs:\n{}", p.logs()));
+    let status = p.expect_exit(Duration::from_secs(20), "the proxy");
     let took = t0.elapsed();
     eprintln!(
         "[lifecycle] idle: SIGTERM -> exit: {} ms (drain_seconds = 1, shutdown_timeout_seconds = 60, one idle keep-alive connection)",
@@ -456,16 +453,11 @@ fn sigint_exits_fast() {
     let fast = Backend::start("fast");
     let mut p = Proxy::start_with_server(
         "drain_seconds = 10\nshutdown_timeout_seconds = 60\n",
-        &format!(
-            "[[upstreams]]\nname = \"app\"\nbackends = [\"{}\"]\n",
-            fast.addr()
-        ),
+        &one_upstream(&fast),
     );
     let t0 = Instant::now();
     p.signal("INT");
-    let status = p
-        .wait_exit(Duration::from_secs(8))
-        .unwrap_or_else(|| panic!("SIGINT did not exit; logs:\n{}", p.logs()));
+    let status = p.expect_exit(Duration::from_secs(8), "SIGINT");
     eprintln!(
         "[lifecycle] sigint: SIGINT -> exit: {} ms (drain_seconds = 10)",
         ms(t0.elapsed())
@@ -500,30 +492,13 @@ fn upgrade_under_load_drops_nothing() {
     );
 
     let t_start = Instant::now();
-    let mut new = old.spawn_upgrade();
-    let sock = old.dir().join("upgrade.sock");
-    let listening = wait_until(DEADLINE, || {
-        assert!(
-            new.is_running(),
-            "new process exited; logs:\n{}",
-            new.logs()
-        );
-        sock.exists()
-    });
-    assert!(
-        listening,
-        "new process never listened on {}; logs:\n{}",
-        sock.display(),
-        new.logs()
-    );
+    let mut new = old.spawn_upgrade_listening();
     let sock_after = t_start.elapsed();
     let before_quit = load.total();
     let t_quit = Instant::now();
     old.signal("QUIT");
 
-    let old_status = old
-        .wait_exit(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("old process did not exit; logs:\n{}", old.logs()));
+    let old_status = old.expect_exit(Duration::from_secs(30), "old process");
     let old_exit = t_quit.elapsed();
     assert!(old_status.success(), "old exit status {old_status}");
     assert!(new.is_running(), "new process died; logs:\n{}", new.logs());
@@ -585,13 +560,7 @@ fn upgrade_keeps_inflight_request_of_old_process() {
         || "request never reached the held backend".into(),
         || held.in_flight() == 1,
     );
-    let mut new = old.spawn_upgrade();
-    let sock = old.dir().join("upgrade.sock");
-    eventually(
-        DEADLINE,
-        || format!("new process never listened; logs:\n{}", new.logs()),
-        || sock.exists(),
-    );
+    let mut new = old.spawn_upgrade_listening();
     let t_quit = Instant::now();
     old.signal("QUIT");
     // the new process takes over readiness and traffic
@@ -616,9 +585,7 @@ fn upgrade_keeps_inflight_request_of_old_process() {
     held.release_all();
     let r = req.join().expect("client").expect("held request");
     assert_eq!(r.status, 200, "{}", r.body_str());
-    let st = old
-        .wait_exit(Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("old did not exit; logs:\n{}", old.logs()));
+    let st = old.expect_exit(Duration::from_secs(10), "old");
     assert!(st.success());
     eprintln!(
         "[lifecycle] upgrade+inflight: SIGQUIT -> release {} ms; release -> old exit {} ms",
@@ -634,10 +601,7 @@ fn upgrade_keeps_inflight_request_of_old_process() {
 #[test]
 fn sigquit_without_new_process_stays_up() {
     let a = Backend::start("A");
-    let mut old = Proxy::start(&format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"{}\"]\n",
-        a.addr()
-    ));
+    let mut old = Proxy::start(&one_upstream(&a));
     old.signal("QUIT");
     eventually(
         DEADLINE,
@@ -651,17 +615,9 @@ fn sigquit_without_new_process_stays_up() {
     assert_eq!(readyz(&old.admin_addr()), Some(200), "still ready");
     assert_eq!(old.get("/still", &[]).status, 200);
 
-    let mut new = old.spawn_upgrade();
-    let sock = old.dir().join("upgrade.sock");
-    eventually(
-        DEADLINE,
-        || format!("new process never listened; logs:\n{}", new.logs()),
-        || sock.exists(),
-    );
+    let mut new = old.spawn_upgrade_listening();
     old.signal("QUIT");
-    let st = old
-        .wait_exit(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("old did not exit; logs:\n{}", old.logs()));
+    let st = old.expect_exit(Duration::from_secs(30), "old");
     assert!(st.success());
     new.wait_ready();
     assert_eq!(new.get("/new", &[]).status, 200);
@@ -672,15 +628,10 @@ fn sigquit_without_new_process_stays_up() {
 #[test]
 fn sigquit_then_new_process_hands_over() {
     let a = Backend::start("A");
-    let mut old = Proxy::start(&format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"{}\"]\n",
-        a.addr()
-    ));
+    let mut old = Proxy::start(&one_upstream(&a));
     old.signal("QUIT");
     let mut new = old.spawn_upgrade();
-    let st = old
-        .wait_exit(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("old did not exit; logs:\n{}", old.logs()));
+    let st = old.expect_exit(Duration::from_secs(30), "old");
     assert!(st.success());
     assert!(
         !old.logs().contains("no new process listens"),

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
@@ -35,31 +35,12 @@ enabled = false
     )
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as u64
-}
-
-/// Polls the clock until the elapsed part of the current `window_ms` window lies in
-/// `[lo, hi]` ms; returns that window's index.
-fn wait_window_phase(window_ms: u64, lo: u64, hi: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_millis(3 * window_ms);
-    loop {
-        let t = now_ms();
-        let e = t % window_ms;
-        if (lo..=hi).contains(&e) {
-            return t / window_ms;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clock never reached phase [{lo}, {hi}]"
-        );
-        // Sleep at most until the phase opens (short naps; this is a clock poll).
-        let wait = if e < lo { lo - e } else { window_ms - e + lo };
-        thread::sleep(Duration::from_millis(wait.clamp(1, 20)));
-    }
+/// A proxy limiting to `limit` requests per `window_seconds`, plus `extra` `[rate_limit]` keys.
+fn limited(b: &Backend, window_seconds: u64, limit: u64, extra: &str) -> Proxy {
+    Proxy::start(&config(
+        b,
+        &format!("[rate_limit]\nwindow_seconds = {window_seconds}\nlimit = {limit}\n{extra}\n"),
+    ))
 }
 
 /// A parsed structured-field item `"<name>";k=v;k=v`.
@@ -202,15 +183,7 @@ fn timed(c: &mut Conn, headers: &[(&str, &str)]) -> (u64, Resp, u64) {
 #[test]
 fn limited_response_fields_and_exact_retry_after() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 2
-limit = 3
-policy_name = "edge"
-"#,
-    ));
+    let p = limited(&b, 2, 3, "policy_name = \"edge\"");
     const W: u64 = 2000;
     for attempt in 0..3 {
         let key = format!("retry-key-{attempt}");
@@ -319,15 +292,7 @@ policy_name = "edge"
 #[test]
 fn headers_false_omits_fields_on_admitted_responses_only() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 2
-headers = false
-"#,
-    ));
+    let p = limited(&b, 3600, 2, "headers = false");
     let mut c = Conn::open(&p.addr()).expect("connect");
     for _ in 0..2 {
         let r = c.request("GET", "/", &key_hdr("k"), b"").expect("request");
@@ -351,18 +316,7 @@ headers = false
 #[test]
 fn per_key_overrides() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 3
-
-[rate_limit.keys]
-"vip" = 7
-"tiny" = 1
-"#,
-    ));
+    let p = limited(&b, 3600, 3, "[rate_limit.keys]\n\"vip\" = 7\n\"tiny\" = 1");
     let addr = p.addr();
     let vip = statuses(&addr, "/", &key_hdr("vip"), 10);
     let tiny = statuses(&addr, "/", &key_hdr("tiny"), 4);
@@ -394,15 +348,7 @@ limit = 3
 #[test]
 fn missing_key_client_ip_limits_by_address() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 3
-missing_key = "client_ip"
-"#,
-    ));
+    let p = limited(&b, 3600, 3, "missing_key = \"client_ip\"");
     let addr = p.addr();
     // Requests without a key share the client address's quota, across connections.
     let mut st = statuses(&addr, "/", &[], 2);
@@ -420,15 +366,7 @@ missing_key = "client_ip"
 #[test]
 fn missing_key_reject_answers_401_without_reaching_the_backend() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 3
-missing_key = "reject"
-"#,
-    ));
+    let p = limited(&b, 3600, 3, "missing_key = \"reject\"");
     let addr = p.addr();
     let before = p
         .metric("portcullis_requests_total{outcome=\"rejected\"}")
@@ -464,15 +402,7 @@ missing_key = "reject"
 #[test]
 fn missing_key_allow_never_limits_keyless_requests() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 2
-missing_key = "allow"
-"#,
-    ));
+    let p = limited(&b, 3600, 2, "missing_key = \"allow\"");
     let addr = p.addr();
     let mut c = Conn::open(&addr).expect("connect");
     for i in 0..20 {
@@ -509,74 +439,66 @@ max_key_bytes = 32
     ))
 }
 
+/// One request of a key-source table: path, headers, the status it must get, and why.
+type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
+
+/// Sends each case in order (they share the key's quota) and checks its status; returns
+/// the backend's request count for the caller to check.
+fn run_cases(p: &Proxy, b: &Backend, cases: &[Case<'_>]) -> u64 {
+    let a = p.addr();
+    for (path, headers, want, why) in cases {
+        let r = get(&a, path, headers);
+        assert_eq!(r.status, *want, "{path} {headers:?}: {why}");
+    }
+    b.requests()
+}
+
 #[test]
 fn key_source_header() {
     let b = Backend::start("app");
     let p = source_proxy(&b, "header:x-token");
-    let a = p.addr();
     let long = "t".repeat(33);
-    assert_eq!(
-        statuses(&a, "/", &[("x-token", "alpha")], 3),
-        vec![200, 200, 429]
-    );
-    assert_eq!(
-        get(&a, "/", &[("X-Token", "alpha")]).status,
-        429,
-        "name is case-insensitive"
-    );
-    assert_eq!(
-        get(&a, "/", &[("x-token", "beta")]).status,
-        200,
-        "other key"
-    );
-    assert_eq!(
-        get(&a, "/", &[("x-api-key", "alpha")]).status,
-        401,
-        "not the source"
-    );
-    assert_eq!(
-        get(&a, "/", &[("x-token", &long)]).status,
-        400,
-        "over-long key"
-    );
-    assert_eq!(
-        get(&a, "/", &[("x-token", &long[..32])]).status,
-        200,
-        "32 bytes fit"
-    );
-    assert_eq!(b.requests(), 4);
+    let alpha = vec![("x-token", "alpha")];
+    let cases: Vec<Case<'_>> = vec![
+        ("/", alpha.clone(), 200, "1st of 2"),
+        ("/", alpha.clone(), 200, "2nd of 2"),
+        ("/", alpha, 429, "3rd over the limit"),
+        (
+            "/",
+            vec![("X-Token", "alpha")],
+            429,
+            "name is case-insensitive",
+        ),
+        ("/", vec![("x-token", "beta")], 200, "other key"),
+        ("/", vec![("x-api-key", "alpha")], 401, "not the source"),
+        ("/", vec![("x-token", &long)], 400, "over-long key"),
+        ("/", vec![("x-token", &long[..32])], 200, "32 bytes fit"),
+    ];
+    assert_eq!(run_cases(&p, &b, &cases), 4);
 }
 
 #[test]
 fn key_source_query() {
     let b = Backend::start("app");
     let p = source_proxy(&b, "query:api_key");
-    let a = p.addr();
     let long = "q".repeat(33);
-    assert_eq!(statuses(&a, "/?api_key=alpha", &[], 2), vec![200, 200]);
-    // Same key in another position, on another path: same quota.
-    assert_eq!(
-        get(&a, "/other/path?x=1&api_key=alpha&y=2", &[]).status,
-        429
-    );
-    assert_eq!(get(&a, "/?api_key=beta", &[]).status, 200, "other key");
-    assert_eq!(
-        get(&a, "/?apikey=alpha", &[]).status,
-        401,
-        "other parameter"
-    );
-    assert_eq!(get(&a, "/?api_key=", &[]).status, 401, "empty key");
-    assert_eq!(
-        get(&a, "/", &[("x-api-key", "alpha")]).status,
-        401,
-        "not the source"
-    );
-    assert_eq!(
-        get(&a, &format!("/?api_key={long}"), &[]).status,
-        400,
-        "over-long"
-    );
-    assert_eq!(b.requests(), 3);
+    let long_path = format!("/?api_key={long}");
+    let cases: Vec<Case<'_>> = vec![
+        ("/?api_key=alpha", vec![], 200, "1st of 2"),
+        ("/?api_key=alpha", vec![], 200, "2nd of 2"),
+        (
+            "/other/path?x=1&api_key=alpha&y=2",
+            vec![],
+            429,
+            "same key in another position, on another path: same quota",
+        ),
+        ("/?api_key=beta", vec![], 200, "other key"),
+        ("/?apikey=alpha", vec![], 401, "other parameter"),
+        ("/?api_key=", vec![], 401, "empty key"),
+        ("/", vec![("x-api-key", "alpha")], 401, "not the source"),
+        (&long_path, vec![], 400, "over-long"),
+    ];
+    assert_eq!(run_cases(&p, &b, &cases), 3);
     let got: Vec<String> = b.received_paths();
     assert!(
         got.iter().all(|p| !p.contains(&long)),
@@ -588,36 +510,39 @@ fn key_source_query() {
 fn key_source_bearer() {
     let b = Backend::start("app");
     let p = source_proxy(&b, "bearer");
-    let a = p.addr();
     let long = format!("Bearer {}", "b".repeat(33));
-    assert_eq!(
-        statuses(&a, "/", &[("authorization", "Bearer alpha")], 2),
-        vec![200, 200]
-    );
-    assert_eq!(
-        get(&a, "/", &[("Authorization", "bearer alpha")]).status,
-        429,
-        "scheme is case-insensitive; same token, same quota"
-    );
-    assert_eq!(
-        get(&a, "/", &[("authorization", "Bearer beta")]).status,
-        200
-    );
-    assert_eq!(
-        get(&a, "/", &[("authorization", "Basic YWxwaGE=")]).status,
-        401
-    );
-    assert_eq!(get(&a, "/", &[("authorization", "Bearer ")]).status, 401);
-    assert_eq!(
-        get(&a, "/", &[("x-api-key", "alpha")]).status,
-        401,
-        "not the source"
-    );
-    assert_eq!(
-        get(&a, "/", &[("authorization", long.as_str())]).status,
-        400
-    );
-    assert_eq!(b.requests(), 3);
+    let alpha = vec![("authorization", "Bearer alpha")];
+    let cases: Vec<Case<'_>> = vec![
+        ("/", alpha.clone(), 200, "1st of 2"),
+        ("/", alpha, 200, "2nd of 2"),
+        (
+            "/",
+            vec![("Authorization", "bearer alpha")],
+            429,
+            "scheme is case-insensitive; same token, same quota",
+        ),
+        (
+            "/",
+            vec![("authorization", "Bearer beta")],
+            200,
+            "other token",
+        ),
+        (
+            "/",
+            vec![("authorization", "Basic YWxwaGE=")],
+            401,
+            "not bearer",
+        ),
+        ("/", vec![("authorization", "Bearer ")], 401, "empty token"),
+        ("/", vec![("x-api-key", "alpha")], 401, "not the source"),
+        (
+            "/",
+            vec![("authorization", long.as_str())],
+            400,
+            "over-long",
+        ),
+    ];
+    assert_eq!(run_cases(&p, &b, &cases), 3);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -711,14 +636,7 @@ fn api_keys_never_appear_in_debug_logs() {
 #[test]
 fn refused_requests_never_reach_the_backend_and_are_counted() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 5
-"#,
-    ));
+    let p = limited(&b, 3600, 5, "");
     let sel_rl = "portcullis_requests_total{outcome=\"rate_limited\"}";
     let sel_px = "portcullis_requests_total{outcome=\"proxied\"}";
     let m = p.metrics();
@@ -757,14 +675,7 @@ limit = 5
 #[test]
 fn hammering_while_refused_does_not_extend_the_refusal() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
-        &b,
-        r#"
-[rate_limit]
-window_seconds = 2
-limit = 3
-"#,
-    ));
+    let p = limited(&b, 2, 3, "");
     let addr = p.addr();
     assert_eq!(statuses(&addr, "/", &key_hdr("hammer"), 3), vec![200; 3]);
     let mut c = Conn::open(&addr).expect("connect");
@@ -837,18 +748,12 @@ limit = 3
 #[test]
 fn random_key_flood_does_not_evict_active_keys() {
     let b = Backend::start("app");
-    let p = Proxy::start(&config(
+    let p = limited(
         &b,
-        r#"
-[rate_limit]
-window_seconds = 3600
-limit = 5
-max_tracked_keys = 1000
-
-[rate_limit.keys]
-"steady" = 100000
-"#,
-    ));
+        3600,
+        5,
+        "max_tracked_keys = 1000\n[rate_limit.keys]\n\"steady\" = 100000",
+    );
     let addr = p.addr();
     let w0 = now_ms() / 3_600_000;
     // The victim reaches its limit; the steady key is used well below its own.

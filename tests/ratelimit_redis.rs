@@ -15,49 +15,12 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------------------
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as u64
-}
-
-/// Polls the clock until the elapsed part of the current `window_ms` window lies in
-/// `[lo, hi]` ms; returns that window's index.
-fn wait_window_phase(window_ms: u64, lo: u64, hi: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_millis(3 * window_ms);
-    loop {
-        let t = now_ms();
-        let e = t % window_ms;
-        if (lo..=hi).contains(&e) {
-            return t / window_ms;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clock never reached phase [{lo}, {hi}]"
-        );
-        let wait = if e < lo { lo - e } else { window_ms - e + lo };
-        thread::sleep(Duration::from_millis(wait.clamp(1, 20)));
-    }
-}
-
-/// Polls the clock until Unix time `t_ms`.
-fn wait_until_ms(t_ms: u64) {
-    loop {
-        let now = now_ms();
-        if now >= t_ms {
-            return;
-        }
-        thread::sleep(Duration::from_millis((t_ms - now).min(20)));
-    }
-}
 
 /// Two proxies' config: one upstream, `[redis]` with `flush_interval_ms = 50`, `extra`
 /// (the `[rate_limit]` section, maybe `[culling]`).
@@ -81,6 +44,39 @@ max_concurrency = 0
 "#,
         b.addr()
     )
+}
+
+/// `[rate_limit]` with `window_seconds` and `limit`, then `extra` (e.g. [`NO_CULLING`]).
+fn rate_limit(window_seconds: u64, limit: u64, extra: &str) -> String {
+    format!("[rate_limit]\nwindow_seconds = {window_seconds}\nlimit = {limit}\n{extra}")
+}
+
+const NO_CULLING: &str = "\n[culling]\nenabled = false\n";
+
+/// Two proxies sharing `redis` under `prefix` (see [`redis_config`]).
+fn two_proxies(b: &Backend, redis: &RedisServer, prefix: &str, extra: &str) -> (Proxy, Proxy) {
+    let cfg = redis_config(b, &redis.url(), prefix, extra);
+    (Proxy::start(&cfg), Proxy::start(&cfg))
+}
+
+/// Two instances flushing every 50 ms make at most `2 × (elapsed / 50 ms + 20)` round
+/// trips (×1.5 slack), whatever the request rate: the request path never calls Redis. At
+/// 1000 req/s or more that is at most 0.05 round trips per request.
+fn assert_round_trips_follow_flushes(round_trips: u64, n: f64, elapsed: Duration) {
+    let rps = n / elapsed.as_secs_f64();
+    let flushes_bound = 2.0 * (elapsed.as_millis() as f64 / 50.0 + 20.0);
+    assert!(
+        round_trips as f64 <= 1.5 * flushes_bound,
+        "{round_trips} Redis round trips for {n} requests in {elapsed:?}: more than the \
+         flushes explain (request path must not call Redis)"
+    );
+    if rps >= 1000.0 {
+        assert!(
+            round_trips as f64 / n <= 0.05,
+            "{:.4} Redis round trips per request at {rps:.0} req/s",
+            round_trips as f64 / n
+        );
+    }
 }
 
 /// One request of a load run.
@@ -377,16 +373,7 @@ fn shared_limit_is_accurate_across_two_instances() {
     let wms = WIN * 1000;
     let redis = RedisServer::start();
     let b = Backend::start("app");
-    let cfg = redis_config(
-        &b,
-        &redis.url(),
-        "pcx-acc",
-        &format!(
-            "[rate_limit]\nwindow_seconds = {WIN}\nlimit = {LIMIT}\n\n[culling]\nenabled = false\n"
-        ),
-    );
-    let p1 = Proxy::start(&cfg);
-    let p2 = Proxy::start(&cfg);
+    let (p1, p2) = two_proxies(&b, &redis, "pcx-acc", &rate_limit(WIN, LIMIT, NO_CULLING));
     let addrs = [p1.addr(), p2.addr()];
 
     let w0 = wait_window_phase(wms, 0, 200);
@@ -478,7 +465,6 @@ fn shared_limit_is_accurate_across_two_instances() {
     let (round_trips, all_cmds) = command_delta(&before, &after);
     let n = samples.len() as f64;
     let rps = n / elapsed.as_secs_f64();
-    let flushes_bound = 2.0 * (elapsed.as_millis() as f64 / 50.0 + 20.0);
     eprintln!(
         "redis: {} requests in {:.1} s ({rps:.0} req/s); {round_trips} round trips from the \
          proxies = {:.4} per request ({:.1}/s; one flush per 50 ms per instance would be \
@@ -490,19 +476,7 @@ fn shared_limit_is_accurate_across_two_instances() {
         2.0 * elapsed.as_millis() as f64 / 50.0,
         all_cmds as f64 / n,
     );
-    assert!(
-        round_trips as f64 <= 1.5 * flushes_bound,
-        "{round_trips} Redis round trips for {} requests in {elapsed:?}: more than the \
-         flushes explain (request path must not call Redis)",
-        samples.len()
-    );
-    if rps >= 1000.0 {
-        assert!(
-            round_trips as f64 / n <= 0.05,
-            "{:.4} Redis round trips per request at {rps:.0} req/s",
-            round_trips as f64 / n
-        );
-    }
+    assert_round_trips_follow_flushes(round_trips, n, elapsed);
 }
 
 /// Unpaced load (4 keep-alive threads per proxy, as fast as they go, for 3 s): the number of
@@ -513,14 +487,7 @@ fn shared_limit_is_accurate_across_two_instances() {
 fn redis_round_trips_follow_flushes_not_requests() {
     let redis = RedisServer::start();
     let b = Backend::start("app");
-    let cfg = redis_config(
-        &b,
-        &redis.url(),
-        "pcx-rt",
-        "[rate_limit]\nwindow_seconds = 5\nlimit = 1000\n\n[culling]\nenabled = false\n",
-    );
-    let p1 = Proxy::start(&cfg);
-    let p2 = Proxy::start(&cfg);
+    let (p1, p2) = two_proxies(&b, &redis, "pcx-rt", &rate_limit(5, 1000, NO_CULLING));
     let addrs = [p1.addr(), p2.addr()];
     let before = commandstats(&redis);
     let t0 = Instant::now();
@@ -542,18 +509,7 @@ fn redis_round_trips_follow_flushes_not_requests() {
         round_trips as f64 / n,
         all_cmds as f64 / n,
     );
-    let flushes_bound = 2.0 * (elapsed.as_millis() as f64 / 50.0 + 20.0);
-    assert!(
-        round_trips as f64 <= 1.5 * flushes_bound,
-        "{round_trips} Redis round trips in {elapsed:?}: more than the flushes explain"
-    );
-    if rps >= 1000.0 {
-        assert!(
-            round_trips as f64 / n <= 0.05,
-            "{:.4} Redis round trips per request at {rps:.0} req/s",
-            round_trips as f64 / n
-        );
-    }
+    assert_round_trips_follow_flushes(round_trips, n, elapsed);
 }
 
 /// Every key the proxies write starts with the key_prefix and has a TTL; API keys appear
@@ -563,14 +519,7 @@ fn redis_keys_are_prefixed_expiring_and_never_contain_api_keys() {
     let redis = RedisServer::start();
     let b = Backend::start("app");
     // Culling left at its defaults: its keys (if any) must obey the same rules.
-    let cfg = redis_config(
-        &b,
-        &redis.url(),
-        "pcx-keys",
-        "[rate_limit]\nwindow_seconds = 10\nlimit = 3\n",
-    );
-    let p1 = Proxy::start(&cfg);
-    let p2 = Proxy::start(&cfg);
+    let (p1, p2) = two_proxies(&b, &redis, "pcx-keys", &rate_limit(10, 3, ""));
     let api_keys = [
         "SECRET-KEY-ALPHA-7f3a9c",
         "SECRET-KEY-BETA-19c2d4",
@@ -648,16 +597,7 @@ fn redis_outage_keeps_serving_limits_locally_and_recovers() {
     let wms = WIN * 1000;
     let mut redis = RedisServer::start();
     let b = Backend::start("app");
-    let cfg = redis_config(
-        &b,
-        &redis.url(),
-        "pcx-out",
-        &format!(
-            "[rate_limit]\nwindow_seconds = {WIN}\nlimit = {LIMIT}\n\n[culling]\nenabled = false\n"
-        ),
-    );
-    let p1 = Proxy::start(&cfg);
-    let p2 = Proxy::start(&cfg);
+    let (p1, p2) = two_proxies(&b, &redis, "pcx-out", &rate_limit(WIN, LIMIT, NO_CULLING));
     let proxies = [&p1, &p2];
     let addrs = [p1.addr(), p2.addr()];
 
@@ -822,14 +762,7 @@ fn slow_redis_never_slows_requests() {
         "DEBUG is enabled"
     );
     let b = Backend::start("app");
-    let cfg = redis_config(
-        &b,
-        &redis.url(),
-        "pcx-slow",
-        "[rate_limit]\nwindow_seconds = 2\nlimit = 50\n",
-    );
-    let p1 = Proxy::start(&cfg);
-    let p2 = Proxy::start(&cfg);
+    let (p1, p2) = two_proxies(&b, &redis, "pcx-slow", &rate_limit(2, 50, ""));
     let proxies = [&p1, &p2];
     let addrs = [p1.addr(), p2.addr()];
     let load = Load::start(&addrs, 2, 50.0, "slow-key", u64::MAX);
@@ -1013,16 +946,7 @@ fn burst_on_a_new_key_stays_within_the_limit_across_two_instances() {
     let wms = WIN * 1000;
     let redis = RedisServer::start();
     let b = Backend::start("app");
-    let cfg = redis_config(
-        &b,
-        &redis.url(),
-        "pcx-burst",
-        &format!(
-            "[rate_limit]\nwindow_seconds = {WIN}\nlimit = {LIMIT}\n\n[culling]\nenabled = false\n"
-        ),
-    );
-    let p1 = Proxy::start(&cfg);
-    let p2 = Proxy::start(&cfg);
+    let (p1, p2) = two_proxies(&b, &redis, "pcx-burst", &rate_limit(WIN, LIMIT, NO_CULLING));
     // Warm-up and burst in one window (no decay of a previous window in the figures).
     wait_window_phase(wms, 0, 20_000);
 

@@ -7,15 +7,7 @@ use support::*;
 
 fn two_upstreams(a: &Backend, b: &Backend) -> String {
     format!(
-        r#"
-[[upstreams]]
-name = "alpha"
-backends = ["{a}"]
-
-[[upstreams]]
-name = "beta"
-backends = ["{b}"]
-
+        r#"{}
 [[routes]]
 path_prefix = "/api"
 upstream = "alpha"
@@ -33,8 +25,7 @@ upstream = "beta"
 path_prefix = "/"
 upstream = "alpha"
 "#,
-        a = a.addr(),
-        b = b.addr()
+        upstreams(&[("alpha", &[a]), ("beta", &[b])])
     )
 }
 
@@ -76,19 +67,7 @@ fn routes_by_longest_prefix_and_host() {
 fn without_routes_everything_goes_to_first_upstream() {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "first"
-backends = ["{}"]
-
-[[upstreams]]
-name = "second"
-backends = ["{}"]
-"#,
-        a.addr(),
-        b.addr()
-    ));
+    let p = Proxy::start(&upstreams(&[("first", &[&a]), ("second", &[&b])]));
     for path in ["/", "/api", "/api/v2/x", "/second"] {
         for host in ["localhost", "b.example"] {
             let r = p.get(path, &[("Host", host)]);
@@ -103,15 +82,7 @@ backends = ["{}"]
 fn round_robin_across_backends_of_one_upstream() {
     let a = Backend::start("A");
     let b = Backend::start("B");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}", "{}"]
-"#,
-        a.addr(),
-        b.addr()
-    ));
+    let p = Proxy::start(&upstream_of(&[&a, &b]));
     let n = 40;
     for i in 0..n {
         let r = p.get(&format!("/rr/{i}"), &[]);
@@ -128,14 +99,7 @@ backends = ["{}", "{}"]
 #[test]
 fn request_bodies_arrive_intact() {
     let a = Backend::start("A");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-"#,
-        a.addr()
-    ));
+    let p = Proxy::start(&one_upstream(&a));
 
     // small Content-Length body, echoed back
     let r = post(
@@ -184,14 +148,7 @@ backends = ["{}"]
 #[test]
 fn forwarding_headers() {
     let a = Backend::start("A");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-"#,
-        a.addr()
-    ));
+    let p = Proxy::start(&one_upstream(&a));
 
     let r = p.get("/h", &[]);
     assert_eq!(r.status, 200);
@@ -228,29 +185,35 @@ backends = ["{}"]
     );
 }
 
+/// Upstream "app" on `addrs` (some of which may be dead) with `connect_timeout_ms`.
+fn app_with_timeout(addrs: &[&str], connect_timeout_ms: u64) -> String {
+    let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [{}]\nconnect_timeout_ms = {connect_timeout_ms}\n",
+        list.join(", ")
+    )
+}
+
+/// `n` GETs on `/{prefix}/{i}`, each answered 200 by backend `name` (retried there).
+fn expect_all_from(p: &Proxy, prefix: &str, n: usize, name: &str) {
+    for i in 0..n {
+        let r = p.get(&format!("/{prefix}/{i}"), &[]);
+        assert_eq!(
+            r.status,
+            200,
+            "request {i} must be retried on {name}: {}",
+            r.body_str()
+        );
+        assert_eq!(r.header("x-backend"), Some(name));
+    }
+}
+
 #[test]
 fn connect_failure_is_retried_on_another_backend() {
     let live = Backend::start("live");
     let dead = format!("127.0.0.1:{}", free_port()); // nothing listens here
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{dead}", "{}"]
-connect_timeout_ms = 1000
-"#,
-        live.addr()
-    ));
-    for i in 0..12 {
-        let r = p.get(&format!("/r/{i}"), &[]);
-        assert_eq!(
-            r.status,
-            200,
-            "request {i} must be retried on the live backend: {}",
-            r.body_str()
-        );
-        assert_eq!(r.header("x-backend"), Some("live"));
-    }
+    let p = Proxy::start(&app_with_timeout(&[&dead, &live.addr()], 1000));
+    expect_all_from(&p, "r", 12, "live");
     assert_eq!(live.requests(), 12);
 }
 
@@ -258,44 +221,20 @@ connect_timeout_ms = 1000
 fn stopped_backend_after_traffic_is_retried_on_the_other() {
     let mut a = Backend::start("A");
     let b = Backend::start("B");
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}", "{}"]
-"#,
-        a.addr(),
-        b.addr()
-    ));
+    let p = Proxy::start(&upstream_of(&[&a, &b]));
     for i in 0..6 {
         assert_eq!(p.get(&format!("/warm/{i}"), &[]).status, 200);
     }
     assert!(a.requests() > 0 && b.requests() > 0);
     a.stop();
-    for i in 0..12 {
-        let r = p.get(&format!("/after-stop/{i}"), &[]);
-        assert_eq!(
-            r.status,
-            200,
-            "request {i} after stopping A: {}",
-            r.body_str()
-        );
-        assert_eq!(r.header("x-backend"), Some("B"));
-    }
+    expect_all_from(&p, "after-stop", 12, "B");
 }
 
 #[test]
 fn no_backend_reachable_is_503_with_retry_after() {
     let d1 = format!("127.0.0.1:{}", free_port());
     let d2 = format!("127.0.0.1:{}", free_port());
-    let p = Proxy::start(&format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{d1}", "{d2}"]
-connect_timeout_ms = 500
-"#
-    ));
+    let p = Proxy::start(&app_with_timeout(&[&d1, &d2], 500));
     let mut seen = HashSet::new();
     for i in 0..3 {
         let r = p.get(&format!("/nothing/{i}"), &[]);

@@ -8,11 +8,7 @@ use support::*;
 
 fn config(b: &Backend, cap: u32) -> String {
     format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-
+        r#"{}
 [[routes]]
 path_prefix = "/critical"
 upstream = "app"
@@ -35,7 +31,7 @@ retry_after_seconds = 1
 [rate_limit]
 enabled = false
 "#,
-        b.addr()
+        one_upstream(b)
     )
 }
 

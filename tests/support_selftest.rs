@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::*;
 
 #[test]
@@ -168,4 +168,59 @@ fn concurrently_runs_in_parallel() {
         "max_in_flight={}",
         b.max_in_flight()
     );
+}
+
+/// Extra `redis-server` arguments survive a restart (a test that enables `DEBUG` and
+/// restarts the server can still use it).
+#[test]
+fn redis_restart_keeps_extra_arguments() {
+    let mut r = RedisServer::start_with_args(&["--enable-debug-command", "local"]);
+    assert_eq!(r.cmd(&["DEBUG", "SLEEP", "0"]), "OK");
+    r.restart();
+    assert_eq!(r.cmd(&["DEBUG", "SLEEP", "0"]), "OK", "DEBUG still enabled");
+}
+
+/// The `[[upstreams]]` builders render what the proxy routes by.
+#[test]
+fn upstream_tables_render_names_and_backends_in_order() {
+    let (a, b) = (Backend::start("A"), Backend::start("B"));
+    let text = upstreams(&[("app", &[&a, &b]), ("other", &[&a])]);
+    let want = format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [\"{a}\", \"{b}\"]\n\n\
+         [[upstreams]]\nname = \"other\"\nbackends = [\"{a}\"]\n\n",
+        a = a.addr(),
+        b = b.addr()
+    );
+    assert_eq!(text, want);
+    assert_eq!(one_upstream(&a), upstreams(&[("app", &[&a])]));
+}
+
+/// `Load` records every response with its proxy index and answering backend, and
+/// `wait_ok_after` returns once each address has that many successes.
+#[test]
+fn load_records_samples_per_address() {
+    let (a, b) = (Backend::start("A"), Backend::start("B"));
+    let load = Load::start(&[a.addr(), b.addr()]);
+    let t = Instant::now();
+    load.wait_ok_after(&[t, t], 5);
+    let samples = load.finish();
+    for (i, name) in [(0, "A"), (1, "B")] {
+        let mine: Vec<&Sample> = samples.iter().filter(|s| s.proxy == i).collect();
+        assert!(mine.len() >= 5, "address {i}: {} samples", mine.len());
+        assert!(mine.iter().all(|s| s.ok() && s.end >= s.start));
+        assert!(mine.iter().all(|s| s.backend.as_deref() == Some(name)));
+    }
+}
+
+/// `wait_window_phase` returns the index of a window whose phase `[lo, hi]` was open
+/// during the call: not one that ended before it, not one that had not opened yet.
+#[test]
+fn window_phase_is_reached() {
+    for _ in 0..5 {
+        let before = now_ms();
+        let w = wait_window_phase(200, 50, 80);
+        let after = now_ms();
+        assert!(w * 200 + 80 >= before, "a phase that ended before the call");
+        assert!(after >= w * 200 + 50, "returned before the phase opened");
+    }
 }

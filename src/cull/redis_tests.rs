@@ -2,72 +2,20 @@
 //! (skipped with a note when `redis-server` is not on PATH). Only the child this
 //! test started is ever killed.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
 
-struct TestRedis {
-    child: Child,
-    port: u16,
-}
+// The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
+// both mount it (the lib has no shared test module to mount it once).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../tests/support/redis.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
-impl TestRedis {
-    fn start() -> Option<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        Self::start_on(port)
-    }
-
-    fn start_on(port: u16) -> Option<Self> {
-        let child = match Command::new("redis-server")
-            .args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("SKIP: redis-server not available ({e})");
-                return None;
-            }
-        };
-        let r = TestRedis { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(mut c) = redis::Client::open(r.url()).and_then(|c| c.get_connection()) {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return Some(r);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server on port {port} did not come up");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn budget(&self, prefix: &str) -> Budget {
-        Budget::redis(&self.url(), prefix, Duration::from_millis(500)).unwrap()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for TestRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn budget(r: &RedisServer, prefix: &str) -> Budget {
+    Budget::redis(&r.url(), prefix, Duration::from_millis(500)).unwrap()
 }
 
 fn params(tokens: u32, fraction: f64) -> CullParams {
@@ -83,12 +31,12 @@ fn params(tokens: u32, fraction: f64) -> CullParams {
 
 /// `n` concurrent tasks, each its own "instance" (own connection), claiming
 /// backend `b{i % 10}` of a 10-backend upstream. Returns (granted, renewed, other).
-async fn race(r: &TestRedis, prefix: &str, n: usize, p: &CullParams) -> (usize, usize, usize) {
+async fn race(r: &RedisServer, prefix: &str, n: usize, p: &CullParams) -> (usize, usize, usize) {
     let p = Arc::new(p.clone());
     let start = Arc::new(tokio::sync::Barrier::new(n));
     let mut tasks = Vec::new();
     for i in 0..n {
-        let b = r.budget(prefix);
+        let b = budget(r, prefix);
         let p = Arc::clone(&p);
         let start = Arc::clone(&start);
         tasks.push(tokio::spawn(async move {
@@ -119,11 +67,13 @@ async fn race(r: &TestRedis, prefix: &str, n: usize, p: &CullParams) -> (usize, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_respect_token_bucket() {
-    let Some(r) = TestRedis::start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     let p = params(3, 1.0);
     let (granted, _renewed, _other) = race(&r, "t1", 60, &p).await;
     assert_eq!(granted, 3, "exactly `tokens` culls granted fleet-wide");
-    let b = r.budget("t1");
+    let b = budget(&r, "t1");
     assert_eq!(b.active_claims("app").await.unwrap().len(), 3);
     let left = b.tokens_available(&p).await.unwrap();
     assert!(left < 0.1, "bucket empty, got {left}");
@@ -131,7 +81,9 @@ async fn concurrent_claims_respect_token_bucket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_respect_fraction() {
-    let Some(r) = TestRedis::start() else { return };
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
     // A refill too slow to show within the test, so the token count is exact.
     let p = CullParams {
         token_period_secs: 100_000_000,
@@ -139,7 +91,7 @@ async fn concurrent_claims_respect_fraction() {
     };
     let (granted, _renewed, _other) = race(&r, "t2", 60, &p).await;
     assert_eq!(granted, 5, "at most half of 10 backends out");
-    let b = r.budget("t2");
+    let b = budget(&r, "t2");
     let active = b.active_claims("app").await.unwrap();
     assert_eq!(active.len(), 5);
     assert!(active.iter().all(|c| c.remaining_ms > 70_000));
@@ -150,8 +102,10 @@ async fn concurrent_claims_respect_fraction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_costs_no_token_and_last_backend_stays() {
-    let Some(r) = TestRedis::start() else { return };
-    let b = r.budget("t3");
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
+    let b = budget(&r, "t3");
     let p = params(2, 1.0);
     let ClaimOutcome::Granted {
         tokens_left,
@@ -200,8 +154,10 @@ async fn renew_costs_no_token_and_last_backend_stays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expiry_frees_the_slot() {
-    let Some(r) = TestRedis::start() else { return };
-    let b = r.budget("t4");
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
+    let b = budget(&r, "t4");
     let p = params(10, 0.5);
     assert!(b.claim("app", "a", 2, &p).await.unwrap().is_held());
     assert!(matches!(
@@ -227,8 +183,10 @@ async fn lease_expiry_frees_the_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_prefixed_tagged_and_expire() {
-    let Some(r) = TestRedis::start() else { return };
-    let b = r.budget("pfx");
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
+    let b = budget(&r, "pfx");
     let p = params(10, 0.5);
     assert!(b.claim("app", "a", 4, &p).await.unwrap().is_held());
     assert!(b.claim("api", "x", 4, &p).await.unwrap().is_held());
@@ -259,8 +217,10 @@ async fn keys_are_prefixed_tagged_and_expire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_commits_nothing() {
-    let Some(r) = TestRedis::start() else { return };
-    let b = r.budget("t6");
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
+    let b = budget(&r, "t6");
     let mut p = params(1, 0.5);
     p.dry_run = true;
     for _ in 0..3 {
@@ -275,10 +235,9 @@ async fn dry_run_commits_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_errors_quickly_then_recovers() {
-    let Some(mut r) = TestRedis::start() else {
+    let Some(mut r) = RedisServer::try_start() else {
         return;
     };
-    let port = r.port;
     let timeout = Duration::from_millis(200);
     let b = Budget::redis(&r.url(), "t7", timeout).unwrap();
     let p = params(10, 0.5);
@@ -304,9 +263,7 @@ async fn redis_down_errors_quickly_then_recovers() {
     ));
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     // Redis back (empty): the same budget reconnects by itself.
-    let Some(_r2) = TestRedis::start_on(port) else {
-        return;
-    };
+    r.restart();
     assert!(b.claim("app", "b", 4, &p).await.unwrap().is_held());
 }
 
@@ -315,8 +272,10 @@ async fn redis_down_errors_quickly_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn claim_throughput() {
-    let Some(r) = TestRedis::start() else { return };
-    let b = Arc::new(r.budget("bench"));
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
+    let b = Arc::new(budget(&r, "bench"));
     let p = params(1_000_000, 1.0);
     let n = 20_000usize;
     // Sequential, renew path (backend already held → lease renewal, no token).
@@ -353,9 +312,11 @@ async fn claim_throughput() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_error_counts_add_up_across_instances() {
-    let Some(r) = TestRedis::start() else { return };
-    let a = r.budget("fl");
-    let b = r.budget("fl");
+    let Some(r) = RedisServer::try_start() else {
+        return;
+    };
+    let a = budget(&r, "fl");
+    let b = budget(&r, "fl");
     let buckets = Buckets::new(60, 10);
     let now = 1_700_000_005;
     let d = |backend: &str, requests, errors, since_secs| FleetDelta {

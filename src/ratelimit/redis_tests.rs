@@ -1,73 +1,23 @@
 //! Integration tests against a real `redis-server` started by the test on a free port.
 //! Skipped (with a message) when `redis-server` is not on PATH.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::hash::stable_hash;
 use super::limiter::tests::{simulate, T0};
 use super::*;
 
-struct Server {
-    child: Child,
-    port: u16,
-}
+// The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
+// both mount it (the lib has no shared test module to mount it once).
+#[allow(clippy::duplicate_mod)]
+#[path = "../../tests/support/redis.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn have_redis() -> bool {
-    let ok = Command::new("redis-server")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIPPED: redis-server not on PATH");
-    }
-    ok
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-async fn start(port: u16) -> Server {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--enable-debug-command",
-            "yes",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server { child, port };
-    for _ in 0..200 {
-        if let Ok(mut c) = conn(port).await {
-            let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut c).await;
-            if r.is_ok() {
-                return server;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("redis-server on port {port} did not come up");
+/// A `redis-server` that allows `DEBUG SLEEP`, or `None` (skip) when none is installed.
+fn start() -> Option<RedisServer> {
+    RedisServer::available()
+        .then(|| RedisServer::start_with_args(&["--enable-debug-command", "yes"]))
 }
 
 async fn conn(port: u16) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
@@ -116,17 +66,14 @@ fn lim(limit: u64, window_secs: u64) -> Limiter {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_converge_on_one_limit() {
-    if !have_redis() {
-        return;
-    }
-    let srv = start(free_port()).await;
-    let sa = store(srv.port, "t1");
-    let sb = store(srv.port, "t1");
+    let Some(srv) = start() else { return };
+    let sa = store(srv.port(), "t1");
+    let sb = store(srv.port(), "t1");
     // 60 s window, limit 30,000: each instance at 4x = 2,000 req/s, 3 windows (+1 warm-up).
     let (a, b) = (lim(30_000, 60), lim(30_000, 60));
-    let before = evalsha_calls(srv.port).await;
+    let before = evalsha_calls(srv.port()).await;
     let per_window = simulate(&a, &b, &sa, &sb, 30_000, 3).await;
-    let cmds = evalsha_calls(srv.port).await - before;
+    let cmds = evalsha_calls(srv.port()).await - before;
     let requests = 2 * 4 * 30_000 * 4;
     let ratios: Vec<f64> = per_window.iter().map(|n| *n as f64 / 30_000.0).collect();
     eprintln!(
@@ -141,7 +88,7 @@ async fn two_instances_converge_on_one_limit() {
 
     // Contract defaults (limit 600 per 60 s), 4x each.
     let (a, b) = (lim(600, 60), lim(600, 60));
-    let (sa, sb) = (store(srv.port, "t2"), store(srv.port, "t2"));
+    let (sa, sb) = (store(srv.port(), "t2"), store(srv.port(), "t2"));
     let per_window = simulate(&a, &b, &sa, &sb, 600, 3).await;
     eprintln!("redis 2 instances, limit 600/60 s: admitted per window {per_window:?}");
     for n in &per_window {
@@ -151,7 +98,7 @@ async fn two_instances_converge_on_one_limit() {
 
     // A 1 s window: the 50 ms flush is 5% of the window, so the overshoot bound is looser.
     let (a, b) = (lim(600, 1), lim(600, 1));
-    let (sa, sb) = (store(srv.port, "t3"), store(srv.port, "t3"));
+    let (sa, sb) = (store(srv.port(), "t3"), store(srv.port(), "t3"));
     let per_window = simulate(&a, &b, &sa, &sb, 600, 3).await;
     eprintln!("redis 2 instances, limit 600/1 s: admitted per window {per_window:?}");
     for n in &per_window {
@@ -160,7 +107,7 @@ async fn two_instances_converge_on_one_limit() {
     }
 
     // Everything written starts with the prefix, has a TTL and never holds the raw key.
-    let mut c = conn(srv.port).await.unwrap();
+    let mut c = conn(srv.port()).await.unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut c)
@@ -184,11 +131,8 @@ async fn two_instances_converge_on_one_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outage_keeps_deltas_and_delivers_them() {
-    if !have_redis() {
-        return;
-    }
-    let port = free_port();
-    let srv = start(port).await;
+    let Some(mut srv) = start() else { return };
+    let port = srv.port();
     let st = store(port, "out");
     let l = lim(1_000, 3600);
     let now = T0;
@@ -200,7 +144,7 @@ async fn outage_keeps_deltas_and_delivers_them() {
     let key = st.redis_key(stable_hash("k"), now / 3_600_000);
 
     // Kill the server we started (by its PID).
-    drop(srv);
+    srv.kill();
     for i in 0..25 {
         assert!(l.check("k", now + 2 + i).is_allowed());
     }
@@ -216,7 +160,7 @@ async fn outage_keeps_deltas_and_delivers_them() {
 
     // Back on the same port (empty, no persistence): the outage's 25 arrive, and the 10 the
     // restarted Redis lost are restored from what this instance knew (not trusted as 0).
-    let srv = start(port).await;
+    srv.restart();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         if l.flush_once(&st, now + 200).await.is_ok() && l.unsent_admissions() == 0 {
@@ -226,7 +170,7 @@ async fn outage_keeps_deltas_and_delivers_them() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(l.store_healthy());
-    let mut c = conn(srv.port).await.unwrap();
+    let mut c = conn(srv.port()).await.unwrap();
     let v: i64 = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut c)
@@ -240,11 +184,8 @@ async fn outage_keeps_deltas_and_delivers_them() {
 /// and two instances that both knew it restore it once, not twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_counts_are_restored_once() {
-    if !have_redis() {
-        return;
-    }
-    let srv = start(free_port()).await;
-    let (sa, sb) = (store(srv.port, "ls"), store(srv.port, "ls"));
+    let Some(srv) = start() else { return };
+    let (sa, sb) = (store(srv.port(), "ls"), store(srv.port(), "ls"));
     let (a, b) = (lim(100, 3600), lim(100, 3600));
     let t = T0 + 1_000;
     assert_eq!(
@@ -261,7 +202,7 @@ async fn lost_counts_are_restored_once() {
     a.check("k", t + 6);
     a.flush_once(&sa, t + 7).await.unwrap();
     let key = sa.redis_key(stable_hash("k"), t / 3_600_000);
-    let mut c = conn(srv.port).await.unwrap();
+    let mut c = conn(srv.port()).await.unwrap();
     let get = |c: &mut redis::aio::MultiplexedConnection| {
         let key = key.clone();
         let mut c = c.clone();
@@ -352,15 +293,12 @@ async fn silent_listener_times_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_sleep_times_out_then_recovers() {
-    if !have_redis() {
-        return;
-    }
-    let srv = start(free_port()).await;
-    let st = store(srv.port, "slp");
+    let Some(srv) = start() else { return };
+    let st = store(srv.port(), "slp");
     let l = lim(10, 60);
     assert!(l.check("k", T0).is_allowed());
     l.flush_once(&st, T0 + 1).await.unwrap();
-    let port = srv.port;
+    let port = srv.port();
     let sleeper = tokio::spawn(async move {
         let mut c = conn(port).await.unwrap();
         let _: redis::RedisResult<String> = redis::cmd("DEBUG")
@@ -382,7 +320,7 @@ async fn debug_sleep_times_out_then_recovers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(l.store_healthy());
-    let mut c = conn(srv.port).await.unwrap();
+    let mut c = conn(srv.port()).await.unwrap();
     let v: i64 = redis::cmd("GET")
         .arg(st.redis_key(stable_hash("k"), T0 / 60_000))
         .query_async(&mut c)
@@ -393,19 +331,16 @@ async fn debug_sleep_times_out_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_size_is_learned_and_a_new_key_is_shared() {
-    if !have_redis() {
-        return;
-    }
-    let srv = start(free_port()).await;
-    let (sa, sb) = (store(srv.port, "fl"), store(srv.port, "fl"));
+    let Some(srv) = start() else { return };
+    let (sa, sb) = (store(srv.port(), "fl"), store(srv.port(), "fl"));
     let (a, b) = (lim(200, 60), lim(200, 60));
     // Idle probes carry the heartbeat: one script call each, both learn n = 2.
     a.flush_once(&sa, T0).await.unwrap();
     // (The first call also loads the script.)
-    let before = evalsha_calls(srv.port).await;
+    let before = evalsha_calls(srv.port()).await;
     b.flush_once(&sb, T0 + 1).await.unwrap();
     a.flush_once(&sa, T0 + 1_002).await.unwrap();
-    assert_eq!(evalsha_calls(srv.port).await - before, 2);
+    assert_eq!(evalsha_calls(srv.port()).await - before, 2);
     assert_eq!((a.instances(), b.instances()), (2, 2));
     // A burst on a key neither has seen, through both, over several flushes.
     let mut total = 0;
@@ -422,7 +357,7 @@ async fn fleet_size_is_learned_and_a_new_key_is_shared() {
     }
     a.flush_once(&sa, T0 + 1_500).await.unwrap();
     b.flush_once(&sb, T0 + 1_500).await.unwrap();
-    let mut c = conn(srv.port).await.unwrap();
+    let mut c = conn(srv.port()).await.unwrap();
     let in_redis: i64 = redis::cmd("GET")
         .arg(sa.redis_key(stable_hash("fresh"), T0 / 60_000))
         .query_async(&mut c)
@@ -505,12 +440,9 @@ async fn measure_commands(port: u16, prefix: &str, rate: u64) -> (u64, u64, u64)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_commands_per_request() {
-    if !have_redis() {
-        return;
-    }
-    let srv = start(free_port()).await;
+    let Some(srv) = start() else { return };
     for (rate, prefix) in [(9_000u64, "m9"), (2_000, "m2")] {
-        let (cmds, calls, requests) = measure_commands(srv.port, prefix, rate).await;
+        let (cmds, calls, requests) = measure_commands(srv.port(), prefix, rate).await;
         let per = cmds as f64 / requests as f64;
         eprintln!(
             "1 instance, 8 keys @ {rate} req/s, 50 ms flushes, 10 s: {cmds} Redis commands \
