@@ -32,10 +32,17 @@ impl Demo {
         let out = log.reopen().expect("reopen log");
         let err = out.try_clone().expect("clone log");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/demo.sh");
-        let ports: Vec<(u16, u16)> = [8080, 9090, 8081, 9091, 9001, 9002]
+        let mut ports: Vec<(u16, u16)> = [8080, 9090, 8081, 9091, 9001, 9002]
             .into_iter()
             .map(|default| (free_port(), default))
             .collect();
+        // The tour sorts backend answers by address: keep the two backends' free ports in the
+        // order of the defaults they stand for, so the README's order holds.
+        if ports[4].0 > ports[5].0 {
+            let (a, b) = (ports[4].0, ports[5].0);
+            ports[4].0 = b;
+            ports[5].0 = a;
+        }
         let mut cmd = Command::new("bash");
         cmd.arg(script)
             .env("PORTCULLIS_BIN", env!("CARGO_BIN_EXE_portcullis"))
