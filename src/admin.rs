@@ -213,7 +213,7 @@ impl Admin {
             "inflight": s.shedder.inflight(),
             "max_concurrency": s.shedder.cap(),
             "rate_limit": {
-                "enabled": rt.rate_limit.is_some(),
+                "enabled": rt.config.rate_limit.enabled,
                 "store": s.store_kind,
                 "store_healthy": s.limiter.store_healthy(),
                 "tracked_keys": s.limiter.tracked_keys(),

@@ -3,6 +3,8 @@
 //! [`Refusal`]; the proxy phases (and `fail_to_proxy`) hand it to [`send`].
 //! Bodies are short, plain text and name the gate that answered (CONTRACT §3).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
@@ -11,11 +13,11 @@ use pingora::Result;
 use crate::metrics::Outcome;
 use crate::ratelimit::{policy_header, ratelimit_header};
 
-/// The `RateLimit-Policy` and `RateLimit` fields (IETF draft), for a 429 and for
-/// admitted responses alike.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The numbers of the `RateLimit-Policy` and `RateLimit` fields (IETF draft), for a
+/// 429 and for admitted responses alike; the policy name comes with them at
+/// [`RateFields::apply`] so the request path copies no string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateFields {
-    pub policy: String,
     pub limit: u64,
     pub window_secs: u64,
     pub remaining: u64,
@@ -24,15 +26,15 @@ pub struct RateFields {
 }
 
 impl RateFields {
-    /// Add both fields to `resp`.
-    pub fn apply(&self, resp: &mut ResponseHeader) -> Result<()> {
+    /// Add both fields, for the policy named `policy`, to `resp`.
+    pub fn apply(&self, policy: &str, resp: &mut ResponseHeader) -> Result<()> {
         resp.insert_header(
             "ratelimit-policy",
-            policy_header(&self.policy, self.limit, self.window_secs),
+            policy_header(policy, self.limit, self.window_secs),
         )?;
         resp.insert_header(
             "ratelimit",
-            ratelimit_header(&self.policy, self.remaining, self.reset_secs),
+            ratelimit_header(policy, self.remaining, self.reset_secs),
         )?;
         Ok(())
     }
@@ -46,6 +48,7 @@ pub enum Refusal {
     /// The key is over its limit (429); `fields.remaining` is 0.
     RateLimited {
         retry_after: u64,
+        policy: Arc<str>,
         fields: RateFields,
     },
     /// No key and `missing_key = "reject"` (401).
@@ -138,8 +141,8 @@ impl Refusal {
         if let Some(secs) = self.retry_after() {
             resp.insert_header("retry-after", secs)?;
         }
-        if let Refusal::RateLimited { fields, .. } = self {
-            fields.apply(&mut resp)?;
+        if let Refusal::RateLimited { fields, policy, .. } = self {
+            fields.apply(policy, &mut resp)?;
         }
         if close {
             resp.insert_header("connection", "close")?;
@@ -169,8 +172,8 @@ mod tests {
     fn limited() -> Refusal {
         Refusal::RateLimited {
             retry_after: 0,
+            policy: "default".into(),
             fields: RateFields {
-                policy: "default".into(),
                 limit: 10,
                 window_secs: 60,
                 remaining: 0,

@@ -5,7 +5,7 @@
 use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::ratelimit::{KeySource, Limiter, MissingKey};
+use crate::ratelimit::Limiter;
 use crate::shed::Shedder;
 use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
@@ -16,26 +16,10 @@ use std::sync::Arc;
 
 pub use crate::store::clock::{unix_ms, unix_secs};
 
-/// Rate-limit settings the request path needs.
-#[derive(Debug, Clone)]
-pub struct RateLimitRuntime {
-    pub source: KeySource,
-    pub missing_key: MissingKey,
-    pub max_key_bytes: usize,
-    pub headers: bool,
-    pub policy_name: String,
-    pub window_secs: u64,
-}
-
 /// Everything a reload replaces, swapped atomically as one value.
 pub struct Runtime {
     pub config: Config,
     pub pools: Vec<Arc<Pool>>,
-    pub keepalive_seconds: Option<u64>,
-    pub max_request_header_bytes: usize,
-    pub retry_after_seconds: u64,
-    /// `None` when `rate_limit.enabled = false`.
-    pub rate_limit: Option<RateLimitRuntime>,
 }
 
 impl Runtime {
@@ -59,23 +43,7 @@ impl Runtime {
                 Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
             })
             .collect();
-        let rl = &config.rate_limit;
-        let rate_limit = rl.enabled.then(|| RateLimitRuntime {
-            source: rl.source.clone(),
-            missing_key: rl.missing_key,
-            max_key_bytes: rl.params.max_key_bytes,
-            headers: rl.headers,
-            policy_name: rl.policy_name.clone(),
-            window_secs: rl.params.window_secs,
-        });
-        Self {
-            keepalive_seconds: Some(config.server.keepalive_seconds),
-            max_request_header_bytes: config.server.max_request_header_bytes,
-            retry_after_seconds: config.shedding.retry_after_secs,
-            rate_limit,
-            pools,
-            config,
-        }
+        Self { pools, config }
     }
 
     /// First matching route (routes are pre-sorted: longest prefix, host-specific first).

@@ -103,7 +103,7 @@ pub struct RateLimitSettings {
     pub missing_key: MissingKey,
     /// RateLimit fields on admitted responses too.
     pub headers: bool,
-    pub policy_name: String,
+    pub policy_name: std::sync::Arc<str>,
     /// What the limiter itself needs (window, limits, overrides, memory cap).
     pub params: RateLimitParams,
     /// `rate_limit.keys` as written, for the reload diff and `/status`.

@@ -374,7 +374,7 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {
             MissingKeySection::Allow => MissingKey::Allow,
         },
         headers: r.headers,
-        policy_name: r.policy_name.clone(),
+        policy_name: r.policy_name.as_str().into(),
         params: RateLimitParams {
             window_secs: r.window_seconds,
             limit: r.limit,

@@ -84,6 +84,7 @@
 //! Window math: see [`window`]. Key hashing for the store: see [`hash`].
 
 mod flusher;
+pub mod gate;
 pub mod hash;
 mod key;
 mod limiter;

@@ -1,0 +1,356 @@
+//! The Pingora `ProxyHttp` implementation. Each phase only delegates, in the
+//! order of Pingora's phase chart; a gate returns a verdict and [`respond`]
+//! alone turns a refusal into a response:
+//!
+//! 1. `early_request_filter`: framing and target checks (400), header block size
+//!    (431). See [`crate::framing`].
+//! 2. `request_filter`: route, then load shedding ([`crate::shed`], 503), then the
+//!    rate limiter ([`crate::ratelimit::gate`], 429 / 401 / 400). Nothing here
+//!    awaits I/O or reads the body.
+//! 3. `upstream_peer`: next healthy, not-culled backend ([`crate::upstream`]);
+//!    none → 503.
+//! 4. `fail_to_connect`: count the error against the backend, retry on another.
+//! 5. `upstream_request_filter`: X-Forwarded-For/-Proto, X-Request-Id.
+//! 6. `response_filter`: RateLimit fields, X-Request-Id, `Connection: close`
+//!    while draining.
+//! 7. `fail_to_proxy`: the refusal for an error ([`failure`]), logged once.
+//! 8. `logging`: metrics and the backend's error window, which culling reads.
+//!
+//! [`respond`]: crate::respond
+
+mod failure;
+mod request;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::ErrorType;
+
+use crate::metrics::Outcome;
+use crate::ratelimit;
+use crate::respond::{self, RateFields, Refusal};
+use crate::shed::InflightGuard;
+use crate::state::{Runtime, Shared};
+use crate::upstream::{BackendState, Pool, Tried};
+use request::{client_ip, header_block_len, host_of, invalid_target};
+
+pub struct Proxy {
+    pub shared: Arc<Shared>,
+}
+
+/// Per-request state.
+pub struct Ctx {
+    start: Instant,
+    /// The configuration this request is served under, start to end.
+    runtime: Arc<Runtime>,
+    pool: Option<Arc<Pool>>,
+    /// Held while the request is in flight (load shedding's count).
+    _guard: Option<InflightGuard>,
+    backend: Option<Arc<BackendState>>,
+    tried: Tried,
+    outcome: Option<Outcome>,
+    /// What a gate refused the request with, when it answers through an error
+    /// (`early_request_filter`, `upstream_peer`).
+    refusal: Option<Refusal>,
+    request_id: Option<String>,
+    /// The RateLimit fields of an admitted response.
+    rate: Option<RateFields>,
+}
+
+impl Proxy {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Answer a refusal from a phase that writes its own response.
+    async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<bool> {
+        ctx.outcome = Some(refusal.outcome());
+        // Never read a body we are refusing: close instead of draining it.
+        // While draining, ask keep-alive clients to reconnect elsewhere.
+        let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
+        respond::send(session, &refusal, close).await?;
+        Ok(true)
+    }
+
+    /// Refuse through an error: `fail_to_proxy` answers with `ctx.refusal`.
+    fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
+        session.set_keepalive(None);
+        let status = refusal.status();
+        ctx.outcome = Some(refusal.outcome());
+        ctx.refusal = Some(refusal);
+        Error::e_explain(ErrorType::HTTPStatus(status), "refused by a gate")
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Proxy {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx {
+            start: Instant::now(),
+            runtime: self.shared.runtime.load_full(),
+            pool: None,
+            _guard: None,
+            backend: None,
+            tried: Tried::default(),
+            outcome: None,
+            refusal: None,
+            request_id: None,
+            rate: None,
+        }
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
+        self.shared.note_proxy_runtime();
+        let server = &ctx.runtime.config.server;
+        // Pingora has already decided whether this connection may be reused: off
+        // for HTTP/1.0 without `Connection: keep-alive`, for `Connection: close`
+        // and for ambiguous framing (RFC 9112 §6.1, §9.3). Only the timeout is
+        // ours to set; never turn keep-alive back on.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(server.keepalive_seconds));
+        }
+        // Pipelined requests are answered one after another, in order (RFC 9112
+        // §9.3.2); without this Pingora closes after the first.
+        session.set_pipelining_enabled(true);
+        let max_header = server.max_request_header_bytes;
+        let framing = crate::framing::check(&session.req_header().headers, || {
+            session
+                .as_downstream()
+                .as_http1()
+                .map(|h1| h1.get_headers_raw_bytes())
+        });
+        if framing.is_err() {
+            return Self::refuse_early(
+                session,
+                ctx,
+                Refusal::BadRequest("portcullis: bad request\n"),
+            );
+        }
+        if invalid_target(session) {
+            return Self::refuse_early(
+                session,
+                ctx,
+                Refusal::BadRequest("portcullis: invalid byte in request target\n"),
+            );
+        }
+        if header_block_len(session) > max_header {
+            return Self::refuse_early(session, ctx, Refusal::HeaderTooLarge);
+        }
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let rt = Arc::clone(&ctx.runtime);
+        let route = rt.route(host_of(session), session.req_header().uri.path());
+        ctx.pool = rt.pools.get(route.upstream).cloned();
+
+        // Gate 1: load shedding, before any other work.
+        match self.shared.shedder.try_acquire(route.priority) {
+            Some(g) => ctx._guard = Some(g),
+            None => {
+                let retry_after = rt.config.shedding.retry_after_secs;
+                return self
+                    .refuse(session, ctx, Refusal::Shed { retry_after })
+                    .await;
+            }
+        }
+
+        // Gate 2: per-key rate limiting, from local state only.
+        let req = session.req_header();
+        let verdict = ratelimit::gate::check(
+            &rt.config.rate_limit,
+            &self.shared.limiter,
+            &req.headers,
+            &req.uri,
+            client_ip(session),
+            crate::store::clock::unix_ms(),
+        );
+        match verdict {
+            Ok(fields) => {
+                ctx.rate = fields;
+                Ok(false)
+            }
+            Err(refusal) => self.refuse(session, ctx, refusal).await,
+        }
+    }
+
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let retry_after = ctx.runtime.config.shedding.retry_after_secs;
+        let Some(pool) = ctx.pool.clone() else {
+            return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
+        };
+        let Some(backend) = pool.select(&ctx.tried) else {
+            return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
+        };
+        ctx.tried.push(backend.addr);
+        let mut peer = HttpPeer::new(backend.addr, false, String::new());
+        peer.options.connection_timeout = Some(pool.connect_timeout);
+        peer.options.read_timeout = Some(pool.read_timeout);
+        peer.options.write_timeout = Some(pool.read_timeout);
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        ctx.backend = Some(backend);
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Nothing was sent upstream: count it against that backend and try another.
+        tracing::warn!(
+            event = "connect_failed",
+            backend = %pingora::upstreams::peer::Peer::address(peer),
+            error = e.etype().as_str(),
+            cause = failure::plain_cause(&e).unwrap_or_default(),
+        );
+        if let Some(b) = ctx.backend.take() {
+            b.record(crate::store::clock::unix_secs(), true);
+        }
+        let untried = ctx
+            .pool
+            .as_ref()
+            .is_some_and(|p| p.backends.iter().any(|b| !ctx.tried.contains(&b.addr)));
+        if untried {
+            e.set_retry(true);
+        } else {
+            let retry_after = ctx.runtime.config.shedding.retry_after_secs;
+            ctx.refusal = Some(Refusal::NoBackend { retry_after });
+            e.set_retry(false);
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        req: &mut pingora::http::RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(ip) = client_ip(session) {
+            let xff = match req
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
+                Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
+                _ => ip.to_string(),
+            };
+            req.insert_header("x-forwarded-for", xff)?;
+        }
+        req.insert_header("x-forwarded-proto", "http")?;
+        let id = match req
+            .headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(id) if !id.is_empty() => id.to_string(),
+            _ => {
+                let id = self.shared.next_request_id();
+                req.insert_header("x-request-id", id.as_str())?;
+                id
+            }
+        };
+        ctx.request_id = Some(id);
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(id) = ctx.request_id.take() {
+            resp.insert_header("x-request-id", id)?;
+        }
+        if let Some(fields) = ctx.rate {
+            fields.apply(&ctx.runtime.config.rate_limit.policy_name, resp)?;
+        }
+        if self.shared.lifecycle.is_draining() {
+            // Draining: ask keep-alive clients to reconnect (to another instance).
+            session.set_keepalive(None);
+            resp.insert_header("connection", "close")?;
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        let refusal = failure::refusal_for(e, ctx);
+        let status = refusal.as_ref().map_or(0, Refusal::status);
+        let outcome = refusal.as_ref().map_or(Outcome::Rejected, Refusal::outcome);
+        ctx.outcome.get_or_insert(outcome);
+        failure::log(session, e, ctx, status);
+        // The connection is closed after this reply (`can_reuse_downstream: false`),
+        // and the reply says so.
+        if let Some(refusal) = refusal.filter(|_| session.response_written().is_none()) {
+            if let Err(err) = respond::send(session, &refusal, true).await {
+                tracing::debug!(error = %err, "cannot send error response");
+            }
+        }
+        session.set_keepalive(None);
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+
+    /// Pingora's own failure lines end with this summary: method and path only,
+    /// never the query string or a header value (CONTRACT §7).
+    fn request_summary(&self, session: &Session, _ctx: &Ctx) -> String {
+        let req = session.req_header();
+        format!("{} {}", req.method, req.uri.path())
+    }
+
+    /// Every failure is logged once, by [`failure::log`], without the
+    /// request's secrets; Pingora's own lines would print the error context.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Ctx,
+        _error: &Error,
+        _context: pingora::proxy::ProxyWarnLogContext,
+    ) -> bool {
+        true
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let outcome = ctx.outcome.unwrap_or(if e.is_some() {
+            Outcome::UpstreamError
+        } else {
+            Outcome::Proxied
+        });
+        if let Some(b) = ctx.backend.take() {
+            // The backend's fault only: a 5xx, or an error on the upstream side
+            // (timeouts, resets). A client hanging up is not the backend's error.
+            let upstream_failed =
+                e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
+            let is_error = upstream_failed || status >= 500;
+            b.record(crate::store::clock::unix_secs(), is_error);
+        }
+        self.shared
+            .metrics
+            .record(outcome, ctx.start.elapsed().as_secs_f64());
+        tracing::debug!(
+            event = "request",
+            status,
+            outcome = outcome.as_str(),
+            upstream = ctx.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
+            elapsed_us = ctx.start.elapsed().as_micros() as u64,
+        );
+    }
+}
