@@ -181,7 +181,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
 
     let (store, flush_interval): (Arc<dyn CounterStore>, Duration) = match &redis {
         Some(r) => match RedisStore::new(RedisSettings {
-            url: r.url.clone(),
+            url: r.url.expose().to_string(),
             key_prefix: r.key_prefix.clone(),
             timeout_ms: u64::try_from(r.timeout.as_millis()).unwrap_or(u64::MAX),
         }) {
@@ -197,7 +197,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
 
     // The one Redis client of the process, shared by culling and the watchdog.
     let fleet_store = match &redis {
-        Some(r) => Store::redis(&r.url, &r.key_prefix, r.timeout).unwrap_or_else(|e| {
+        Some(r) => Store::redis(r.url.expose(), &r.key_prefix, r.timeout).unwrap_or_else(|e| {
             // validated at load; only reachable if the URL became invalid
             tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
             Store::Local

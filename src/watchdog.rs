@@ -374,17 +374,11 @@ impl BackgroundService for Watchdog {
 mod tests {
     use super::*;
 
+    /// The file defaults, enabled, with a 100 MiB RSS limit.
     fn section() -> WatchdogSettings {
-        WatchdogSettings {
-            enabled: true,
-            max_rss_mb: 100,
-            max_error_rate: 0.5,
-            max_stall_ms: 1000,
-            min_requests: 20,
-            check_interval_seconds: 10,
-            tokens: 1,
-            token_period_seconds: 600,
-        }
+        let text = "[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\"]\n\
+                    [watchdog]\nenabled = true\nmax_rss_mb = 100\n";
+        crate::config::parse("t.toml", text).unwrap().watchdog
     }
 
     #[test]

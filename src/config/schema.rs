@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-pub use super::settings::Secret;
+pub use super::settings::{RedisUrl, Secret};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -69,33 +69,19 @@ impl Default for ServerSection {
     }
 }
 
-/// A string that never appears in `Debug` output (tokens, passwords).
-
-#[derive(Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSection {
-    pub url: String,
+    pub url: RedisUrl,
     pub key_prefix: String,
     pub flush_interval_ms: u64,
     pub timeout_ms: u64,
 }
 
-/// The URL may carry a password: `Debug` shows it redacted.
-impl std::fmt::Debug for RedisSection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSection")
-            .field("url", &super::redact::redact_url(&self.url))
-            .field("key_prefix", &self.key_prefix)
-            .field("flush_interval_ms", &self.flush_interval_ms)
-            .field("timeout_ms", &self.timeout_ms)
-            .finish()
-    }
-}
-
 impl Default for RedisSection {
     fn default() -> Self {
         Self {
-            url: "redis://127.0.0.1:6379".into(),
+            url: RedisUrl::new("redis://127.0.0.1:6379"),
             key_prefix: "portcullis".into(),
             flush_interval_ms: 50,
             timeout_ms: 200,

@@ -44,24 +44,12 @@ pub struct ServerSettings {
 }
 
 /// `[redis]`: where the fleet's shared state lives.
-#[derive(Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoreSettings {
-    /// May carry a password: never print it unredacted.
-    pub url: String,
+    pub url: RedisUrl,
     pub key_prefix: String,
     pub flush_interval: Duration,
     pub timeout: Duration,
-}
-
-impl std::fmt::Debug for StoreSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreSettings")
-            .field("url", &super::redact::redact_url(&self.url))
-            .field("key_prefix", &self.key_prefix)
-            .field("flush_interval", &self.flush_interval)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// One `[[upstreams]]` entry.
@@ -155,5 +143,27 @@ impl Secret {
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+/// A Redis URL. It may carry a password (`redis://user:password@host`), so
+/// `Debug` shows it redacted; [`RedisUrl::expose`] is for connecting only.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", super::redact::redact_url(&self.0))
     }
 }

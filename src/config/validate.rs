@@ -149,12 +149,12 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
 }
 
 fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
-    if let Err(e) = redis::Client::open(r.url.as_str()) {
+    if let Err(e) = redis::Client::open(r.url.expose()) {
         return err(
             "redis.url",
             format!(
                 "invalid Redis URL {:?} ({e}): expected redis://host:port[/db]",
-                super::redact::redact_url(&r.url)
+                super::redact::redact_url(r.url.expose())
             ),
         );
     }

@@ -195,14 +195,7 @@ mod tests {
     const T0: u64 = 1_700_000_000_000;
 
     fn params(tokens: u32, fraction: f64) -> CullParams {
-        CullParams {
-            tokens,
-            token_period_secs: 600,
-            max_culled_fraction: fraction,
-            check_interval_secs: 10,
-            cooldown_secs: 60,
-            ..CullParams::default()
-        }
+        CullParams::for_tests(tokens, fraction)
     }
 
     fn granted(o: &ClaimOutcome) -> bool {

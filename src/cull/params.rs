@@ -38,6 +38,20 @@ impl Default for CullParams {
 }
 
 impl CullParams {
+    /// The parameters the budget tests use: `tokens` per 10 minutes, at most
+    /// `fraction` of an upstream out, 10 s checks and a 60 s cooldown.
+    #[cfg(test)]
+    pub(crate) fn for_tests(tokens: u32, fraction: f64) -> Self {
+        Self {
+            tokens,
+            token_period_secs: 600,
+            max_culled_fraction: fraction,
+            check_interval_secs: 10,
+            cooldown_secs: 60,
+            ..Self::default()
+        }
+    }
+
     /// Lease TTL of a claim, in milliseconds:
     /// `max(3 × check_interval, cooldown + 2 × check_interval)`.
     ///

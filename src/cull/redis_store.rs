@@ -67,10 +67,7 @@ end
 if active + 1 > max_out then
   return {3, milli, active, max_out}
 end
-if tok < 1 then
-  if cap <= 0 then return {2, milli, -1, 0} end
-  return {2, milli, math.ceil((1 - tok) * period / cap), 0}
-end
+if tok < 1 then return {2, milli, ms_until_one(tok, cap, period), 0} end
 if not dry then
   store_bucket(KEYS[1], tok - 1, period)
   redis.call('HSET', KEYS[2], backend, string.format('%d', now + lease))
@@ -102,8 +99,7 @@ return 1
 const SNAPSHOT_LUA: &str = concat!(
     refill_lua!(),
     r#"
-local cap = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
+local cap, period = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok = refill(KEYS[1], cap, period)
 local out = {now, math.floor(tok * 1000)}
 for k = 2, #KEYS do

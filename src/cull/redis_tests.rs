@@ -19,14 +19,7 @@ fn budget(r: &RedisServer, prefix: &str) -> Budget {
 }
 
 fn params(tokens: u32, fraction: f64) -> CullParams {
-    CullParams {
-        tokens,
-        token_period_secs: 600,
-        max_culled_fraction: fraction,
-        check_interval_secs: 10,
-        cooldown_secs: 60,
-        ..CullParams::default()
-    }
+    CullParams::for_tests(tokens, fraction)
 }
 
 /// `n` concurrent tasks, each its own "instance" (own connection), claiming

@@ -40,8 +40,10 @@ pub fn ms_until_one(tokens: f64, cap: f64, period_ms: u64) -> u64 {
     }
 }
 
-/// The Lua twin of [`refill`]: defines `now` (the server's clock, ms) and
-/// `refill(key, cap, period)` returning the tokens in the hash `key` (`t`, `ts`).
+/// The Lua twin of [`refill`] and [`ms_until_one`]: defines `now` (the server's
+/// clock, ms), `refill(key, cap, period)` returning the tokens in the hash `key`
+/// (`t`, `ts`), `ms_until_one(tok, cap, period)` (-1 = never) and
+/// `store_bucket(key, tok, period)`.
 #[macro_export]
 macro_rules! refill_lua {
     () => {
@@ -63,6 +65,10 @@ local function refill(key, cap, period)
   end
   return tok
 end
+local function ms_until_one(tok, cap, period)
+  if cap <= 0 then return -1 end
+  return math.ceil((1 - tok) * period / cap)
+end
 local function store_bucket(key, tok, period)
   redis.call('HSET', key, 't', string.format('%.17g', tok), 'ts', string.format('%d', now))
   redis.call('PEXPIRE', key, period + 1000)
@@ -76,13 +82,9 @@ end
 const TAKE_LUA: &str = concat!(
     refill_lua!(),
     r#"
-local cap = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
+local cap, period = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok = refill(KEYS[1], cap, period)
-if tok < 1 then
-  if cap <= 0 then return {0, -1} end
-  return {0, math.ceil((1 - tok) * period / cap)}
-end
+if tok < 1 then return {0, ms_until_one(tok, cap, period)} end
 store_bucket(KEYS[1], tok - 1, period)
 return {1, math.floor((tok - 1) * 1000)}
 "#
