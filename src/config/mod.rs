@@ -1,4 +1,4 @@
-//! Configuration: the serde file schema ([`schema`]), then validation into the
+//! Configuration: the serde file schema (`schema.rs`), then validation into the
 //! runtime [`Config`]. Every error names the file, the key path
 //! (`rate_limit.window_seconds`, `upstreams[1].name`) and, where the TOML
 //! parser knows it, `line:column`.

@@ -13,7 +13,7 @@
 //! 5. `upstream_request_filter`: X-Forwarded-For/-Proto, X-Request-Id.
 //! 6. `response_filter`: RateLimit fields, X-Request-Id, `Connection: close`
 //!    while draining.
-//! 7. `fail_to_proxy`: the refusal for an error ([`failure`]), logged once.
+//! 7. `fail_to_proxy`: the refusal for an error (`failure.rs`), logged once.
 //! 8. `logging`: metrics and the backend's error window, which culling reads.
 //!
 //! [`respond`]: crate::respond
@@ -311,7 +311,7 @@ impl ProxyHttp for Proxy {
         format!("{} {}", req.method, req.uri.path())
     }
 
-    /// Every failure is logged once, by [`failure::log`], without the
+    /// Every failure is logged once, by `failure::log`, without the
     /// request's secrets; Pingora's own lines would print the error context.
     fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
         true

@@ -1,7 +1,7 @@
 //! A token bucket: capacity `cap`, refilled continuously at `cap` per `period_ms`.
 //!
 //! The arithmetic exists once in Rust ([`refill`], [`ms_until_one`]) and once in
-//! Lua ([`refill_lua!`], spliced into every script that reads a bucket), and one
+//! Lua (`refill_lua!`, spliced into every script that reads a bucket), and one
 //! conformance table (`tests/store_conformance.rs`) runs both against the same
 //! cases. The bucket is stored as `(tokens, at_ms)`; a missing bucket is full.
 //!
