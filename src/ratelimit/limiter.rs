@@ -52,6 +52,13 @@ const SYNCED: u8 = 8;
 /// previous window: it may be a key this instance forgot. Until its first sync it admits at
 /// most [`LOCAL_ONLY_MAX`] requests, then is refused for one sync (`Retry-After: 1`).
 const UNKNOWN: u8 = 16;
+/// `Slot::flags`: the store lost this key's counts and restored them from a floor (this
+/// instance's or another's). Such an answer tells what some instance knew, not what the
+/// fleet did since: until a sync brings news (a total above what this instance knew plus
+/// what it sent, i.e. another instance wrote), the estimate of the other instances'
+/// unsynced admissions (`est`) and a cached refusal are kept, not reset, and `est` counts
+/// in the decision even while the fleet share is suspended.
+const RESTORED: u8 = 32;
 /// Keys stay local until their counts can matter: a key this instance admitted at most
 /// this many times over its current and previous windows (and never refused) is never sent
 /// to the store, so a flood of keys each seen once creates no store key at all. Bound on the
@@ -223,6 +230,7 @@ impl Slot {
             self.l_prev = 0;
             self.p_prev = 0;
             self.est = 0;
+            self.flags &= !RESTORED;
         }
         self.g_cur = 0;
         self.l_cur = 0;
@@ -609,7 +617,13 @@ impl Limiter {
         }
 
         let prev = s.prev();
-        let cur = s.cur();
+        let mut cur = s.cur();
+        if s.flags & RESTORED != 0 {
+            // After a loss, until news, the estimate of the other instances' unsynced
+            // admissions is part of what is known, also while the share (which otherwise
+            // carries it) is suspended by a store outage.
+            cur = cur.saturating_add(u64::from(s.est));
+        }
         let own = s.own_prev().saturating_add(s.own_cur());
         if window::admits(prev, cur, limit, wms, e) {
             // A key that may have been forgotten (evicted) admits no more than a key kept
@@ -1029,12 +1043,30 @@ impl Limiter {
 /// previous window's total returned is final. A total below what was known before plus
 /// what was just added (the store lost data and did not restore it) is not trusted: the
 /// known value stays (the next sync carries it as the floor again).
+///
+/// After a loss ([`GlobalCounts::restored`], or a total below the floor) the answer is
+/// only what this instance (or the first instance to restore) knew: the other instances'
+/// admissions that were not yet in this instance's view are missing from it until they
+/// write back their own floors. So the answer does not reopen the key: `est` (the estimate
+/// of those admissions) only grows and a cached refusal stays, until a sync brings news
+/// ([`RESTORED`]). Without this an instance whose view was one flush old, refusing on its
+/// estimate, restored its own older total first, dropped the estimate and admitted again.
 fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final: bool) {
     let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let known = d.floor_cur.saturating_add(d.cur);
+    if c.restored || c.cur < known {
+        s.flags |= RESTORED;
+    } else if c.cur > known {
+        s.flags &= !RESTORED;
+    }
+    let restored = s.flags & RESTORED != 0;
     // The other instances are assumed to hold as many admissions not yet synced as we just
-    // sent (they see the same traffic); replaced at every sync.
-    let est = sat(n.saturating_sub(1).saturating_mul(d.cur));
-    let cur = c.cur.max(d.floor_cur.saturating_add(d.cur));
+    // sent (they see the same traffic); replaced at every sync (only raised after a loss).
+    let mut est = sat(n.saturating_sub(1).saturating_mul(d.cur));
+    if restored {
+        est = est.max(s.est);
+    }
+    let cur = c.cur.max(known);
     s.flags = (s.flags | SYNCED | SHARED) & !UNKNOWN;
     if s.win == d.window {
         s.g_cur = sat(cur);
@@ -1054,8 +1086,10 @@ fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final: bool) {
     }
     s.p_cur = 0;
     s.p_prev = 0;
-    // New global counts: recompute any cached refusal.
-    s.blocked_until = 0;
+    // New global counts: recompute any cached refusal (unless they only restore a loss).
+    if !restored {
+        s.blocked_until = 0;
+    }
 }
 
 fn gc_step(sh: &mut Shard, w: u64, wms: u64, e: u64, cap: usize) {

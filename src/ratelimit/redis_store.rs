@@ -84,7 +84,8 @@ const BATCH_ID_TTL_SECS: u64 = 300;
 /// floor) per delta; a prev delta of -1 means "nothing to add and not needed": the previous
 /// window's key is not touched and -1 is returned for it. A counter below its floor (data
 /// lost) is set back to floor + delta (with the counters' TTL).
-/// Returns the live instance count (0 without heartbeat), then (prev, cur) totals per delta.
+/// Returns the live instance count (0 without heartbeat), then (prev, cur, restored) per
+/// delta: the totals, and 1 when a counter was below its floor and was written back.
 /// A batch whose marker exists was already applied (its client timed out): only read.
 /// Commands are kept to the minimum: a counter gets its TTL only when `INCRBY` created it
 /// (the result equals the delta: counters only grow and always get a TTL in the same
@@ -133,7 +134,7 @@ for i = first, #KEYS, 2 do
     if pd > 0 then pd = 0 end
     if cd > 0 then cd = 0 end
   end
-  local p, c = -1, 0
+  local p, c, lost = -1, 0, 0
   if pd > 0 then
     p = redis.call('INCRBY', KEYS[i], pd)
     if p == pd then
@@ -144,6 +145,7 @@ for i = first, #KEYS, 2 do
   end
   if pd >= 0 and p < pf + pd then
     p = pf + pd
+    lost = 1
     redis.call('SET', KEYS[i], p, 'EX', ttl)
   end
   if cd > 0 then
@@ -156,10 +158,12 @@ for i = first, #KEYS, 2 do
   end
   if c < cf + cd then
     c = cf + cd
+    lost = 1
     redis.call('SET', KEYS[i + 1], c, 'EX', ttl)
   end
   out[#out + 1] = p
   out[#out + 1] = c
+  out[#out + 1] = lost
 end
 return out
 "#;
@@ -333,7 +337,7 @@ impl RedisStore {
                 Ok(Err(e)) => return Err(StoreError::Command(e.to_string())),
                 Err(_) => return Err(StoreError::Timeout),
             };
-            if v.len() != chunk.len() * 2 + 1 {
+            if v.len() != chunk.len() * 3 + 1 {
                 return Err(StoreError::Protocol(format!(
                     "script returned {} values for {} keys",
                     v.len(),
@@ -351,10 +355,11 @@ impl RedisStore {
                     registered.push((me, bucket));
                 }
             }
-            for pair in v[1..].chunks_exact(2) {
+            for r in v[1..].chunks_exact(3) {
                 out.push(GlobalCounts {
-                    prev: u64::try_from(pair[0]).unwrap_or(0),
-                    cur: u64::try_from(pair[1]).unwrap_or(0),
+                    prev: u64::try_from(r[0]).unwrap_or(0),
+                    cur: u64::try_from(r[1]).unwrap_or(0),
+                    restored: r[2] != 0,
                 });
             }
         }
