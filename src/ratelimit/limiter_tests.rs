@@ -1,4 +1,7 @@
-use super::super::store::LocalStore;
+use super::super::flush::SYNC_EVERY;
+use super::super::shard::approx_bytes_per_key;
+use super::super::slot::estimate_at;
+use super::super::store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
 use super::*;
 
 const W: u64 = 60_000;

@@ -83,11 +83,14 @@
 //!
 //! Window math: see [`window`]. Key hashing for the store: see [`hash`].
 
+mod flush;
 mod flusher;
 pub mod hash;
 mod key;
 mod limiter;
 mod redis_store;
+mod shard;
+mod slot;
 mod store;
 pub mod window;
 
@@ -97,10 +100,13 @@ mod redis_tests;
 
 use std::collections::HashMap;
 
+pub use flush::FlushOutcome;
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
-pub use limiter::{approx_bytes_per_key, FlushOutcome, Limiter, LOCAL_ONLY_MAX, SHARDS};
+pub use limiter::Limiter;
 pub use redis_store::{RedisSettings, RedisStore};
+pub use shard::{approx_bytes_per_key, SHARDS};
+pub use slot::LOCAL_ONLY_MAX;
 pub use store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
 
 /// Default cap on the number of keys a [`Limiter`] tracks.
