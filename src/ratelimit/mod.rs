@@ -104,7 +104,7 @@ pub use flush::FlushOutcome;
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
 pub use limiter::Limiter;
-pub use redis_store::{RedisSettings, RedisStore};
+pub use redis_store::RedisStore;
 pub use shard::{approx_bytes_per_key, SHARDS};
 pub use slot::LOCAL_ONLY_MAX;
 pub use store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};

@@ -1,10 +1,11 @@
 //! Counter stores: where instances meet to add up their admissions.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+
+pub use crate::store::StoreError;
 
 /// One key's unflushed admissions, relative to window index `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,35 +47,6 @@ pub struct GlobalCounts {
     /// totals then tell what the caller knew, not what the other instances did since.
     pub restored: bool,
 }
-
-/// Why a sync failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
-    /// The call took longer than the configured timeout.
-    Timeout,
-    /// Not attempted: waiting for the reconnect backoff to elapse.
-    Backoff,
-    /// Could not connect.
-    Connect(String),
-    /// The store answered with an error.
-    Command(String),
-    /// The store answered something unexpected.
-    Protocol(String),
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::Timeout => f.write_str("store call timed out"),
-            StoreError::Backoff => f.write_str("store reconnect backoff"),
-            StoreError::Connect(e) => write!(f, "store connect failed: {e}"),
-            StoreError::Command(e) => write!(f, "store command failed: {e}"),
-            StoreError::Protocol(e) => write!(f, "store protocol error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
 
 /// A shared counter store.
 #[async_trait]
