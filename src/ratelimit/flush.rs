@@ -58,7 +58,7 @@ impl Limiter {
     /// to refresh their global view) to `store` in one batch, then applies the returned
     /// global counts. Adaptive sync: keys near their limit (or with large unsent deltas, or
     /// refused for their fleet share) are sent at every flush; the others stay queued and
-    /// are sent every [`SYNC_EVERY`]-th flush (so never more than `SYNC_EVERY - 1` flushes
+    /// are sent every `SYNC_EVERY`-th flush (so never more than `SYNC_EVERY - 1` flushes
     /// late), at each of the first `SYNC_EVERY` flushes, and at the first flush after a
     /// store failure. A flush with nothing to send
     /// does not call the store (except the idle probe). A batch that fails is kept (its
