@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::cull::Budget;
 use crate::lifecycle::DrainingShutdown;
 use crate::proxy::Proxy;
-use crate::ratelimit::{CounterStore, LocalStore, RedisSettings, RedisStore};
+use crate::ratelimit::{CounterStore, LocalStore, RedisStore};
 use crate::state::Shared;
 use crate::store::Store;
 use async_trait::async_trait;
@@ -179,23 +179,8 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
 
-    let (store, flush_interval): (Arc<dyn CounterStore>, Duration) = match &redis {
-        Some(r) => match RedisStore::new(RedisSettings {
-            url: r.url.expose().to_string(),
-            key_prefix: r.key_prefix.clone(),
-            timeout_ms: u64::try_from(r.timeout.as_millis()).unwrap_or(u64::MAX),
-        }) {
-            Ok(s) => (Arc::new(s), r.flush_interval),
-            Err(e) => {
-                // validated at load; only reachable if the URL became invalid
-                tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
-                (Arc::new(LocalStore::new()), Duration::from_millis(50))
-            }
-        },
-        None => (Arc::new(LocalStore::new()), Duration::from_millis(50)),
-    };
-
-    // The one Redis client of the process, shared by culling and the watchdog.
+    // The one Redis client of the process, shared by the limiter's flusher, culling and
+    // the watchdog (one connection for the whole process).
     let fleet_store = match &redis {
         Some(r) => Store::redis(r.url.expose(), &r.key_prefix, r.timeout).unwrap_or_else(|e| {
             // validated at load; only reachable if the URL became invalid
@@ -203,6 +188,13 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             Store::Local
         }),
         None => Store::Local,
+    };
+    let (store, flush_interval): (Arc<dyn CounterStore>, Duration) = match (&fleet_store, &redis) {
+        (Store::Redis(client), Some(r)) => (
+            Arc::new(RedisStore::new(Arc::clone(client))),
+            r.flush_interval,
+        ),
+        _ => (Arc::new(LocalStore::new()), Duration::from_millis(50)),
     };
     let health = background_service(
         "health checks",

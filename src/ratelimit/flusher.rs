@@ -1,18 +1,13 @@
 //! Background flush loop.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::limiter::Limiter;
 use super::store::CounterStore;
 
 /// Wall-clock Unix time in milliseconds (the `now_ms` the proxy passes to `check`).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+pub use crate::store::clock::unix_ms as now_ms;
 
 /// Flushes `limiter` to `store` every `flush_interval` until `shutdown` becomes true (or its
 /// sender is dropped), then flushes once more. Each flush is bounded by the store's own

@@ -1,4 +1,7 @@
-use super::super::store::LocalStore;
+use super::super::flush::SYNC_EVERY;
+use super::super::shard::approx_bytes_per_key;
+use super::super::slot::estimate_at;
+use super::super::store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
 use super::*;
 
 const W: u64 = 60_000;
@@ -768,6 +771,10 @@ fn keys_are_compared_as_bytes() {
 struct Lossy {
     inner: ArcSwap<LocalStore>,
     honor_floors: bool,
+    /// Live instances it reports (`None`: not shared).
+    instances: Option<u64>,
+    /// Unreachable while set.
+    down: std::sync::atomic::AtomicBool,
 }
 
 impl Lossy {
@@ -775,6 +782,16 @@ impl Lossy {
         Self {
             inner: ArcSwap::from_pointee(LocalStore::new()),
             honor_floors,
+            instances: None,
+            down: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// A store shared by `n` instances that honours the floors.
+    fn shared(n: u64) -> Self {
+        Self {
+            instances: Some(n),
+            ..Self::new(true)
         }
     }
 
@@ -792,6 +809,9 @@ impl CounterStore for Lossy {
         window_secs: u64,
         now_ms: u64,
     ) -> Result<Vec<GlobalCounts>, StoreError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(StoreError::Connect("refused".into()));
+        }
         let mut b = batch.to_vec();
         if !self.honor_floors {
             for d in &mut b {
@@ -805,33 +825,59 @@ impl CounterStore for Lossy {
     fn kind(&self) -> &'static str {
         "test"
     }
+    fn instances(&self) -> Option<u64> {
+        self.instances
+    }
 }
 
+/// Two instances, limit 20, and a loss while `a`'s view is one flush old: `a` knows 10
+/// and refuses on its estimate of `b`'s unsynced admissions (not on the known counts); `b`
+/// knows the real 20. `a` syncs first after the loss and restores its own 10: that answer
+/// is no news about `b` and must not reopen the key (it used to drop the estimate and
+/// admit half of the 10 "left"). `a` stays refused until `b` writes back its 20.
 #[tokio::test]
-async fn store_data_loss_is_restored_not_trusted() {
-    let wms = 3_600_000;
-    let t = 20 * wms + 1_000;
-    for honor in [true, false] {
-        let store = Lossy::new(honor);
-        let l = lim(100, 3600);
-        assert_eq!(admitted(&l, "k", 150, t), 100);
-        l.flush_once(&store, t + 1).await.unwrap();
-        store.wipe();
-        // Refused (so queued) and synced against the empty store, several times.
-        for k in 0..(2 * SYNC_EVERY) {
-            let now = t + 10 + k * 50;
-            assert_eq!(admitted(&l, "k", 20, now), 0, "honor {honor}, sync {k}");
-            l.flush_once(&store, now + 1).await.unwrap();
-        }
-        assert_eq!(admitted(&l, "k", 100, t + 5_000), 0, "honor {honor}");
-        let (_, _, cur, g) = l.slot_counts("k").unwrap();
-        assert_eq!((cur, g), (100, 100), "honor {honor}");
-        if honor {
-            // Written back to the store.
-            let c = store.inner.load().counts(stable_hash("k"), t / wms);
-            assert_eq!(c.cur, 100);
-        }
+async fn a_restored_total_does_not_reopen_a_key_refused_on_its_estimate() {
+    let store = Lossy::shared(2);
+    let (a, b) = (lim(20, 3600), lim(20, 3600));
+    let t = T0 + 1_000;
+    let (key, w) = (stable_hash("k"), t / 3_600_000);
+    // Both learn the fleet size.
+    a.flush_once(&store, t).await.unwrap();
+    b.flush_once(&store, t).await.unwrap();
+    assert_eq!((a.instances(), b.instances()), (2, 2));
+    assert_eq!(admitted(&a, "k", 20, t + 1), 10); // its share of 20
+    a.flush_once(&store, t + 2).await.unwrap(); // 10 known, 10 estimated for b
+    assert_eq!(admitted(&b, "k", 20, t + 3), 10); // never synced: its share of 20
+    b.flush_once(&store, t + 4).await.unwrap();
+    assert_eq!(store.inner.load().counts(key, w).cur, 20);
+    assert_eq!(admitted(&a, "k", 20, t + 5), 0, "a refuses on its estimate");
+    assert_eq!(admitted(&b, "k", 20, t + 5), 0, "b refuses on the counts");
+    assert_eq!(
+        a.slot_counts("k").map(|c| c.2),
+        Some(10),
+        "a's view is one flush old"
+    );
+
+    store.wipe();
+    // a syncs first, twice (no news: b has not written back yet).
+    for k in 0..3 {
+        a.flush_once(&store, t + 10 + k).await.unwrap();
+        assert_eq!(admitted(&a, "k", 20, t + 20 + k), 0, "a after its sync {k}");
     }
+    assert_eq!(store.inner.load().counts(key, w).cur, 10);
+    // A store outage suspends the share; the estimate still counts (a Redis restart).
+    store.down.store(true, Ordering::Relaxed);
+    assert!(a.flush_once(&store, t + 25).await.is_err());
+    assert_eq!(admitted(&a, "k", 20, t + 26), 0, "a during an outage");
+    store.down.store(false, Ordering::Relaxed);
+    // b writes back what it knew; a learns it.
+    assert_eq!(admitted(&b, "k", 20, t + 30), 0);
+    b.flush_once(&store, t + 31).await.unwrap();
+    a.flush_once(&store, t + 32).await.unwrap();
+    assert_eq!(store.inner.load().counts(key, w).cur, 20);
+    assert_eq!(a.slot_counts("k").map(|c| c.2), Some(20));
+    assert_eq!(admitted(&a, "k", 20, t + 33), 0);
+    assert_eq!(admitted(&b, "k", 20, t + 33), 0);
 }
 
 #[test]

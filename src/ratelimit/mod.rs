@@ -38,7 +38,12 @@
 //!   last read (the floors of [`Delta`]); a store holding less (`FLUSHALL`, a restart without
 //!   persistence) raises the counter back to the floor before adding, in the same script
 //!   call, and the limiter never lowers a known total on a smaller answer. Floors never
-//!   exceed the true total, so several instances restore one loss once.
+//!   exceed the true total, so several instances restore one loss once. An answer that
+//!   only restored a floor ([`GlobalCounts::restored`]) is what one instance knew, not news
+//!   about the others: until a sync brings news, the key keeps its estimate of the other
+//!   instances' unsynced admissions (also while the share is suspended by an outage) and
+//!   any cached refusal, so an instance whose view was a flush old is not reopened by
+//!   restoring its own older total.
 //! * **Eviction spares the keys that matter.** The CLOCK eviction passes over keys at or near
 //!   their limit (estimate >= 50%) and evicts them only when every slot of the shard is such
 //!   a key. An evicted key leaves a ghost (its counts; one per slot of the cap, the larger
@@ -81,14 +86,22 @@
 //! the share is suspended (the last known `n` is kept for when it is back): each instance then
 //! enforces the last known global counts plus its own, as §5.3 of the contract requires.
 //!
-//! Window math: see [`window`]. Key hashing for the store: see [`hash`].
+//! Files: the decision in `limiter.rs`, one key's policy (slot, sync policy, applying an
+//! answer, ghosts) in `slot.rs`, the sharded CLOCK cache in `shard.rs`, the flush
+//! protocol in `flush.rs` and its background loop in `flusher.rs`; the store trait and the
+//! in-process store in `store.rs`, the Redis store (on the process's one
+//! [`crate::store::RedisClient`]) in `redis_store.rs`. Window math: see [`window`]. Key
+//! hashing for the store: see [`hash`].
 
+mod flush;
 mod flusher;
 pub mod gate;
 pub mod hash;
 mod key;
 mod limiter;
 mod redis_store;
+mod shard;
+mod slot;
 mod store;
 pub mod window;
 
@@ -98,10 +111,13 @@ mod redis_tests;
 
 use std::collections::HashMap;
 
+pub use flush::FlushOutcome;
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
-pub use limiter::{approx_bytes_per_key, FlushOutcome, Limiter, LOCAL_ONLY_MAX, SHARDS};
-pub use redis_store::{RedisSettings, RedisStore};
+pub use limiter::Limiter;
+pub use redis_store::RedisStore;
+pub use shard::{approx_bytes_per_key, SHARDS};
+pub use slot::LOCAL_ONLY_MAX;
 pub use store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
 
 /// Default cap on the number of keys a [`Limiter`] tracks.

@@ -40,25 +40,24 @@
 //! the batch split per hash slot (CRC16 of the `{…}` tag) and a cluster client. Against a
 //! single Redis, a replica set with a proxy, or a Cluster with one slot owner this is moot.
 //!
-//! Failures: connect and every call are bounded by `timeout_ms`. After a failure the
-//! connection is dropped and reconnects are attempted with exponential backoff
-//! (100 ms doubling to 5 s); calls during the backoff fail fast with
-//! [`StoreError::Backoff`] without touching the network.
+//! Connection: the process's one [`RedisClient`] (shared with culling and the watchdog)
+//! owns the connection, the timeouts (connect and every call bounded by `timeout_ms`), the
+//! reconnect backoff (calls during it fail fast with [`StoreError::Backoff`] without
+//! touching the network) and the key prefix. A new connection ([`RedisClient::generation`])
+//! may mean a restarted server that lost the heartbeat markers: the registration cache is
+//! cleared and the instance registers again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use redis::aio::MultiplexedConnection;
-use tokio::time::{timeout, Instant};
 
 use super::hash::hash_hex;
-use super::store::{CounterStore, Delta, GlobalCounts, StoreError};
+use super::store::{CounterStore, Delta, GlobalCounts};
+use crate::store::{RedisClient, StoreError};
 
 /// Largest number of keys sent in one script call.
 pub const MAX_KEYS_PER_CALL: usize = 1_000;
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Extra TTL beyond the two windows a count is needed for.
 const TTL_SLACK_SECS: u64 = 60;
 
@@ -84,7 +83,8 @@ const BATCH_ID_TTL_SECS: u64 = 300;
 /// floor) per delta; a prev delta of -1 means "nothing to add and not needed": the previous
 /// window's key is not touched and -1 is returned for it. A counter below its floor (data
 /// lost) is set back to floor + delta (with the counters' TTL).
-/// Returns the live instance count (0 without heartbeat), then (prev, cur) totals per delta.
+/// Returns the live instance count (0 without heartbeat), then (prev, cur, restored) per
+/// delta: the totals, and 1 when a counter was below its floor and was written back.
 /// A batch whose marker exists was already applied (its client timed out): only read.
 /// Commands are kept to the minimum: a counter gets its TTL only when `INCRBY` created it
 /// (the result equals the delta: counters only grow and always get a TTL in the same
@@ -133,7 +133,7 @@ for i = first, #KEYS, 2 do
     if pd > 0 then pd = 0 end
     if cd > 0 then cd = 0 end
   end
-  local p, c = -1, 0
+  local p, c, lost = -1, 0, 0
   if pd > 0 then
     p = redis.call('INCRBY', KEYS[i], pd)
     if p == pd then
@@ -144,6 +144,7 @@ for i = first, #KEYS, 2 do
   end
   if pd >= 0 and p < pf + pd then
     p = pf + pd
+    lost = 1
     redis.call('SET', KEYS[i], p, 'EX', ttl)
   end
   if cd > 0 then
@@ -156,68 +157,50 @@ for i = first, #KEYS, 2 do
   end
   if c < cf + cd then
     c = cf + cd
+    lost = 1
     redis.call('SET', KEYS[i + 1], c, 'EX', ttl)
   end
   out[#out + 1] = p
   out[#out + 1] = c
+  out[#out + 1] = lost
 end
 return out
 "#;
 
-/// `[redis]` settings the store needs.
-#[derive(Debug, Clone)]
-pub struct RedisSettings {
-    /// `redis://host:port[/db]`.
-    pub url: String,
-    /// Every key written starts with this.
-    pub key_prefix: String,
-    /// Bound on connect and on every call.
-    pub timeout_ms: u64,
-}
-
-struct ConnState {
-    conn: Option<MultiplexedConnection>,
-    backoff: Duration,
-    next_attempt: Option<Instant>,
-    /// (instance, heartbeat bucket) pairs whose registration a successful call confirmed:
-    /// later calls in the same bucket only read the counters.
-    registered: Vec<(u64, u64)>,
+/// (instance, heartbeat bucket) pairs whose registration a successful call confirmed,
+/// valid for the connection generation they were made on.
+#[derive(Default)]
+struct Registered {
+    generation: u64,
+    pairs: Vec<(u64, u64)>,
 }
 
 /// Counter store shared by every instance using the same Redis and key prefix.
 pub struct RedisStore {
-    client: redis::Client,
-    settings: RedisSettings,
+    client: Arc<RedisClient>,
     script: redis::Script,
-    state: tokio::sync::Mutex<ConnState>,
+    /// Later calls in a bucket where the instance is registered only read the counters.
+    registered: Mutex<Registered>,
     /// Live instances reported by the last heartbeat (0 = none yet).
     instances: AtomicU64,
 }
 
 impl RedisStore {
-    /// Parses the URL; does not connect (the first flush does).
-    pub fn new(settings: RedisSettings) -> Result<Self, StoreError> {
-        let client = redis::Client::open(settings.url.as_str())
-            .map_err(|e| StoreError::Connect(format!("invalid redis url: {e}")))?;
-        Ok(Self {
+    /// A store on the process's Redis client (which connects lazily).
+    pub fn new(client: Arc<RedisClient>) -> Self {
+        Self {
             client,
-            settings,
             script: redis::Script::new(SCRIPT),
-            state: tokio::sync::Mutex::new(ConnState {
-                conn: None,
-                backoff: BACKOFF_MIN,
-                next_attempt: None,
-                registered: Vec::new(),
-            }),
+            registered: Mutex::new(Registered::default()),
             instances: AtomicU64::new(0),
-        })
+        }
     }
 
     /// The Redis key of one window of one (hashed) API key.
     pub fn redis_key(&self, key_hash: u128, window: u64) -> String {
         format!(
             "{}:rl:{{{}}}:{}",
-            self.settings.key_prefix,
+            self.client.prefix(),
             hash_hex(key_hash),
             window
         )
@@ -227,7 +210,7 @@ impl RedisStore {
     /// the instance's marker in it, previous bucket's counter).
     pub fn heartbeat_keys(&self, instance: u64, now_ms: u64) -> [String; 3] {
         let b = now_ms / HEARTBEAT_BUCKET_MS;
-        let base = format!("{}:rl:{{instances}}", self.settings.key_prefix);
+        let base = format!("{}:rl:{{instances}}", self.client.prefix());
         [
             format!("{base}:b{b}"),
             format!("{base}:b{b}:i{instance:016x}"),
@@ -235,44 +218,76 @@ impl RedisStore {
         ]
     }
 
-    fn call_timeout(&self) -> Duration {
-        Duration::from_millis(self.settings.timeout_ms.max(1))
+    fn registered(&self) -> std::sync::MutexGuard<'_, Registered> {
+        self.registered.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn connection(&self, st: &mut ConnState) -> Result<MultiplexedConnection, StoreError> {
-        if let Some(c) = &st.conn {
-            return Ok(c.clone());
-        }
-        if let Some(t) = st.next_attempt {
-            if Instant::now() < t {
-                return Err(StoreError::Backoff);
-            }
-        }
-        match timeout(
-            self.call_timeout(),
-            self.client.get_multiplexed_async_connection(),
-        )
-        .await
-        {
-            Ok(Ok(c)) => {
-                st.conn = Some(c.clone());
-                Ok(c)
-            }
-            Ok(Err(e)) => {
-                fail(st);
-                Err(StoreError::Connect(e.to_string()))
-            }
-            Err(_) => {
-                fail(st);
-                Err(StoreError::Timeout)
-            }
-        }
-    }
-
-    async fn run(
+    /// One script call for `chunk`; `heartbeat`: the heartbeat keys of the first call of
+    /// a sync, the marker left empty when the instance is registered in this bucket already.
+    async fn call(
         &self,
-        conn: &mut MultiplexedConnection,
-        registered: &mut Vec<(u64, u64)>,
+        batch_id: u128,
+        n: usize,
+        chunk: &[Delta],
+        heartbeat: Option<[String; 3]>,
+        ttl: u64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut inv = self.script.prepare_invoke();
+        inv.key(format!(
+            "{}:rl:batch:{batch_id:032x}:{n}",
+            self.client.prefix()
+        ));
+        let hb_keys = match heartbeat {
+            // Already registered in this bucket: read only.
+            Some([cur, marker, prev]) if marker.is_empty() => {
+                inv.key(cur);
+                inv.key(prev);
+                2
+            }
+            Some([cur, marker, prev]) => {
+                inv.key(cur);
+                inv.key(marker);
+                inv.key(prev);
+                3
+            }
+            None => 0,
+        };
+        inv.arg(ttl);
+        inv.arg(BATCH_ID_TTL_SECS);
+        inv.arg(hb_keys);
+        inv.arg(HEARTBEAT_TTL_SECS);
+        for d in chunk {
+            inv.key(self.redis_key(d.key_hash, d.window.saturating_sub(1)));
+            inv.key(self.redis_key(d.key_hash, d.window));
+            if d.prev == 0 && !d.need_prev {
+                inv.arg(-1i64);
+            } else {
+                inv.arg(d.prev);
+            }
+            inv.arg(d.cur);
+            inv.arg(d.floor_prev);
+            inv.arg(d.floor_cur);
+        }
+        let inv = &inv;
+        let v: Vec<i64> = self
+            .client
+            .run(|mut c| async move { inv.invoke_async(&mut c).await })
+            .await?;
+        if v.len() != chunk.len() * 3 + 1 {
+            return Err(StoreError::Protocol(format!(
+                "script returned {} values for {} keys",
+                v.len(),
+                chunk.len()
+            )));
+        }
+        Ok(v)
+    }
+}
+
+#[async_trait]
+impl CounterStore for RedisStore {
+    async fn sync(
+        &self,
         batch_id: u128,
         batch: &[Delta],
         window_secs: u64,
@@ -287,124 +302,48 @@ impl RedisStore {
         // The high half of the batch id identifies the limiter.
         let me = (batch_id >> 64) as u64;
         let bucket = now_ms / HEARTBEAT_BUCKET_MS;
-        let known = registered.contains(&(me, bucket));
+        let generation = self.client.generation();
+        let known = {
+            let r = self.registered();
+            r.generation == generation && r.pairs.contains(&(me, bucket))
+        };
         for (n, chunk) in chunks.enumerate() {
-            let heartbeat = n == 0;
-            let mut inv = self.script.prepare_invoke();
-            inv.key(format!(
-                "{}:rl:batch:{batch_id:032x}:{n}",
-                self.settings.key_prefix
-            ));
-            let hb_keys = if heartbeat {
-                let [cur, marker, prev] = self.heartbeat_keys(me, now_ms);
+            let heartbeat = (n == 0).then(|| {
+                let mut keys = self.heartbeat_keys(me, now_ms);
                 if known {
-                    inv.key(cur);
-                    inv.key(prev);
-                    2
-                } else {
-                    inv.key(cur);
-                    inv.key(marker);
-                    inv.key(prev);
-                    3
+                    keys[1].clear();
                 }
-            } else {
-                0
-            };
-            inv.arg(ttl);
-            inv.arg(BATCH_ID_TTL_SECS);
-            inv.arg(hb_keys);
-            inv.arg(HEARTBEAT_TTL_SECS);
-            for d in chunk {
-                inv.key(self.redis_key(d.key_hash, d.window.saturating_sub(1)));
-                inv.key(self.redis_key(d.key_hash, d.window));
-                if d.prev == 0 && !d.need_prev {
-                    inv.arg(-1i64);
-                } else {
-                    inv.arg(d.prev);
-                }
-                inv.arg(d.cur);
-                inv.arg(d.floor_prev);
-                inv.arg(d.floor_cur);
-            }
-            let r: Result<redis::RedisResult<Vec<i64>>, _> =
-                timeout(self.call_timeout(), inv.invoke_async(conn)).await;
-            let v = match r {
-                Ok(Ok(v)) => v,
-                Ok(Err(e)) => return Err(StoreError::Command(e.to_string())),
-                Err(_) => return Err(StoreError::Timeout),
-            };
-            if v.len() != chunk.len() * 2 + 1 {
-                return Err(StoreError::Protocol(format!(
-                    "script returned {} values for {} keys",
-                    v.len(),
-                    chunk.len()
-                )));
-            }
-            if heartbeat {
+                keys
+            });
+            let v = self.call(batch_id, n, chunk, heartbeat, ttl).await?;
+            if n == 0 {
                 let live = u64::try_from(v[0]).unwrap_or(0);
                 if live > 0 {
                     self.instances.store(live, Ordering::Relaxed);
                 }
+                let mut r = self.registered();
+                let now_gen = self.client.generation();
+                if r.generation != now_gen {
+                    // A new connection: the server may have restarted and lost the
+                    // markers. Registered again by the next call unless this one did.
+                    r.generation = now_gen;
+                    r.pairs.clear();
+                }
                 if !known {
                     // Registered (or found registered) in this bucket: forget older ones.
-                    registered.retain(|&(_, b)| b >= bucket);
-                    registered.push((me, bucket));
+                    r.pairs.retain(|&(_, b)| b >= bucket);
+                    r.pairs.push((me, bucket));
                 }
             }
-            for pair in v[1..].chunks_exact(2) {
+            for r in v[1..].chunks_exact(3) {
                 out.push(GlobalCounts {
-                    prev: u64::try_from(pair[0]).unwrap_or(0),
-                    cur: u64::try_from(pair[1]).unwrap_or(0),
+                    prev: u64::try_from(r[0]).unwrap_or(0),
+                    cur: u64::try_from(r[1]).unwrap_or(0),
+                    restored: r[2] != 0,
                 });
             }
         }
         Ok(out)
-    }
-}
-
-fn fail(st: &mut ConnState) {
-    st.conn = None;
-    // The server may have restarted (and lost the markers): register again.
-    st.registered.clear();
-    st.next_attempt = Some(Instant::now() + st.backoff);
-    st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
-}
-
-#[async_trait]
-impl CounterStore for RedisStore {
-    async fn sync(
-        &self,
-        batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError> {
-        let mut st = self.state.lock().await;
-        let mut conn = self.connection(&mut st).await?;
-        let mut registered = std::mem::take(&mut st.registered);
-        let r = self
-            .run(
-                &mut conn,
-                &mut registered,
-                batch_id,
-                batch,
-                window_secs,
-                now_ms,
-            )
-            .await;
-        st.registered = registered;
-        match r {
-            Ok(v) => {
-                st.backoff = BACKOFF_MIN;
-                st.next_attempt = None;
-                Ok(v)
-            }
-            Err(e) => {
-                // A timed-out multiplexed connection may deliver stale replies: rebuild it.
-                fail(&mut st);
-                Err(e)
-            }
-        }
     }
 
     fn kind(&self) -> &'static str {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::hash::stable_hash;
 use super::limiter::tests::{simulate, T0};
 use super::*;
+use crate::store::RedisClient;
 
 // The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
 // both mount it (the lib has no shared test module to mount it once).
@@ -26,12 +27,18 @@ async fn conn(port: u16) -> redis::RedisResult<redis::aio::MultiplexedConnection
 }
 
 fn store(port: u16, prefix: &str) -> RedisStore {
-    RedisStore::new(RedisSettings {
-        url: format!("redis://127.0.0.1:{port}/"),
-        key_prefix: prefix.to_string(),
-        timeout_ms: 200,
-    })
-    .unwrap()
+    client(port, prefix, 200)
+}
+
+/// A store on its own [`RedisClient`] (`timeout_ms` on connect and every call).
+fn client(port: u16, prefix: &str, timeout_ms: u64) -> RedisStore {
+    let c = RedisClient::new(
+        &format!("redis://127.0.0.1:{port}/"),
+        prefix,
+        Duration::from_millis(timeout_ms),
+    )
+    .unwrap();
+    RedisStore::new(std::sync::Arc::new(c))
 }
 
 async fn evalsha_calls(port: u16) -> u64 {
@@ -259,12 +266,7 @@ async fn silent_listener_times_out() {
             socks.push(s);
         }
     });
-    let st = RedisStore::new(RedisSettings {
-        url: format!("redis://127.0.0.1:{port}/"),
-        key_prefix: "x".into(),
-        timeout_ms: 100,
-    })
-    .unwrap();
+    let st = client(port, "x", 100);
     let l = lim(10, 60);
     assert!(l.check("k", T0).is_allowed());
     let t = std::time::Instant::now();

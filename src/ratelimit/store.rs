@@ -1,10 +1,11 @@
 //! Counter stores: where instances meet to add up their admissions.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+
+pub use crate::store::StoreError;
 
 /// One key's unflushed admissions, relative to window index `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,36 +42,11 @@ pub struct GlobalCounts {
     pub cur: u64,
     /// Total for window `window - 1`.
     pub prev: u64,
+    /// The store held less than the caller's floor ([`Delta::floor_cur`] or
+    /// [`Delta::floor_prev`]): it lost data and restored it from this caller's floor. The
+    /// totals then tell what the caller knew, not what the other instances did since.
+    pub restored: bool,
 }
-
-/// Why a sync failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
-    /// The call took longer than the configured timeout.
-    Timeout,
-    /// Not attempted: waiting for the reconnect backoff to elapse.
-    Backoff,
-    /// Could not connect.
-    Connect(String),
-    /// The store answered with an error.
-    Command(String),
-    /// The store answered something unexpected.
-    Protocol(String),
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::Timeout => f.write_str("store call timed out"),
-            StoreError::Backoff => f.write_str("store reconnect backoff"),
-            StoreError::Connect(e) => write!(f, "store connect failed: {e}"),
-            StoreError::Command(e) => write!(f, "store command failed: {e}"),
-            StoreError::Protocol(e) => write!(f, "store protocol error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
 
 /// A shared counter store.
 #[async_trait]
@@ -165,16 +141,19 @@ fn counts_at(c: &LocalCounts, window: u64) -> GlobalCounts {
         GlobalCounts {
             cur: c.cur,
             prev: c.prev,
+            restored: false,
         }
     } else if c.window + 1 == window {
         GlobalCounts {
             cur: 0,
             prev: c.cur,
+            restored: false,
         }
     } else if c.window == window + 1 {
         GlobalCounts {
             cur: c.prev,
             prev: 0,
+            restored: false,
         }
     } else {
         GlobalCounts::default()
@@ -213,16 +192,23 @@ impl CounterStore for LocalStore {
                 };
             }
             // Never below what the caller already knew (see `Delta::floor_cur`).
+            let mut restored = false;
             if c.window == d.window {
+                restored |= c.cur < d.floor_cur;
                 c.cur = c.cur.max(d.floor_cur).saturating_add(d.cur);
                 if d.need_prev || d.prev > 0 {
+                    restored |= c.prev < d.floor_prev;
                     c.prev = c.prev.max(d.floor_prev).saturating_add(d.prev);
                 }
             } else if c.window == d.window + 1 {
                 // The store is one window ahead of this delta.
+                restored |= c.prev < d.floor_cur;
                 c.prev = c.prev.max(d.floor_cur).saturating_add(d.cur);
             }
-            out.push(counts_at(c, d.window));
+            out.push(GlobalCounts {
+                restored,
+                ..counts_at(c, d.window)
+            });
         }
         if m.len() > self.max_keys {
             m.retain(|_, c| c.window + 1 >= now_win);
@@ -261,19 +247,61 @@ mod tests {
             floor_prev: 0,
         };
         let r = s.sync(0, &[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
-        assert_eq!(r, vec![GlobalCounts { cur: 3, prev: 0 }]);
+        assert_eq!(
+            r,
+            vec![GlobalCounts {
+                cur: 3,
+                prev: 0,
+                restored: false
+            }]
+        );
         let r = s.sync(0, &[d(5, 2, 0)], 60, 5 * 60_000).await.unwrap();
-        assert_eq!(r, vec![GlobalCounts { cur: 5, prev: 0 }]);
+        assert_eq!(
+            r,
+            vec![GlobalCounts {
+                cur: 5,
+                prev: 0,
+                restored: false
+            }]
+        );
         // rollover: window 6 gets 1, previous (5) gets 1 late delta
         let r = s.sync(0, &[d(6, 1, 1)], 60, 6 * 60_000).await.unwrap();
-        assert_eq!(r, vec![GlobalCounts { cur: 1, prev: 6 }]);
+        assert_eq!(
+            r,
+            vec![GlobalCounts {
+                cur: 1,
+                prev: 6,
+                restored: false
+            }]
+        );
         // a straggler for window 5 from another instance
         let r = s.sync(0, &[d(5, 1, 0)], 60, 6 * 60_000).await.unwrap();
-        assert_eq!(r, vec![GlobalCounts { cur: 7, prev: 0 }]);
-        assert_eq!(s.counts(7, 6), GlobalCounts { cur: 1, prev: 7 });
+        assert_eq!(
+            r,
+            vec![GlobalCounts {
+                cur: 7,
+                prev: 0,
+                restored: false
+            }]
+        );
+        assert_eq!(
+            s.counts(7, 6),
+            GlobalCounts {
+                cur: 1,
+                prev: 7,
+                restored: false
+            }
+        );
         // skip of 2+ windows forgets everything
         let r = s.sync(0, &[d(9, 0, 0)], 60, 9 * 60_000).await.unwrap();
-        assert_eq!(r, vec![GlobalCounts { cur: 0, prev: 0 }]);
+        assert_eq!(
+            r,
+            vec![GlobalCounts {
+                cur: 0,
+                prev: 0,
+                restored: false
+            }]
+        );
     }
 
     #[tokio::test]
@@ -292,12 +320,33 @@ mod tests {
         assert_eq!(s.counts(1, 5), GlobalCounts::default());
         // Two callers that knew 100 (and 40 in the previous window) restore it once.
         let r = s.sync(0, &[d(1, 0, 100, 40)], 60, 5 * 60_000).await;
-        assert_eq!(r.unwrap(), vec![GlobalCounts { cur: 100, prev: 40 }]);
+        assert_eq!(
+            r.unwrap(),
+            vec![GlobalCounts {
+                cur: 100,
+                prev: 40,
+                restored: true
+            }]
+        );
         let r = s.sync(0, &[d(1, 2, 100, 40)], 60, 5 * 60_000).await;
-        assert_eq!(r.unwrap(), vec![GlobalCounts { cur: 102, prev: 40 }]);
+        assert_eq!(
+            r.unwrap(),
+            vec![GlobalCounts {
+                cur: 102,
+                prev: 40,
+                restored: false
+            }]
+        );
         // A floor below the stored total changes nothing.
         let r = s.sync(0, &[d(1, 1, 50, 0)], 60, 5 * 60_000).await;
-        assert_eq!(r.unwrap(), vec![GlobalCounts { cur: 103, prev: 40 }]);
+        assert_eq!(
+            r.unwrap(),
+            vec![GlobalCounts {
+                cur: 103,
+                prev: 40,
+                restored: false
+            }]
+        );
     }
 
     #[tokio::test]

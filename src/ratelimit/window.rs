@@ -1,4 +1,5 @@
-//! Pure sliding-window arithmetic (no state, no clock).
+//! Pure sliding-window arithmetic (no state, no clock): [`Sliding`] holds a key's counts
+//! at one instant.
 //!
 //! Time is split into fixed windows of `w` milliseconds aligned to the Unix epoch; window
 //! index `now_ms / w`, elapsed `e = now_ms % w`. With `prev` admissions in the previous
@@ -7,81 +8,107 @@
 //! Everything is computed exactly in integers scaled by `w`:
 //! `prev * (w - e) + (cur + 1) * w <= limit * w`.
 
-/// Whether one more request is admitted.
-#[inline]
-pub fn admits(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> bool {
-    let w = u128::from(w);
-    let lhs = u128::from(prev) * (w - u128::from(e)) + (u128::from(cur) + 1) * w;
-    lhs <= u128::from(limit) * w
+/// A key's sliding-window counts at one instant: `prev` and `cur` admissions in the
+/// previous and current fixed window, windows of `w` ms, `e` ms (`< w`) elapsed in the
+/// current one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sliding {
+    /// Admissions in the previous window.
+    pub prev: u64,
+    /// Admissions in the current window.
+    pub cur: u64,
+    /// Window length (ms, >= 1).
+    pub w: u64,
+    /// Elapsed ms in the current window.
+    pub e: u64,
+}
+
+impl Sliding {
+    /// Whether one more request is admitted under `limit`.
+    #[inline]
+    pub fn admits(&self, limit: u64) -> bool {
+        let Self { prev, cur, w, e } = *self;
+        let w = u128::from(w);
+        let lhs = u128::from(prev) * (w - u128::from(e)) + (u128::from(cur) + 1) * w;
+        lhs <= u128::from(limit) * w
+    }
+
+    /// Whole requests still admissible right now: `floor(limit - estimate)`, at least 0.
+    #[inline]
+    pub fn remaining(&self, limit: u64) -> u64 {
+        let Self { prev, cur, w, e } = *self;
+        let w128 = u128::from(w);
+        let used = u128::from(prev) * (w128 - u128::from(e)) + u128::from(cur) * w128;
+        let cap = u128::from(limit) * w128;
+        if used >= cap {
+            0
+        } else {
+            u64::try_from((cap - used) / w128).unwrap_or(u64::MAX)
+        }
+    }
+
+    /// Smallest `d` (ms, possibly 0) such that a request at `now + d` is admitted under
+    /// `limit`, assuming no further admissions. The estimate never increases with time, so
+    /// every instant after `now + d` admits as well. A limit of 0 never admits; it returns
+    /// one full window.
+    pub fn retry_after_ms(&self, limit: u64) -> u64 {
+        let Self { prev, cur, w, e } = *self;
+        if limit == 0 {
+            return w;
+        }
+        // Still within the current window?
+        if cur < limit {
+            let budget = limit - cur - 1; // allowed value of prev * (w - e') / w
+            match earliest_elapsed(prev, budget, w) {
+                Some(need) if need <= e => return 0,
+                Some(need) => return need - e,
+                None => {}
+            }
+        }
+        // Next window: `cur` becomes the previous window, the current one is empty.
+        let to_next = w - e;
+        match earliest_elapsed(cur, limit - 1, w) {
+            Some(need) => to_next + need,
+            // Only the window after next (both counts empty) admits.
+            None => to_next + w,
+        }
+    }
+
+    /// Milliseconds until the estimate drains to zero (the quota is fully restored).
+    pub fn drain_ms(&self) -> u64 {
+        let Self { prev, cur, w, e } = *self;
+        if cur > 0 {
+            2 * w - e
+        } else if prev > 0 {
+            w - e
+        } else {
+            0
+        }
+    }
 }
 
 /// Whether one more admission fits this instance's share of what the fleet has left, with
 /// `n` instances deciding independently between syncs.
 ///
-/// `global = (prev, cur)`: the fleet's counts as last known (may include an estimate of
-/// admissions not seen yet); `own = (prev, cur)`: this instance's admissions not included
-/// in them. The fleet has `R = limit - estimate(global)` left; this instance's share is
-/// `S = ceil(R / n)` whole requests (0 when `R < 1`), and one more is admitted iff
-/// `estimate(own) + 1 <= S`. With `n = 1` this never refuses what [`admits`] admits (on the
-/// summed counts); with `n >= 2` it admits nothing [`admits`] would refuse (`S <= R`).
+/// `global`: the fleet's counts as last known (may include an estimate of admissions not
+/// seen yet), with the instant (`w`, `e`); `own = (prev, cur)`: this instance's admissions
+/// not included in them. The fleet has `R = limit - estimate(global)` left; this
+/// instance's share is `S = ceil(R / n)` whole requests (0 when `R < 1`), and one more is
+/// admitted iff `estimate(own) + 1 <= S`. With `n = 1` this never refuses what
+/// [`Sliding::admits`] admits (on the summed counts); with `n >= 2` it admits nothing
+/// [`Sliding::admits`] would refuse (`S <= R`).
 #[inline]
-pub fn within_share(
-    global: (u64, u64),
-    own: (u64, u64),
-    limit: u64,
-    n: u64,
-    w: u64,
-    e: u64,
-) -> bool {
-    let w = u128::from(w);
-    let a = w - u128::from(e);
+pub fn within_share(global: Sliding, own: (u64, u64), limit: u64, n: u64) -> bool {
+    let w = u128::from(global.w);
+    let a = w - u128::from(global.e);
     let cap = u128::from(limit) * w;
-    let used = u128::from(global.0) * a + u128::from(global.1) * w;
+    let used = u128::from(global.prev) * a + u128::from(global.cur) * w;
     if used + w > cap {
         return false; // R < 1: no share
     }
     let share = (cap - used).div_ceil(u128::from(n.max(1)) * w);
     let need = u128::from(own.0) * a + (u128::from(own.1) + 1) * w;
     need <= share * w
-}
-
-/// Whole requests still admissible right now: `floor(limit - estimate)`, at least 0.
-#[inline]
-pub fn remaining(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
-    let w128 = u128::from(w);
-    let used = u128::from(prev) * (w128 - u128::from(e)) + u128::from(cur) * w128;
-    let cap = u128::from(limit) * w128;
-    if used >= cap {
-        0
-    } else {
-        u64::try_from((cap - used) / w128).unwrap_or(u64::MAX)
-    }
-}
-
-/// Smallest `d` (ms, possibly 0) such that a request at `now + d` is admitted, assuming no
-/// further admissions. `prev`/`cur` are the counts for the window containing `now`, `e` the
-/// elapsed ms in it. The estimate never increases with time, so every instant after
-/// `now + d` admits as well. A limit of 0 never admits; it returns one full window.
-pub fn retry_after_ms(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
-    if limit == 0 {
-        return w;
-    }
-    // Still within the current window?
-    if cur < limit {
-        let budget = limit - cur - 1; // allowed value of prev * (w - e') / w
-        match earliest_elapsed(prev, budget, w) {
-            Some(need) if need <= e => return 0,
-            Some(need) => return need - e,
-            None => {}
-        }
-    }
-    // Next window: `cur` becomes the previous window, the current one is empty.
-    let to_next = w - e;
-    match earliest_elapsed(cur, limit - 1, w) {
-        Some(need) => to_next + need,
-        // Only the window after next (both counts empty) admits.
-        None => to_next + w,
-    }
 }
 
 /// Earliest elapsed offset `e' in [0, w)` with `prev * (w - e') <= budget * w`, if any.
@@ -102,17 +129,6 @@ fn earliest_elapsed(prev: u64, budget: u64, w: u64) -> Option<u64> {
     }
 }
 
-/// Milliseconds until the estimate drains to zero (the quota is fully restored).
-pub fn drain_ms(prev: u64, cur: u64, w: u64, e: u64) -> u64 {
-    if cur > 0 {
-        2 * w - e
-    } else if prev > 0 {
-        w - e
-    } else {
-        0
-    }
-}
-
 /// Whole seconds, rounded up.
 #[inline]
 pub fn ceil_secs(ms: u64) -> u64 {
@@ -125,6 +141,30 @@ mod tests {
     use super::*;
 
     const W: u64 = 60_000;
+
+    // The cases below read as (prev, cur, limit, w, e).
+    fn admits(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> bool {
+        Sliding { prev, cur, w, e }.admits(limit)
+    }
+    fn remaining(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
+        Sliding { prev, cur, w, e }.remaining(limit)
+    }
+    fn retry_after_ms(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {
+        Sliding { prev, cur, w, e }.retry_after_ms(limit)
+    }
+    fn drain_ms(prev: u64, cur: u64, w: u64, e: u64) -> u64 {
+        Sliding { prev, cur, w, e }.drain_ms()
+    }
+    fn within_share(
+        (prev, cur): (u64, u64),
+        own: (u64, u64),
+        limit: u64,
+        n: u64,
+        w: u64,
+        e: u64,
+    ) -> bool {
+        super::within_share(Sliding { prev, cur, w, e }, own, limit, n)
+    }
 
     /// Brute force: scan forward ms by ms (for small cases) for the first admitting instant.
     fn brute_retry(prev: u64, cur: u64, limit: u64, w: u64, e: u64) -> u64 {

@@ -2,7 +2,7 @@
 //!
 //! The arithmetic exists once in Rust ([`refill`], [`ms_until_one`]) and once in
 //! Lua (`refill_lua!`, spliced into every script that reads a bucket), and one
-//! conformance table (`tests/store_conformance.rs`) runs both against the same
+//! conformance table (`src/store/conformance_tests.rs`) runs both against the same
 //! cases. The bucket is stored as `(tokens, at_ms)`; a missing bucket is full.
 //!
 //! [`FleetBucket`] is a plain bucket shared by the fleet through Redis (or held in

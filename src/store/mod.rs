@@ -13,6 +13,9 @@ pub mod clock;
 mod error;
 mod redis;
 
+#[cfg(test)]
+mod conformance_tests;
+
 use std::sync::Arc;
 use std::time::Duration;
 
