@@ -249,6 +249,12 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(readiness);
     server.add_service(watchdog);
     server.add_service(culling);
+    server.add_service(background_service(
+        "dns re-resolution",
+        crate::balance::resolve::Resolver {
+            shared: Arc::clone(&shared),
+        },
+    ));
 
     let phases = server.watch_execution_phase();
     tracing::info!(

@@ -364,9 +364,9 @@ impl Pool {
         let healthy = |i: usize| self.lb.backends().ready(&self.members[i]);
         let load = |i: usize| self.backends[i].inflight();
         let weights = &self.balance.weights;
-        let picked = self
-            .selector
-            .pick(&self.lb, n, weights, key, &|i| open(i) && healthy(i), &load);
+        let picked =
+            self.selector
+                .pick(&self.lb, n, weights, key, &|i| open(i) && healthy(i), &load);
         if let Some(i) = picked {
             if self.panic_mode.swap(false, Ordering::Relaxed) {
                 tracing::info!(upstream = %self.name, "healthy backends back; panic mode off");

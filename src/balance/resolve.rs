@@ -132,7 +132,24 @@ mod tests {
         assert_eq!(pick_family([v6]), vec![v6]);
         assert_eq!(
             resolve_entry("localhost:81").ok(),
-            Some(vec!["127.0.0.1:81".parse().unwrap_or_else(|_| unreachable!())])
+            Some(vec!["127.0.0.1:81"
+                .parse()
+                .unwrap_or_else(|_| unreachable!())])
         );
+    }
+}
+
+/// The re-resolution loop as a background service of the server.
+pub struct Resolver {
+    pub shared: Arc<Shared>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for Resolver {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        tokio::select! {
+            _ = run(Arc::clone(&self.shared)) => {}
+            _ = shutdown.changed() => {}
+        }
     }
 }

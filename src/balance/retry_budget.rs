@@ -53,7 +53,9 @@ impl RetryBudget {
     /// Count one request (first attempts only).
     #[inline]
     pub fn record_request(&self, now_secs: u64) {
-        self.bucket(now_secs).requests.fetch_add(1, Ordering::Relaxed);
+        self.bucket(now_secs)
+            .requests
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// `(requests, retries)` in the window ending at `now_secs`.
@@ -78,13 +80,17 @@ impl RetryBudget {
         if retries >= allowed {
             return false;
         }
-        self.bucket(now_secs).retries.fetch_add(1, Ordering::Relaxed);
+        self.bucket(now_secs)
+            .retries
+            .fetch_add(1, Ordering::Relaxed);
         true
     }
 
     /// Count a retry that is not subject to the budget (a failed connect).
     pub fn record_retry(&self, now_secs: u64) {
-        self.bucket(now_secs).retries.fetch_add(1, Ordering::Relaxed);
+        self.bucket(now_secs)
+            .retries
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 

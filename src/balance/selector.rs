@@ -64,8 +64,9 @@ impl Selector {
                 s.pick(weights, eligible)
             }
             Selector::LeastRequests => p2c(n, random_word(), eligible, load),
-            Selector::Ketama(ring) => walk(ring.iter(key), iterations, ok, slot)
-                .or_else(|| (0..n).find(|&i| eligible(i))),
+            Selector::Ketama(ring) => {
+                walk(ring.iter(key), iterations, ok, slot).or_else(|| (0..n).find(|&i| eligible(i)))
+            }
             Selector::Random(r) => {
                 let word = random_word().to_le_bytes();
                 walk(r.iter(&word), iterations, ok, slot).or_else(|| (0..n).find(|&i| eligible(i)))

@@ -304,10 +304,19 @@ fn validate_balance(
     if !(0.0..=1.0).contains(&u.retry_budget_ratio) {
         return err(
             p("retry_budget_ratio"),
-            format!("{} is out of range: must be between 0 and 1", u.retry_budget_ratio),
+            format!(
+                "{} is out of range: must be between 0 and 1",
+                u.retry_budget_ratio
+            ),
         );
     }
-    range(&p("max_inflight"), u.max_inflight, 0, 10_000_000, "requests")?;
+    range(
+        &p("max_inflight"),
+        u.max_inflight,
+        0,
+        10_000_000,
+        "requests",
+    )?;
     range(
         &p("resolve_interval_seconds"),
         u.resolve_interval_seconds,
@@ -315,7 +324,13 @@ fn validate_balance(
         DAY,
         "seconds",
     )?;
-    range(&p("shard_size"), u.shard_size, 0, n_backends as u64, "backends")?;
+    range(
+        &p("shard_size"),
+        u.shard_size,
+        0,
+        n_backends as u64,
+        "backends",
+    )?;
     Ok(BalanceSettings {
         policy: match u.balance {
             BalanceSection::RoundRobin => Policy::RoundRobin,

@@ -280,7 +280,9 @@ impl ProxyHttp for Proxy {
         if untried {
             if let Some(p) = &ctx.pool {
                 // Outside the budget (nothing was sent), but counted in it.
-                p.shared.budget.record_retry(crate::store::clock::unix_secs());
+                p.shared
+                    .budget
+                    .record_retry(crate::store::clock::unix_secs());
                 self.shared.metrics.retry(&p.name, true);
             }
             e.set_retry(true);

@@ -78,7 +78,11 @@ mod tests {
         for m in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"] {
             assert!(idempotent(&m.parse().unwrap_or(http::Method::POST)), "{m}");
         }
-        for m in [http::Method::POST, http::Method::PATCH, http::Method::CONNECT] {
+        for m in [
+            http::Method::POST,
+            http::Method::PATCH,
+            http::Method::CONNECT,
+        ] {
             assert!(!idempotent(&m));
         }
     }

@@ -72,9 +72,8 @@ impl Shedder {
             self.set_cap(max_concurrency);
             return;
         }
-        let limit = slot.get_or_insert_with(|| {
-            adaptive::GradientLimit::new(min_concurrency, max_concurrency)
-        });
+        let limit = slot
+            .get_or_insert_with(|| adaptive::GradientLimit::new(min_concurrency, max_concurrency));
         limit.set_bounds(min_concurrency, max_concurrency);
         self.set_cap(limit.limit());
     }
