@@ -29,7 +29,11 @@ fn a_full_bulkhead_sheds_its_upstream_while_another_is_unaffected() {
             thread::spawn(move || get(&addr, &format!("/slow/{i}"), &[]).status)
         })
         .collect();
-    eventually(DEADLINE, || "two held at slow".into(), || slow.in_flight() == 2);
+    eventually(
+        DEADLINE,
+        || "two held at slow".into(),
+        || slow.in_flight() == 2,
+    );
 
     for i in 0..5 {
         let r = p.get(&format!("/slow/more{i}"), &[]);
@@ -45,7 +49,10 @@ fn a_full_bulkhead_sheds_its_upstream_while_another_is_unaffected() {
         p.metric("portcullis_bulkhead_shed_total{upstream=\"slowup\"}"),
         Some(5.0)
     );
-    assert_eq!(p.metric("portcullis_requests_total{outcome=\"shed\"}"), Some(5.0));
+    assert_eq!(
+        p.metric("portcullis_requests_total{outcome=\"shed\"}"),
+        Some(5.0)
+    );
 
     slow.release_all();
     for h in held {

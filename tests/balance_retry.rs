@@ -6,7 +6,10 @@ mod support;
 use support::*;
 
 fn config(backends: &[&Backend], extra: &str) -> String {
-    let addrs: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr())).collect();
+    let addrs: Vec<String> = backends
+        .iter()
+        .map(|b| format!("\"{}\"", b.addr()))
+        .collect();
     format!(
         "[[upstreams]]\nname = \"app\"\nbackends = [{}]\n{extra}\n\n\
          [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
@@ -26,7 +29,10 @@ fn get_is_retried_on_503_and_post_is_not() {
     let bad = Backend::start("bad");
     let good = Backend::start("good");
     bad.set_mode(Mode::Fail(503));
-    let p = Proxy::start(&config(&[&bad, &good], "retries = 1\nretry_budget_ratio = 1.0"));
+    let p = Proxy::start(&config(
+        &[&bad, &good],
+        "retries = 1\nretry_budget_ratio = 1.0",
+    ));
 
     for i in 0..20 {
         let r = p.get(&format!("/g/{i}"), &[]);
@@ -34,7 +40,10 @@ fn get_is_retried_on_503_and_post_is_not() {
         assert_eq!(r.header("x-backend"), Some("good"));
     }
     let bad_gets = bad.requests();
-    assert!(bad_gets >= 8, "round robin sent {bad_gets} GETs to bad first");
+    assert!(
+        bad_gets >= 8,
+        "round robin sent {bad_gets} GETs to bad first"
+    );
     assert_eq!(retries(&p, "sent"), bad_gets as f64);
     assert_eq!(good.requests(), 20);
 
@@ -52,7 +61,11 @@ fn get_is_retried_on_503_and_post_is_not() {
         }
     }
     assert!(post_503 >= 8, "POSTs that hit bad: {post_503}");
-    assert_eq!(bad.requests() - bad_gets, post_503, "a POST went to bad twice");
+    assert_eq!(
+        bad.requests() - bad_gets,
+        post_503,
+        "a POST went to bad twice"
+    );
     assert_eq!(retries(&p, "sent"), bad_gets as f64, "a POST was retried");
 }
 
@@ -61,7 +74,10 @@ fn the_budget_caps_retries_and_counts_the_exhausted() {
     let bad = Backend::start("bad");
     let good = Backend::start("good");
     bad.set_mode(Mode::Fail(503));
-    let p = Proxy::start(&config(&[&bad, &good], "retries = 1\nretry_budget_ratio = 0.1"));
+    let p = Proxy::start(&config(
+        &[&bad, &good],
+        "retries = 1\nretry_budget_ratio = 0.1",
+    ));
 
     let mut client_503 = 0u32;
     for i in 0..200 {
@@ -78,6 +94,10 @@ fn the_budget_caps_retries_and_counts_the_exhausted() {
     assert!(sent <= 23.0, "retries sent {sent}");
     assert!(sent >= 3.0, "retries sent {sent}");
     assert!(exhausted >= 70.0, "exhausted {exhausted}");
-    assert_eq!(f64::from(client_503), exhausted, "each refused retry is the backend's 503");
+    assert_eq!(
+        f64::from(client_503),
+        exhausted,
+        "each refused retry is the backend's 503"
+    );
     assert_eq!((good.requests() + bad.requests()) as f64, 200.0 + sent);
 }

@@ -31,7 +31,11 @@ fn a_key_stays_in_its_shard_and_a_failing_shard_spares_other_keys() {
         assert_eq!(set.len(), 2, "{tenant} reached {set:?}");
     }
     let distinct: BTreeSet<&BTreeSet<String>> = shards.values().collect();
-    assert!(distinct.len() >= 8, "only {} distinct shards", distinct.len());
+    assert!(
+        distinct.len() >= 8,
+        "only {} distinct shards",
+        distinct.len()
+    );
 
     // The poison tenant's shard fails.
     let poison = &shards["tenant-0"];
@@ -46,7 +50,10 @@ fn a_key_stays_in_its_shard_and_a_failing_shard_spares_other_keys() {
             poison_errors += 1;
         }
     }
-    assert_eq!(poison_errors, 20, "the poison tenant's shard is all failing");
+    assert_eq!(
+        poison_errors, 20,
+        "the poison tenant's shard is all failing"
+    );
     let spared: Vec<&String> = shards
         .iter()
         .filter(|(_, s)| s.is_disjoint(poison))
