@@ -117,6 +117,21 @@ pub async fn run(shared: Arc<Shared>) {
     }
 }
 
+/// The re-resolution loop as a background service of the server.
+pub struct Resolver {
+    pub shared: Arc<Shared>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for Resolver {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        tokio::select! {
+            _ = run(Arc::clone(&self.shared)) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,20 +151,5 @@ mod tests {
                 .parse()
                 .unwrap_or_else(|_| unreachable!())])
         );
-    }
-}
-
-/// The re-resolution loop as a background service of the server.
-pub struct Resolver {
-    pub shared: Arc<Shared>,
-}
-
-#[async_trait::async_trait]
-impl pingora::services::background::BackgroundService for Resolver {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        tokio::select! {
-            _ = run(Arc::clone(&self.shared)) => {}
-            _ = shutdown.changed() => {}
-        }
     }
 }
