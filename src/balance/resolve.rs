@@ -153,3 +153,35 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod refresh_tests {
+    use super::*;
+
+    fn config(backends: &str) -> Config {
+        let text = format!("[[upstreams]]\nname = \"app\"\nbackends = [{backends}]\nweights = [3, 1]\nresolve_interval_seconds = 7\n");
+        match crate::config::parse("t.toml", &text) {
+            Ok(c) => c,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_changed_address_is_picked_up_and_literals_are_left_alone() {
+        let literal = config("\"127.0.0.1:9001\", \"127.0.0.1:9002\"");
+        assert_eq!(interval(&literal), None);
+        assert!(refreshed(&literal).is_none());
+
+        let mut named = config("\"localhost:9001\", \"127.0.0.1:9002\"");
+        assert_eq!(interval(&named), Some(Duration::from_secs(7)));
+        assert!(refreshed(&named).is_none(), "nothing changed yet");
+        // As if localhost had resolved elsewhere at the last resolution.
+        named.upstreams[0].backends[0] =
+            "127.0.0.2:9001".parse().unwrap_or_else(|_| unreachable!());
+        let next = refreshed(&named).unwrap_or_else(|| panic!("change not seen"));
+        let u = &next.upstreams[0];
+        assert_eq!(u.backends[0].to_string(), "127.0.0.1:9001");
+        assert_eq!(u.backends[1].to_string(), "127.0.0.1:9002");
+        assert_eq!(u.balance.weights, vec![3, 1]);
+    }
+}
