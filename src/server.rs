@@ -112,8 +112,10 @@ struct Reloader {
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        // DNS re-resolution is applied like a reload, so it runs here too.
         tokio::select! {
             _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
+            _ = crate::balance::resolve::run(Arc::clone(&self.shared)) => {}
             _ = shutdown.changed() => {}
         }
     }
@@ -249,12 +251,6 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(readiness);
     server.add_service(watchdog);
     server.add_service(culling);
-    server.add_service(background_service(
-        "dns re-resolution",
-        crate::balance::resolve::Resolver {
-            shared: Arc::clone(&shared),
-        },
-    ));
 
     let phases = server.watch_execution_phase();
     tracing::info!(

@@ -117,21 +117,6 @@ pub async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// The re-resolution loop as a background service of the server.
-pub struct Resolver {
-    pub shared: Arc<Shared>,
-}
-
-#[async_trait::async_trait]
-impl pingora::services::background::BackgroundService for Resolver {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        tokio::select! {
-            _ = run(Arc::clone(&self.shared)) => {}
-            _ = shutdown.changed() => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,19 +3,22 @@
 //! the latency of proxied requests. Plain state fed with `now` and samples.
 //!
 //! Every sample window (at least [`WINDOW`] and [`MIN_SAMPLES`] samples) the
-//! window's mean latency (`short`) is compared with a slow moving average of
-//! past windows (`long`, the baseline):
+//! window's mean latency (`short`) is compared with the baseline, the lowest
+//! window mean of the last one to two [`BASELINE_EPOCH`]s (Envoy's minRTT,
+//! measured passively):
 //!
 //! ```text
-//! gradient  = clamp(long × (1 + TOLERANCE) / short, 0.5, 2.0)
+//! gradient  = clamp(baseline × (1 + TOLERANCE) / short, 0.5, 2.0)
 //! new_limit = clamp(limit × gradient + √limit, min, max)
 //! ```
 //!
 //! Latency above the baseline shrinks the limit (halving at most per window),
 //! latency at the baseline lets it grow (doubling at most), so excess requests
-//! are shed with 503 before they queue at a slowing backend. After a slow
-//! period `long` decays quickly toward the new `short` (Gradient2's recovery
-//! rule) so the limit grows back when latency recovers. While the proxy is
+//! are shed with 503 before they queue at a slowing backend; when latency
+//! recovers the limit grows back within a few windows. A windowed minimum,
+//! unlike Gradient2's moving average, does not creep up under sustained
+//! congestion; it forgets after one to two epochs, so a backend that became
+//! slower for good is accepted as the new normal. While the proxy is
 //! app-limited (in flight under half the limit) the limit is not raised: no
 //! evidence says the backend could take more.
 
@@ -27,8 +30,8 @@ pub const WINDOW: Duration = Duration::from_millis(100);
 pub const MIN_SAMPLES: u32 = 5;
 /// Latency headroom over the baseline before the limit shrinks.
 pub const TOLERANCE: f64 = 0.25;
-/// Weight of one window in the baseline (a time constant of ~50 windows).
-const LONG_ALPHA: f64 = 0.02;
+/// How long a window's latency can serve as the baseline (one to two epochs).
+pub const BASELINE_EPOCH: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct GradientLimit {
@@ -39,7 +42,10 @@ pub struct GradientLimit {
     sum_secs: f64,
     count: u32,
     peak_inflight: u64,
-    long: Option<f64>,
+    /// Lowest window mean of the current and the previous epoch.
+    min_cur: f64,
+    min_prev: f64,
+    epoch_start: Option<Instant>,
 }
 
 impl GradientLimit {
@@ -55,7 +61,9 @@ impl GradientLimit {
             sum_secs: 0.0,
             count: 0,
             peak_inflight: 0,
-            long: None,
+            min_cur: f64::INFINITY,
+            min_prev: f64::INFINITY,
+            epoch_start: None,
         }
     }
 
@@ -86,18 +94,20 @@ impl GradientLimit {
         self.sum_secs = 0.0;
         self.count = 0;
         self.peak_inflight = 0;
-        Some(self.update(short, peak))
+        Some(self.update(now, short, peak))
     }
 
-    fn update(&mut self, short: f64, peak_inflight: u64) -> u64 {
+    fn update(&mut self, now: Instant, short: f64, peak_inflight: u64) -> u64 {
         let short = short.max(1e-6);
-        let long = match self.long {
-            None => short,
-            Some(l) if l / short > 2.0 => l * 0.9,
-            Some(l) => l * (1.0 - LONG_ALPHA) + short * LONG_ALPHA,
-        };
-        self.long = Some(long);
-        let gradient = (long * (1.0 + TOLERANCE) / short).clamp(0.5, 2.0);
+        let epoch = *self.epoch_start.get_or_insert(now);
+        if now.saturating_duration_since(epoch) >= BASELINE_EPOCH {
+            self.min_prev = self.min_cur;
+            self.min_cur = f64::INFINITY;
+            self.epoch_start = Some(now);
+        }
+        self.min_cur = self.min_cur.min(short);
+        let baseline = self.min_cur.min(self.min_prev);
+        let gradient = (baseline * (1.0 + TOLERANCE) / short).clamp(0.5, 2.0);
         let mut next = self.limit * gradient + self.limit.sqrt();
         let app_limited = (peak_inflight as f64) < self.limit / 2.0;
         if next > self.limit && app_limited {
@@ -219,6 +229,30 @@ mod tests {
             );
         }
         assert_eq!(l.limit(), 10);
+    }
+
+    #[test]
+    fn a_lasting_slowdown_becomes_the_new_normal_after_the_baseline_epochs() {
+        let t0 = Instant::now();
+        let mut l = GradientLimit::new(4, 100);
+        let mut t = 0u64;
+        let mut feed = |l: &mut GradientLimit, ms: u64, rtt: u64| {
+            for _ in 0..ms / 20 {
+                t += 20;
+                l.on_sample(
+                    t0 + Duration::from_millis(t),
+                    Duration::from_millis(rtt),
+                    100,
+                );
+            }
+        };
+        feed(&mut l, 5_000, 10);
+        assert_eq!(l.limit(), 100);
+        feed(&mut l, 5_000, 50);
+        assert_eq!(l.limit(), 4, "5x the baseline: shed down to min");
+        // Two epochs later the slower latency is the baseline.
+        feed(&mut l, 2 * BASELINE_EPOCH.as_millis() as u64 + 5_000, 50);
+        assert_eq!(l.limit(), 100);
     }
 
     #[test]
