@@ -1,5 +1,6 @@
 //! Hot-path benches: the shedding gate, the rate-limit decision at 1, 10k and
-//! 1M tracked keys, and the per-response cull accounting.
+//! 1M tracked keys, the per-response cull accounting, and backend selection
+//! per balancing mode (vs plain round robin).
 //!
 //! Run: `cargo bench --bench hot_paths`
 
@@ -89,5 +90,50 @@ fn cull_accounting(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, shedding, ratelimit, cull_accounting);
+/// `Pool::select` for each balancing mode over 8 backends (no health checks,
+/// nothing culled): what a mode costs per request over round robin.
+fn balance_select(c: &mut Criterion) {
+    use portcullis::upstream::{Pool, Tried};
+    let mut g = c.benchmark_group("balance_select");
+    let backends: Vec<String> = (0..8)
+        .map(|i| format!("\"127.0.0.1:{}\"", 9001 + i))
+        .collect();
+    let modes = [
+        ("round_robin", ""),
+        ("weighted_round_robin", "weights = [3, 1, 1, 1, 1, 1, 1, 1]"),
+        ("least_requests", "balance = \"least_requests\""),
+        ("random", "balance = \"random\""),
+        ("consistent_hash", "balance = \"consistent_hash\""),
+        ("shard_2_of_8", "shard_size = 2"),
+    ];
+    let keys: Vec<String> = (0..1024).map(|i| format!("key-{i:06}")).collect();
+    for (name, extra) in modes {
+        let text = format!(
+            "[[upstreams]]\nname = \"app\"\nbackends = [{}]\n{extra}\n",
+            backends.join(", ")
+        );
+        let cfg = match portcullis::config::parse("bench.toml", &text) {
+            Ok(c) => c,
+            Err(e) => panic!("{e:?}"),
+        };
+        let pool = Pool::build(&cfg.upstreams[0], 60, &Default::default(), None);
+        let tried = Tried::default();
+        let mut i = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 7) % keys.len();
+                black_box(pool.select(&tried, keys[i].as_bytes()))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    shedding,
+    ratelimit,
+    cull_accounting,
+    balance_select
+);
 criterion_main!(benches);

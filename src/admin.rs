@@ -135,6 +135,7 @@ impl Admin {
         let s = &self.shared;
         let m = &s.metrics;
         m.inflight.set(s.shedder.inflight() as i64);
+        m.concurrency_limit.set(s.shedder.cap() as i64);
         m.ready.set(i64::from(s.lifecycle.is_ready()));
         m.ratelimit_store_healthy
             .set(i64::from(s.limiter.store_healthy()));

@@ -27,6 +27,7 @@
 //! (readiness-first shutdown) and [`reload`].
 
 pub mod admin;
+pub mod balance;
 pub mod config;
 pub mod cull;
 pub mod framing;

@@ -112,6 +112,12 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub watchdog_breaches: IntCounterVec,
     pub ready: IntGauge,
+    /// The load-shedding cap now in force (learned when adaptive; 0 = no cap).
+    pub concurrency_limit: IntGauge,
+    /// Retries on another backend, by `result` = sent | budget_exhausted.
+    pub retries: IntCounterVec,
+    /// Requests shed by an upstream's bulkhead (`max_inflight`).
+    pub bulkhead_shed: IntCounterVec,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -235,6 +241,27 @@ impl Metrics {
         ));
         reg(Box::new(ready.clone()));
         reg(Box::new(client_aborts().clone()));
+        let concurrency_limit = must(IntGauge::new(
+            "portcullis_concurrency_limit",
+            "Load-shedding cap in force (learned from latency with shedding.adaptive; 0 = none)",
+        ));
+        reg(Box::new(concurrency_limit.clone()));
+        let retries = must(IntCounterVec::new(
+            Opts::new(
+                "portcullis_retries_total",
+                "Retries on another backend by upstream and result (sent, budget_exhausted)",
+            ),
+            &["upstream", "result"],
+        ));
+        reg(Box::new(retries.clone()));
+        let bulkhead_shed = must(IntCounterVec::new(
+            Opts::new(
+                "portcullis_bulkhead_shed_total",
+                "Requests shed (503) because their upstream reached max_inflight",
+            ),
+            &["upstream"],
+        ));
+        reg(Box::new(bulkhead_shed.clone()));
 
         Self {
             registry,
@@ -252,7 +279,16 @@ impl Metrics {
             config_reloads,
             watchdog_breaches,
             ready,
+            concurrency_limit,
+            retries,
+            bulkhead_shed,
         }
+    }
+
+    /// Count a retry decision for `upstream` (`sent` or `budget_exhausted`).
+    pub fn retry(&self, upstream: &str, sent: bool) {
+        let result = if sent { "sent" } else { "budget_exhausted" };
+        self.retries.with_label_values(&[upstream, result]).inc();
     }
 
     #[inline]
@@ -301,6 +337,7 @@ mod tests {
             "portcullis_ratelimit_store_errors_total",
             "portcullis_ratelimit_store_healthy",
             "portcullis_client_aborts_total",
+            "portcullis_concurrency_limit",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

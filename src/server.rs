@@ -112,8 +112,10 @@ struct Reloader {
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        // DNS re-resolution is applied like a reload, so it runs here too.
         tokio::select! {
             _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
+            _ = crate::balance::resolve::run(Arc::clone(&self.shared)) => {}
             _ = shutdown.changed() => {}
         }
     }

@@ -88,6 +88,8 @@ pub struct Shared {
 impl Shared {
     pub fn new(config: Config, config_path: std::path::PathBuf) -> Arc<Self> {
         let shedder = Shedder::new(config.shedding.max_concurrency);
+        let sh = &config.shedding;
+        shedder.configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
         let limiter = Arc::new(Limiter::new(config.rate_limit.params.clone()));
         let store_kind = if config.store.is_some() {
             "redis"
@@ -133,7 +135,9 @@ impl Shared {
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay
     /// keep their state; removed backends finish what they have in flight.
     pub fn apply(&self, config: Config) {
-        self.shedder.set_cap(config.shedding.max_concurrency);
+        let sh = &config.shedding;
+        self.shedder
+            .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
         self.limiter.set_params(config.rate_limit.params.clone());
         let prev = self.runtime.load();
         let next = Runtime::build(config, Some(&prev));

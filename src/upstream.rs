@@ -1,6 +1,7 @@
-//! Upstream pools: round-robin over healthy, not-culled backends
-//! (pingora-load-balancing), active HTTP health checks, and per-backend state
-//! shared with the culling gate.
+//! Upstream pools: selection over healthy, not-culled backends by the
+//! upstream's balancing policy ([`crate::balance`]), active HTTP health
+//! checks, per-backend state shared with the culling gate, and the
+//! per-upstream bulkhead and retry budget.
 
 use crate::config::Upstream;
 use arc_swap::ArcSwap;
@@ -32,6 +33,8 @@ pub struct BackendState {
     /// the fleet counters.
     total_requests: AtomicU64,
     total_errors: AtomicU64,
+    /// Attempts in flight to this backend (least_requests reads it).
+    inflight: AtomicU64,
 }
 
 /// Where a backend stands with the culling gate.
@@ -54,6 +57,7 @@ impl BackendState {
             dry_run_cull: AtomicBool::new(false),
             total_requests: AtomicU64::new(0),
             total_errors: AtomicU64::new(0),
+            inflight: AtomicU64::new(0),
         }
     }
 
@@ -65,6 +69,12 @@ impl BackendState {
         if is_error {
             self.total_errors.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Attempts in flight to this backend.
+    #[inline]
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
     }
 
     /// `(requests, errors)` since start.
@@ -98,6 +108,51 @@ impl BackendState {
     }
 }
 
+/// One attempt in flight to a backend: counted while held.
+#[derive(Debug)]
+pub struct Attempt(Arc<BackendState>);
+
+impl Attempt {
+    pub fn new(b: &Arc<BackendState>) -> Self {
+        b.inflight.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(b))
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What an upstream shares across reloads: its bulkhead count and its retry
+/// budget (a reload must not reset either).
+#[derive(Debug)]
+pub struct UpstreamShared {
+    inflight: AtomicU64,
+    pub budget: crate::balance::retry_budget::RetryBudget,
+}
+
+/// The bulkhead's answer for one request.
+#[derive(Debug)]
+pub enum Bulkhead {
+    /// No `max_inflight`.
+    Unlimited,
+    /// Holds one of the upstream's slots until dropped.
+    Entered(BulkheadGuard),
+    /// The upstream is at `max_inflight`: shed.
+    Full,
+}
+
+#[derive(Debug)]
+pub struct BulkheadGuard(Arc<UpstreamShared>);
+
+impl Drop for BulkheadGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Backends a request already tried, without a heap allocation for the
 /// first four.
 #[derive(Debug, Default)]
@@ -112,6 +167,16 @@ impl Tried {
             Some(slot) => *slot = Some(addr),
             None => self.more.push(addr),
         }
+    }
+
+    /// Allow `addr` again (a stale pooled connection is not the backend's fault).
+    pub fn forget(&mut self, addr: &SocketAddr) {
+        for slot in &mut self.inline {
+            if slot.as_ref() == Some(addr) {
+                *slot = None;
+            }
+        }
+        self.more.retain(|a| a != addr);
     }
 
     #[inline]
@@ -165,6 +230,13 @@ pub struct Pool {
     pub name: String,
     pub lb: LoadBalancer<RoundRobin>,
     pub backends: Vec<Arc<BackendState>>,
+    /// `backends` as Pingora sees them (same order), for health lookups.
+    members: Vec<Backend>,
+    /// Stable hashes of the backends' addresses (shuffle shards).
+    ids: Vec<u64>,
+    pub balance: crate::balance::BalanceSettings,
+    selector: crate::balance::selector::Selector,
+    pub shared: Arc<UpstreamShared>,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub health_check_interval: Option<Duration>,
@@ -196,17 +268,21 @@ impl Pool {
     ) -> Self {
         let mut set = BTreeSet::new();
         let mut states = Vec::with_capacity(cfg.backends.len());
-        for addr in &cfg.backends {
+        let mut members = Vec::with_capacity(cfg.backends.len());
+        for (i, addr) in cfg.backends.iter().enumerate() {
             let state = known
                 .get(&(cfg.name.clone(), *addr))
                 .cloned()
                 .unwrap_or_else(|| Arc::new(BackendState::new(&cfg.name, *addr, window_secs)));
+            let weight = cfg.balance.weights.get(i).map_or(1, |w| *w as usize);
             let mut b = Backend {
                 addr: pingora::protocols::l4::socket::SocketAddr::Inet(*addr),
-                weight: 1,
+                weight,
                 ext: http::Extensions::new(),
             };
             b.ext.insert(Arc::clone(&state));
+            b.ext.insert(crate::balance::selector::Slot(i));
+            members.push(b.clone());
             set.insert(b);
             states.push(state);
         }
@@ -220,6 +296,26 @@ impl Pool {
                 None => PoolHealth::new(check),
             }
         });
+        let selector = crate::balance::selector::Selector::build(
+            cfg.balance.policy,
+            !cfg.balance.weights.is_empty(),
+            &set,
+        );
+        let ids = cfg
+            .backends
+            .iter()
+            .map(|a| crate::balance::stable_hash(&[a.to_string().as_bytes()]))
+            .collect();
+        let shared = match previous {
+            Some(p) => Arc::clone(&p.shared),
+            None => Arc::new(UpstreamShared {
+                inflight: AtomicU64::new(0),
+                budget: crate::balance::retry_budget::RetryBudget::new(
+                    cfg.balance.retry_budget_ratio,
+                ),
+            }),
+        };
+        shared.budget.set_ratio(cfg.balance.retry_budget_ratio);
         let discovery = discovery::Static::new(set);
         let backends = match &health {
             Some(h) => Backends::new_with_health_registry(discovery, Arc::clone(&h.registry)),
@@ -235,6 +331,11 @@ impl Pool {
             name: cfg.name.clone(),
             lb,
             backends: states,
+            members,
+            ids,
+            balance: cfg.balance.clone(),
+            selector,
+            shared,
             connect_timeout: cfg.connect_timeout,
             read_timeout: cfg.read_timeout,
             health_check_interval,
@@ -244,49 +345,85 @@ impl Pool {
         }
     }
 
-    /// Next backend round-robin: healthy, not culled and not tried yet by this
-    /// request. When health checks leave nothing eligible, fail open to every
-    /// backend that is not culled (Envoy's panic mode).
-    pub fn select(&self, tried: &Tried) -> Option<Arc<BackendState>> {
-        let eligible = |b: &Backend, healthy: bool| {
-            healthy
-                && b.ext
-                    .get::<Arc<BackendState>>()
-                    .is_some_and(|s| !s.is_culled() && !tried.contains(&s.addr))
+    /// Next backend by the upstream's policy: healthy, not culled, not tried
+    /// yet by this request and, with `shard_size`, inside the key's shard.
+    /// When health checks leave nothing eligible, fail open to every backend
+    /// that is not culled (Envoy's panic mode), still inside the shard.
+    pub fn select(&self, tried: &Tried, key: &[u8]) -> Option<Arc<BackendState>> {
+        let n = self.backends.len();
+        let mut shard = Vec::new();
+        if self.balance.shard_size > 0 {
+            let h = crate::balance::stable_hash(&[key]);
+            crate::balance::shard::shard_of(h, &self.ids, self.balance.shard_size, &mut shard);
+        }
+        let in_shard = |i: usize| shard.is_empty() || shard.contains(&i);
+        let open = |i: usize| {
+            let s = &self.backends[i];
+            in_shard(i) && !s.is_culled() && !tried.contains(&s.addr)
         };
-        let iterations = self.backends.len().max(1) * 4 + 16;
-        if let Some(b) = self.lb.select_with(b"", iterations, eligible) {
+        let healthy = |i: usize| self.lb.backends().ready(&self.members[i]);
+        let load = |i: usize| self.backends[i].inflight();
+        let weights = &self.balance.weights;
+        let picked =
+            self.selector
+                .pick(&self.lb, n, weights, key, &|i| open(i) && healthy(i), &load);
+        if let Some(i) = picked {
             if self.panic_mode.swap(false, Ordering::Relaxed) {
                 tracing::info!(upstream = %self.name, "healthy backends back; panic mode off");
             }
-            return b.ext.get::<Arc<BackendState>>().cloned();
+            return Some(Arc::clone(&self.backends[i]));
         }
-        let any_healthy = self.backends.iter().any(|s| self.is_healthy(s));
-        if any_healthy {
+        if (0..n).any(|i| in_shard(i) && healthy(i)) {
             // Healthy backends exist but were tried or culled: not a panic.
             return None;
         }
-        let fallback = self
-            .backends
-            .iter()
-            .find(|s| !s.is_culled() && !tried.contains(&s.addr))
-            .cloned();
+        let fallback = self.selector.pick(&self.lb, n, weights, key, &open, &load);
         if fallback.is_some() && !self.panic_mode.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 upstream = %self.name,
                 "no backend passes health checks; failing open to all (panic mode)"
             );
         }
-        fallback
+        fallback.map(|i| Arc::clone(&self.backends[i]))
+    }
+
+    /// Whether any backend this request may still try exists (for retries).
+    pub fn has_untried(&self, tried: &Tried) -> bool {
+        self.backends
+            .iter()
+            .any(|b| !b.is_culled() && !tried.contains(&b.addr))
+    }
+
+    /// The bulkhead (`max_inflight`): take a slot or be shed.
+    #[inline]
+    pub fn enter(&self) -> Bulkhead {
+        let cap = self.balance.max_inflight;
+        if cap == 0 {
+            return Bulkhead::Unlimited;
+        }
+        let sh = &self.shared;
+        let mut cur = sh.inflight.load(Ordering::Acquire);
+        loop {
+            if cur >= cap {
+                return Bulkhead::Full;
+            }
+            match sh.inflight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Bulkhead::Entered(BulkheadGuard(Arc::clone(sh))),
+                Err(actual) => cur = actual,
+            }
+        }
     }
 
     pub fn is_healthy(&self, s: &BackendState) -> bool {
-        let b = Backend {
-            addr: pingora::protocols::l4::socket::SocketAddr::Inet(s.addr),
-            weight: 1,
-            ext: http::Extensions::new(),
-        };
-        self.lb.backends().ready(&b)
+        match self.backends.iter().position(|b| b.addr == s.addr) {
+            Some(i) => self.lb.backends().ready(&self.members[i]),
+            None => false,
+        }
     }
 
     pub async fn run_health_check(&self) {

@@ -381,7 +381,7 @@ cat "$RESULTS/env.txt" >&2
 # Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
-  P_VJE A_VJE P_VMI A_VMI P_BNS < <(free_ports 26)
+  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA < <(free_ports 30)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
 common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
@@ -413,6 +413,9 @@ pc_conf pc_shed shed "$P_SHED" "$A_SHED" HANG_PORT="$P_HANG"
 pc_conf pc_ovl_shed overload "$P_OVS" "$A_OVS" MAX_CONCURRENCY=8 BACKEND_PORT="$P_SLOW"
 pc_conf pc_ovl_noshed overload "$P_OVN" "$A_OVN" MAX_CONCURRENCY=0 BACKEND_PORT="$P_SLOW"
 pc_conf pc_ovl_shed12 overload "$P_OV12" "$A_OV12" MAX_CONCURRENCY=12 BACKEND_PORT="$P_SLOW"
+# A fixed cap guessed far too high (64) vs the adaptive limit under the same ceiling.
+pc_conf pc_ovl_cap64 overload "$P_OV64" "$A_OV64" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
+pc_conf pc_ovl_adapt64 overload-adaptive "$P_OVA" "$A_OVA" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
 # Variants: the gates-off config under other allocators (LD_PRELOAD).
 pc_conf pc_vje gates-off "$P_VJE" "$A_VJE"
 pc_conf pc_vmi gates-off "$P_VMI" "$A_VMI"
@@ -564,10 +567,16 @@ start slow "$PY" "$HERE/backend.py" slow "$P_SLOW" 8 10 "$LIFETIME"
 start pc_ovl_shed "$TMP/portcullis" -c "$TMP/pc_ovl_shed.toml"
 start pc_ovl_noshed "$TMP/portcullis" -c "$TMP/pc_ovl_noshed.toml"
 start pc_ovl_shed12 "$TMP/portcullis" -c "$TMP/pc_ovl_shed12.toml"
+start pc_ovl_cap64 "$TMP/portcullis" -c "$TMP/pc_ovl_cap64.toml"
+start pc_ovl_adapt64 "$TMP/portcullis" -c "$TMP/pc_ovl_adapt64.toml"
 wait_http "http://127.0.0.1:$P_SLOW/" slow
 wait_http "http://127.0.0.1:$A_OVS/readyz" pc_ovl_shed
 wait_http "http://127.0.0.1:$A_OVN/readyz" pc_ovl_noshed
 wait_http "http://127.0.0.1:$A_OV12/readyz" pc_ovl_shed12
+wait_http "http://127.0.0.1:$A_OV64/readyz" pc_ovl_cap64
+wait_http "http://127.0.0.1:$A_OVA/readyz" pc_ovl_adapt64
+# The adaptive limit learns its baseline from traffic: a short light warm-up.
+timeout 10 wrk -t1 -c2 -d2s "http://127.0.0.1:$P_OVA/" >/dev/null 2>&1 || true
 OVL_CONNS=${OVL_CONNS:-32}
 OVL_DELAY_MS=${OVL_DELAY_MS:-10}
 BACKEND_PIDS_FAST=$BACKEND_PIDS
@@ -581,11 +590,17 @@ for ((r = 1; r <= SCEN_ROUNDS; r++)); do
   sleep 1
   measure overload "r${r}_overload_noshed" "${PID[pc_ovl_noshed]}" "http://127.0.0.1:$P_OVN/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
   sleep 1
+  measure overload "r${r}_overload_shed_cap64" "${PID[pc_ovl_cap64]}" "http://127.0.0.1:$P_OV64/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
+  sleep 1
+  measure overload "r${r}_overload_adaptive_max64" "${PID[pc_ovl_adapt64]}" "http://127.0.0.1:$P_OVA/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
+  sleep 1
 done
 BACKEND_PIDS=$BACKEND_PIDS_FAST
 stop pc_ovl_shed
 stop pc_ovl_noshed
 stop pc_ovl_shed12
+stop pc_ovl_cap64
+stop pc_ovl_adapt64
 stop slow
 echo "overload=wrk -t2 -c$OVL_CONNS with ${OVL_DELAY_MS} ms think time per request" >>"$RESULTS/env.txt"
 fi # overload

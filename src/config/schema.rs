@@ -102,6 +102,51 @@ pub struct UpstreamSection {
     pub connect_timeout_ms: u64,
     #[serde(default = "default_read_timeout")]
     pub read_timeout_ms: u64,
+    /// round_robin | least_requests | consistent_hash | random (CONTRACT §10).
+    #[serde(default)]
+    pub balance: BalanceSection,
+    /// consistent_hash and shard_size: header:NAME | query:NAME | bearer | client_ip | path.
+    #[serde(default = "default_hash_key")]
+    pub hash_key: String,
+    /// One positive integer per backend; empty = all equal.
+    #[serde(default)]
+    pub weights: Vec<u64>,
+    /// Retries on another backend after a 502/503/reset (idempotent methods).
+    #[serde(default = "default_retries")]
+    pub retries: u64,
+    #[serde(default = "default_retry_budget_ratio")]
+    pub retry_budget_ratio: f64,
+    /// Per-upstream in-flight cap (bulkhead); 0 = none.
+    #[serde(default)]
+    pub max_inflight: u64,
+    #[serde(default = "default_resolve_interval")]
+    pub resolve_interval_seconds: u64,
+    /// > 0: shuffle sharding by hash_key.
+    #[serde(default)]
+    pub shard_size: u64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BalanceSection {
+    #[default]
+    RoundRobin,
+    LeastRequests,
+    ConsistentHash,
+    Random,
+}
+
+fn default_hash_key() -> String {
+    "header:x-api-key".into()
+}
+fn default_retries() -> u64 {
+    1
+}
+fn default_retry_budget_ratio() -> f64 {
+    0.2
+}
+fn default_resolve_interval() -> u64 {
+    30
 }
 
 fn default_hc_interval() -> u64 {
@@ -144,6 +189,10 @@ fn default_prefix() -> String {
 pub struct SheddingSection {
     pub max_concurrency: u64,
     pub retry_after_seconds: u64,
+    /// Learn the cap from upstream latency (gradient), within
+    /// [min_concurrency, max_concurrency].
+    pub adaptive: bool,
+    pub min_concurrency: u64,
 }
 
 impl Default for SheddingSection {
@@ -151,6 +200,8 @@ impl Default for SheddingSection {
         Self {
             max_concurrency: 1024,
             retry_after_seconds: 1,
+            adaptive: false,
+            min_concurrency: 8,
         }
     }
 }

@@ -62,6 +62,12 @@ pub struct Upstream {
     pub health_check_interval: Duration,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    /// The `backends` entries as written (`host:port`) with their weight, for
+    /// DNS re-resolution; `backends` is what they resolve to.
+    pub entries: Vec<(String, u32)>,
+    /// Balancing, retries, bulkhead, sharding (`balance.weights` is aligned
+    /// with `backends`).
+    pub balance: crate::balance::BalanceSettings,
 }
 
 /// One `[[routes]]` entry.
@@ -81,6 +87,9 @@ pub struct SheddingSettings {
     /// 0 = no cap.
     pub max_concurrency: u64,
     pub retry_after_secs: u64,
+    /// Gradient limit learned from upstream latency.
+    pub adaptive: bool,
+    pub min_concurrency: u64,
 }
 
 /// `[rate_limit]`.

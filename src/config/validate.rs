@@ -197,17 +197,38 @@ fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
         if u.backends.is_empty() {
             return err(p("backends"), "at least one backend is required");
         }
-        let mut backends = Vec::with_capacity(u.backends.len());
-        for (j, b) in u.backends.iter().enumerate() {
-            let a = parse_addr(&format!("upstreams[{i}].backends[{j}]"), b)?;
-            if backends.contains(&a) {
-                return err(
-                    format!("upstreams[{i}].backends[{j}]"),
-                    format!("duplicate backend {b}"),
-                );
-            }
-            backends.push(a);
+        if !u.weights.is_empty() && u.weights.len() != u.backends.len() {
+            return err(
+                p("weights"),
+                format!(
+                    "has {} entries for {} backends: give one weight per backend (or none)",
+                    u.weights.len(),
+                    u.backends.len()
+                ),
+            );
         }
+        for (j, w) in u.weights.iter().enumerate() {
+            range(&format!("upstreams[{i}].weights[{j}]"), *w, 1, 1000, "")?;
+        }
+        let mut backends = Vec::with_capacity(u.backends.len());
+        let mut weights = Vec::new();
+        let mut entries = Vec::with_capacity(u.backends.len());
+        for (j, b) in u.backends.iter().enumerate() {
+            let path = format!("upstreams[{i}].backends[{j}]");
+            let w = u.weights.get(j).map_or(1, |w| *w as u32);
+            for a in parse_backend(&path, b)? {
+                if backends.contains(&a) {
+                    return err(path, format!("duplicate backend {b}"));
+                }
+                backends.push(a);
+                weights.push(w);
+            }
+            entries.push((b.clone(), w));
+        }
+        if u.weights.is_empty() {
+            weights.clear();
+        }
+        let balance = validate_balance(i, u, weights, backends.len())?;
         if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
             return err(p("health_check_path"), "must be empty or start with '/'");
         }
@@ -233,9 +254,98 @@ fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
             health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
             connect_timeout: Duration::from_millis(u.connect_timeout_ms),
             read_timeout: Duration::from_millis(u.read_timeout_ms),
+            entries,
+            balance,
         });
     }
     Ok(out)
+}
+
+/// A backend entry: an address, or a hostname and all its addresses of one family.
+fn parse_backend(path: &str, s: &str) -> VResult<Vec<SocketAddr>> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    let first = parse_addr(path, s)?;
+    match crate::balance::resolve::resolve_entry(s) {
+        Ok(v) if !v.is_empty() => Ok(v),
+        _ => Ok(vec![first]),
+    }
+}
+
+fn validate_balance(
+    i: usize,
+    u: &UpstreamSection,
+    weights: Vec<u32>,
+    n_backends: usize,
+) -> VResult<crate::balance::BalanceSettings> {
+    use crate::balance::{BalanceSettings, HashKey, Policy};
+    let p = |k: &str| format!("upstreams[{i}].{k}");
+    let hash_key = match u.hash_key.split_once(':') {
+        Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) => HashKey::Header(h),
+            Err(_) => return err(p("hash_key"), format!("invalid header name {name:?}")),
+        },
+        Some(("query", name)) if !name.is_empty() => HashKey::Query(name.to_string()),
+        None if u.hash_key == "bearer" => HashKey::Bearer,
+        None if u.hash_key == "client_ip" => HashKey::ClientIp,
+        None if u.hash_key == "path" => HashKey::Path,
+        _ => {
+            return err(
+                p("hash_key"),
+                format!(
+                    "invalid hash key {:?}: expected header:NAME, query:NAME, bearer, client_ip or path",
+                    u.hash_key
+                ),
+            )
+        }
+    };
+    range(&p("retries"), u.retries, 0, 10, "")?;
+    if !(0.0..=1.0).contains(&u.retry_budget_ratio) {
+        return err(
+            p("retry_budget_ratio"),
+            format!(
+                "{} is out of range: must be between 0 and 1",
+                u.retry_budget_ratio
+            ),
+        );
+    }
+    range(
+        &p("max_inflight"),
+        u.max_inflight,
+        0,
+        10_000_000,
+        "requests",
+    )?;
+    range(
+        &p("resolve_interval_seconds"),
+        u.resolve_interval_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    range(
+        &p("shard_size"),
+        u.shard_size,
+        0,
+        n_backends as u64,
+        "backends",
+    )?;
+    Ok(BalanceSettings {
+        policy: match u.balance {
+            BalanceSection::RoundRobin => Policy::RoundRobin,
+            BalanceSection::LeastRequests => Policy::LeastRequests,
+            BalanceSection::ConsistentHash => Policy::ConsistentHash,
+            BalanceSection::Random => Policy::Random,
+        },
+        hash_key,
+        weights,
+        retries: u.retries as u32,
+        retry_budget_ratio: u.retry_budget_ratio,
+        max_inflight: u.max_inflight,
+        resolve_interval: Duration::from_secs(u.resolve_interval_seconds),
+        shard_size: u.shard_size as usize,
+    })
 }
 
 fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Route>> {
@@ -301,9 +411,26 @@ fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
         DAY,
         "seconds",
     )?;
+    if s.adaptive {
+        if s.max_concurrency == 0 {
+            return err(
+                "shedding.adaptive",
+                "needs a max_concurrency above 0 (the ceiling of the learned cap)",
+            );
+        }
+        range(
+            "shedding.min_concurrency",
+            s.min_concurrency,
+            1,
+            s.max_concurrency,
+            "requests (at most max_concurrency)",
+        )?;
+    }
     Ok(SheddingSettings {
         max_concurrency: s.max_concurrency,
         retry_after_secs: s.retry_after_seconds,
+        adaptive: s.adaptive,
+        min_concurrency: s.min_concurrency,
     })
 }
 

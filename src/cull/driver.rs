@@ -8,8 +8,8 @@
 //! takes `now`, so a test can drive ticks on its own clock.
 
 use super::{
-    evaluate, http, webhook, Action, BackendSample, Buckets, Budget, BudgetSnapshot, ClaimOutcome,
-    CullParams, CullState, Evaluation, FleetDelta, StoreError, TickInput,
+    evaluate_sharded, http, webhook, Action, BackendSample, Buckets, Budget, BudgetSnapshot,
+    ClaimOutcome, CullParams, CullState, Evaluation, FleetDelta, StoreError, TickInput,
 };
 use crate::metrics::CullResult;
 use crate::state::Shared;
@@ -119,7 +119,7 @@ impl Culling {
             let samples = self
                 .samples(pool, &mut memory.states, now_secs, buckets)
                 .await;
-            let eval = evaluate(&samples, params.error_threshold);
+            let eval = evaluate_sharded(&samples, params.error_threshold, pool.balance.shard_size);
             report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
             for (bi, b) in pool.backends.iter().enumerate() {
                 let tracked = memory

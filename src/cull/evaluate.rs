@@ -131,6 +131,46 @@ pub fn evaluate(stats: &[BackendSample], threshold: u64) -> Evaluation {
     }
 }
 
+/// [`evaluate`] for an upstream with shuffle shards of `shard_size` backends.
+///
+/// One hash-key value (a poison request, a failing tenant) reaches only its
+/// shard, so up to `shard_size` backends can fail alike while the rest are
+/// fine. When `shard_size` is over half the backends, the plain rule would
+/// call that majority "systemic". Here, failing backends that fit in one
+/// shard (at most `shard_size` of them, and not all backends with traffic)
+/// are compared with the *healthy* backends only: each that stands out from
+/// those is a candidate. More failing backends than one shard holds, or all
+/// of them, stay systemic, so a real fleet-wide failure is never mistaken
+/// for a shard's.
+pub fn evaluate_sharded(stats: &[BackendSample], threshold: u64, shard_size: usize) -> Evaluation {
+    let base = evaluate(stats, threshold);
+    let Evaluation::Systemic { failing, total } = base else {
+        return base;
+    };
+    if shard_size == 0 || failing > shard_size || failing >= total {
+        return base;
+    }
+    let threshold = threshold.max(1);
+    let seen = stats.iter().filter(|s| s.requests > 0 || s.errors > 0);
+    let (bad, good): (Vec<&BackendSample>, Vec<&BackendSample>) =
+        seen.partition(|s| s.errors >= threshold);
+    let mut healthy: Vec<f64> = good.iter().map(|s| s.error_rate()).collect();
+    let baseline = upper_median(&mut healthy);
+    let mut out: Vec<(f64, usize)> = Vec::with_capacity(bad.len());
+    for b in &bad {
+        let rate = b.error_rate();
+        if !(rate > 0.0 && rate >= STANDOUT_FACTOR * baseline) {
+            return base;
+        }
+        out.push((rate, b.index));
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    Evaluation::Candidates {
+        indices: out.into_iter().map(|(_, i)| i).collect(),
+        held_back: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -277,5 +317,46 @@ mod tests {
         // ... while one failing against one healthy peer with traffic still stands out.
         let v = [s(0, 0, 0), s(1, 100, 50), s(2, 100, 0), s(3, 0, 0)];
         assert_eq!(evaluate(&v, 5).candidates(), &[1]);
+    }
+
+    #[test]
+    fn one_shard_failing_is_not_systemic() {
+        // 4 backends, shards of 3: one poison key fails on its 3 backends.
+        let v = [s(0, 100, 40), s(1, 100, 45), s(2, 100, 0), s(3, 100, 42)];
+        assert!(matches!(evaluate(&v, 5), Evaluation::Systemic { .. }));
+        assert_eq!(evaluate_sharded(&v, 5, 3).candidates(), &[1, 3, 0]);
+        // Without shards the plain rule holds.
+        assert!(matches!(
+            evaluate_sharded(&v, 5, 0),
+            Evaluation::Systemic { .. }
+        ));
+    }
+
+    #[test]
+    fn sharded_real_systemic_failure_is_still_systemic() {
+        // Every backend failing alike.
+        let v = [s(0, 100, 40), s(1, 100, 45), s(2, 100, 41), s(3, 100, 42)];
+        assert!(matches!(
+            evaluate_sharded(&v, 5, 2),
+            Evaluation::Systemic { .. }
+        ));
+        // More backends failing than one shard holds.
+        let v = [
+            s(0, 100, 40),
+            s(1, 100, 45),
+            s(2, 100, 41),
+            s(3, 100, 0),
+            s(4, 100, 0),
+        ];
+        assert!(matches!(
+            evaluate_sharded(&v, 5, 2),
+            Evaluation::Systemic { .. }
+        ));
+        // Elevated everywhere (the healthy ones too): nothing stands out.
+        let v = [s(0, 200, 10), s(1, 80, 4), s(2, 90, 4), s(3, 70, 3)];
+        assert!(matches!(
+            evaluate_sharded(&v, 5, 2),
+            Evaluation::Systemic { .. }
+        ));
     }
 }

@@ -38,7 +38,7 @@ mod redis_tests;
 pub use crate::store::StoreError;
 pub use budget::Budget;
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-pub use evaluate::{evaluate, BackendSample, Evaluation, STANDOUT_FACTOR};
+pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use fleet::{Buckets, FleetDelta};
 pub use local::LocalBudget;
 pub use params::{max_out, CullParams};

@@ -20,6 +20,7 @@
 
 mod failure;
 mod request;
+mod retry;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +37,7 @@ use crate::ratelimit;
 use crate::respond::{self, RateFields, Refusal};
 use crate::shed::InflightGuard;
 use crate::state::{Runtime, Shared};
-use crate::upstream::{BackendState, Pool, Tried};
+use crate::upstream::{Attempt, BackendState, Bulkhead, BulkheadGuard, Pool, Tried};
 use request::{client_ip, header_block_len, host_of, invalid_target};
 
 pub struct Proxy {
@@ -52,6 +53,16 @@ pub struct Ctx {
     /// Held while the request is in flight (load shedding's count).
     _guard: Option<InflightGuard>,
     backend: Option<Arc<BackendState>>,
+    /// Counts the current attempt in its backend's in-flight (least_requests).
+    attempt: Option<Attempt>,
+    /// When the current attempt started (the adaptive limit's latency sample).
+    attempt_start: Option<Instant>,
+    /// Held while the request is in flight: the upstream's bulkhead slot.
+    _bulkhead: Option<BulkheadGuard>,
+    /// 502/503/reset retries taken so far.
+    retries_used: u32,
+    /// `upstream_response_filter` turned a 502/503 into an error to retry.
+    retrying: bool,
     tried: Tried,
     outcome: Option<Outcome>,
     /// What a gate refused the request with, when it answers through an error
@@ -98,6 +109,11 @@ impl ProxyHttp for Proxy {
             pool: None,
             _guard: None,
             backend: None,
+            attempt: None,
+            attempt_start: None,
+            _bulkhead: None,
+            retries_used: 0,
+            retrying: false,
             tried: Tried::default(),
             outcome: None,
             refusal: None,
@@ -162,6 +178,26 @@ impl ProxyHttp for Proxy {
             }
         }
 
+        // Gate 1b: the upstream's bulkhead (`max_inflight`), shed as well.
+        if let Some(pool) = ctx.pool.clone() {
+            match pool.enter() {
+                Bulkhead::Unlimited => {}
+                Bulkhead::Entered(g) => ctx._bulkhead = Some(g),
+                Bulkhead::Full => {
+                    self.shared
+                        .metrics
+                        .bulkhead_shed
+                        .with_label_values(&[pool.name.as_str()])
+                        .inc();
+                    tracing::debug!(event = "bulkhead_shed", upstream = %pool.name);
+                    let retry_after = rt.config.shedding.retry_after_secs;
+                    return self
+                        .refuse(session, ctx, Refusal::Shed { retry_after })
+                        .await;
+                }
+            }
+        }
+
         // Gate 2: per-key rate limiting, from local state only.
         let req = session.req_header();
         let verdict = ratelimit::gate::check(
@@ -186,10 +222,30 @@ impl ProxyHttp for Proxy {
         let Some(pool) = ctx.pool.clone() else {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
-        let Some(backend) = pool.select(&ctx.tried) else {
+        if ctx.attempt_start.is_none() {
+            // First attempt: the retry budget counts requests, not attempts.
+            pool.shared
+                .budget
+                .record_request(crate::store::clock::unix_secs());
+        }
+        let picked = if pool.balance.needs_key() {
+            let req = session.req_header();
+            let key = crate::balance::key::hash_bytes(
+                &pool.balance.hash_key,
+                &req.headers,
+                &req.uri,
+                client_ip(session),
+            );
+            pool.select(&ctx.tried, &key)
+        } else {
+            pool.select(&ctx.tried, b"")
+        };
+        let Some(backend) = picked else {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
         ctx.tried.push(backend.addr);
+        ctx.attempt = Some(Attempt::new(&backend));
+        ctx.attempt_start = Some(Instant::now());
         let mut peer = HttpPeer::new(backend.addr, false, String::new());
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(pool.read_timeout);
@@ -216,17 +272,86 @@ impl ProxyHttp for Proxy {
         if let Some(b) = ctx.backend.take() {
             b.record(crate::store::clock::unix_secs(), true);
         }
+        ctx.attempt = None;
         let untried = ctx
             .pool
             .as_ref()
             .is_some_and(|p| p.backends.iter().any(|b| !ctx.tried.contains(&b.addr)));
         if untried {
+            if let Some(p) = &ctx.pool {
+                // Outside the budget (nothing was sent), but counted in it.
+                p.shared
+                    .budget
+                    .record_retry(crate::store::clock::unix_secs());
+                self.shared.metrics.retry(&p.name, true);
+            }
             e.set_retry(true);
         } else {
             let retry_after = ctx.runtime.config.shedding.retry_after_secs;
             ctx.refusal = Some(Refusal::NoBackend { retry_after });
             e.set_retry(false);
         }
+        e
+    }
+
+    /// A 502/503 from an idempotent request goes to another backend when the
+    /// retry rules allow it ([`retry`]): the answer becomes an error that
+    /// `error_while_proxy` marks for retry, before anything reaches the client.
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let status = resp.status.as_u16();
+        if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
+            if let Some(b) = ctx.backend.take() {
+                b.record(crate::store::clock::unix_secs(), true);
+            }
+            ctx.attempt = None;
+            ctx.retrying = true;
+            return Error::e_explain(
+                ErrorType::HTTPStatus(status),
+                "backend answered 502/503; retrying on another backend",
+            );
+        }
+        Ok(())
+    }
+
+    /// Errors after connect: our retry of a 502/503, a stale pooled
+    /// connection (Pingora's rule; the same backend may be tried again), or a
+    /// reset that [`retry`] allows; nothing else is retried.
+    fn error_while_proxy(
+        &self,
+        _peer: &HttpPeer,
+        session: &mut Session,
+        mut e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        if std::mem::take(&mut ctx.retrying) {
+            e.set_retry(true);
+            return e;
+        }
+        let stale = client_reused
+            && matches!(e.retry, pingora::RetryType::ReusedOnly)
+            && retry::replayable(session);
+        if stale {
+            if let Some(b) = &ctx.backend {
+                ctx.tried.forget(&b.addr);
+            }
+            e.set_retry(true);
+            return e;
+        }
+        if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
+            if let Some(b) = ctx.backend.take() {
+                b.record(crate::store::clock::unix_secs(), true);
+            }
+            ctx.attempt = None;
+            e.set_retry(true);
+            return e;
+        }
+        e.set_retry(false);
         e
     }
 
@@ -334,6 +459,12 @@ impl ProxyHttp for Proxy {
         } else {
             Outcome::Proxied
         });
+        if let (Some(_), Some(t0), None) = (&ctx.backend, ctx.attempt_start, e) {
+            if status > 0 && status < 500 {
+                // The adaptive limit learns from answered requests only.
+                self.shared.shedder.on_latency(Instant::now(), t0.elapsed());
+            }
+        }
         if let Some(b) = ctx.backend.take() {
             // The backend's fault only: a 5xx, or an error on the upstream side
             // (timeouts, resets). A client hanging up is not the backend's error.

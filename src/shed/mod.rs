@@ -2,6 +2,11 @@
 //! classes that may use 100% (critical), 90% (normal) or 75% (low) of the cap.
 //! Admission is a compare-and-swap that never over-counts, so a burst of
 //! rejections cannot push an admissible request over the limit.
+//!
+//! With `shedding.adaptive` the cap is not fixed: [`adaptive::GradientLimit`]
+//! learns it from upstream latency and the classes apply to the learned cap.
+
+pub mod adaptive;
 
 /// A route's load-shedding class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,8 +25,10 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct Shedder {
     inflight: AtomicU64,
-    /// 0 = no cap. Swapped on reload.
+    /// 0 = no cap. Swapped on reload, or learned (adaptive).
     cap: AtomicU64,
+    /// `Some` with `shedding.adaptive`.
+    adaptive: std::sync::Mutex<Option<adaptive::GradientLimit>>,
 }
 
 /// Class limit for a cap: critical 100%, normal 90%, low 75%, at least 1.
@@ -49,7 +56,40 @@ impl Shedder {
         Arc::new(Self {
             inflight: AtomicU64::new(0),
             cap: AtomicU64::new(cap),
+            adaptive: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Apply `[shedding]` (start and reload): a fixed cap, or adaptive bounds
+    /// (a learned limit survives a reload, clamped to the new bounds).
+    pub fn configure(&self, max_concurrency: u64, adaptive: bool, min_concurrency: u64) {
+        let Ok(mut slot) = self.adaptive.lock() else {
+            self.set_cap(max_concurrency);
+            return;
+        };
+        if !adaptive {
+            *slot = None;
+            self.set_cap(max_concurrency);
+            return;
+        }
+        let limit = slot
+            .get_or_insert_with(|| adaptive::GradientLimit::new(min_concurrency, max_concurrency));
+        limit.set_bounds(min_concurrency, max_concurrency);
+        self.set_cap(limit.limit());
+    }
+
+    /// Feed one proxied request's upstream latency to the adaptive limit (if
+    /// any). Never waits: a sample that meets a busy lock is dropped.
+    #[inline]
+    pub fn on_latency(&self, now: std::time::Instant, rtt: std::time::Duration) {
+        let Ok(mut slot) = self.adaptive.try_lock() else {
+            return;
+        };
+        if let Some(limit) = slot.as_mut() {
+            if let Some(cap) = limit.on_sample(now, rtt, self.inflight()) {
+                self.set_cap(cap);
+            }
+        }
     }
 
     pub fn set_cap(&self, cap: u64) {

@@ -1,0 +1,115 @@
+//! Upstream balancing (CONTRACT §10): how a request picks its backend, when it
+//! may try another, and which backends a hash key may reach.
+//!
+//! Policy only, no sockets: [`select`] (smooth weighted round robin, power of
+//! two choices), [`shard`] (combinatorial shuffle shards), [`retry_budget`]
+//! (Envoy's retry budget) and [`key`] (the request's hash key). The pool in
+//! [`crate::upstream`] wires them to Pingora's backend sets; consistent
+//! hashing and random use `pingora-load-balancing`'s Ketama and random
+//! selectors (see [`crate::upstream`] for where its algorithms did not fit).
+
+pub mod key;
+pub mod resolve;
+pub mod retry_budget;
+pub mod select;
+pub mod selector;
+pub mod shard;
+
+use std::time::Duration;
+
+/// `upstreams[].balance`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Smooth weighted round robin (plain round robin without `weights`).
+    #[default]
+    RoundRobin,
+    /// The less loaded of two random eligible backends.
+    LeastRequests,
+    /// Ketama ring on the request's `hash_key`.
+    ConsistentHash,
+    Random,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round_robin",
+            Policy::LeastRequests => "least_requests",
+            Policy::ConsistentHash => "consistent_hash",
+            Policy::Random => "random",
+        }
+    }
+}
+
+/// `upstreams[].hash_key`: what consistent hashing and shuffle sharding hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    Header(http::HeaderName),
+    Query(String),
+    Bearer,
+    ClientIp,
+    Path,
+}
+
+/// The balancing settings of one upstream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BalanceSettings {
+    pub policy: Policy,
+    pub hash_key: HashKey,
+    /// One weight per configured backend entry; empty = all 1.
+    pub weights: Vec<u32>,
+    /// Retries on another backend after a 502/503/reset (idempotent requests).
+    pub retries: u32,
+    /// Retries stay under this share of the upstream's recent requests.
+    pub retry_budget_ratio: f64,
+    /// Per-upstream in-flight cap (bulkhead); 0 = none.
+    pub max_inflight: u64,
+    /// How often backends given as hostnames are re-resolved.
+    pub resolve_interval: Duration,
+    /// > 0: each hash-key value is served by this many backends.
+    pub shard_size: usize,
+}
+
+impl Default for BalanceSettings {
+    fn default() -> Self {
+        Self {
+            policy: Policy::RoundRobin,
+            hash_key: HashKey::Header(http::HeaderName::from_static("x-api-key")),
+            weights: Vec::new(),
+            retries: 1,
+            retry_budget_ratio: 0.2,
+            max_inflight: 0,
+            resolve_interval: Duration::from_secs(30),
+            shard_size: 0,
+        }
+    }
+}
+
+impl BalanceSettings {
+    /// Whether requests need their hash key computed.
+    pub fn needs_key(&self) -> bool {
+        self.policy == Policy::ConsistentHash || self.shard_size > 0
+    }
+}
+
+/// A stable 64-bit hash (FNV-1a then a finaliser): the same on every instance
+/// and every restart, so shards and rings agree across the fleet.
+pub fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(h)
+}
+
+/// splitmix64's finaliser: spreads FNV's weak low bits.
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,264 @@
+//! The adaptive concurrency limit: a gradient limit in the manner of Envoy's
+//! adaptive concurrency filter and Netflix's `Gradient2Limit`, learned from
+//! the latency of proxied requests. Plain state fed with `now` and samples.
+//!
+//! Every sample window (at least [`WINDOW`] and [`MIN_SAMPLES`] samples) the
+//! window's mean latency (`short`) is compared with the baseline, the lowest
+//! window mean of the last one to two [`BASELINE_EPOCH`]s (Envoy's minRTT,
+//! measured passively):
+//!
+//! ```text
+//! gradient  = clamp(baseline × (1 + TOLERANCE) / short, 0.5, 2.0)
+//! new_limit = clamp(limit × gradient + √limit, min, max)
+//! ```
+//!
+//! Latency above the baseline shrinks the limit (halving at most per window),
+//! latency at the baseline lets it grow (doubling at most), so excess requests
+//! are shed with 503 before they queue at a slowing backend; when latency
+//! recovers the limit grows back within a few windows. A windowed minimum,
+//! unlike Gradient2's moving average, does not creep up under sustained
+//! congestion; it forgets after one to two epochs, so a backend that became
+//! slower for good is accepted as the new normal. While the proxy is
+//! app-limited (in flight under half the limit) the limit is not raised: no
+//! evidence says the backend could take more.
+
+use std::time::{Duration, Instant};
+
+/// Shortest sample window.
+pub const WINDOW: Duration = Duration::from_millis(100);
+/// Samples a window needs before it is judged.
+pub const MIN_SAMPLES: u32 = 5;
+/// Latency headroom over the baseline before the limit shrinks.
+pub const TOLERANCE: f64 = 0.25;
+/// How long a window's latency can serve as the baseline (one to two epochs).
+pub const BASELINE_EPOCH: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct GradientLimit {
+    min: u64,
+    max: u64,
+    limit: f64,
+    window_start: Option<Instant>,
+    sum_secs: f64,
+    count: u32,
+    peak_inflight: u64,
+    /// Lowest window mean of the current and the previous epoch.
+    min_cur: f64,
+    min_prev: f64,
+    epoch_start: Option<Instant>,
+}
+
+impl GradientLimit {
+    /// Starts at `max` (the configured cap) and learns down from there.
+    pub fn new(min: u64, max: u64) -> Self {
+        let min = min.max(1);
+        let max = max.max(min);
+        Self {
+            min,
+            max,
+            limit: max as f64,
+            window_start: None,
+            sum_secs: 0.0,
+            count: 0,
+            peak_inflight: 0,
+            min_cur: f64::INFINITY,
+            min_prev: f64::INFINITY,
+            epoch_start: None,
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit as u64
+    }
+
+    /// New bounds after a reload; the learned limit is kept within them.
+    pub fn set_bounds(&mut self, min: u64, max: u64) {
+        self.min = min.max(1);
+        self.max = max.max(self.min);
+        self.limit = self.limit.clamp(self.min as f64, self.max as f64);
+    }
+
+    /// One completed request's latency, with the requests in flight now.
+    /// Returns the new limit when a window closed.
+    pub fn on_sample(&mut self, now: Instant, rtt: Duration, inflight: u64) -> Option<u64> {
+        let start = *self.window_start.get_or_insert(now);
+        self.sum_secs += rtt.as_secs_f64();
+        self.count += 1;
+        self.peak_inflight = self.peak_inflight.max(inflight);
+        if now.saturating_duration_since(start) < WINDOW || self.count < MIN_SAMPLES {
+            return None;
+        }
+        let short = self.sum_secs / f64::from(self.count);
+        let peak = self.peak_inflight;
+        self.window_start = Some(now);
+        self.sum_secs = 0.0;
+        self.count = 0;
+        self.peak_inflight = 0;
+        Some(self.update(now, short, peak))
+    }
+
+    fn update(&mut self, now: Instant, short: f64, peak_inflight: u64) -> u64 {
+        let short = short.max(1e-6);
+        let epoch = *self.epoch_start.get_or_insert(now);
+        if now.saturating_duration_since(epoch) >= BASELINE_EPOCH {
+            self.min_prev = self.min_cur;
+            self.min_cur = f64::INFINITY;
+            self.epoch_start = Some(now);
+        }
+        self.min_cur = self.min_cur.min(short);
+        let baseline = self.min_cur.min(self.min_prev);
+        let gradient = (baseline * (1.0 + TOLERANCE) / short).clamp(0.5, 2.0);
+        let mut next = self.limit * gradient + self.limit.sqrt();
+        let app_limited = (peak_inflight as f64) < self.limit / 2.0;
+        if next > self.limit && app_limited {
+            next = self.limit;
+        }
+        self.limit = next.clamp(self.min as f64, self.max as f64);
+        self.limit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A closed-loop simulation on simulated time (1 ms steps): `clients`
+    /// keep a request outstanding each; the proxy admits while in flight is
+    /// under the limit (else the request is shed and retried 10 ms later);
+    /// the backend answers after `latency(t)`.
+    struct Sim {
+        t0: Instant,
+        lim: GradientLimit,
+        /// completion times (ms) of admitted requests
+        inflight: Vec<(u64, u64)>,
+        shed: u64,
+        admitted: u64,
+        waiting: Vec<u64>,
+    }
+
+    impl Sim {
+        fn new(min: u64, max: u64, clients: usize) -> Self {
+            Self {
+                t0: Instant::now(),
+                lim: GradientLimit::new(min, max),
+                inflight: Vec::new(),
+                shed: 0,
+                admitted: 0,
+                waiting: vec![0; clients],
+            }
+        }
+
+        /// Runs `[from, to)` ms; returns the peak in flight seen.
+        fn run(&mut self, from: u64, to: u64, latency_ms: u64) -> u64 {
+            let mut peak = 0;
+            for t in from..to {
+                let now = self.t0 + Duration::from_millis(t);
+                // In flight as the proxy sees it at completion: the finishing
+                // request still holds its slot.
+                let n = self.inflight.len() as u64;
+                let (done, rest): (Vec<_>, Vec<_>) =
+                    self.inflight.iter().partition(|(end, _)| *end <= t);
+                self.inflight = rest;
+                for (end, start) in done {
+                    self.lim
+                        .on_sample(now, Duration::from_millis(end - start), n);
+                    self.waiting.push(t);
+                }
+                let mut still = Vec::new();
+                for ready in std::mem::take(&mut self.waiting) {
+                    if ready > t {
+                        still.push(ready);
+                    } else if (self.inflight.len() as u64) < self.lim.limit() {
+                        self.inflight.push((t + latency_ms, t));
+                        self.admitted += 1;
+                    } else {
+                        self.shed += 1;
+                        still.push(t + 10);
+                    }
+                }
+                self.waiting = still;
+                peak = peak.max(self.inflight.len() as u64);
+            }
+            peak
+        }
+    }
+
+    #[test]
+    fn shrinks_when_latency_rises_and_grows_back() {
+        let mut sim = Sim::new(8, 200, 400);
+        sim.run(0, 3_000, 10);
+        assert_eq!(sim.lim.limit(), 200, "steady fast backend: limit at max");
+        let shed_before = sim.shed;
+        // Latency 10 ms -> 400 ms.
+        sim.run(3_000, 6_000, 400);
+        let low = sim.lim.limit();
+        assert!(low <= 20, "limit should shrink toward min, is {low}");
+        assert!(low >= 8, "never below min: {low}");
+        assert!(sim.shed > shed_before, "excess is shed, not queued");
+        // Recovery.
+        sim.run(6_000, 9_000, 10);
+        assert_eq!(sim.lim.limit(), 200, "limit grows back to max");
+    }
+
+    #[test]
+    fn bounded_by_min_and_max() {
+        let t0 = Instant::now();
+        let mut l = GradientLimit::new(4, 50);
+        for i in 0..1_100u64 {
+            let rtt = if i < 1000 { 5 } else { 5_000 };
+            l.on_sample(
+                t0 + Duration::from_millis(i * 30),
+                Duration::from_millis(rtt),
+                60,
+            );
+            assert!((4..=50).contains(&l.limit()), "{}", l.limit());
+        }
+        assert_eq!(l.limit(), 4);
+    }
+
+    #[test]
+    fn app_limited_does_not_grow() {
+        let t0 = Instant::now();
+        let mut l = GradientLimit::new(1, 100);
+        l.limit = 10.0;
+        for i in 0..200u64 {
+            l.on_sample(
+                t0 + Duration::from_millis(i * 30),
+                Duration::from_millis(5),
+                2,
+            );
+        }
+        assert_eq!(l.limit(), 10);
+    }
+
+    #[test]
+    fn a_lasting_slowdown_becomes_the_new_normal_after_the_baseline_epochs() {
+        let t0 = Instant::now();
+        let mut l = GradientLimit::new(4, 100);
+        let mut t = 0u64;
+        let mut feed = |l: &mut GradientLimit, ms: u64, rtt: u64| {
+            for _ in 0..ms / 20 {
+                t += 20;
+                l.on_sample(
+                    t0 + Duration::from_millis(t),
+                    Duration::from_millis(rtt),
+                    100,
+                );
+            }
+        };
+        feed(&mut l, 5_000, 10);
+        assert_eq!(l.limit(), 100);
+        feed(&mut l, 5_000, 50);
+        assert_eq!(l.limit(), 4, "5x the baseline: shed down to min");
+        // Two epochs later the slower latency is the baseline.
+        feed(&mut l, 2 * BASELINE_EPOCH.as_millis() as u64 + 5_000, 50);
+        assert_eq!(l.limit(), 100);
+    }
+
+    #[test]
+    fn reload_bounds_clamp() {
+        let mut l = GradientLimit::new(8, 100);
+        l.set_bounds(8, 40);
+        assert_eq!(l.limit(), 40);
+    }
+}
