@@ -151,7 +151,7 @@ fn v2_header(command: u8, family: u8, addrs: &[u8], tlv: &[u8]) -> Vec<u8> {
     h.push(family);
     h.extend_from_slice(
         &u16::try_from(addrs.len() + tlv.len())
-            .unwrap()
+            .expect("short header")
             .to_be_bytes(),
     );
     h.extend_from_slice(addrs);

@@ -153,10 +153,10 @@ impl AsyncRead for EdgeStream {
                 this.deadline.as_mut().reset(at);
                 this.conn.state.store(AWAIT_HEADER, Ordering::Relaxed);
             }
-            Poll::Pending if state == AWAIT_HEADER => {
-                if this.deadline.as_mut().poll(cx).is_ready() {
-                    return this.time_out(cx);
-                }
+            Poll::Pending
+                if state == AWAIT_HEADER && this.deadline.as_mut().poll(cx).is_ready() =>
+            {
+                return this.time_out(cx);
             }
             _ => {}
         }
