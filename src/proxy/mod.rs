@@ -63,8 +63,8 @@ pub struct Ctx {
     rate: Option<RateFields>,
     /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
     client: Option<std::net::IpAddr>,
-    /// The route's header rules, when it has any.
-    rules: Option<edge::HeaderRules>,
+    /// Index in `runtime.config.routes` of the route, when it has header rules.
+    rules: Option<usize>,
     /// Request body bytes seen (`max_request_body_bytes`).
     body: edge::limits::BodyCount,
 }
@@ -173,7 +173,9 @@ impl ProxyHttp for Proxy {
         let rt = Arc::clone(&ctx.runtime);
         let route = rt.route(host_of(session), session.req_header().uri.path());
         ctx.pool = rt.pools.get(route.upstream).cloned();
-        ctx.rules = (!route.headers.is_empty()).then(|| route.headers.clone());
+        ctx.rules = (!route.headers.is_empty())
+            .then(|| rt.config.routes.iter().position(|r| std::ptr::eq(r, route)))
+            .flatten();
         ctx.client = edge::client_ip(session, &rt.config.server.trusted_proxies);
 
         // Gate 1: load shedding, before any other work.
@@ -303,7 +305,8 @@ impl ProxyHttp for Proxy {
             req.insert_header("x-forwarded-for", xff)?;
         }
         req.insert_header("x-forwarded-proto", "http")?;
-        if let Some(rules) = &ctx.rules {
+        if let Some(rules) = ctx.rules.and_then(|i| ctx.runtime.config.routes.get(i)) {
+            let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
         }
         let id = match req
@@ -330,7 +333,8 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         edge::headers::strip_response_hop_by_hop(resp);
-        if let Some(rules) = &ctx.rules {
+        if let Some(rules) = ctx.rules.and_then(|i| ctx.runtime.config.routes.get(i)) {
+            let rules = &rules.headers;
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
         }
         if let Some(id) = ctx.request_id.take() {
