@@ -194,9 +194,15 @@ fn a_proxy_header_is_refused_from_anyone_but_a_trusted_peer() {
         "trusted_proxies = [\"127.0.0.2\"]\nproxy_protocol = true",
         &config(&b),
     );
-    // (the readiness probe's own connections count too: compare with a baseline)
+    // The proxy's own readiness probe (from 127.0.0.1) is an untrusted peer
+    // too: wait until it is counted, then compare with that baseline.
     let untrusted = r#"portcullis_edge_refusals_total{reason="proxy_untrusted"}"#;
     let invalid = r#"portcullis_edge_refusals_total{reason="proxy_invalid"}"#;
+    eventually(
+        DEADLINE,
+        || "the readiness probe's connection was not counted".into(),
+        || p.metric(untrusted).unwrap_or(0.0) >= 1.0,
+    );
     let base_untrusted = p.metric(untrusted).unwrap_or(0.0);
     let base_invalid = p.metric(invalid).unwrap_or(0.0);
     // An ordinary client cannot speak PROXY to the listener at all.
