@@ -30,6 +30,7 @@ pub mod admin;
 pub mod balance;
 pub mod config;
 pub mod cull;
+pub mod edge;
 pub mod framing;
 pub mod lifecycle;
 pub mod logging;

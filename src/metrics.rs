@@ -96,7 +96,50 @@ pub fn client_aborts() -> &'static IntCounter {
     &CLIENT_ABORTS
 }
 
+/// What the edge refused (`portcullis_edge_refusals_total{reason}`): limits
+/// and identity checks that answer before any gate (CONTRACT §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeRefusal {
+    /// A connection beyond `max_connections`, closed at once.
+    ConnectionLimit = 0,
+    /// A PROXY-protocol listener's connection from an untrusted peer.
+    ProxyUntrusted,
+    /// A missing or malformed PROXY header.
+    ProxyInvalid,
+    /// A header block slower than `client_header_timeout_ms` (408).
+    HeaderTimeout,
+    /// A body pause longer than `client_body_timeout_ms` (408).
+    BodyTimeout,
+    /// A body over `max_request_body_bytes` (413).
+    BodyTooLarge,
+}
+
+impl EdgeRefusal {
+    pub const ALL: [EdgeRefusal; 6] = [
+        EdgeRefusal::ConnectionLimit,
+        EdgeRefusal::ProxyUntrusted,
+        EdgeRefusal::ProxyInvalid,
+        EdgeRefusal::HeaderTimeout,
+        EdgeRefusal::BodyTimeout,
+        EdgeRefusal::BodyTooLarge,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeRefusal::ConnectionLimit => "connection_limit",
+            EdgeRefusal::ProxyUntrusted => "proxy_untrusted",
+            EdgeRefusal::ProxyInvalid => "proxy_invalid",
+            EdgeRefusal::HeaderTimeout => "header_timeout",
+            EdgeRefusal::BodyTimeout => "body_timeout",
+            EdgeRefusal::BodyTooLarge => "body_too_large",
+        }
+    }
+}
+
 pub struct Metrics {
+    edge_refusals: [IntCounter; 6],
+    /// Client connections open on the proxy listeners.
+    pub client_connections: IntGauge,
     pub registry: Registry,
     requests: [IntCounter; 6],
     durations: [Histogram; 6],
@@ -262,8 +305,24 @@ impl Metrics {
             &["upstream"],
         ));
         reg(Box::new(bulkhead_shed.clone()));
+        let edge_vec = must(IntCounterVec::new(
+            Opts::new(
+                "portcullis_edge_refusals_total",
+                "Connections and requests the edge refused before any gate, by reason",
+            ),
+            &["reason"],
+        ));
+        let edge_refusals = EdgeRefusal::ALL.map(|r| edge_vec.with_label_values(&[r.as_str()]));
+        reg(Box::new(edge_vec));
+        let client_connections = must(IntGauge::new(
+            "portcullis_client_connections",
+            "Client connections open on the proxy listeners",
+        ));
+        reg(Box::new(client_connections.clone()));
 
         Self {
+            edge_refusals,
+            client_connections,
             registry,
             requests,
             durations,
@@ -296,6 +355,15 @@ impl Metrics {
         let i = outcome as usize;
         self.requests[i].inc();
         self.durations[i].observe(seconds);
+    }
+
+    pub fn edge_refusal(&self, r: EdgeRefusal) {
+        self.edge_refusals[r as usize].inc();
+    }
+
+    /// The counter itself, for a connection that counts on its own.
+    pub fn edge_refusal_counter(&self, r: EdgeRefusal) -> IntCounter {
+        self.edge_refusals[r as usize].clone()
     }
 
     pub fn cull_decision(&self, r: CullResult) {
@@ -338,6 +406,8 @@ mod tests {
             "portcullis_ratelimit_store_healthy",
             "portcullis_client_aborts_total",
             "portcullis_concurrency_limit",
+            "portcullis_edge_refusals_total",
+            "portcullis_client_connections",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

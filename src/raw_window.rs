@@ -55,6 +55,11 @@ impl RecordingStream {
         &self.recent
     }
 
+    /// The wrapped stream.
+    pub fn inner(&self) -> &Stream {
+        &self.inner
+    }
+
     fn remember(&mut self, data: &[u8]) {
         let data = &data[data.len().saturating_sub(WINDOW)..];
         if self.recent.len() + data.len() > 2 * WINDOW {

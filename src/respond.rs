@@ -63,6 +63,10 @@ pub enum Refusal {
     HeaderTooLarge,
     /// A request that cannot be forwarded unambiguously (400); the reason is for the body.
     BadRequest(&'static str),
+    /// A body over `max_request_body_bytes` (413).
+    PayloadTooLarge,
+    /// The client's body stalled past `client_body_timeout_ms` (408).
+    RequestTimeout,
     /// A transfer coding the proxy does not apply (501).
     UnsupportedCoding,
     /// The backend did not answer in time (504).
@@ -81,6 +85,8 @@ impl Refusal {
             Refusal::KeyMissing => 401,
             Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
             Refusal::HeaderTooLarge => 431,
+            Refusal::PayloadTooLarge => 413,
+            Refusal::RequestTimeout => 408,
             Refusal::UnsupportedCoding => 501,
             Refusal::UpstreamTimeout => 504,
             Refusal::UpstreamError => 502,
@@ -98,6 +104,8 @@ impl Refusal {
             | Refusal::KeyTooLong
             | Refusal::KeyAmbiguous
             | Refusal::HeaderTooLarge
+            | Refusal::PayloadTooLarge
+            | Refusal::RequestTimeout
             | Refusal::BadRequest(_)
             | Refusal::UnsupportedCoding => Outcome::Rejected,
             Refusal::UpstreamTimeout | Refusal::UpstreamError | Refusal::Internal => {
@@ -116,6 +124,8 @@ impl Refusal {
             Refusal::NoBackend { .. } => "portcullis: no backend available\n",
             Refusal::HeaderTooLarge => "portcullis: request header too large\n",
             Refusal::BadRequest(why) => why,
+            Refusal::PayloadTooLarge => "portcullis: request body too large\n",
+            Refusal::RequestTimeout => "portcullis: request body timed out\n",
             Refusal::UnsupportedCoding => "portcullis: transfer coding not implemented\n",
             Refusal::UpstreamTimeout => "portcullis: upstream timed out\n",
             Refusal::UpstreamError => "portcullis: upstream error\n",
@@ -204,6 +214,8 @@ mod tests {
             (Refusal::HeaderTooLarge, 431, Outcome::Rejected, None),
             (Refusal::BadRequest("x\n"), 400, Outcome::Rejected, None),
             (Refusal::UnsupportedCoding, 501, Outcome::Rejected, None),
+            (Refusal::PayloadTooLarge, 413, Outcome::Rejected, None),
+            (Refusal::RequestTimeout, 408, Outcome::Rejected, None),
             (Refusal::UpstreamTimeout, 504, Outcome::UpstreamError, None),
             (Refusal::UpstreamError, 502, Outcome::UpstreamError, None),
             (Refusal::Internal, 500, Outcome::UpstreamError, None),

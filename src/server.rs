@@ -162,14 +162,18 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
 
     // Counts client connections and lets the last accepted ones be served at shutdown.
     let connections = Arc::new(crate::lifecycle::Connections::default());
+    // Edge first: the connection cap and the PROXY header come before anything else.
     let mut proxy = Service::new(
         "portcullis proxy".into(),
-        crate::lifecycle::GracefulApp::new(
-            crate::raw_window::RecordingApp::new(pingora::proxy::http_proxy(
-                &server.configuration,
-                Proxy::new(Arc::clone(&shared)),
-            )),
-            Arc::clone(&connections),
+        crate::edge::EdgeApp::new(
+            crate::lifecycle::GracefulApp::new(
+                crate::raw_window::RecordingApp::new(pingora::proxy::http_proxy(
+                    &server.configuration,
+                    Proxy::new(Arc::clone(&shared)),
+                )),
+                Arc::clone(&connections),
+            ),
+            Arc::clone(&shared),
         ),
     );
     for addr in &listen {

@@ -67,6 +67,7 @@ static DEFAULT_ROUTE: Route = Route {
     path_prefix: String::new(),
     upstream: 0,
     priority: crate::shed::Priority::Normal,
+    headers: crate::edge::HeaderRules::new(),
 };
 
 pub struct Shared {

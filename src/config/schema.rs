@@ -51,6 +51,18 @@ pub struct ServerSection {
     /// (401 otherwise). Without it they are answered only on a loopback
     /// `admin_listen` (403 elsewhere).
     pub admin_token: Secret,
+    /// CIDRs (or addresses) of the proxies allowed to say who the client is.
+    pub trusted_proxies: Vec<String>,
+    /// Listeners expect a PROXY v1/v2 header, from `trusted_proxies` only.
+    pub proxy_protocol: bool,
+    /// Larger request bodies get 413.
+    pub max_request_body_bytes: u64,
+    /// The request header block must arrive within this (else 408).
+    pub client_header_timeout_ms: u64,
+    /// Longest pause between body reads (else 408).
+    pub client_body_timeout_ms: u64,
+    /// Client connections open at once; beyond, new ones are closed.
+    pub max_connections: usize,
 }
 
 impl Default for ServerSection {
@@ -65,6 +77,12 @@ impl Default for ServerSection {
             max_request_header_bytes: 64 * 1024,
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
+            trusted_proxies: Vec::new(),
+            proxy_protocol: false,
+            max_request_body_bytes: 10 * 1024 * 1024,
+            client_header_timeout_ms: 10_000,
+            client_body_timeout_ms: 30_000,
+            max_connections: 20_000,
         }
     }
 }
@@ -178,6 +196,16 @@ pub struct RouteSection {
     pub upstream: String,
     #[serde(default)]
     pub priority: PrioritySection,
+    /// header -> value, set on the upstream request.
+    #[serde(default)]
+    pub request_headers_set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub request_headers_remove: Vec<String>,
+    /// header -> value, set on the response to the client.
+    #[serde(default)]
+    pub response_headers_set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub response_headers_remove: Vec<String>,
 }
 
 fn default_prefix() -> String {

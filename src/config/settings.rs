@@ -41,6 +41,12 @@ pub struct ServerSettings {
     pub keepalive_seconds: u64,
     /// Bearer token for POST admin endpoints; empty = none.
     pub admin_token: Secret,
+    pub trusted_proxies: crate::edge::TrustedProxies,
+    pub proxy_protocol: bool,
+    pub max_request_body_bytes: u64,
+    pub client_header_timeout: Duration,
+    pub client_body_timeout: Duration,
+    pub max_connections: usize,
 }
 
 /// `[redis]`: where the fleet's shared state lives.
@@ -79,6 +85,8 @@ pub struct Route {
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
     pub priority: Priority,
+    /// `request_headers_*` / `response_headers_*`.
+    pub headers: crate::edge::HeaderRules,
 }
 
 /// `[shedding]`.

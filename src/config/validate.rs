@@ -10,9 +10,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-type VResult<T> = Result<T, (String, String)>;
+pub(super) type VResult<T> = Result<T, (String, String)>;
 
-fn err<T>(path: impl Into<String>, reason: impl Into<String>) -> VResult<T> {
+pub(super) fn err<T>(path: impl Into<String>, reason: impl Into<String>) -> VResult<T> {
     Err((path.into(), reason.into()))
 }
 
@@ -56,7 +56,7 @@ fn parse_addr(path: &str, s: &str) -> VResult<SocketAddr> {
 }
 
 /// `lo <= v <= hi`, else an error naming the range and the unit.
-fn range(path: &str, v: u64, lo: u64, hi: u64, unit: &str) -> VResult<()> {
+pub(super) fn range(path: &str, v: u64, lo: u64, hi: u64, unit: &str) -> VResult<()> {
     if v < lo || v > hi {
         let unit = if unit.is_empty() {
             String::new()
@@ -128,6 +128,7 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         1_048_575,
         "bytes",
     )?;
+    let edge = crate::config::edge::validate_server_edge(s)?;
     let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
     if out.contains(&admin_listen) {
         return err(
@@ -145,6 +146,12 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         max_request_header_bytes: s.max_request_header_bytes,
         keepalive_seconds: s.keepalive_timeout_seconds,
         admin_token: s.admin_token.clone(),
+        trusted_proxies: edge.trusted_proxies,
+        proxy_protocol: s.proxy_protocol,
+        max_request_body_bytes: s.max_request_body_bytes,
+        client_header_timeout: edge.client_header_timeout,
+        client_body_timeout: edge.client_body_timeout,
+        max_connections: s.max_connections,
     })
 }
 
@@ -367,7 +374,9 @@ fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Rou
             return err(format!("routes[{i}].host"), "must be a bare host name");
         }
         let host = (!r.host.is_empty()).then(|| r.host.to_ascii_lowercase());
+        let headers = crate::config::edge::validate_header_rules(i, r)?;
         out.push(Route {
+            headers,
             host,
             path_prefix: r.path_prefix.clone(),
             upstream,
@@ -384,6 +393,7 @@ fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Rou
             path_prefix: "/".into(),
             upstream: 0,
             priority: Priority::Normal,
+            headers: crate::edge::HeaderRules::new(),
         });
     }
     // First match wins: longest prefix, then host-specific before any-host.

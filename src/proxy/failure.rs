@@ -28,6 +28,10 @@ pub fn refusal_for(e: &Error, ctx: &Ctx) -> Option<Refusal> {
     Some(match e.etype() {
         ErrorType::HTTPStatus(431) => Refusal::HeaderTooLarge,
         ErrorType::HTTPStatus(400) => Refusal::BadRequest("portcullis: bad request\n"),
+        // the client's body stalled (`client_body_timeout_ms`)
+        ErrorType::ReadTimedout if matches!(e.esource(), ErrorSource::Downstream) => {
+            Refusal::RequestTimeout
+        }
         ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
             Refusal::UpstreamTimeout
         }
@@ -69,6 +73,7 @@ pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
         tracing::debug!(
             event = "request_refused",
             status,
+            client = ?ctx.client,
             error = e.etype().as_str(),
             path,
             cause,
@@ -77,6 +82,7 @@ pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
         tracing::error!(
             event = "proxy_error",
             status,
+            client = ?ctx.client,
             error = e.etype().as_str(),
             source = e.esource().as_str(),
             path,

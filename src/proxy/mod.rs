@@ -32,13 +32,14 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
+use crate::edge;
 use crate::metrics::Outcome;
 use crate::ratelimit;
 use crate::respond::{self, RateFields, Refusal};
 use crate::shed::InflightGuard;
 use crate::state::{Runtime, Shared};
 use crate::upstream::{Attempt, BackendState, Bulkhead, BulkheadGuard, Pool, Tried};
-use request::{client_ip, header_block_len, host_of, invalid_target};
+use request::{header_block_len, host_of, invalid_target};
 
 pub struct Proxy {
     pub shared: Arc<Shared>,
@@ -71,6 +72,12 @@ pub struct Ctx {
     request_id: Option<String>,
     /// The RateLimit fields of an admitted response.
     rate: Option<RateFields>,
+    /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
+    client: Option<std::net::IpAddr>,
+    /// Index in `runtime.config.routes` of the route, when it has header rules.
+    rules: Option<usize>,
+    /// Request body bytes seen (`max_request_body_bytes`).
+    body: edge::limits::BodyCount,
 }
 
 impl Proxy {
@@ -119,12 +126,21 @@ impl ProxyHttp for Proxy {
             refusal: None,
             request_id: None,
             rate: None,
+            client: None,
+            rules: None,
+            body: edge::limits::BodyCount::default(),
         }
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         self.shared.note_proxy_runtime();
+        if let Some(conn) = edge::conn(session) {
+            conn.header_received();
+        }
         let server = &ctx.runtime.config.server;
+        // Between body reads; Pingora answers a stall with a downstream read
+        // timeout, which `fail_to_proxy` turns into 408.
+        session.set_read_timeout(Some(server.client_body_timeout));
         // Pingora has already decided whether this connection may be reused: off
         // for HTTP/1.0 without `Connection: keep-alive`, for `Connection: close`
         // and for ambiguous framing (RFC 9112 §6.1, §9.3). Only the timeout is
@@ -159,6 +175,13 @@ impl ProxyHttp for Proxy {
         if header_block_len(session) > max_header {
             return Self::refuse_early(session, ctx, Refusal::HeaderTooLarge);
         }
+        let max_body = server.max_request_body_bytes;
+        if edge::limits::declared_too_large(&session.req_header().headers, max_body) {
+            self.shared
+                .metrics
+                .edge_refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
+            return Self::refuse_early(session, ctx, Refusal::PayloadTooLarge);
+        }
         Ok(())
     }
 
@@ -166,6 +189,10 @@ impl ProxyHttp for Proxy {
         let rt = Arc::clone(&ctx.runtime);
         let route = rt.route(host_of(session), session.req_header().uri.path());
         ctx.pool = rt.pools.get(route.upstream).cloned();
+        ctx.rules = (!route.headers.is_empty())
+            .then(|| rt.config.routes.iter().position(|r| std::ptr::eq(r, route)))
+            .flatten();
+        ctx.client = edge::client_ip(session, &rt.config.server.trusted_proxies);
 
         // Gate 1: load shedding, before any other work.
         match self.shared.shedder.try_acquire(route.priority) {
@@ -205,7 +232,7 @@ impl ProxyHttp for Proxy {
             &self.shared.limiter,
             &req.headers,
             &req.uri,
-            client_ip(session),
+            ctx.client,
             crate::store::clock::unix_ms(),
         );
         match verdict {
@@ -234,7 +261,7 @@ impl ProxyHttp for Proxy {
                 &pool.balance.hash_key,
                 &req.headers,
                 &req.uri,
-                client_ip(session),
+                ctx.client,
             );
             pool.select(&ctx.tried, &key)
         } else {
@@ -253,6 +280,31 @@ impl ProxyHttp for Proxy {
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         ctx.backend = Some(backend);
         Ok(Box::new(peer))
+    }
+
+    /// `max_request_body_bytes` for bodies without a `Content-Length`: the
+    /// chunk that crosses it is never forwarded.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let Some(chunk) = body.as_ref() else {
+            return Ok(());
+        };
+        let max = ctx.runtime.config.server.max_request_body_bytes;
+        if ctx.body.add(chunk.len(), max) {
+            return Ok(());
+        }
+        *body = None;
+        self.shared
+            .metrics
+            .edge_refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
+        ctx.refusal = Some(Refusal::PayloadTooLarge);
+        ctx.outcome = Some(Outcome::Rejected);
+        Error::e_explain(ErrorType::HTTPStatus(413), "request body too large")
     }
 
     fn fail_to_connect(
@@ -361,7 +413,12 @@ impl ProxyHttp for Proxy {
         req: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(ip) = client_ip(session) {
+        // The gate's key header stays as the client sent it, whatever its
+        // `Connection` field nominated.
+        if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
+            edge::headers::restore(&session.req_header().headers, req, &[name]);
+        }
+        if let Some(ip) = edge::source_ip(session) {
             let xff = match req
                 .headers
                 .get("x-forwarded-for")
@@ -373,13 +430,18 @@ impl ProxyHttp for Proxy {
             req.insert_header("x-forwarded-for", xff)?;
         }
         req.insert_header("x-forwarded-proto", "http")?;
+        if let Some(rules) = ctx.rules.and_then(|i| ctx.runtime.config.routes.get(i)) {
+            let rules = &rules.headers;
+            edge::headers::apply(req, &rules.request_remove, &rules.request_set);
+        }
         let id = match req
             .headers
             .get("x-request-id")
+            .filter(|v| edge::headers::valid_request_id(v.as_bytes()))
             .and_then(|v| v.to_str().ok())
         {
-            Some(id) if !id.is_empty() => id.to_string(),
-            _ => {
+            Some(id) => id.to_string(),
+            None => {
                 let id = self.shared.next_request_id();
                 req.insert_header("x-request-id", id.as_str())?;
                 id
@@ -395,6 +457,11 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        edge::headers::strip_response_hop_by_hop(resp);
+        if let Some(rules) = ctx.rules.and_then(|i| ctx.runtime.config.routes.get(i)) {
+            let rules = &rules.headers;
+            edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
+        }
         if let Some(id) = ctx.request_id.take() {
             resp.insert_header("x-request-id", id)?;
         }
@@ -414,6 +481,11 @@ impl ProxyHttp for Proxy {
         let status = refusal.as_ref().map_or(0, Refusal::status);
         let outcome = refusal.as_ref().map_or(Outcome::Rejected, Refusal::outcome);
         ctx.outcome.get_or_insert(outcome);
+        if refusal == Some(Refusal::RequestTimeout) {
+            self.shared
+                .metrics
+                .edge_refusal(crate::metrics::EdgeRefusal::BodyTimeout);
+        }
         failure::log(session, e, ctx, status);
         // The connection is closed after this reply (`can_reuse_downstream: false`),
         // and the reply says so.
@@ -453,6 +525,9 @@ impl ProxyHttp for Proxy {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        if let Some(conn) = edge::conn(session) {
+            conn.request_done();
+        }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let outcome = ctx.outcome.unwrap_or(if e.is_some() {
             Outcome::UpstreamError
@@ -480,6 +555,7 @@ impl ProxyHttp for Proxy {
             event = "request",
             status,
             outcome = outcome.as_str(),
+            client = ?ctx.client,
             upstream = ctx.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
             elapsed_us = ctx.start.elapsed().as_micros() as u64,
         );

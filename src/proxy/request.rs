@@ -1,7 +1,5 @@
-//! What the proxy reads off a request before the gates: its host, its client
-//! address, the size of its header block, and whether its target was rewritten.
-
-use std::net::IpAddr;
+//! What the proxy reads off a request before the gates: its host, the size of
+//! its header block, and whether its target was rewritten.
 
 use pingora::proxy::Session;
 
@@ -19,14 +17,6 @@ pub fn host_of(session: &Session) -> &str {
         Some(i) if !host[i..].contains(']') => &host[..i],
         _ => host,
     }
-}
-
-/// The TCP peer's address.
-pub fn client_ip(session: &Session) -> Option<IpAddr> {
-    session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip())
 }
 
 /// Approximate size of the request line and header block as received.

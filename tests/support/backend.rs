@@ -2,7 +2,7 @@
 //! time; it counts requests, tracks concurrency and echoes what it received.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -448,4 +448,34 @@ fn serve_conn(stream: TcpStream, st: &BackendState) -> io::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// A backend that answers every request with the same raw bytes (to send
+/// headers [`Backend`] never would, such as hop-by-hop fields). Returns its
+/// address; the listener thread lives as long as the test process.
+pub fn fixed_response_backend(response: &'static [u8]) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind fixed backend");
+    let addr = l.local_addr().expect("local addr").to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        if s.write_all(response).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
 }

@@ -251,6 +251,39 @@ impl Conn {
         })
     }
 
+    /// Like [`Conn::open`], from the local address `source` (e.g. `127.0.0.2`, to
+    /// play a load balancer on another loopback address than ordinary clients).
+    pub fn open_from(addr: &str, source: &str) -> io::Result<Conn> {
+        use socket2::{Domain, Socket, Type};
+        let sa: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+        let src: std::net::IpAddr = source
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{source}: {e}")))?;
+        let sock = Socket::new(Domain::for_address(sa), Type::STREAM, None)?;
+        sock.bind(&std::net::SocketAddr::new(src, 0).into())?;
+        sock.connect_timeout(&sa.into(), CLIENT_TIMEOUT)?;
+        let s: TcpStream = sock.into();
+        s.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+        s.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            r: Buffered::new(s),
+            addr: addr.to_string(),
+        })
+    }
+
+    /// Writes `bytes` one at a time, `gap` apart (a slow client; PROXY headers
+    /// split at every byte). Stops at the first write error.
+    pub fn write_slowly(&mut self, bytes: &[u8], gap: Duration) -> io::Result<()> {
+        for b in bytes {
+            self.r.stream.write_all(std::slice::from_ref(b))?;
+            std::thread::sleep(gap);
+        }
+        Ok(())
+    }
+
     /// Request line and `headers`, plus `Host` unless given; no blank line yet.
     fn head(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
         let mut req = format!("{method} {path} HTTP/1.1\r\n");

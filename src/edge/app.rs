@@ -1,0 +1,140 @@
+//! [`EdgeApp`]: the first thing a client connection meets. It enforces
+//! `max_connections` (beyond it a connection is closed at once, before a byte
+//! is read), reads the PROXY header from trusted peers when
+//! `server.proxy_protocol` is on (any other peer is refused), and hands the
+//! HTTP application an [`EdgeStream`] that knows the connection's identity.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use pingora::apps::ServerApp;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
+use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
+
+use super::proxy_protocol::{self, Parsed};
+use super::stream::{Conn, EdgeStream};
+use crate::metrics::EdgeRefusal;
+use crate::state::Shared;
+
+/// Wraps the HTTP application of the proxy listeners.
+pub struct EdgeApp<A> {
+    inner: Arc<A>,
+    shared: Arc<Shared>,
+    open: Arc<AtomicUsize>,
+}
+
+impl<A> EdgeApp<A> {
+    pub fn new(inner: A, shared: Arc<Shared>) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            shared,
+            open: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+/// One open client connection, counted while it lives.
+struct Open {
+    open: Arc<AtomicUsize>,
+    gauge: prometheus::IntGauge,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.gauge.dec();
+    }
+}
+
+fn peer_ip(stream: &Stream) -> Option<IpAddr> {
+    stream
+        .get_socket_digest()
+        .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
+}
+
+/// Read a PROXY header off `stream`: the source it names and the bytes read
+/// past it. `None`: not a valid PROXY header, or the peer closed.
+async fn read_proxy_header(stream: &mut Stream) -> Option<(Option<IpAddr>, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 512];
+    loop {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        match proxy_protocol::parse(&buf) {
+            Parsed::Incomplete => continue,
+            Parsed::Invalid => return None,
+            Parsed::Done { source, len } => {
+                buf.drain(..len);
+                return Some((source, buf));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let accepted = Instant::now();
+        let rt = self.shared.runtime.load_full();
+        let server = &rt.config.server;
+        let metrics = &self.shared.metrics;
+
+        let now_open = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics.client_connections.inc();
+        let _open = Open {
+            open: Arc::clone(&self.open),
+            gauge: metrics.client_connections.clone(),
+        };
+        if now_open > server.max_connections {
+            metrics.edge_refusal(EdgeRefusal::ConnectionLimit);
+            return None;
+        }
+
+        let peer = peer_ip(&stream);
+        let trusted = peer.is_some_and(|ip| server.trusted_proxies.contains(ip));
+        let deadline = accepted + server.client_header_timeout;
+        let mut replay = Vec::new();
+        let mut proxied = None;
+        if server.proxy_protocol {
+            if !trusted {
+                metrics.edge_refusal(EdgeRefusal::ProxyUntrusted);
+                tracing::debug!(event = "proxy_protocol_refused", peer = ?peer, "peer not trusted");
+                return None;
+            }
+            let read = tokio::time::timeout_at(deadline, read_proxy_header(&mut stream)).await;
+            let Ok(Some((source, rest))) = read else {
+                metrics.edge_refusal(EdgeRefusal::ProxyInvalid);
+                tracing::debug!(event = "proxy_protocol_refused", peer = ?peer, "no valid PROXY header");
+                return None;
+            };
+            proxied = source;
+            replay = rest;
+        }
+        let conn = Conn::new(peer, proxied, trusted);
+        let edge = EdgeStream::new(
+            stream,
+            conn,
+            replay,
+            server.client_header_timeout,
+            deadline,
+            metrics.edge_refusal_counter(EdgeRefusal::HeaderTimeout),
+        );
+        drop(rt);
+        self.inner.process_new(Box::new(edge), shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await;
+    }
+}

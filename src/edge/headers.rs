@@ -1,0 +1,235 @@
+//! Header rules at the edge: per-route set/remove on the upstream request and
+//! on the response, hop-by-hop fields, the headers a gate reads, and
+//! `X-Request-Id` hygiene. Pure functions over header maps.
+//!
+//! Pingora 0.9.1 already strips the standard hop-by-hop request fields and the
+//! fields a request's `Connection` nominates before `upstream_request_filter`
+//! (refusing nominations of `Host` and `X-Forwarded-*`). That would let a
+//! client drop the API-key header a gate counted (`Connection: x-api-key`), so
+//! [`restore`] puts the fields a gate reads back as the client sent them.
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION};
+use pingora::http::{RequestHeader, ResponseHeader};
+
+/// A header block the rules edit: an `http::HeaderMap`, or Pingora's request
+/// and response headers (which must be edited through their own methods to
+/// keep their case map in step).
+pub trait Headers {
+    fn map(&self) -> &HeaderMap;
+    fn remove(&mut self, name: &HeaderName);
+    fn insert(&mut self, name: &HeaderName, value: &HeaderValue);
+    fn append(&mut self, name: &HeaderName, value: &HeaderValue);
+}
+
+impl Headers for HeaderMap {
+    fn map(&self) -> &HeaderMap {
+        self
+    }
+    fn remove(&mut self, name: &HeaderName) {
+        HeaderMap::remove(self, name);
+    }
+    fn insert(&mut self, name: &HeaderName, value: &HeaderValue) {
+        HeaderMap::insert(self, name.clone(), value.clone());
+    }
+    fn append(&mut self, name: &HeaderName, value: &HeaderValue) {
+        HeaderMap::append(self, name.clone(), value.clone());
+    }
+}
+
+macro_rules! pingora_headers {
+    ($t:ty) => {
+        impl Headers for $t {
+            fn map(&self) -> &HeaderMap {
+                &self.headers
+            }
+            fn remove(&mut self, name: &HeaderName) {
+                self.remove_header(name);
+            }
+            // Names and values are valid already: these cannot fail.
+            fn insert(&mut self, name: &HeaderName, value: &HeaderValue) {
+                let _ = self.insert_header(name.clone(), value.clone());
+            }
+            fn append(&mut self, name: &HeaderName, value: &HeaderValue) {
+                let _ = self.append_header(name.clone(), value.clone());
+            }
+        }
+    };
+}
+pingora_headers!(RequestHeader);
+pingora_headers!(ResponseHeader);
+
+/// `request_headers_set/remove`, `response_headers_set/remove` of a route.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderRules {
+    pub request_set: Vec<(HeaderName, HeaderValue)>,
+    pub request_remove: Vec<HeaderName>,
+    pub response_set: Vec<(HeaderName, HeaderValue)>,
+    pub response_remove: Vec<HeaderName>,
+}
+
+impl HeaderRules {
+    pub const fn new() -> Self {
+        Self {
+            request_set: Vec::new(),
+            request_remove: Vec::new(),
+            response_set: Vec::new(),
+            response_remove: Vec::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.request_set.is_empty()
+            && self.request_remove.is_empty()
+            && self.response_set.is_empty()
+            && self.response_remove.is_empty()
+    }
+}
+
+/// Fields no rule may set or remove: framing and the hop-by-hop fields the
+/// proxy manages itself.
+pub fn is_managed(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+    )
+}
+
+/// Apply removes then sets (a set replaces every earlier value).
+pub fn apply(headers: &mut impl Headers, remove: &[HeaderName], set: &[(HeaderName, HeaderValue)]) {
+    for name in remove {
+        headers.remove(name);
+    }
+    for (name, value) in set {
+        headers.insert(name, value);
+    }
+}
+
+/// Put back `names` as the client sent them where they went missing on the
+/// way upstream (a `Connection` nomination).
+pub fn restore(original: &HeaderMap, upstream: &mut impl Headers, names: &[&HeaderName]) {
+    for name in names {
+        if upstream.map().contains_key(*name) {
+            continue;
+        }
+        for v in original.get_all(*name) {
+            upstream.append(name, v);
+        }
+    }
+}
+
+/// Strip hop-by-hop fields from a response: `Keep-Alive`, `Proxy-Connection`
+/// and what its `Connection` nominates (framing fields excepted: Pingora frames
+/// the response). `Connection` itself is Pingora's to write.
+pub fn strip_response_hop_by_hop(headers: &mut impl Headers) {
+    const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+    const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+    let mut nominated: Vec<HeaderName> = Vec::new();
+    for v in headers.map().get_all(CONNECTION) {
+        for token in v.as_bytes().split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            if token.is_empty() {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token) {
+                if !matches!(
+                    name.as_str(),
+                    "content-length" | "transfer-encoding" | "upgrade" | "close" | "keep-alive"
+                ) {
+                    nominated.push(name);
+                }
+            }
+        }
+    }
+    for name in &nominated {
+        headers.remove(name);
+    }
+    for name in [KEEP_ALIVE, PROXY_CONNECTION] {
+        if headers.map().contains_key(&name) {
+            headers.remove(&name);
+        }
+    }
+}
+
+/// An `X-Request-Id` is kept only if it is 1–128 visible ASCII characters.
+pub fn valid_request_id(id: &[u8]) -> bool {
+    (1..=128).contains(&id.len()) && id.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn request_ids() {
+        assert!(valid_request_id(b"a"));
+        assert!(valid_request_id(&[b'~'; 128]));
+        assert!(!valid_request_id(&[b'a'; 129]));
+        assert!(!valid_request_id(b""));
+        for bad in [&b"a b"[..], b"a\tb", b"caf\xc3\xa9", b"a\x7f", b"x\x01"] {
+            assert!(!valid_request_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn removes_then_sets() {
+        let mut h = map(&[("x-a", "1"), ("x-a", "2"), ("x-b", "keep"), ("x-c", "drop")]);
+        apply(
+            &mut h,
+            &[HeaderName::from_static("x-c")],
+            &[(
+                HeaderName::from_static("x-a"),
+                HeaderValue::from_static("3"),
+            )],
+        );
+        assert_eq!(h.get_all("x-a").iter().collect::<Vec<_>>(), ["3"]);
+        assert_eq!(h["x-b"], "keep");
+        assert!(h.get("x-c").is_none());
+    }
+
+    #[test]
+    fn a_gate_header_comes_back_with_all_its_values() {
+        let key = HeaderName::from_static("x-api-key");
+        let original = map(&[("x-api-key", "k1"), ("x-other", "o")]);
+        let mut upstream = map(&[("x-other", "o")]);
+        restore(&original, &mut upstream, &[&key]);
+        assert_eq!(upstream["x-api-key"], "k1");
+        // present already: untouched
+        let mut again = map(&[("x-api-key", "set-by-rule")]);
+        restore(&original, &mut again, &[&key]);
+        assert_eq!(again.get_all("x-api-key").iter().count(), 1);
+    }
+
+    #[test]
+    fn response_hop_by_hop_is_stripped() {
+        let mut h = map(&[
+            ("connection", "x-secret, close"),
+            ("x-secret", "s"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("content-length", "3"),
+            ("x-fine", "f"),
+        ]);
+        strip_response_hop_by_hop(&mut h);
+        assert!(h.get("x-secret").is_none());
+        assert!(h.get("keep-alive").is_none());
+        assert!(h.get("proxy-connection").is_none());
+        assert_eq!(h["content-length"], "3");
+        assert_eq!(h["x-fine"], "f");
+    }
+}

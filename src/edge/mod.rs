@@ -1,0 +1,85 @@
+//! The edge: what the proxy checks about a client connection and its requests
+//! before any gate spends work (CONTRACT §7).
+//!
+//! - [`app::EdgeApp`] wraps each accepted connection: `max_connections`, the
+//!   PROXY header ([`proxy_protocol`]) from `trusted_proxies` only, and an
+//!   [`stream::EdgeStream`] carrying the connection's identity and enforcing
+//!   `client_header_timeout_ms` over a whole header block (408).
+//! - [`identity`]: the client address (PROXY source, trusted
+//!   `X-Forwarded-For`, or the peer): the `client_ip` rate-limit key and the
+//!   logged address.
+//! - [`limits`]: `max_request_body_bytes` (413), by `Content-Length` before a
+//!   byte of body is read, or as a chunked body passes it.
+//!   `client_body_timeout_ms` is Pingora's per-read body timeout (408).
+//! - [`headers`]: per-route header rules, hop-by-hop fields, the headers a
+//!   gate reads, `X-Request-Id` hygiene.
+
+pub mod app;
+pub mod headers;
+pub mod identity;
+pub mod limits;
+pub mod proxy_protocol;
+pub mod stream;
+
+use std::net::IpAddr;
+
+use pingora::protocols::Stream;
+use pingora::proxy::Session;
+
+pub use app::EdgeApp;
+pub use headers::HeaderRules;
+pub use identity::TrustedProxies;
+pub use stream::Conn;
+
+/// The [`Conn`] of the session's client connection (HTTP/1 over plain TCP).
+pub fn conn(session: &Session) -> Option<&Conn> {
+    let stream = session.as_downstream().as_http1()?.stream();
+    conn_of(stream)
+}
+
+fn conn_of(stream: &Stream) -> Option<&Conn> {
+    let io: &dyn pingora::protocols::IO = stream.as_ref();
+    let any = io.as_any();
+    if let Some(edge) = any.downcast_ref::<stream::EdgeStream>() {
+        return Some(edge.conn());
+    }
+    let recording = any.downcast_ref::<crate::raw_window::RecordingStream>()?;
+    let inner: &dyn pingora::protocols::IO = recording.inner().as_ref();
+    inner
+        .as_any()
+        .downcast_ref::<stream::EdgeStream>()
+        .map(stream::EdgeStream::conn)
+}
+
+/// The TCP peer of the session.
+pub fn peer_ip(session: &Session) -> Option<IpAddr> {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip())
+}
+
+/// The client address of the request (see [`identity::client_address`]).
+pub fn client_ip(session: &Session, trusted: &TrustedProxies) -> Option<IpAddr> {
+    let conn = conn(session);
+    let peer = conn.and_then(|c| c.peer).or_else(|| peer_ip(session))?;
+    let proxied = conn.and_then(|c| c.proxied);
+    if proxied.is_none() && (trusted.is_empty() || !trusted.contains(peer)) {
+        return Some(peer);
+    }
+    let xff = session
+        .req_header()
+        .headers
+        .get_all("x-forwarded-for")
+        .into_iter()
+        .map(|v| v.as_bytes());
+    Some(identity::client_address(trusted, peer, proxied, xff))
+}
+
+/// The connection's source, appended to `X-Forwarded-For`: the PROXY header's
+/// source where one was used, else the TCP peer.
+pub fn source_ip(session: &Session) -> Option<IpAddr> {
+    conn(session)
+        .and_then(Conn::source)
+        .or_else(|| peer_ip(session))
+}

@@ -1,0 +1,265 @@
+//! [`EdgeStream`]: a client connection as the edge sees it. It carries the
+//! connection's identity ([`Conn`]), replays the bytes read past a PROXY
+//! header, and enforces `client_header_timeout_ms` across a whole header block
+//! (Pingora's own read timeout restarts on every byte, which a slowloris
+//! sending one byte at a time never trips).
+
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use prometheus::IntCounter;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Header state of the connection (see [`Conn`]).
+const AWAIT_FIRST_BYTE: u8 = 0;
+const AWAIT_HEADER: u8 = 1;
+const IN_REQUEST: u8 = 2;
+
+/// What the proxy answers a header block that took too long; then the
+/// connection closes. Written by the stream itself: no request exists yet.
+const TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 37\r\nconnection: close\r\n\r\nportcullis: request header timed out\n";
+
+/// Identity and header state of one client connection.
+#[derive(Debug)]
+pub struct Conn {
+    /// The TCP peer.
+    pub peer: Option<IpAddr>,
+    /// The source a PROXY header named (from a trusted peer only).
+    pub proxied: Option<IpAddr>,
+    /// Whether the peer is in `server.trusted_proxies`.
+    pub trusted: bool,
+    state: AtomicU8,
+}
+
+impl Conn {
+    pub fn new(peer: Option<IpAddr>, proxied: Option<IpAddr>, trusted: bool) -> Self {
+        Self {
+            peer,
+            proxied,
+            trusted,
+            state: AtomicU8::new(AWAIT_HEADER),
+        }
+    }
+
+    /// The connection's source: what `X-Forwarded-For` gets appended.
+    pub fn source(&self) -> Option<IpAddr> {
+        self.proxied.or(self.peer)
+    }
+
+    /// A request header was parsed: the header deadline no longer applies.
+    pub fn header_received(&self) {
+        self.state.store(IN_REQUEST, Ordering::Relaxed);
+    }
+
+    /// The request is answered: the next header's deadline starts with its
+    /// first byte (idle keep-alive time is the keep-alive timeout's business).
+    pub fn request_done(&self) {
+        self.state.store(AWAIT_FIRST_BYTE, Ordering::Relaxed);
+    }
+}
+
+/// A client stream with its [`Conn`].
+#[derive(Debug)]
+pub struct EdgeStream {
+    inner: Stream,
+    conn: Conn,
+    /// Bytes read past the PROXY header, served before the socket's.
+    replay: Vec<u8>,
+    header_timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+    timed_out: bool,
+    timeouts: IntCounter,
+}
+
+impl EdgeStream {
+    /// `deadline`: when the first header block must be complete.
+    pub fn new(
+        inner: Stream,
+        conn: Conn,
+        replay: Vec<u8>,
+        header_timeout: Duration,
+        deadline: Instant,
+        timeouts: IntCounter,
+    ) -> Self {
+        Self {
+            inner,
+            conn,
+            replay,
+            header_timeout,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            timed_out: false,
+            timeouts,
+        }
+    }
+
+    pub fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
+    /// The header took too long: answer 408 (best effort, one write into an
+    /// idle socket) and fail the read, which ends the connection.
+    fn time_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.timed_out {
+            self.timed_out = true;
+            self.timeouts.inc();
+            tracing::debug!(event = "client_header_timeout", client = ?self.conn.source());
+            let _ = Pin::new(&mut self.inner).poll_write(cx, TIMEOUT_RESPONSE);
+            let _ = Pin::new(&mut self.inner).poll_flush(cx);
+        }
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client header timeout",
+        )))
+    }
+}
+
+impl AsyncRead for EdgeStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.replay.is_empty() {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay[..n]);
+            this.replay.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        let state = this.conn.state.load(Ordering::Relaxed);
+        if state == IN_REQUEST {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        if this.timed_out || (state == AWAIT_HEADER && this.deadline.is_elapsed()) {
+            return this.time_out(cx);
+        }
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        match res {
+            Poll::Ready(Ok(())) if state == AWAIT_FIRST_BYTE && buf.filled().len() > before => {
+                let at = Instant::now() + this.header_timeout;
+                this.deadline.as_mut().reset(at);
+                this.conn.state.store(AWAIT_HEADER, Ordering::Relaxed);
+            }
+            Poll::Pending
+                if state == AWAIT_HEADER && this.deadline.as_mut().poll(cx).is_ready() =>
+            {
+                return this.time_out(cx);
+            }
+            _ => {}
+        }
+        res
+    }
+}
+
+impl AsyncWrite for EdgeStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for EdgeStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for EdgeStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+/// Only plain-TCP streams are wrapped (TLS is terminated by the listener
+/// before the application sees the stream).
+impl Ssl for EdgeStream {
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for EdgeStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for EdgeStream {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for EdgeStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for EdgeStream {
+    /// Peeking would skip the replayed bytes: unsupported while there are any.
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        if !self.replay.is_empty() {
+            return Ok(false);
+        }
+        self.inner.try_peek(buf).await
+    }
+}
