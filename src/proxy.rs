@@ -44,6 +44,8 @@ pub struct Ctx {
     request_id: Option<String>,
     /// `(limit, remaining, reset_secs)` for the RateLimit field on admitted responses.
     rate: Option<(u64, u64, u64)>,
+    /// Trace context and upstream timing for the access log and metrics.
+    obs: crate::observe::RequestObs,
 }
 
 /// What the rate-limit gate decided before any response is written.
@@ -345,6 +347,7 @@ impl ProxyHttp for Proxy {
             no_backend: false,
             request_id: None,
             rate: None,
+            obs: Default::default(),
         }
     }
 
@@ -428,6 +431,7 @@ impl ProxyHttp for Proxy {
             return Error::e_explain(ErrorType::HTTPStatus(503), "no backend available");
         };
         ctx.tried.push(backend.addr);
+        ctx.obs.backend_chosen();
         let mut peer = HttpPeer::new(backend.addr, false, String::new());
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(pool.read_timeout);
@@ -453,6 +457,11 @@ impl ProxyHttp for Proxy {
         );
         if let Some(b) = ctx.backend.take() {
             b.record(crate::state::unix_secs(), true);
+            if let Some(pool) = &ctx.pool {
+                self.shared
+                    .metrics
+                    .record_upstream(&pool.name, &b.addr_str, None, None);
+            }
         }
         let untried = ctx
             .pool
@@ -502,6 +511,17 @@ impl ProxyHttp for Proxy {
             }
         };
         ctx.request_id = Some(id);
+        ctx.obs.propagate(req)?;
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        ctx.obs.upstream_answered(resp.status.as_u16());
         Ok(())
     }
 
@@ -511,8 +531,8 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(id) = ctx.request_id.take() {
-            resp.insert_header("x-request-id", id)?;
+        if let Some(id) = &ctx.request_id {
+            resp.insert_header("x-request-id", id.as_str())?;
         }
         if let (Some((limit, remaining, reset)), Some(rl)) = (
             ctx.rate,
@@ -637,7 +657,8 @@ impl ProxyHttp for Proxy {
         } else {
             Outcome::Proxied
         });
-        if let Some(b) = ctx.backend.take() {
+        let backend = ctx.backend.take();
+        if let Some(b) = &backend {
             // The backend's fault only: a 5xx, or an error on the upstream side
             // (timeouts, resets). A client hanging up is not the backend's error.
             let upstream_failed =
@@ -645,9 +666,20 @@ impl ProxyHttp for Proxy {
             let is_error = upstream_failed || status >= 500;
             b.record(crate::state::unix_secs(), is_error);
         }
-        self.shared
-            .metrics
-            .record(outcome, ctx.start.elapsed().as_secs_f64());
+        crate::observe::finish(
+            &self.shared,
+            session,
+            &mut ctx.obs,
+            crate::observe::Finished {
+                outcome,
+                status,
+                runtime: ctx.runtime.as_deref(),
+                pool: ctx.pool.as_deref(),
+                backend: backend.as_deref(),
+                request_id: ctx.request_id.as_deref(),
+                elapsed: ctx.start.elapsed(),
+            },
+        );
         tracing::debug!(
             event = "request",
             status,

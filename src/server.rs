@@ -104,6 +104,23 @@ impl BackgroundService for Readiness {
     }
 }
 
+/// Reopens the access log on SIGUSR1 (logrotate).
+struct AccessLogReopen {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for AccessLogReopen {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let shared = Arc::clone(&self.shared);
+        crate::observe::access_log::reopen_on_sigusr1(
+            move || shared.observe.access_log.reopen(),
+            shutdown,
+        )
+        .await;
+    }
+}
+
 /// Reloads the config on SIGHUP.
 struct Reloader {
     shared: Arc<Shared>,
@@ -175,6 +192,20 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     }
     proxy.threads = Some(threads);
 
+    {
+        // Read at each scrape; a weak handle so the registry does not keep
+        // the shared state alive.
+        let conns = Arc::downgrade(&connections);
+        let weak = Arc::downgrade(&shared);
+        shared.metrics.set_sampler(move || {
+            let open = conns.upgrade().map_or(0, |c| c.open());
+            let dropped = weak
+                .upgrade()
+                .map_or(0, |s| s.observe.access_log.dropped_lines());
+            (open, dropped)
+        });
+    }
+
     let mut admin = Service::new("portcullis admin".into(), Admin::new(Arc::clone(&shared)));
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
@@ -236,6 +267,12 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             shared: Arc::clone(&shared),
         },
     );
+    let access_log_reopen = background_service(
+        "access log reopen",
+        AccessLogReopen {
+            shared: Arc::clone(&shared),
+        },
+    );
     let watchdog = background_service(
         "watchdog",
         crate::watchdog::Watchdog::new(Arc::clone(&shared), &fleet_store),
@@ -246,6 +283,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(health);
     server.add_service(flusher);
     server.add_service(reloader);
+    server.add_service(access_log_reopen);
     server.add_service(readiness);
     server.add_service(watchdog);
     server.add_service(culling);
