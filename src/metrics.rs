@@ -321,6 +321,13 @@ impl Metrics {
             ),
             &["kind", "result"],
         ));
+        // Every (kind, result) exists from start at 0, so a dashboard or an
+        // alert over it has data before the first breach.
+        for kind in ["rss", "error_rate", "stall"] {
+            for result in ["granted", "no_token", "no_store", "store_error"] {
+                watchdog_breaches.with_label_values(&[kind, result]);
+            }
+        }
         reg(Box::new(watchdog_breaches.clone()));
         let ready = must(IntGauge::new(
             "portcullis_ready",
