@@ -232,9 +232,9 @@ fn sample_applies_to_successes_only() {
     for _ in 0..3 {
         assert_eq!(p.get("/bad", &[]).status, 503);
     }
-    // a malformed request: answered 400 by the proxy
-    let raw = send_raw(&p.addr(), b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n");
-    assert_eq!(raw.status(), Some(400));
+    // a header block over the limit: answered 431 by the proxy before routing
+    let big = "x".repeat(70 * 1024);
+    assert_eq!(p.get("/fine", &[("x-big", big.as_str())]).status, 431);
 
     let got = wait_lines(&log, 4);
     // let anything late arrive, then check nothing else did
@@ -246,7 +246,7 @@ fn sample_applies_to_successes_only() {
         3,
         "{got_now:?}"
     );
-    let rejected = got_now.iter().find(|l| l["status"] == 400).expect("the 400");
+    let rejected = got_now.iter().find(|l| l["status"] == 431).expect("the 431");
     assert_eq!(rejected["outcome"], "rejected");
     assert_eq!(rejected["route"], "none", "refused before routing");
 }
@@ -295,7 +295,7 @@ fn a_stuck_writer_drops_lines_without_delaying_requests() {
         .open(&fifo)
         .expect("open fifo");
     let p = Proxy::start(&format!(
-        "{}\n{}",
+        "{}\n[rate_limit]\nenabled = false\n{}",
         one_upstream(&a),
         access_log_section(&fifo, "queue_lines = 8")
     ));
@@ -576,11 +576,10 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
     );
 
     // Every gate sees traffic: a failing backend gets culled (C), a slow low-priority
-    // route is shed, one API key is rate limited, malformed requests are rejected.
+    // route is shed, one API key is rate limited, over-long keys are rejected.
     let a = Backend::start("A");
     let b = Backend::start("B");
     let c = Backend::start("C");
-    c.set_mode(Mode::Fail(500));
     let slow = Backend::start("SLOW");
     slow.set_mode(Mode::Slow(Duration::from_millis(300)));
     let cfg = format!(
@@ -608,7 +607,9 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
                     _ => try_get(&addr, "/slow", &[]),
                 };
                 if worker == 0 && n % 10 == 0 {
-                    let _ = send_raw(&addr, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n");
+                    // longer than rate_limit.max_key_bytes: 400, outcome rejected
+                    let long = "k".repeat(300);
+                    let _ = try_get(&addr, "/", &[("x-api-key", long.as_str())]);
                 }
                 thread::sleep(Duration::from_millis(5));
             }
@@ -616,6 +617,12 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
     }
 
     let prom = Prometheus::start(&p.admin_addr(), &rules);
+    // C starts failing once Prometheus has scraped, so that its cull is an increase
+    // Prometheus sees (a counter's first sample is not one).
+    eventually(DEADLINE, || "first scrape".into(), || {
+        !prom.query(r#"portcullis_cull_decisions_total{result="culled"}"#).is_empty()
+    });
+    c.set_mode(Mode::Fail(500));
     let queries = dashboard_queries();
     assert!(queries.len() >= 20, "the dashboard has its panels");
     let mut empty: Vec<(String, String)> = Vec::new();

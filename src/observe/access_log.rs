@@ -77,30 +77,42 @@ fn open_append(path: &Path) -> io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
 
+impl Target {
+    /// Switch to a freshly opened file when a reopen was asked for.
+    fn maybe_reopen(&mut self) {
+        let Target::File { path, out, reopen } = self else {
+            return;
+        };
+        if !reopen.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        // Flush what belongs to the old file, then switch.
+        let _ = out.flush();
+        match open_append(path) {
+            Ok(f) => *out = BufWriter::new(f),
+            Err(e) => tracing::error!(
+                event = "access_log",
+                path = %path.display(),
+                error = %e,
+                "cannot reopen the access log; still writing to the old file"
+            ),
+        }
+    }
+}
+
 impl Write for Target {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.maybe_reopen();
         match self {
             Target::Stdout(out) => out.write(buf),
-            Target::File { path, out, reopen } => {
-                if reopen.swap(false, Ordering::AcqRel) {
-                    // Flush what belongs to the old file, then switch.
-                    let _ = out.flush();
-                    match open_append(path) {
-                        Ok(f) => *out = BufWriter::new(f),
-                        Err(e) => tracing::error!(
-                            event = "access_log",
-                            path = %path.display(),
-                            error = %e,
-                            "cannot reopen the access log; still writing to the old file"
-                        ),
-                    }
-                }
-                out.write(buf)
-            }
+            Target::File { out, .. } => out.write(buf),
         }
     }
 
+    /// The writer thread flushes after every batch it drains, including the
+    /// empty line [`AccessLog::reopen`] sends: the reopen happens here too.
     fn flush(&mut self) -> io::Result<()> {
+        self.maybe_reopen();
         match self {
             Target::Stdout(out) => out.flush(),
             Target::File { out, .. } => out.flush(),
