@@ -32,6 +32,8 @@ mod redis;
 
 // Each test crate uses a part of the kit; the rest is unused there.
 #[allow(unused_imports)]
+pub use self::prometheus::*;
+#[allow(unused_imports)]
 pub use self::redis::*;
 #[allow(unused_imports)]
 pub use backend::*;
@@ -43,8 +45,6 @@ pub use client::*;
 pub use load::*;
 #[allow(unused_imports)]
 pub use metrics::*;
-#[allow(unused_imports)]
-pub use self::prometheus::*;
 #[allow(unused_imports)]
 pub use proxy::*;
 

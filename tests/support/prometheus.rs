@@ -57,7 +57,10 @@ impl Prometheus {
         let log = fs::File::create(dir.path().join("prometheus.log")).expect("log");
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", cfg_path.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address={addr}"))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("clone")))
