@@ -401,7 +401,7 @@ ok "$BAD culled after $errors errors, visible in /status${REDIS_URL:+ on both in
 
 # ---------------------------------------------------------------- 5. metrics
 step 5 "What /metrics counted"
-run "curl -s http://127.0.0.1:$ADMIN_PORT/metrics | by_outcome; curl -s http://127.0.0.1:$ADMIN_PORT/metrics | grep -E '^portcullis_(backend_culled|cull_decisions_total\{result=\"(culled|readmitted)\"\}|ratelimit_store_healthy)'"
+run "curl -s http://127.0.0.1:$ADMIN_PORT/metrics | grep -E '^portcullis_(backend_culled|cull_decisions_total\{result=\"(culled|readmitted)\"\}|ratelimit_store_healthy)'; curl -s http://127.0.0.1:$ADMIN_PORT/metrics | by_outcome"
 for o in proxied rate_limited shed; do
   [ "$(metric "$ADMIN_PORT" portcullis_requests_total outcome=$o)" != 0 ] || fail "portcullis_requests_total{outcome=\"$o\"} is 0"
 done

@@ -372,6 +372,25 @@ impl Metrics {
         self.durations[i].observe(seconds);
     }
 
+    /// Create the `portcullis_requests_total` series each outcome usually
+    /// takes on each of `routes` at 0, so that dashboards and alerts see every
+    /// gate before its first request (series are otherwise created lazily).
+    pub fn init_routes<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+        for route in routes {
+            for (outcome, code) in [
+                (Outcome::Proxied, "2xx"),
+                (Outcome::Shed, "5xx"),
+                (Outcome::RateLimited, "4xx"),
+                (Outcome::Rejected, "4xx"),
+                (Outcome::NoBackend, "5xx"),
+                (Outcome::UpstreamError, "5xx"),
+            ] {
+                self.requests
+                    .with_label_values(&[outcome.as_str(), route, code]);
+            }
+        }
+    }
+
     /// One request sent to a backend: `status` is its answer, `None` when it
     /// gave none (connect failure, timeout, reset).
     pub fn record_upstream(
@@ -450,6 +469,11 @@ mod tests {
         assert!(text
             .contains("portcullis_requests_total{code=\"2xx\",outcome=\"proxied\",route=\"/\"} 1"));
         assert!(text.contains("portcullis_client_connections 3"));
+        m.init_routes(["default"]);
+        let text = String::from_utf8(m.render()).expect("utf8");
+        assert!(text.contains(
+            "portcullis_requests_total{code=\"5xx\",outcome=\"shed\",route=\"default\"} 0"
+        ));
         assert!(text.contains("portcullis_access_log_dropped_total 7"));
         assert!(text.contains(
             "portcullis_upstream_requests_total{backend=\"127.0.0.1:1\",code=\"2xx\",upstream=\"app\"} 1"

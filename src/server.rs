@@ -193,6 +193,18 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     proxy.threads = Some(threads);
 
     {
+        let rt = shared.runtime.load();
+        let labels: Vec<_> = rt
+            .config
+            .routes
+            .iter()
+            .map(|r| crate::observe::request::route_label(r).into_owned())
+            .collect();
+        shared
+            .metrics
+            .init_routes(labels.iter().map(String::as_str).chain(["default"]));
+    }
+    {
         // Read at each scrape; a weak handle so the registry does not keep
         // the shared state alive.
         let conns = Arc::downgrade(&connections);

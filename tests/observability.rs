@@ -123,7 +123,14 @@ fn access_log_lines_carry_every_field_and_no_secret() {
         assert!(l["duration_ms"].as_f64().is_some_and(|d| d >= 0.0));
         assert_eq!(l["trace_id"].as_str().map(str::len), Some(32));
     }
-    let proxied = &got[0];
+    // Lines are written once each response is sent: find them by content, not order.
+    let find = |f: &dyn Fn(&serde_json::Value) -> bool| {
+        got.iter()
+            .find(|l| f(l))
+            .unwrap_or_else(|| panic!("line not found in {got:?}"))
+    };
+    let id1 = r1.header("x-request-id").expect("x-request-id").to_string();
+    let proxied = find(&|l| l["request_id"] == id1.as_str());
     assert_eq!(proxied["path"], "/orders/42", "no query string");
     assert_eq!(proxied["status"], 200);
     assert_eq!(proxied["outcome"], "proxied");
@@ -136,13 +143,8 @@ fn access_log_lines_carry_every_field_and_no_secret() {
         proxied["trace_id"], TRACE_ID,
         "the client's trace continues"
     );
-    assert_eq!(
-        proxied["request_id"].as_str(),
-        r1.header("x-request-id"),
-        "the id the client got back"
-    );
 
-    let limited = &got[2];
+    let limited = find(&|l| l["status"] == 429);
     assert_eq!(limited["status"], 429);
     assert_eq!(limited["outcome"], "rate_limited");
     assert_eq!(limited["backend"], "");
@@ -150,7 +152,7 @@ fn access_log_lines_carry_every_field_and_no_secret() {
     assert_eq!(limited["trace_id"], TRACE_ID);
     assert!(!limited["request_id"].as_str().unwrap_or("").is_empty());
 
-    let other = &got[3];
+    let other = find(&|l| l["path"] == "/other");
     assert_eq!(other["route"], "default");
     assert_ne!(
         other["trace_id"], TRACE_ID,
@@ -258,8 +260,11 @@ fn sample_applies_to_successes_only() {
     assert_eq!(p.get("/bad/marker", &[]).status, 503);
     eventually(
         DEADLINE,
-        || "marker line".into(),
-        || lines(&log).iter().any(|l| l["path"] == "/bad/marker"),
+        || "marker and 431 lines".into(),
+        || {
+            let l = lines(&log);
+            l.iter().any(|l| l["path"] == "/bad/marker") && l.iter().any(|l| l["status"] == 431)
+        },
     );
     let got_now = lines(&log);
     assert_eq!(got_now.len(), 5, "only the 4xx/5xx lines: {got_now:?}");
@@ -378,34 +383,47 @@ fn metrics_by_route_code_upstream_and_connections() {
     for _ in 0..2 {
         assert_eq!(p.get("/bad/y", &[]).status, 500);
     }
-    let m = p.metrics();
-    let v = |sel: &str| metric_value(&m, sel).unwrap_or(0.0);
-    assert_eq!(
-        v(r#"portcullis_requests_total{route="/api",code="2xx",outcome="proxied"}"#),
-        3.0
-    );
-    assert_eq!(
-        v(r#"portcullis_requests_total{route="/bad",code="5xx",outcome="proxied"}"#),
-        2.0
-    );
     let upstream_ok = format!(
         r#"portcullis_upstream_requests_total{{upstream="app",backend="{}",code="2xx"}}"#,
         ok.addr()
     );
-    assert_eq!(v(&upstream_ok), 3.0);
     let upstream_bad = format!(
         r#"portcullis_upstream_requests_total{{upstream="bad",backend="{}",code="5xx"}}"#,
         bad.addr()
     );
-    assert_eq!(v(&upstream_bad), 2.0);
-    assert_eq!(
-        v(r#"portcullis_upstream_duration_seconds_count{upstream="app"}"#),
-        3.0
-    );
-    assert_eq!(
-        v(r#"portcullis_upstream_duration_seconds_bucket{upstream="app",le="30"}"#),
-        3.0
-    );
+    let expected: Vec<(&str, f64)> = vec![
+        (
+            r#"portcullis_requests_total{route="/api",code="2xx",outcome="proxied"}"#,
+            3.0,
+        ),
+        (
+            r#"portcullis_requests_total{route="/bad",code="5xx",outcome="proxied"}"#,
+            2.0,
+        ),
+        (&upstream_ok, 3.0),
+        (&upstream_bad, 2.0),
+        (
+            r#"portcullis_upstream_duration_seconds_count{upstream="app"}"#,
+            3.0,
+        ),
+        (
+            r#"portcullis_upstream_duration_seconds_bucket{upstream="app",le="30"}"#,
+            3.0,
+        ),
+    ];
+    // Metrics are recorded once the response is sent: poll for the last ones.
+    let mut m = String::new();
+    let all = |m: &str| {
+        expected
+            .iter()
+            .all(|(sel, want)| metric_value(m, sel) == Some(*want))
+    };
+    let reached = wait_until(DEADLINE, || {
+        m = p.metrics();
+        all(&m)
+    });
+    assert!(reached, "expected {expected:?} in:\n{m}");
+    let v = |sel: &str| metric_value(&m, sel).unwrap_or(0.0);
     assert!(!m.contains("le=\"0.0005\""), "buckets start at 1 ms");
     assert!(has_metric(&m, "portcullis_tunnels_open"));
     assert_eq!(v("portcullis_access_log_dropped_total"), 0.0);
@@ -747,4 +765,28 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
         let _ = t.join();
     }
     drop(slow);
+}
+
+#[test]
+fn access_log_and_tracing_keys_are_checked() {
+    let up = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
+    let ok = format!(
+        "{up}[access_log]\npath = \"/tmp/a.log\"\nsample = 0.01\n[tracing]\nsample = 0.5\n"
+    );
+    let (code, out, err, _) = check_config(&ok);
+    assert_eq!((code, out.trim()), (0, "OK"), "{err}");
+    for (bad, key) in [
+        ("[access_log]\nsample = 1.5\n", "access_log.sample"),
+        ("[access_log]\nqueue_lines = 0\n", "access_log.queue_lines"),
+        ("[access_log]\nformat = \"json\"\n", "format"),
+        ("[tracing]\nsample = -0.1\n", "tracing.sample"),
+        (
+            "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+            "tracing.otlp_endpoint",
+        ),
+    ] {
+        let (code, _, err, _) = check_config(&format!("{up}{bad}"));
+        assert_eq!(code, 2, "{bad} must be refused");
+        assert!(err.contains(key), "{bad}: error names {key}: {err}");
+    }
 }
