@@ -95,7 +95,7 @@ wait_for() {
     sleep 0.2
   done
 }
-# metric ADMIN_PORT NAME [LABEL=VALUE...]: the value of the first matching sample, or 0.
+# metric ADMIN_PORT NAME [LABEL=VALUE...]: the sum of the matching samples, or 0.
 metric() {
   local port=$1 name=$2
   shift 2
@@ -105,9 +105,17 @@ metric() {
       for (i = 1; i <= n; i++) {
         split(w[i], kv, "="); if (index($0, kv[1] "=\"" kv[2] "\"") == 0) hit = 0
       }
-      if (hit) { print $NF; found = 1; exit }
+      if (hit) { sum += $NF; found = 1 }
     }
-    END { if (!found) print 0 }'
+    END { print (found ? sum : 0) }'
+}
+# portcullis_requests_total summed over its route and code labels, one line per
+# outcome (as PromQL's `sum by (outcome)`), from a scrape on stdin.
+by_outcome() {
+  awk 'index($0, "portcullis_requests_total{") == 1 && match($0, /outcome="[a-z_]+"/) {
+         o = substr($0, RSTART + 9, RLENGTH - 10); sum[o] += $NF
+       }
+       END { for (o in sum) printf "portcullis_requests_total{outcome=\"%s\"} %d\n", o, sum[o] }' | sort
 }
 metric_lines() { # ADMIN_PORT REGEX
   "${CURL[@]}" "http://127.0.0.1:$1/metrics" | grep -E "$2" || true
@@ -301,7 +309,7 @@ over=$((LIMIT + LIMIT / 20 + 1))
 run "curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: other-$RUN' $A/"
 [ "$OUT" = 200 ] || fail "another key was refused too"
 look "429 with Retry-After (whole seconds until the key is admitted again), RateLimit-Policy, and RateLimit r=0; another key is still served"
-metric_lines "$ADMIN_PORT" '^portcullis_requests_total\{outcome="rate_limited"\}'
+metric_lines "$ADMIN_PORT" '^portcullis_requests_total' | by_outcome | grep rate_limited || true
 [ "$(metric "$ADMIN_PORT" portcullis_requests_total outcome=rate_limited)" != 0 ] || fail "portcullis_requests_total{outcome=\"rate_limited\"} is 0"
 ok "$admitted of $((admitted + refused)) requests with one key admitted (limit $LIMIT${REDIS_URL:+, across two instances}), then 429 with Retry-After: $ra"
 
@@ -336,7 +344,8 @@ b503=$(count 503 "$burst_codes")
 [ "$b503" -ge 1 ] || fail "no 503 in a burst of 30 past a cap of $normal"
 [ "$b200" -ge 1 ] && [ "$b200" -le "$normal" ] || fail "$b200 of the burst were admitted, expected 1..$normal"
 look "503 at once with Retry-After while $normal requests hold the normal-priority share of the cap"
-metric_lines "$ADMIN_PORT" '^portcullis_requests_total\{outcome="shed"\}|^portcullis_inflight_requests '
+metric_lines "$ADMIN_PORT" '^portcullis_requests_total' | by_outcome | grep shed || true
+metric_lines "$ADMIN_PORT" '^portcullis_inflight_requests '
 [ "$(metric "$ADMIN_PORT" portcullis_requests_total outcome=shed)" -ge "$b503" ] || fail "portcullis_requests_total{outcome=\"shed\"} below the 503s seen"
 mv "$CFG_A.bak" "$CFG_A"
 run "curl -s -X POST http://127.0.0.1:$ADMIN_PORT/reload"
@@ -392,7 +401,7 @@ ok "$BAD culled after $errors errors, visible in /status${REDIS_URL:+ on both in
 
 # ---------------------------------------------------------------- 5. metrics
 step 5 "What /metrics counted"
-run "curl -s http://127.0.0.1:$ADMIN_PORT/metrics | grep -E '^portcullis_(requests_total|backend_culled|cull_decisions_total\{result=\"(culled|readmitted)\"\}|ratelimit_store_healthy)'"
+run "curl -s http://127.0.0.1:$ADMIN_PORT/metrics | grep -E '^portcullis_(backend_culled|cull_decisions_total\{result=\"(culled|readmitted)\"\}|ratelimit_store_healthy)'; curl -s http://127.0.0.1:$ADMIN_PORT/metrics | by_outcome"
 for o in proxied rate_limited shed; do
   [ "$(metric "$ADMIN_PORT" portcullis_requests_total outcome=$o)" != 0 ] || fail "portcullis_requests_total{outcome=\"$o\"} is 0"
 done
@@ -401,7 +410,8 @@ if [ -n "$REDIS_URL" ]; then
   [ "$(metric "$ADMIN_PORT" portcullis_ratelimit_store_healthy)" = 1 ] || fail "instance a: Redis store not healthy"
   [ "$(metric "$ADMIN2_PORT" portcullis_requests_total outcome=rate_limited)" != 0 ] || fail "instance b counted no rate_limited request"
   say "-- instance b:"
-  metric_lines "$ADMIN2_PORT" '^portcullis_requests_total\{outcome="(proxied|rate_limited)"\}|^portcullis_ratelimit_store_healthy'
+  metric_lines "$ADMIN2_PORT" '^portcullis_requests_total' | by_outcome | grep -E 'proxied|rate_limited' || true
+  metric_lines "$ADMIN2_PORT" '^portcullis_ratelimit_store_healthy'
 fi
 look "requests_total by outcome (proxied, rate_limited, shed, upstream_error), backend_culled back to 0, one culled and one readmitted decision"
 ok "metrics count each gate"

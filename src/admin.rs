@@ -1,6 +1,7 @@
 //! Admin endpoints on `admin_listen`: `/healthz` (liveness), `/readyz`
 //! (readiness, 503 once draining), `/metrics` (Prometheus text), `/status`
-//! (JSON) and `POST /reload` (same as SIGHUP).
+//! (JSON), `GET /` (the HTML status page over `/status`) and `POST /reload`
+//! (same as SIGHUP).
 //!
 //! `GET`s are open (probes and scrapers need them). `POST`s change the running
 //! proxy: with `server.admin_token` set they need `Authorization: Bearer
@@ -198,6 +199,7 @@ impl Admin {
                             "errors_in_window": errors,
                             "requests_in_window": requests,
                             "dry_run_culled": b.is_dry_run_culled(),
+                            "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
                         })
                     })
                     .collect();
@@ -209,10 +211,28 @@ impl Admin {
             })
             .collect();
         let culling = &rt.config.culling;
+        let cap = s.shedder.cap();
+        let classes: Vec<_> = [
+            ("critical", crate::shed::Priority::Critical),
+            ("normal", crate::shed::Priority::Normal),
+            ("low", crate::shed::Priority::Low),
+        ]
+        .iter()
+        .map(|(name, p)| {
+            let limit = if cap == 0 {
+                0
+            } else {
+                crate::shed::class_limit(cap, *p)
+            };
+            json!({"class": name, "limit": limit})
+        })
+        .collect();
         json!({
             "state": s.lifecycle.state_name(),
+            "now_ms": crate::state::unix_ms(),
             "inflight": s.shedder.inflight(),
-            "max_concurrency": s.shedder.cap(),
+            "max_concurrency": cap,
+            "shedding": { "classes": classes },
             "rate_limit": {
                 "enabled": rt.config.rate_limit.enabled,
                 "store": s.store_kind,
@@ -223,6 +243,7 @@ impl Admin {
                 "enabled": culling.enabled,
                 "dry_run": culling.params.dry_run,
                 "tokens_available": s.metrics.cull_tokens_available.get(),
+                "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,
         })
@@ -266,6 +287,11 @@ impl ServeHttp for Admin {
             }
         }
         match (method.as_str(), path.as_str()) {
+            ("GET", "/") => respond(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                crate::observe::status_page::PAGE.as_bytes().to_vec(),
+            ),
             ("GET" | "HEAD", "/healthz") => text(StatusCode::OK, "ok\n"),
             ("GET" | "HEAD", "/readyz") => {
                 if self.shared.lifecycle.is_ready() {

@@ -35,6 +35,7 @@ pub mod framing;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+pub mod observe;
 pub mod proxy;
 pub mod ratelimit;
 pub mod raw_window;

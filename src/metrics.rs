@@ -2,10 +2,14 @@
 //! is never a label. Hot-path handles are resolved once at start-up, so
 //! recording is an atomic add, not a label lookup.
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// How the proxy finished a request (`portcullis_requests_total{outcome}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,13 +140,62 @@ impl EdgeRefusal {
     }
 }
 
+/// The status class of a response (`code` label): `1xx`…`5xx`, or `none`
+/// when no response was sent.
+pub fn code_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "none",
+    }
+}
+
+/// Histogram buckets for an edge proxy: 1 ms to 30 s.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Read from elsewhere at scrape time: access-log lines dropped since start.
+type Sampler = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// Exposes `portcullis_access_log_dropped_total`, read from the access-log
+/// writer (which owns the count) at each scrape.
+struct Sampled {
+    source: Arc<OnceLock<Sampler>>,
+    dropped: IntCounter,
+}
+
+impl Collector for Sampled {
+    fn desc(&self) -> Vec<&Desc> {
+        self.dropped.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        if let Some(read) = self.source.get() {
+            let dropped = read();
+            self.dropped
+                .inc_by(dropped.saturating_sub(self.dropped.get()));
+        }
+        self.dropped.collect()
+    }
+}
+
 pub struct Metrics {
     edge_refusals: [IntCounter; 6],
     /// Client connections open on the proxy listeners.
     pub client_connections: IntGauge,
     pub registry: Registry,
-    requests: [IntCounter; 6],
+    requests: IntCounterVec,
+    /// Per outcome, for the watchdog (the labelled counter is split by route and code).
+    outcome_totals: [AtomicU64; 6],
     durations: [Histogram; 6],
+    upstream_requests: IntCounterVec,
+    upstream_durations: HistogramVec,
+    pub tunnels_open: IntGauge,
+    sampled: Arc<OnceLock<Sampler>>,
     pub inflight: IntGauge,
     pub backend_culled: IntGaugeVec,
     pub backend_errors: IntCounterVec,
@@ -181,25 +234,51 @@ impl Metrics {
         let requests_vec = must(IntCounterVec::new(
             Opts::new(
                 "portcullis_requests_total",
-                "Requests by how the proxy finished them",
+                "Requests by how the proxy finished them, route and status class",
             ),
-            &["outcome"],
+            &["outcome", "route", "code"],
         ));
         let durations_vec = must(HistogramVec::new(
             HistogramOpts::new(
                 "portcullis_request_duration_seconds",
                 "Time from request headers to the end of the response",
             )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 30.0,
-            ]),
+            .buckets(LATENCY_BUCKETS.to_vec()),
             &["outcome"],
         ));
-        let requests = Outcome::ALL.map(|o| requests_vec.with_label_values(&[o.as_str()]));
         let durations = Outcome::ALL.map(|o| durations_vec.with_label_values(&[o.as_str()]));
-        reg(Box::new(requests_vec));
+        reg(Box::new(requests_vec.clone()));
         reg(Box::new(durations_vec));
+        let upstream_requests = must(IntCounterVec::new(
+            Opts::new(
+                "portcullis_upstream_requests_total",
+                "Requests sent to a backend, by the status class it answered (error: no answer)",
+            ),
+            &["upstream", "backend", "code"],
+        ));
+        reg(Box::new(upstream_requests.clone()));
+        let upstream_durations = must(HistogramVec::new(
+            HistogramOpts::new(
+                "portcullis_upstream_duration_seconds",
+                "Time from choosing a backend to its response header",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["upstream"],
+        ));
+        reg(Box::new(upstream_durations.clone()));
+        let tunnels_open = must(IntGauge::new(
+            "portcullis_tunnels_open",
+            "Upgraded connections (WebSocket etc.) open",
+        ));
+        reg(Box::new(tunnels_open.clone()));
+        let sampled: Arc<OnceLock<Sampler>> = Arc::new(OnceLock::new());
+        reg(Box::new(Sampled {
+            source: Arc::clone(&sampled),
+            dropped: must(IntCounter::new(
+                "portcullis_access_log_dropped_total",
+                "Access-log lines dropped because the writer fell behind",
+            )),
+        }));
 
         let inflight = must(IntGauge::new(
             "portcullis_inflight_requests",
@@ -277,6 +356,13 @@ impl Metrics {
             ),
             &["kind", "result"],
         ));
+        // Every (kind, result) exists from start at 0, so a dashboard or an
+        // alert over it has data before the first breach.
+        for kind in ["rss", "error_rate", "stall"] {
+            for result in ["granted", "no_token", "no_store", "store_error"] {
+                watchdog_breaches.with_label_values(&[kind, result]);
+            }
+        }
         reg(Box::new(watchdog_breaches.clone()));
         let ready = must(IntGauge::new(
             "portcullis_ready",
@@ -324,8 +410,13 @@ impl Metrics {
             edge_refusals,
             client_connections,
             registry,
-            requests,
+            requests: requests_vec,
+            outcome_totals: Default::default(),
             durations,
+            upstream_requests,
+            upstream_durations,
+            tunnels_open,
+            sampled,
             inflight,
             backend_culled,
             backend_errors,
@@ -350,10 +441,15 @@ impl Metrics {
         self.retries.with_label_values(&[upstream, result]).inc();
     }
 
+    /// One finished request. `route` comes from the config (bounded), never
+    /// from a request value.
     #[inline]
-    pub fn record(&self, outcome: Outcome, seconds: f64) {
+    pub fn record(&self, outcome: Outcome, route: &str, status: u16, seconds: f64) {
         let i = outcome as usize;
-        self.requests[i].inc();
+        self.requests
+            .with_label_values(&[outcome.as_str(), route, code_class(status)])
+            .inc();
+        self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
         self.durations[i].observe(seconds);
     }
 
@@ -366,12 +462,56 @@ impl Metrics {
         self.edge_refusals[r as usize].clone()
     }
 
+    /// Create the `portcullis_requests_total` series each outcome usually
+    /// takes on each of `routes` at 0, so that dashboards and alerts see every
+    /// gate before its first request (series are otherwise created lazily).
+    pub fn init_routes<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+        for route in routes {
+            for (outcome, code) in [
+                (Outcome::Proxied, "2xx"),
+                (Outcome::Shed, "5xx"),
+                (Outcome::RateLimited, "4xx"),
+                (Outcome::Rejected, "4xx"),
+                (Outcome::NoBackend, "5xx"),
+                (Outcome::UpstreamError, "5xx"),
+            ] {
+                self.requests
+                    .with_label_values(&[outcome.as_str(), route, code]);
+            }
+        }
+    }
+
+    /// One request sent to a backend: `status` is its answer, `None` when it
+    /// gave none (connect failure, timeout, reset).
+    pub fn record_upstream(
+        &self,
+        upstream: &str,
+        backend: &str,
+        status: Option<u16>,
+        seconds: Option<f64>,
+    ) {
+        let code = status.map_or("error", code_class);
+        self.upstream_requests
+            .with_label_values(&[upstream, backend, code])
+            .inc();
+        if let Some(s) = seconds {
+            self.upstream_durations
+                .with_label_values(&[upstream])
+                .observe(s);
+        }
+    }
+
+    /// Where `portcullis_access_log_dropped_total` is read from (set once, at start).
+    pub fn set_sampler(&self, read: impl Fn() -> u64 + Send + Sync + 'static) {
+        let _ = self.sampled.set(Box::new(read));
+    }
+
     pub fn cull_decision(&self, r: CullResult) {
         self.cull_decisions.with_label_values(&[r.as_str()]).inc();
     }
 
     pub fn requests_total(&self, outcome: Outcome) -> u64 {
-        self.requests[outcome as usize].get()
+        self.outcome_totals[outcome as usize].load(Ordering::Relaxed)
     }
 
     /// Prometheus text exposition.
@@ -391,7 +531,10 @@ mod tests {
     #[test]
     fn all_contract_metrics_exist() {
         let m = Metrics::new();
-        m.record(Outcome::Proxied, 0.01);
+        m.record(Outcome::Proxied, "/", 200, 0.01);
+        m.record_upstream("app", "127.0.0.1:1", Some(200), Some(0.004));
+        m.set_sampler(|| 7);
+        m.client_connections.set(3);
         m.backend_culled
             .with_label_values(&["app", "127.0.0.1:1"])
             .set(0);
@@ -407,10 +550,30 @@ mod tests {
             "portcullis_client_aborts_total",
             "portcullis_concurrency_limit",
             "portcullis_edge_refusals_total",
+            "portcullis_upstream_requests_total",
+            "portcullis_upstream_duration_seconds",
+            "portcullis_tunnels_open",
+            "portcullis_access_log_dropped_total",
             "portcullis_client_connections",
         ] {
             assert!(text.contains(name), "missing {name}");
         }
-        assert!(text.contains("portcullis_requests_total{outcome=\"proxied\"} 1"));
+        assert!(text
+            .contains("portcullis_requests_total{code=\"2xx\",outcome=\"proxied\",route=\"/\"} 1"));
+        assert!(text.contains("portcullis_client_connections 3"));
+        m.init_routes(["default"]);
+        let text = String::from_utf8(m.render()).expect("utf8");
+        assert!(text.contains(
+            "portcullis_requests_total{code=\"5xx\",outcome=\"shed\",route=\"default\"} 0"
+        ));
+        assert!(text.contains("portcullis_access_log_dropped_total 7"));
+        assert!(text.contains(
+            "portcullis_upstream_requests_total{backend=\"127.0.0.1:1\",code=\"2xx\",upstream=\"app\"} 1"
+        ));
+        assert!(text.contains(
+            "portcullis_upstream_duration_seconds_bucket{upstream=\"app\",le=\"0.005\"} 1"
+        ));
+        assert!(!text.contains("le=\"0.0005\""), "buckets start at 1 ms");
+        assert_eq!(m.requests_total(Outcome::Proxied), 1);
     }
 }

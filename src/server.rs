@@ -104,6 +104,23 @@ impl BackgroundService for Readiness {
     }
 }
 
+/// Reopens the access log on SIGUSR1 (logrotate).
+struct AccessLogReopen {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for AccessLogReopen {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let shared = Arc::clone(&self.shared);
+        crate::observe::access_log::reopen_on_sigusr1(
+            move || shared.observe.access_log.reopen(),
+            shutdown,
+        )
+        .await;
+    }
+}
+
 /// Reloads the config on SIGHUP.
 struct Reloader {
     shared: Arc<Shared>,
@@ -181,6 +198,28 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     }
     proxy.threads = Some(threads);
 
+    {
+        let rt = shared.runtime.load();
+        let labels: Vec<_> = rt
+            .config
+            .routes
+            .iter()
+            .map(|r| crate::observe::request::route_label(r).into_owned())
+            .collect();
+        shared
+            .metrics
+            .init_routes(labels.iter().map(String::as_str).chain(["default"]));
+    }
+    {
+        // Read at each scrape; a weak handle so the registry does not keep
+        // the shared state alive.
+        let weak = Arc::downgrade(&shared);
+        shared.metrics.set_sampler(move || {
+            weak.upgrade()
+                .map_or(0, |s| s.observe.access_log.dropped_lines())
+        });
+    }
+
     let mut admin = Service::new("portcullis admin".into(), Admin::new(Arc::clone(&shared)));
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
@@ -234,6 +273,12 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             shared: Arc::clone(&shared),
         },
     );
+    let access_log_reopen = background_service(
+        "access log reopen",
+        AccessLogReopen {
+            shared: Arc::clone(&shared),
+        },
+    );
     let watchdog = background_service(
         "watchdog",
         crate::watchdog::Watchdog::new(Arc::clone(&shared), &fleet_store),
@@ -244,6 +289,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     server.add_service(health);
     server.add_service(flusher);
     server.add_service(reloader);
+    server.add_service(access_log_reopen);
     server.add_service(readiness);
     server.add_service(watchdog);
     server.add_service(culling);

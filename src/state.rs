@@ -75,6 +75,8 @@ pub struct Shared {
     pub shedder: Arc<Shedder>,
     pub limiter: Arc<Limiter>,
     pub metrics: Arc<Metrics>,
+    /// Access log and the cull journal of the status page.
+    pub observe: crate::observe::Observe,
     pub lifecycle: Arc<Lifecycle>,
     /// "redis" or "local".
     pub store_kind: &'static str,
@@ -97,12 +99,14 @@ impl Shared {
         } else {
             "local"
         };
+        let observe = crate::observe::Observe::new(&config.access_log);
         let runtime = Runtime::build(config, None);
         Arc::new(Self {
             runtime: ArcSwap::from_pointee(runtime),
             shedder,
             limiter,
             metrics: Arc::new(Metrics::new()),
+            observe,
             lifecycle: Arc::new(Lifecycle::default()),
             store_kind,
             config_path,

@@ -26,6 +26,8 @@
 #   DURATION=10 [4]   seconds per wrk run
 #   SCEN_ROUNDS=3 [1] rounds of each portcullis scenario
 #   PARTS="main shed overload" ["main shed"]   which parts to run; add
+#                     `accesslog` for the JSON access log's CPU per request
+#                     (off vs on at sample 1.0 and 0.01, ratios per round); add
 #                     `variants` for the allocator / runtime A-B (LD_PRELOAD
 #                     jemalloc and mimalloc under portcullis, work_stealing off
 #                     in bare Pingora). Only the CSVs of the parts that run are
@@ -381,7 +383,7 @@ cat "$RESULTS/env.txt" >&2
 # Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
-  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA < <(free_ports 30)
+  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP < <(free_ports 36)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
 common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
@@ -416,6 +418,10 @@ pc_conf pc_ovl_shed12 overload "$P_OV12" "$A_OV12" MAX_CONCURRENCY=12 BACKEND_PO
 # A fixed cap guessed far too high (64) vs the adaptive limit under the same ceiling.
 pc_conf pc_ovl_cap64 overload "$P_OV64" "$A_OV64" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
 pc_conf pc_ovl_adapt64 overload-adaptive "$P_OVA" "$A_OVA" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
+# Access-log cost: gates off with the log off, on at sample 1.0, on at 0.01.
+pc_conf pc_log_off accesslog "$P_LOFF" "$A_LOFF" LOG_ENABLED=false LOG_SAMPLE=1.0
+pc_conf pc_log_all accesslog "$P_LALL" "$A_LALL" LOG_ENABLED=true LOG_SAMPLE=1.0
+pc_conf pc_log_1pct accesslog "$P_LSMP" "$A_LSMP" LOG_ENABLED=true LOG_SAMPLE=0.01
 # Variants: the gates-off config under other allocators (LD_PRELOAD).
 pc_conf pc_vje gates-off "$P_VJE" "$A_VJE"
 pc_conf pc_vmi gates-off "$P_VMI" "$A_VMI"
@@ -604,6 +610,47 @@ stop pc_ovl_adapt64
 stop slow
 echo "overload=wrk -t2 -c$OVL_CONNS with ${OVL_DELAY_MS} ms think time per request" >>"$RESULTS/env.txt"
 fi # overload
+
+# ------------------------------------------------------------ access log (opt-in)
+# CPU per request of the JSON access log (to a file) against the same proxy
+# without it, in alternating rounds; ratios within each round.
+if has_part accesslog; then
+log "access log: off vs on at sample 1.0 and 0.01 ($SCEN_ROUNDS rounds)"
+start pc_log_off "$TMP/portcullis" -c "$TMP/pc_log_off.toml"
+start pc_log_all "$TMP/portcullis" -c "$TMP/pc_log_all.toml"
+start pc_log_1pct "$TMP/portcullis" -c "$TMP/pc_log_1pct.toml"
+wait_http "http://127.0.0.1:$A_LOFF/readyz" pc_log_off
+wait_http "http://127.0.0.1:$A_LALL/readyz" pc_log_all
+wait_http "http://127.0.0.1:$A_LSMP/readyz" pc_log_1pct
+for ((r = 1; r <= SCEN_ROUNDS; r++)); do
+  measure accesslog "r${r}_log_off" "${PID[pc_log_off]}" "http://127.0.0.1:$P_LOFF/" "$WRK_THREADS" "$WRK_CONNS"
+  sleep 1
+  measure accesslog "r${r}_log_sample_1.0" "${PID[pc_log_all]}" "http://127.0.0.1:$P_LALL/" "$WRK_THREADS" "$WRK_CONNS"
+  sleep 1
+  measure accesslog "r${r}_log_sample_0.01" "${PID[pc_log_1pct]}" "http://127.0.0.1:$P_LSMP/" "$WRK_THREADS" "$WRK_CONNS"
+  sleep 1
+done
+dropped=$(curl -s -m 2 "http://127.0.0.1:$A_LALL/metrics" | awk '/^portcullis_access_log_dropped_total /{ print $2 }')
+log "access log at sample 1.0: $(wc -l <"$TMP/pc_log_all-access.log") lines written, ${dropped:-?} dropped"
+python3 - "$RESULTS/accesslog.csv" <<'PYRATIO'
+import csv, re, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+by = {}
+for r in rows:
+    m = re.match(r"r(\d+)_(.*)", r["label"])
+    by.setdefault(m.group(1), {})[m.group(2)] = float(r["proxy_cpu_us_per_req"])
+for rnd, v in sorted(by.items()):
+    off = v.get("log_off")
+    if not off:
+        continue
+    print(f"access log round {rnd}: cpu/req off={off:.2f}us  "
+          f"sample 1.0 = {v.get('log_sample_1.0', 0) / off:.3f}x  "
+          f"sample 0.01 = {v.get('log_sample_0.01', 0) / off:.3f}x", file=sys.stderr)
+PYRATIO
+stop pc_log_off
+stop pc_log_all
+stop pc_log_1pct
+fi # accesslog
 
 # ------------------------------------------------------------ variants (opt-in)
 if has_part variants; then

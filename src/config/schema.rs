@@ -25,6 +25,10 @@ pub struct FileConfig {
     pub culling: CullingSection,
     #[serde(default)]
     pub watchdog: WatchdogSection,
+    #[serde(default)]
+    pub access_log: AccessLogSection,
+    #[serde(default)]
+    pub tracing: TracingSection,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -338,6 +342,48 @@ impl Default for WatchdogSection {
             check_interval_seconds: 10,
             tokens: 1,
             token_period_seconds: 600,
+        }
+    }
+}
+
+/// `[access_log]`: one JSON line per request.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogSection {
+    pub enabled: bool,
+    /// `""` = stdout; else a file, reopened on SIGUSR1.
+    pub path: String,
+    /// Share of 1xx-3xx requests logged; every 4xx/5xx is logged.
+    pub sample: f64,
+    /// Lines queued for the writer thread; beyond, lines are dropped and counted.
+    pub queue_lines: usize,
+}
+
+impl Default for AccessLogSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: String::new(),
+            sample: 1.0,
+            queue_lines: 65_536,
+        }
+    }
+}
+
+/// `[tracing]`: W3C trace context is always propagated; span export is
+/// configured here.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingSection {
+    pub otlp_endpoint: String,
+    pub sample: f64,
+}
+
+impl Default for TracingSection {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: String::new(),
+            sample: 0.01,
         }
     }
 }

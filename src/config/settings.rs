@@ -26,6 +26,7 @@ pub struct Config {
     pub rate_limit: RateLimitSettings,
     pub culling: CullingSettings,
     pub watchdog: WatchdogSettings,
+    pub access_log: AccessLogSettings,
 }
 
 /// `[server]`.
@@ -136,6 +137,18 @@ pub struct WatchdogSettings {
     pub check_interval_seconds: u64,
     pub tokens: u32,
     pub token_period_seconds: u64,
+}
+
+/// `[access_log]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccessLogSettings {
+    pub enabled: bool,
+    /// `None`: stdout.
+    pub path: Option<PathBuf>,
+    /// Share of 1xx-3xx responses logged, 0.0..=1.0.
+    pub sample: f64,
+    /// Bound of the writer's queue, in lines.
+    pub queue_lines: usize,
 }
 
 /// A secret value (the admin token): compared, never printed.

@@ -26,6 +26,8 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let rate_limit = validate_rate_limit(&raw.rate_limit)?;
     let culling = validate_culling(&raw.culling)?;
     let watchdog = validate_watchdog(&raw.watchdog)?;
+    let access_log = validate_access_log(&raw.access_log)?;
+    validate_tracing(&raw.tracing)?;
     Ok(Config {
         server,
         store,
@@ -35,6 +37,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
         rate_limit,
         culling,
         watchdog,
+        access_log,
     })
 }
 
@@ -626,4 +629,39 @@ fn validate_watchdog(w: &WatchdogSection) -> VResult<WatchdogSettings> {
         tokens: w.tokens,
         token_period_seconds: w.token_period_seconds,
     })
+}
+
+fn validate_access_log(a: &AccessLogSection) -> VResult<AccessLogSettings> {
+    if !(0.0..=1.0).contains(&a.sample) {
+        return err("access_log.sample", "must be between 0.0 and 1.0");
+    }
+    range(
+        "access_log.queue_lines",
+        a.queue_lines as u64,
+        1,
+        1 << 24,
+        "lines",
+    )?;
+    Ok(AccessLogSettings {
+        enabled: a.enabled,
+        path: (!a.path.is_empty()).then(|| PathBuf::from(&a.path)),
+        sample: a.sample,
+        queue_lines: a.queue_lines,
+    })
+}
+
+fn validate_tracing(t: &TracingSection) -> VResult<()> {
+    if !(0.0..=1.0).contains(&t.sample) {
+        return err("tracing.sample", "must be between 0.0 and 1.0");
+    }
+    if !t.otlp_endpoint.is_empty() {
+        // Refused rather than silently ignored: trace context is propagated and
+        // logged, but this build has no OTLP exporter.
+        return err(
+            "tracing.otlp_endpoint",
+            "OTLP span export is not built into this version; leave it empty \
+             (trace ids are still propagated and written to the access log)",
+        );
+    }
+    Ok(())
 }

@@ -145,6 +145,10 @@ impl Culling {
                     now_ms,
                 };
                 self.perform(step, tracked, action, &params).await;
+                self.shared
+                    .observe
+                    .culls
+                    .set_lease(&pool.name, &b.addr_str, &tracked.state);
             }
         }
         memory.states.retain(|k, _| live.contains(k));
@@ -302,6 +306,7 @@ impl Culling {
             Err(_) => CullResult::StoreError,
         };
         self.shared.metrics.cull_decision(result);
+        self.journal(pool, b, result, errors);
         tracing::info!(
             event = "cull_decision",
             result = result.as_str(),
@@ -311,6 +316,20 @@ impl Culling {
         );
     }
 
+    /// Keep the decision for the status page.
+    fn journal(&self, pool: &Pool, b: &BackendState, result: CullResult, errors: u64) {
+        self.shared
+            .observe
+            .culls
+            .record(crate::observe::journal::CullEntry {
+                at_ms: unix_ms(),
+                upstream: pool.name.clone(),
+                backend: b.addr_str.clone(),
+                result: result.as_str(),
+                errors,
+            });
+    }
+
     fn readmit(&self, pool: &Pool, b: &BackendState) {
         let was = b.is_culled();
         b.set_culled(false);
@@ -318,6 +337,7 @@ impl Culling {
         b.window.reset();
         if was {
             self.shared.metrics.cull_decision(CullResult::Readmitted);
+            self.journal(pool, b, CullResult::Readmitted, 0);
             tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, "backend readmitted");
         }
     }

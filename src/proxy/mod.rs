@@ -72,6 +72,8 @@ pub struct Ctx {
     request_id: Option<String>,
     /// The RateLimit fields of an admitted response.
     rate: Option<RateFields>,
+    /// Trace context and upstream timing for the access log and metrics.
+    obs: crate::observe::RequestObs,
     /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
     client: Option<std::net::IpAddr>,
     /// Index in `runtime.config.routes` of the route, when it has header rules.
@@ -126,6 +128,7 @@ impl ProxyHttp for Proxy {
             refusal: None,
             request_id: None,
             rate: None,
+            obs: Default::default(),
             client: None,
             rules: None,
             body: edge::limits::BodyCount::default(),
@@ -271,6 +274,7 @@ impl ProxyHttp for Proxy {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
         ctx.tried.push(backend.addr);
+        ctx.obs.backend_chosen();
         ctx.attempt = Some(Attempt::new(&backend));
         ctx.attempt_start = Some(Instant::now());
         let mut peer = HttpPeer::new(backend.addr, false, String::new());
@@ -323,6 +327,11 @@ impl ProxyHttp for Proxy {
         );
         if let Some(b) = ctx.backend.take() {
             b.record(crate::store::clock::unix_secs(), true);
+            if let Some(pool) = &ctx.pool {
+                self.shared
+                    .metrics
+                    .record_upstream(&pool.name, &b.addr_str, None, None);
+            }
         }
         ctx.attempt = None;
         let untried = ctx
@@ -356,6 +365,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         let status = resp.status.as_u16();
+        ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.backend.take() {
                 b.record(crate::store::clock::unix_secs(), true);
@@ -448,6 +458,7 @@ impl ProxyHttp for Proxy {
             }
         };
         ctx.request_id = Some(id);
+        ctx.obs.propagate(req)?;
         Ok(())
     }
 
@@ -462,8 +473,8 @@ impl ProxyHttp for Proxy {
             let rules = &rules.headers;
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
         }
-        if let Some(id) = ctx.request_id.take() {
-            resp.insert_header("x-request-id", id)?;
+        if let Some(id) = &ctx.request_id {
+            resp.insert_header("x-request-id", id.as_str())?;
         }
         if let Some(fields) = ctx.rate {
             fields.apply(&ctx.runtime.config.rate_limit.policy_name, resp)?;
@@ -540,7 +551,8 @@ impl ProxyHttp for Proxy {
                 self.shared.shedder.on_latency(Instant::now(), t0.elapsed());
             }
         }
-        if let Some(b) = ctx.backend.take() {
+        let backend = ctx.backend.take();
+        if let Some(b) = &backend {
             // The backend's fault only: a 5xx, or an error on the upstream side
             // (timeouts, resets). A client hanging up is not the backend's error.
             let upstream_failed =
@@ -548,9 +560,20 @@ impl ProxyHttp for Proxy {
             let is_error = upstream_failed || status >= 500;
             b.record(crate::store::clock::unix_secs(), is_error);
         }
-        self.shared
-            .metrics
-            .record(outcome, ctx.start.elapsed().as_secs_f64());
+        crate::observe::finish(
+            &self.shared,
+            session,
+            &mut ctx.obs,
+            crate::observe::Finished {
+                outcome,
+                status,
+                runtime: Some(&ctx.runtime),
+                pool: ctx.pool.as_deref(),
+                backend: backend.as_deref(),
+                request_id: ctx.request_id.as_deref(),
+                elapsed: ctx.start.elapsed(),
+            },
+        );
         tracing::debug!(
             event = "request",
             status,

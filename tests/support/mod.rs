@@ -11,6 +11,8 @@
 //!   ([`one_upstream`], [`upstreams`]) and `--check` runs ([`check_config`]).
 //! * `client` — a small blocking HTTP/1.1 client ([`get`], [`post`], [`send_raw`], [`Conn`]).
 //! * `metrics` — a Prometheus text matcher ([`metric_value`]).
+//! * `browser` — headless Chromium: [`dump_dom`], [`screenshot`].
+//! * `prometheus` — [`Prometheus`]: a real Prometheus scraping a proxy, with a PromQL client.
 //! * `load` — client load ([`Load`], [`concurrently`]) and epoch-aligned window timing
 //!   ([`now_ms`], [`wait_window_phase`]).
 //! * here — polling helpers ([`wait_until`], [`eventually`], `assert_eventually!`).
@@ -20,17 +22,23 @@
 #![allow(dead_code)]
 
 mod backend;
+mod browser;
 mod client;
 mod load;
 mod metrics;
+mod prometheus;
 mod proxy;
 mod redis;
 
 // Each test crate uses a part of the kit; the rest is unused there.
 #[allow(unused_imports)]
+pub use self::prometheus::*;
+#[allow(unused_imports)]
 pub use self::redis::*;
 #[allow(unused_imports)]
 pub use backend::*;
+#[allow(unused_imports)]
+pub use browser::*;
 #[allow(unused_imports)]
 pub use client::*;
 #[allow(unused_imports)]

@@ -1,0 +1,143 @@
+//! What the status page shows about culling beyond the metrics: the last
+//! cull decisions and each ejected backend's lease. The culling driver
+//! writes here once per decision and per check, never on the request path.
+
+use crate::cull::CullState;
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+/// Decisions kept for the status page.
+pub const KEEP: usize = 20;
+
+/// One cull decision.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CullEntry {
+    pub at_ms: u64,
+    pub upstream: String,
+    pub backend: String,
+    /// As in `portcullis_cull_decisions_total{result}`.
+    pub result: &'static str,
+    pub errors: u64,
+}
+
+/// An ejected backend's lease as this instance sees it.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct LeaseView {
+    /// `culled` (we hold the lease), `probing`, or `following` (another
+    /// instance holds it).
+    pub phase: &'static str,
+    /// When the lease expires by itself (Unix ms); `None` while following.
+    pub lease_until_ms: Option<u64>,
+    /// When the backend is probed for readmission (Unix ms).
+    pub probe_at_ms: Option<u64>,
+}
+
+impl LeaseView {
+    pub fn of(state: &CullState) -> Option<Self> {
+        match *state {
+            CullState::Up => None,
+            CullState::Culled {
+                probe_at_ms,
+                lease_until_ms,
+                ..
+            } => Some(Self {
+                phase: "culled",
+                lease_until_ms: Some(lease_until_ms),
+                probe_at_ms: Some(probe_at_ms),
+            }),
+            CullState::Probing { lease_until_ms, .. } => Some(Self {
+                phase: "probing",
+                lease_until_ms: Some(lease_until_ms),
+                probe_at_ms: None,
+            }),
+            CullState::Following { .. } => Some(Self {
+                phase: "following",
+                lease_until_ms: None,
+                probe_at_ms: None,
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct CullJournal {
+    recent: Mutex<VecDeque<CullEntry>>,
+    leases: Mutex<HashMap<(String, String), LeaseView>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl CullJournal {
+    pub fn record(&self, entry: CullEntry) {
+        let mut q = lock(&self.recent);
+        if q.len() == KEEP {
+            q.pop_front();
+        }
+        q.push_back(entry);
+    }
+
+    /// Newest first.
+    pub fn recent(&self) -> Vec<CullEntry> {
+        lock(&self.recent).iter().rev().cloned().collect()
+    }
+
+    pub fn set_lease(&self, upstream: &str, backend: &str, state: &CullState) {
+        let key = (upstream.to_string(), backend.to_string());
+        let mut leases = lock(&self.leases);
+        match LeaseView::of(state) {
+            Some(v) => {
+                leases.insert(key, v);
+            }
+            None => {
+                leases.remove(&key);
+            }
+        }
+    }
+
+    pub fn lease(&self, upstream: &str, backend: &str) -> Option<LeaseView> {
+        lock(&self.leases)
+            .get(&(upstream.to_string(), backend.to_string()))
+            .copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_newest_decisions_first() {
+        let j = CullJournal::default();
+        for i in 0..(KEEP as u64 + 5) {
+            j.record(CullEntry {
+                at_ms: i,
+                upstream: "app".into(),
+                backend: "b".into(),
+                result: "culled",
+                errors: i,
+            });
+        }
+        let r = j.recent();
+        assert_eq!(r.len(), KEEP);
+        assert_eq!(r[0].at_ms, KEEP as u64 + 4);
+        assert_eq!(r[KEEP - 1].at_ms, 5);
+    }
+
+    #[test]
+    fn leases_follow_the_state() {
+        let j = CullJournal::default();
+        let culled = CullState::Culled {
+            since_ms: 1,
+            probe_at_ms: 60_000,
+            lease_until_ms: 90_000,
+        };
+        j.set_lease("app", "b", &culled);
+        let v = j.lease("app", "b").expect("lease");
+        assert_eq!((v.phase, v.lease_until_ms), ("culled", Some(90_000)));
+        j.set_lease("app", "b", &CullState::Up);
+        assert_eq!(j.lease("app", "b"), None);
+    }
+}

@@ -1,0 +1,187 @@
+//! W3C Trace Context (`traceparent`, <https://www.w3.org/TR/trace-context/>).
+//!
+//! A valid incoming `traceparent` keeps its trace id and flags and gets a new
+//! parent id (this proxy's span); an absent or invalid one starts a new trace.
+//! Plain functions over bytes, no `Session`.
+
+/// The trace context the proxy sends upstream for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: u128,
+    /// This proxy's span id: the parent id the backend sees.
+    pub span_id: u64,
+    pub flags: u8,
+    /// The incoming header was valid and is continued.
+    pub continued: bool,
+}
+
+impl TraceContext {
+    /// From the request's `traceparent` values (none, one, or several: more
+    /// than one is invalid). `random` supplies ids.
+    pub fn from_request<'a>(
+        mut values: impl Iterator<Item = &'a [u8]>,
+        random: &mut impl FnMut() -> u128,
+    ) -> Self {
+        let first = values.next();
+        let parsed = match (first, values.next()) {
+            (Some(v), None) => parse(v),
+            _ => None,
+        };
+        let span_id = new_span_id(random);
+        match parsed {
+            Some((trace_id, _parent, flags)) => Self {
+                trace_id,
+                span_id,
+                flags,
+                continued: true,
+            },
+            None => Self {
+                trace_id: new_trace_id(random),
+                span_id,
+                // Not recorded here (no span exporter): not sampled.
+                flags: 0,
+                continued: false,
+            },
+        }
+    }
+
+    /// The `traceparent` value to send upstream (version 00).
+    pub fn header(&self) -> String {
+        format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id, self.span_id, self.flags
+        )
+    }
+
+    /// The trace id as 32 lower-case hex digits (the access log's `trace_id`).
+    pub fn trace_id_hex(&self) -> String {
+        format!("{:032x}", self.trace_id)
+    }
+}
+
+fn new_trace_id(random: &mut impl FnMut() -> u128) -> u128 {
+    loop {
+        let id = random();
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+fn new_span_id(random: &mut impl FnMut() -> u128) -> u64 {
+    loop {
+        let id = random() as u64;
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// `(trace_id, parent_id, flags)` of a valid `traceparent`, else `None`.
+/// Versions above 00 are parsed as 00 (the spec's forward compatibility):
+/// their first 55 bytes, followed by the end or a `-`.
+pub fn parse(v: &[u8]) -> Option<(u128, u64, u8)> {
+    let v = v.trim_ascii();
+    if v.len() < 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    let version = hex(&v[0..2])? as u8;
+    if version == 0xff || (version == 0 && v.len() != 55) || (v.len() > 55 && v[55] != b'-') {
+        return None;
+    }
+    let trace_id = hex(&v[3..35])?;
+    let parent_id = hex(&v[36..52])? as u64;
+    let flags = hex(&v[53..55])? as u8;
+    if trace_id == 0 || parent_id == 0 {
+        return None;
+    }
+    Some((trace_id, parent_id, flags))
+}
+
+/// Lower-case hex only (the spec forbids upper case).
+fn hex(s: &[u8]) -> Option<u128> {
+    s.iter().try_fold(0u128, |acc, &c| {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => return None,
+        };
+        Some((acc << 4) | u128::from(d))
+    })
+}
+
+/// Random ids from a fast per-thread generator (seeded from the OS).
+pub fn random_u128() -> u128 {
+    fastrand::u128(..)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn seq() -> impl FnMut() -> u128 {
+        let mut n = 0u128;
+        move || {
+            n += 1;
+            n
+        }
+    }
+
+    #[test]
+    fn valid_header_keeps_trace_and_flags_with_a_new_parent() {
+        let tc = TraceContext::from_request([VALID.as_bytes()].into_iter(), &mut seq());
+        assert!(tc.continued);
+        assert_eq!(tc.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let h = tc.header();
+        assert!(h.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert!(h.ends_with("-01"));
+        assert_ne!(&h[36..52], "00f067aa0ba902b7", "parent id must be new");
+        assert_eq!(parse(h.as_bytes()).map(|p| p.1), Some(tc.span_id));
+    }
+
+    #[test]
+    fn invalid_or_absent_headers_start_a_new_trace() {
+        let bad = [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "0x-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ];
+        for b in bad {
+            assert_eq!(parse(b.as_bytes()), None, "{b:?} must be invalid");
+            let tc = TraceContext::from_request([b.as_bytes()].into_iter(), &mut seq());
+            assert!(!tc.continued);
+            assert_ne!(tc.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            assert!(parse(tc.header().as_bytes()).is_some(), "new header valid");
+        }
+        let none = TraceContext::from_request(std::iter::empty(), &mut seq());
+        assert!(!none.continued && none.trace_id != 0 && none.span_id != 0);
+        let two = TraceContext::from_request(
+            [VALID.as_bytes(), VALID.as_bytes()].into_iter(),
+            &mut seq(),
+        );
+        assert!(!two.continued, "two traceparent headers are invalid");
+    }
+
+    #[test]
+    fn future_versions_parse_as_00() {
+        let v = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-ever";
+        assert!(parse(v.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn zero_ids_from_the_generator_are_skipped() {
+        let mut vals = vec![5u128, 0, 7, 0].into_iter().rev();
+        let mut r = move || vals.next().unwrap_or(9);
+        let tc = TraceContext::from_request(std::iter::empty(), &mut r);
+        assert_ne!(tc.span_id, 0);
+        assert_ne!(tc.trace_id, 0);
+    }
+}
