@@ -49,15 +49,26 @@ impl Runtime {
     /// First matching route (routes are pre-sorted: longest prefix, host-specific first).
     #[inline]
     pub fn route(&self, host: &str, path: &str) -> &Route {
-        self.config
-            .routes
-            .iter()
-            .find(|r| {
-                path.starts_with(r.path_prefix.as_str())
-                    && r.host
-                        .as_deref()
-                        .is_none_or(|h| h.eq_ignore_ascii_case(host))
-            })
+        self.route_at(self.route_index(host, path))
+    }
+
+    /// Index in `config.routes` of the first matching route; `None`: the default
+    /// route (everything to the first upstream).
+    #[inline]
+    pub fn route_index(&self, host: &str, path: &str) -> Option<usize> {
+        self.config.routes.iter().position(|r| {
+            path.starts_with(r.path_prefix.as_str())
+                && r.host
+                    .as_deref()
+                    .is_none_or(|h| h.eq_ignore_ascii_case(host))
+        })
+    }
+
+    /// The route at `index` (as [`Runtime::route_index`] gave it).
+    #[inline]
+    pub fn route_at(&self, index: Option<usize>) -> &Route {
+        index
+            .and_then(|i| self.config.routes.get(i))
             .unwrap_or(&DEFAULT_ROUTE)
     }
 }

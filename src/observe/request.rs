@@ -70,7 +70,9 @@ pub struct Finished<'a> {
     pub outcome: Outcome,
     /// Status sent to the client; 0 when none was.
     pub status: u16,
-    pub runtime: Option<&'a Runtime>,
+    pub runtime: &'a Runtime,
+    /// The request's route; `None` when it was refused before routing.
+    pub route: Option<&'a Route>,
     pub pool: Option<&'a Pool>,
     /// The backend the request went to last, if any.
     pub backend: Option<&'a BackendState>,
@@ -96,20 +98,9 @@ fn host_of(req: &RequestHeader) -> &str {
         .unwrap_or("")
 }
 
-fn strip_port(host: &str) -> &str {
-    match host.rfind(':') {
-        Some(i) if !host[i..].contains(']') => &host[..i],
-        _ => host,
-    }
-}
-
 /// Record the request's metrics and write its access-log line.
 pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finished<'_>) {
-    let req = session.req_header();
-    let host = host_of(req);
-    let route = f
-        .runtime
-        .map(|rt| route_label(rt.route(strip_port(host), req.uri.path())));
+    let route = f.route.map(route_label);
     let route = route.as_deref().unwrap_or("none");
     let m = &shared.metrics;
     m.record(f.outcome, route, f.status, f.elapsed.as_secs_f64());
@@ -122,17 +113,7 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
         );
     }
 
-    // Refused before the config was read (a malformed request): log it with
-    // the config in force now.
-    let current;
-    let rt = match f.runtime {
-        Some(rt) => rt,
-        None => {
-            current = shared.runtime.load_full();
-            &current
-        }
-    };
-    write_line(shared, session, obs, &f, route, rt);
+    write_line(shared, session, obs, &f, route, f.runtime);
 }
 
 fn write_line(

@@ -76,8 +76,10 @@ pub struct Ctx {
     obs: crate::observe::RequestObs,
     /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
     client: Option<std::net::IpAddr>,
-    /// Index in `runtime.config.routes` of the route, when it has header rules.
-    rules: Option<usize>,
+    /// The request was routed (`request_filter` ran): `route` is its route.
+    routed: bool,
+    /// Index in `runtime.config.routes` of the route; `None`: the default route.
+    route: Option<usize>,
     /// Request body bytes seen (`max_request_body_bytes`).
     body: edge::limits::BodyCount,
 }
@@ -130,7 +132,8 @@ impl ProxyHttp for Proxy {
             rate: None,
             obs: Default::default(),
             client: None,
-            rules: None,
+            routed: false,
+            route: None,
             body: edge::limits::BodyCount::default(),
         }
     }
@@ -190,11 +193,10 @@ impl ProxyHttp for Proxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let rt = Arc::clone(&ctx.runtime);
-        let route = rt.route(host_of(session), session.req_header().uri.path());
+        ctx.route = rt.route_index(host_of(session), session.req_header().uri.path());
+        ctx.routed = true;
+        let route = rt.route_at(ctx.route);
         ctx.pool = rt.pools.get(route.upstream).cloned();
-        ctx.rules = (!route.headers.is_empty())
-            .then(|| rt.config.routes.iter().position(|r| std::ptr::eq(r, route)))
-            .flatten();
         ctx.client = edge::client_ip(session, &rt.config.server.trusted_proxies);
 
         // Gate 1: load shedding, before any other work.
@@ -440,7 +442,7 @@ impl ProxyHttp for Proxy {
             req.insert_header("x-forwarded-for", xff)?;
         }
         req.insert_header("x-forwarded-proto", "http")?;
-        if let Some(rules) = ctx.rules.and_then(|i| ctx.runtime.config.routes.get(i)) {
+        if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
         }
@@ -469,7 +471,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         edge::headers::strip_response_hop_by_hop(resp);
-        if let Some(rules) = ctx.rules.and_then(|i| ctx.runtime.config.routes.get(i)) {
+        if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
         }
@@ -567,7 +569,8 @@ impl ProxyHttp for Proxy {
             crate::observe::Finished {
                 outcome,
                 status,
-                runtime: Some(&ctx.runtime),
+                runtime: &ctx.runtime,
+                route: ctx.routed.then(|| ctx.runtime.route_at(ctx.route)),
                 pool: ctx.pool.as_deref(),
                 backend: backend.as_deref(),
                 request_id: ctx.request_id.as_deref(),
