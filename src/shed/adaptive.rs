@@ -3,9 +3,10 @@
 //! the latency of proxied requests. Plain state fed with `now` and samples.
 //!
 //! Every sample window (at least [`WINDOW`] and [`MIN_SAMPLES`] samples) the
-//! window's mean latency (`short`) is compared with the baseline, the lowest
-//! window mean of the last one to two [`BASELINE_EPOCH`]s (Envoy's minRTT,
-//! measured passively):
+//! window's median latency (`short`; a median, so one scheduling hiccup does
+//! not halve the limit) is compared with the baseline, the lowest window
+//! median of the last one to two [`BASELINE_EPOCH`]s (Envoy's minRTT, measured
+//! passively):
 //!
 //! ```text
 //! gradient  = clamp(baseline × (1 + TOLERANCE) / short, 0.5, 2.0)
@@ -27,11 +28,11 @@ use std::time::{Duration, Instant};
 /// Shortest sample window.
 pub const WINDOW: Duration = Duration::from_millis(100);
 /// Samples a window needs before it is judged.
-pub const MIN_SAMPLES: u32 = 5;
+pub const MIN_SAMPLES: usize = 9;
 /// Latency headroom over the baseline before the limit shrinks.
 pub const TOLERANCE: f64 = 0.25;
 /// How long a window's latency can serve as the baseline (one to two epochs).
-pub const BASELINE_EPOCH: Duration = Duration::from_secs(30);
+pub const BASELINE_EPOCH: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct GradientLimit {
@@ -39,8 +40,8 @@ pub struct GradientLimit {
     max: u64,
     limit: f64,
     window_start: Option<Instant>,
-    sum_secs: f64,
-    count: u32,
+    /// The window's latencies (seconds), reused.
+    samples: Vec<f64>,
     peak_inflight: u64,
     /// Lowest window mean of the current and the previous epoch.
     min_cur: f64,
@@ -58,8 +59,7 @@ impl GradientLimit {
             max,
             limit: max as f64,
             window_start: None,
-            sum_secs: 0.0,
-            count: 0,
+            samples: Vec::with_capacity(64),
             peak_inflight: 0,
             min_cur: f64::INFINITY,
             min_prev: f64::INFINITY,
@@ -82,17 +82,16 @@ impl GradientLimit {
     /// Returns the new limit when a window closed.
     pub fn on_sample(&mut self, now: Instant, rtt: Duration, inflight: u64) -> Option<u64> {
         let start = *self.window_start.get_or_insert(now);
-        self.sum_secs += rtt.as_secs_f64();
-        self.count += 1;
+        self.samples.push(rtt.as_secs_f64());
         self.peak_inflight = self.peak_inflight.max(inflight);
-        if now.saturating_duration_since(start) < WINDOW || self.count < MIN_SAMPLES {
+        if now.saturating_duration_since(start) < WINDOW || self.samples.len() < MIN_SAMPLES {
             return None;
         }
-        let short = self.sum_secs / f64::from(self.count);
+        self.samples.sort_by(f64::total_cmp);
+        let short = self.samples[self.samples.len() / 2];
         let peak = self.peak_inflight;
         self.window_start = Some(now);
-        self.sum_secs = 0.0;
-        self.count = 0;
+        self.samples.clear();
         self.peak_inflight = 0;
         Some(self.update(now, short, peak))
     }
