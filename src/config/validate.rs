@@ -5,7 +5,6 @@ use super::schema::*;
 use super::settings::*;
 use crate::cull::CullParams;
 use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
-use std::collections::HashSet;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,8 +19,8 @@ pub(super) fn err<T>(path: impl Into<String>, reason: impl Into<String>) -> VRes
 pub fn validate(raw: FileConfig) -> VResult<Config> {
     let server = validate_server(&raw.server)?;
     let store = raw.redis.as_ref().map(validate_redis).transpose()?;
-    let upstreams = validate_upstreams(&raw.upstreams)?;
-    let routes = validate_routes(&raw.routes, &upstreams)?;
+    let upstreams = super::upstreams::validate_upstreams(&raw.upstreams)?;
+    let routes = super::upstreams::validate_routes(&raw.routes, &upstreams)?;
     let shedding = validate_shedding(&raw.shedding)?;
     let rate_limit = validate_rate_limit(&raw.rate_limit)?;
     let culling = validate_culling(&raw.culling)?;
@@ -41,7 +40,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     })
 }
 
-fn parse_addr(path: &str, s: &str) -> VResult<SocketAddr> {
+pub(super) fn parse_addr(path: &str, s: &str) -> VResult<SocketAddr> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
@@ -76,12 +75,12 @@ pub(super) fn range(path: &str, v: u64, lo: u64, hi: u64, unit: &str) -> VResult
 
 /// Upper bounds: far above any sensible setting, far below where a duration or
 /// a count would overflow (`Instant + Duration`, `u64` sums, Redis TTLs).
-const HOUR: u64 = 3600;
-const DAY: u64 = 24 * HOUR;
-const WEEK: u64 = 7 * DAY;
-const MINUTE_MS: u64 = 60_000;
-const DAY_MS: u64 = DAY * 1000;
-const MAX_COUNT: u64 = 1_000_000_000_000;
+pub(super) const HOUR: u64 = 3600;
+pub(super) const DAY: u64 = 24 * HOUR;
+pub(super) const WEEK: u64 = 7 * DAY;
+pub(super) const MINUTE_MS: u64 = 60_000;
+pub(super) const DAY_MS: u64 = DAY * 1000;
+pub(super) const MAX_COUNT: u64 = 1_000_000_000_000;
 
 fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
     if s.listen.is_empty() {
@@ -188,225 +187,6 @@ fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
         flush_interval: Duration::from_millis(r.flush_interval_ms),
         timeout: Duration::from_millis(r.timeout_ms),
     })
-}
-
-fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstream>> {
-    if ups.is_empty() {
-        return err("upstreams", "at least one [[upstreams]] entry is required");
-    }
-    let mut names = HashSet::new();
-    let mut out = Vec::with_capacity(ups.len());
-    for (i, u) in ups.iter().enumerate() {
-        let p = |k: &str| format!("upstreams[{i}].{k}");
-        if u.name.is_empty() {
-            return err(p("name"), "must not be empty");
-        }
-        if !names.insert(u.name.as_str()) {
-            return err(p("name"), format!("duplicate upstream name {:?}", u.name));
-        }
-        if u.backends.is_empty() {
-            return err(p("backends"), "at least one backend is required");
-        }
-        if !u.weights.is_empty() && u.weights.len() != u.backends.len() {
-            return err(
-                p("weights"),
-                format!(
-                    "has {} entries for {} backends: give one weight per backend (or none)",
-                    u.weights.len(),
-                    u.backends.len()
-                ),
-            );
-        }
-        for (j, w) in u.weights.iter().enumerate() {
-            range(&format!("upstreams[{i}].weights[{j}]"), *w, 1, 1000, "")?;
-        }
-        let mut backends = Vec::with_capacity(u.backends.len());
-        let mut weights = Vec::new();
-        let mut entries = Vec::with_capacity(u.backends.len());
-        for (j, b) in u.backends.iter().enumerate() {
-            let path = format!("upstreams[{i}].backends[{j}]");
-            let w = u.weights.get(j).map_or(1, |w| *w as u32);
-            for a in parse_backend(&path, b)? {
-                if backends.contains(&a) {
-                    return err(path, format!("duplicate backend {b}"));
-                }
-                backends.push(a);
-                weights.push(w);
-            }
-            entries.push((b.clone(), w));
-        }
-        if u.weights.is_empty() {
-            weights.clear();
-        }
-        let balance = validate_balance(i, u, weights, backends.len())?;
-        if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
-            return err(p("health_check_path"), "must be empty or start with '/'");
-        }
-        range(
-            &p("health_check_interval_seconds"),
-            u.health_check_interval_seconds,
-            1,
-            DAY,
-            "seconds",
-        )?;
-        range(
-            &p("connect_timeout_ms"),
-            u.connect_timeout_ms,
-            1,
-            10 * MINUTE_MS,
-            "ms",
-        )?;
-        range(&p("read_timeout_ms"), u.read_timeout_ms, 1, DAY_MS, "ms")?;
-        out.push(Upstream {
-            name: u.name.clone(),
-            backends,
-            health_check_path: u.health_check_path.clone(),
-            health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
-            connect_timeout: Duration::from_millis(u.connect_timeout_ms),
-            read_timeout: Duration::from_millis(u.read_timeout_ms),
-            entries,
-            balance,
-        });
-    }
-    Ok(out)
-}
-
-/// A backend entry: an address, or a hostname and all its addresses of one family.
-fn parse_backend(path: &str, s: &str) -> VResult<Vec<SocketAddr>> {
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(vec![a]);
-    }
-    let first = parse_addr(path, s)?;
-    match crate::balance::resolve::resolve_entry(s) {
-        Ok(v) if !v.is_empty() => Ok(v),
-        _ => Ok(vec![first]),
-    }
-}
-
-fn validate_balance(
-    i: usize,
-    u: &UpstreamSection,
-    weights: Vec<u32>,
-    n_backends: usize,
-) -> VResult<crate::balance::BalanceSettings> {
-    use crate::balance::{BalanceSettings, HashKey, Policy};
-    let p = |k: &str| format!("upstreams[{i}].{k}");
-    let hash_key = match u.hash_key.split_once(':') {
-        Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
-            Ok(h) => HashKey::Header(h),
-            Err(_) => return err(p("hash_key"), format!("invalid header name {name:?}")),
-        },
-        Some(("query", name)) if !name.is_empty() => HashKey::Query(name.to_string()),
-        None if u.hash_key == "bearer" => HashKey::Bearer,
-        None if u.hash_key == "client_ip" => HashKey::ClientIp,
-        None if u.hash_key == "path" => HashKey::Path,
-        _ => {
-            return err(
-                p("hash_key"),
-                format!(
-                    "invalid hash key {:?}: expected header:NAME, query:NAME, bearer, client_ip or path",
-                    u.hash_key
-                ),
-            )
-        }
-    };
-    range(&p("retries"), u.retries, 0, 10, "")?;
-    if !(0.0..=1.0).contains(&u.retry_budget_ratio) {
-        return err(
-            p("retry_budget_ratio"),
-            format!(
-                "{} is out of range: must be between 0 and 1",
-                u.retry_budget_ratio
-            ),
-        );
-    }
-    range(
-        &p("max_inflight"),
-        u.max_inflight,
-        0,
-        10_000_000,
-        "requests",
-    )?;
-    range(
-        &p("resolve_interval_seconds"),
-        u.resolve_interval_seconds,
-        1,
-        DAY,
-        "seconds",
-    )?;
-    range(
-        &p("shard_size"),
-        u.shard_size,
-        0,
-        n_backends as u64,
-        "backends",
-    )?;
-    Ok(BalanceSettings {
-        policy: match u.balance {
-            BalanceSection::RoundRobin => Policy::RoundRobin,
-            BalanceSection::LeastRequests => Policy::LeastRequests,
-            BalanceSection::ConsistentHash => Policy::ConsistentHash,
-            BalanceSection::Random => Policy::Random,
-        },
-        hash_key,
-        weights,
-        retries: u.retries as u32,
-        retry_budget_ratio: u.retry_budget_ratio,
-        max_inflight: u.max_inflight,
-        resolve_interval: Duration::from_secs(u.resolve_interval_seconds),
-        shard_size: u.shard_size as usize,
-    })
-}
-
-fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Route>> {
-    let mut out = Vec::with_capacity(routes.len().max(1));
-    for (i, r) in routes.iter().enumerate() {
-        let upstream = match ups.iter().position(|u| u.name == r.upstream) {
-            Some(idx) => idx,
-            None => {
-                return err(
-                    format!("routes[{i}].upstream"),
-                    format!("names unknown upstream {:?}", r.upstream),
-                )
-            }
-        };
-        if !r.path_prefix.starts_with('/') {
-            return err(format!("routes[{i}].path_prefix"), "must start with '/'");
-        }
-        if r.host.contains(['/', ' ']) {
-            return err(format!("routes[{i}].host"), "must be a bare host name");
-        }
-        let host = (!r.host.is_empty()).then(|| r.host.to_ascii_lowercase());
-        let headers = crate::config::edge::validate_header_rules(i, r)?;
-        out.push(Route {
-            headers,
-            host,
-            path_prefix: r.path_prefix.clone(),
-            upstream,
-            priority: match r.priority {
-                PrioritySection::Critical => Priority::Critical,
-                PrioritySection::Normal => Priority::Normal,
-                PrioritySection::Low => Priority::Low,
-            },
-        });
-    }
-    if out.is_empty() {
-        out.push(Route {
-            host: None,
-            path_prefix: "/".into(),
-            upstream: 0,
-            priority: Priority::Normal,
-            headers: crate::edge::HeaderRules::new(),
-        });
-    }
-    // First match wins: longest prefix, then host-specific before any-host.
-    out.sort_by(|a, b| {
-        b.path_prefix
-            .len()
-            .cmp(&a.path_prefix.len())
-            .then(b.host.is_some().cmp(&a.host.is_some()))
-    });
-    Ok(out)
 }
 
 fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
