@@ -16,17 +16,124 @@
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
-    TimingDigest, UniqueID, UniqueIDType, ALPN,
-};
+use pingora::protocols::{Peek, Stream};
 use pingora::server::ShutdownWatch;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// The parts of Pingora's stream traits a wrapper only forwards to its
+/// `inner` stream: writes, shutdown, id, TLS info and the digests. A wrapper
+/// writes its own `AsyncRead` and `Peek`, the parts where it does something.
+#[macro_export]
+macro_rules! forward_stream_io {
+    ($ty:ty) => {
+        impl tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                tokio::io::AsyncWrite::poll_write(std::pin::Pin::new(&mut *self.inner), cx, buf)
+            }
+
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                tokio::io::AsyncWrite::poll_flush(std::pin::Pin::new(&mut *self.inner), cx)
+            }
+
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                tokio::io::AsyncWrite::poll_shutdown(std::pin::Pin::new(&mut *self.inner), cx)
+            }
+
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                tokio::io::AsyncWrite::poll_write_vectored(
+                    std::pin::Pin::new(&mut *self.inner),
+                    cx,
+                    bufs,
+                )
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                tokio::io::AsyncWrite::is_write_vectored(&*self.inner)
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl pingora::protocols::Shutdown for $ty {
+            async fn shutdown(&mut self) {
+                pingora::protocols::Shutdown::shutdown(&mut *self.inner).await
+            }
+        }
+
+        impl pingora::protocols::UniqueID for $ty {
+            fn id(&self) -> pingora::protocols::UniqueIDType {
+                pingora::protocols::UniqueID::id(&*self.inner)
+            }
+        }
+
+        /// Only plain-TCP streams are wrapped: whatever TLS information the
+        /// inner stream has (none) is passed on.
+        impl pingora::protocols::Ssl for $ty {
+            fn get_ssl_digest(&self) -> Option<std::sync::Arc<pingora::protocols::tls::SslDigest>> {
+                pingora::protocols::Ssl::get_ssl_digest(&*self.inner)
+            }
+
+            fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
+                pingora::protocols::Ssl::selected_alpn_proto(&*self.inner)
+            }
+        }
+
+        impl pingora::protocols::GetTimingDigest for $ty {
+            fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+                pingora::protocols::GetTimingDigest::get_timing_digest(&*self.inner)
+            }
+
+            fn get_read_pending_time(&self) -> std::time::Duration {
+                pingora::protocols::GetTimingDigest::get_read_pending_time(&*self.inner)
+            }
+
+            fn get_write_pending_time(&self) -> std::time::Duration {
+                pingora::protocols::GetTimingDigest::get_write_pending_time(&*self.inner)
+            }
+        }
+
+        impl pingora::protocols::GetProxyDigest for $ty {
+            fn get_proxy_digest(
+                &self,
+            ) -> Option<std::sync::Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+                pingora::protocols::GetProxyDigest::get_proxy_digest(&*self.inner)
+            }
+
+            fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
+                pingora::protocols::GetProxyDigest::set_proxy_digest(&mut *self.inner, digest)
+            }
+        }
+
+        impl pingora::protocols::GetSocketDigest for $ty {
+            fn get_socket_digest(
+                &self,
+            ) -> Option<std::sync::Arc<pingora::protocols::SocketDigest>> {
+                pingora::protocols::GetSocketDigest::get_socket_digest(&*self.inner)
+            }
+
+            fn set_socket_digest(&mut self, digest: pingora::protocols::SocketDigest) {
+                pingora::protocols::GetSocketDigest::set_socket_digest(&mut *self.inner, digest)
+            }
+        }
+    };
+}
 
 /// Bytes kept per connection (the buffer holds at most twice this): enough
 /// for the request lines of the requests currently buffered. A request line
@@ -89,89 +196,7 @@ impl AsyncRead for RecordingStream {
     }
 }
 
-impl AsyncWrite for RecordingStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-#[async_trait]
-impl Shutdown for RecordingStream {
-    async fn shutdown(&mut self) {
-        self.inner.shutdown().await
-    }
-}
-
-impl UniqueID for RecordingStream {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-/// Only plain-TCP streams are wrapped (see the module docs): nothing to forward.
-impl Ssl for RecordingStream {
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for RecordingStream {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-
-    fn get_read_pending_time(&self) -> Duration {
-        self.inner.get_read_pending_time()
-    }
-
-    fn get_write_pending_time(&self) -> Duration {
-        self.inner.get_write_pending_time()
-    }
-}
-
-impl GetProxyDigest for RecordingStream {
-    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-
-    fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
-        self.inner.set_proxy_digest(digest)
-    }
-}
-
-impl GetSocketDigest for RecordingStream {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-
-    fn set_socket_digest(&mut self, digest: SocketDigest) {
-        self.inner.set_socket_digest(digest)
-    }
-}
+crate::forward_stream_io!(RecordingStream);
 
 #[async_trait]
 impl Peek for RecordingStream {
