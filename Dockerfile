@@ -4,8 +4,10 @@
 # Base images pinned by digest (unverified here: no container engine; see README).
 FROM rust:1.85-bookworm@sha256:e51d0265072d2d9d5d320f6a44dde6b9ef13653b035098febd68cce8fa7c0bc4 AS builder
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake \
+ && apt-get install -y --no-install-recommends cmake libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
+# Pingora's openssl links the system libssl instead of building OpenSSL (.cargo/config.toml).
+ENV OPENSSL_NO_VENDOR=1
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
@@ -16,7 +18,7 @@ RUN cargo build --release --locked --bin portcullis \
 
 FROM debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin portcullis
 COPY --from=builder /src/target/release/portcullis /usr/local/bin/portcullis

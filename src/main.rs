@@ -36,6 +36,22 @@ fn main() -> ExitCode {
         }
     };
     if cli.check {
+        // Cluster seeds and sentinels are asked, within a bound, whether they are what the
+        // file says (a cluster; a sentinel knowing `master_name`). Unreachable: a warning.
+        if let Some(s) = &config.store {
+            let bound = s.timeout.clamp(
+                std::time::Duration::from_millis(500),
+                std::time::Duration::from_secs(2),
+            );
+            match portcullis::store::probe_blocking(&s.endpoint, bound) {
+                Ok(None) => {}
+                Ok(Some(note)) => eprintln!("warning: {}: {note}", cli.conf.display()),
+                Err((key, why)) => {
+                    eprintln!("{}", portcullis::config::error_at(&cli.conf, &key, &why));
+                    return ExitCode::from(2);
+                }
+            }
+        }
         println!("OK");
         return ExitCode::SUCCESS;
     }

@@ -183,6 +183,47 @@ impl Collector for Sampled {
     }
 }
 
+/// Index of [`code_class`] (and "error" for no answer) in a series cache.
+fn class_index(status: Option<u16>) -> usize {
+    match status {
+        None => 6,
+        Some(100..=199) => 0,
+        Some(200..=299) => 1,
+        Some(300..=399) => 2,
+        Some(400..=499) => 3,
+        Some(500..=599) => 4,
+        Some(_) => 5,
+    }
+}
+
+/// The `portcullis_requests_total` series of one route label, each resolved
+/// on first use and then kept: recording is an atomic add, not a label
+/// look-up (hash, lock, clone) per request. A series appears in the
+/// exposition exactly when it did with `with_label_values`.
+#[derive(Debug)]
+pub struct RouteSeries {
+    pub label: String,
+    requests: [[OnceLock<IntCounter>; 7]; 6],
+}
+
+impl RouteSeries {
+    pub fn new(label: String) -> Self {
+        Self {
+            label,
+            requests: Default::default(),
+        }
+    }
+}
+
+/// The `portcullis_upstream_*` series of one backend, resolved on first use
+/// (see [`RouteSeries`]). The labels of a backend never change: a backend's
+/// state is keyed by its upstream's name and its address.
+#[derive(Debug, Default)]
+pub struct BackendSeries {
+    requests: [OnceLock<IntCounter>; 7],
+    duration: OnceLock<Histogram>,
+}
+
 pub struct Metrics {
     edge_refusals: [IntCounter; 6],
     /// Client connections open on the proxy listeners.
@@ -205,6 +246,9 @@ pub struct Metrics {
     pub ratelimit_store_errors: IntCounter,
     pub ratelimit_store_healthy: IntGauge,
     pub ratelimit_tracked_keys: IntGauge,
+    /// Per rate-limit policy, by `result` = allowed | limited | refused_by_other (handles
+    /// resolved per reload: see [`crate::ratelimit::DecisionCounters`]).
+    pub ratelimit_policy_decisions: IntCounterVec,
     pub config_reloads: IntCounterVec,
     pub watchdog_breaches: IntCounterVec,
     pub ready: IntGauge,
@@ -266,10 +310,8 @@ impl Metrics {
             &["upstream"],
         ));
         reg(Box::new(upstream_durations.clone()));
-        let tunnels_open = must(IntGauge::new(
-            "portcullis_tunnels_open",
-            "Upgraded connections (WebSocket etc.) open",
-        ));
+        // Process-global: the tunnel slots that move it live in `edge::tunnel`.
+        let tunnels_open = crate::edge::tunnel::open_gauge().clone();
         reg(Box::new(tunnels_open.clone()));
         let sampled: Arc<OnceLock<Sampler>> = Arc::new(OnceLock::new());
         reg(Box::new(Sampled {
@@ -338,6 +380,14 @@ impl Metrics {
             "API keys tracked in memory",
         ));
         reg(Box::new(ratelimit_tracked_keys.clone()));
+        let ratelimit_policy_decisions = must(IntCounterVec::new(
+            Opts::new(
+                "portcullis_ratelimit_policy_decisions_total",
+                "Rate-limit decisions per policy: allowed (admitted by every policy and counted), limited (refused by this policy), refused_by_other (admitted here, refused by another policy; not counted)",
+            ),
+            &["policy", "result"],
+        ));
+        reg(Box::new(ratelimit_policy_decisions.clone()));
         let config_reloads = must(IntCounterVec::new(
             Opts::new(
                 "portcullis_config_reloads_total",
@@ -425,6 +475,7 @@ impl Metrics {
             upstream_panic_mode,
             ratelimit_store_errors,
             ratelimit_store_healthy,
+            ratelimit_policy_decisions,
             ratelimit_tracked_keys,
             config_reloads,
             watchdog_breaches,
@@ -451,6 +502,46 @@ impl Metrics {
             .inc();
         self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
         self.durations[i].observe(seconds);
+    }
+
+    /// [`Metrics::record`] through the route's cached series.
+    pub fn record_route(&self, series: &RouteSeries, outcome: Outcome, status: u16, seconds: f64) {
+        let i = outcome as usize;
+        series.requests[i][class_index(Some(status))]
+            .get_or_init(|| {
+                self.requests.with_label_values(&[
+                    outcome.as_str(),
+                    &series.label,
+                    code_class(status),
+                ])
+            })
+            .inc();
+        self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
+        self.durations[i].observe(seconds);
+    }
+
+    /// [`Metrics::record_upstream`] through the backend's cached series.
+    pub fn record_backend(
+        &self,
+        series: &BackendSeries,
+        upstream: &str,
+        backend: &str,
+        status: Option<u16>,
+        seconds: Option<f64>,
+    ) {
+        series.requests[class_index(status)]
+            .get_or_init(|| {
+                let code = status.map_or("error", code_class);
+                self.upstream_requests
+                    .with_label_values(&[upstream, backend, code])
+            })
+            .inc();
+        if let Some(s) = seconds {
+            series
+                .duration
+                .get_or_init(|| self.upstream_durations.with_label_values(&[upstream]))
+                .observe(s);
+        }
     }
 
     pub fn edge_refusal(&self, r: EdgeRefusal) {

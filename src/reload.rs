@@ -15,6 +15,16 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
             (old.server.admin_listen != new.server.admin_listen, "server.admin_listen"),
             (old.server.threads != new.server.threads, "server.threads"),
             (old.store != new.store, "redis"),
+            (old.server.h2c != new.server.h2c, "server.h2c"),
+            (
+                old.tracing.otlp_endpoint != new.tracing.otlp_endpoint,
+                "tracing.otlp_endpoint",
+            ),
+            (
+                old.tls.as_ref().map(|t| (&t.listen, t.min_version))
+                    != new.tls.as_ref().map(|t| (&t.listen, t.min_version)),
+                "tls.listen / tls.min_version",
+            ),
         ];
         for (changed, key) in needs_restart {
             if changed {

@@ -18,6 +18,9 @@ use crate::ratelimit::{policy_header, ratelimit_header};
 /// [`RateFields::apply`] so the request path copies no string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateFields {
+    /// Which policy these are of: an index in [`crate::ratelimit::Policies::list`] (0 is
+    /// `[rate_limit]`); its name comes at [`RateFields::apply`].
+    pub policy: usize,
     pub limit: u64,
     pub window_secs: u64,
     pub remaining: u64,
@@ -45,6 +48,8 @@ impl RateFields {
 pub enum Refusal {
     /// The concurrency cap of the request's class is reached (503).
     Shed { retry_after: u64 },
+    /// `shedding.max_tunnels` upgraded connections are open (503).
+    TunnelCap { retry_after: u64 },
     /// The key is over its limit (429); `fields.remaining` is 0.
     RateLimited {
         retry_after: u64,
@@ -80,7 +85,7 @@ pub enum Refusal {
 impl Refusal {
     pub fn status(&self) -> u16 {
         match self {
-            Refusal::Shed { .. } | Refusal::NoBackend { .. } => 503,
+            Refusal::Shed { .. } | Refusal::NoBackend { .. } | Refusal::TunnelCap { .. } => 503,
             Refusal::RateLimited { .. } => 429,
             Refusal::KeyMissing => 401,
             Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
@@ -97,7 +102,7 @@ impl Refusal {
     /// The `outcome` label it is counted under.
     pub fn outcome(&self) -> Outcome {
         match self {
-            Refusal::Shed { .. } => Outcome::Shed,
+            Refusal::Shed { .. } | Refusal::TunnelCap { .. } => Outcome::Shed,
             Refusal::RateLimited { .. } => Outcome::RateLimited,
             Refusal::NoBackend { .. } => Outcome::NoBackend,
             Refusal::KeyMissing
@@ -117,6 +122,7 @@ impl Refusal {
     pub fn body(&self) -> &'static str {
         match self {
             Refusal::Shed { .. } => "portcullis: overloaded (load shed)\n",
+            Refusal::TunnelCap { .. } => "portcullis: too many open tunnels (max_tunnels)\n",
             Refusal::RateLimited { .. } => "portcullis: rate limited\n",
             Refusal::KeyMissing => "portcullis: API key required\n",
             Refusal::KeyTooLong => "portcullis: API key too long\n",
@@ -137,6 +143,7 @@ impl Refusal {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Refusal::Shed { retry_after }
+            | Refusal::TunnelCap { retry_after }
             | Refusal::NoBackend { retry_after }
             | Refusal::RateLimited { retry_after, .. } => Some((*retry_after).max(1)),
             _ => None,
@@ -184,6 +191,7 @@ mod tests {
             retry_after: 0,
             policy: "default".into(),
             fields: RateFields {
+                policy: 0,
                 limit: 10,
                 window_secs: 60,
                 remaining: 0,

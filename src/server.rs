@@ -61,8 +61,9 @@ struct Flusher {
 #[async_trait]
 impl BackgroundService for Flusher {
     async fn start(&self, shutdown: ShutdownWatch) {
+        let shared = Arc::clone(&self.shared);
         crate::ratelimit::run_flusher(
-            Arc::clone(&self.shared.limiter),
+            move || shared.rate_limiters(),
             Arc::clone(&self.store),
             self.interval,
             shutdown,
@@ -150,10 +151,14 @@ fn server_conf(config: &Config) -> ServerConf {
         ..ServerConf::default()
     };
     conf.upstream_keepalive_pool_size = 256;
-    // One single-threaded runtime per worker thread instead of a work-stealing
-    // pool: a request's phases stay on one core. BENCHMARKS.md measured it on
-    // bare Pingora at 0.83x then 0.97x (within noise) the CPU per request.
-    conf.work_stealing = false;
+    // One thread: a single-threaded runtime, the cheapest scheduler. More
+    // threads: Pingora's work-stealing runtime. With one runtime per thread
+    // (`work_stealing = false`) the upstream connection pool is shared by all
+    // threads while each socket stays registered with the runtime that opened
+    // it, so reusing a pooled connection wakes another thread: at 2 threads
+    // 2.2 eventfd writes and 0.5 more epoll_wait per request, 8.1 system calls
+    // per request instead of 5.2 (`benches/load/syscalls.sh`, issue 16).
+    conf.work_stealing = s.threads > 1;
     conf
 }
 
@@ -172,6 +177,8 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let upgrade_sock = config.server.upgrade_sock.clone();
     let redis = config.store.clone();
     let threads = config.server.threads;
+    let h2c = config.server.h2c;
+    let tls = config.tls.clone();
 
     let shared = Shared::new(config, config_path);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
@@ -179,15 +186,19 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
 
     // Counts client connections and lets the last accepted ones be served at shutdown.
     let connections = Arc::new(crate::lifecycle::Connections::default());
+    let mut http_proxy =
+        pingora::proxy::http_proxy(&server.configuration, Proxy::new(Arc::clone(&shared)));
+    if h2c {
+        let mut options = pingora::apps::HttpServerOptions::default();
+        options.h2c = true;
+        http_proxy.server_options = Some(options);
+    }
     // Edge first: the connection cap and the PROXY header come before anything else.
     let mut proxy = Service::new(
         "portcullis proxy".into(),
         crate::edge::EdgeApp::new(
             crate::lifecycle::GracefulApp::new(
-                crate::raw_window::RecordingApp::new(pingora::proxy::http_proxy(
-                    &server.configuration,
-                    Proxy::new(Arc::clone(&shared)),
-                )),
+                crate::raw_window::RecordingApp::new(http_proxy),
                 Arc::clone(&connections),
             ),
             Arc::clone(&shared),
@@ -195,6 +206,19 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     );
     for addr in &listen {
         proxy.add_tcp(&addr.to_string());
+    }
+    let mut ready_addrs = listen.clone();
+    if let Some(tls) = &tls {
+        for addr in &tls.listen {
+            match crate::edge::tls::listener_settings(&shared, tls.min_version) {
+                Ok(settings) => proxy.add_tls_with_settings(&addr.to_string(), None, settings),
+                Err(e) => {
+                    tracing::error!(error = %e, listen = %addr, "cannot set up the TLS listener");
+                    std::process::exit(1);
+                }
+            }
+            ready_addrs.push(*addr);
+        }
     }
     proxy.threads = Some(threads);
 
@@ -227,11 +251,13 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     // The one Redis client of the process, shared by the limiter's flusher, culling and
     // the watchdog (one connection for the whole process).
     let fleet_store = match &redis {
-        Some(r) => Store::redis(r.url.expose(), &r.key_prefix, r.timeout).unwrap_or_else(|e| {
-            // validated at load; only reachable if the URL became invalid
-            tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
-            Store::Local
-        }),
+        Some(r) => {
+            Store::with_endpoint(&r.endpoint, &r.key_prefix, r.timeout).unwrap_or_else(|e| {
+                // validated at load; only reachable if the URL became invalid
+                tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
+                Store::Local
+            })
+        }
         None => Store::Local,
     };
     let (store, flush_interval): (Arc<dyn CounterStore>, Duration) = match (&fleet_store, &redis) {
@@ -241,16 +267,13 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         ),
         _ => (Arc::new(LocalStore::new()), Duration::from_millis(50)),
     };
-    let health = background_service(
-        "health checks",
-        HealthChecks {
-            shared: Arc::clone(&shared),
-        },
-    );
+    // Every background service holds the shared state.
+    let sh = || Arc::clone(&shared);
+    let health = background_service("health checks", HealthChecks { shared: sh() });
     let flusher = background_service(
         "rate-limit flusher",
         Flusher {
-            shared: Arc::clone(&shared),
+            shared: sh(),
             store,
             interval: flush_interval,
         },
@@ -259,30 +282,19 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         Store::Redis(client) => Budget::shared(Arc::clone(client)),
         Store::Local => Budget::local(),
     };
-    let culling = crate::cull::driver::service(Arc::clone(&shared), budget);
+    let culling = crate::cull::driver::service(sh(), budget);
     let readiness = background_service(
         "readiness",
         Readiness {
-            shared: Arc::clone(&shared),
-            listen: listen.clone(),
+            shared: sh(),
+            listen: ready_addrs,
         },
     );
-    let reloader = background_service(
-        "reload",
-        Reloader {
-            shared: Arc::clone(&shared),
-        },
-    );
-    let access_log_reopen = background_service(
-        "access log reopen",
-        AccessLogReopen {
-            shared: Arc::clone(&shared),
-        },
-    );
-    let watchdog = background_service(
-        "watchdog",
-        crate::watchdog::Watchdog::new(Arc::clone(&shared), &fleet_store),
-    );
+    let reloader = background_service("reload", Reloader { shared: sh() });
+    let access_log_reopen =
+        background_service("access log reopen", AccessLogReopen { shared: sh() });
+    let watchdog = crate::watchdog::Watchdog::new(sh(), &fleet_store);
+    let watchdog = background_service("watchdog", watchdog);
 
     server.add_service(proxy);
     server.add_service(admin);
@@ -314,4 +326,6 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             connections,
         }),
     });
+    // Write the access-log lines still lingering in memory and export queued spans.
+    shared.observe.close();
 }

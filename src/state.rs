@@ -4,8 +4,8 @@
 
 use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
-use crate::metrics::Metrics;
-use crate::ratelimit::Limiter;
+use crate::metrics::{Metrics, RouteSeries};
+use crate::ratelimit::{DecisionCounters, Limiter, Policies, Policy, PolicyKey};
 use crate::shed::Shedder;
 use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
@@ -20,12 +20,67 @@ pub use crate::store::clock::{unix_ms, unix_secs};
 pub struct Runtime {
     pub config: Config,
     pub pools: Vec<Arc<Pool>>,
+    /// Every rate-limit policy (`[rate_limit]` first, on the process's one limiter for it).
+    pub rate: Policies,
+    /// The metric series of each route (same order as `config.routes`), then
+    /// of the default route, then of requests refused before routing.
+    route_series: Vec<RouteSeries>,
+}
+
+/// The rate-limit policies of `config`: `[rate_limit]` on `default`, each named policy on
+/// the limiter it had in `previous` (same name: counts kept, new parameters) or a new one.
+fn build_policies(
+    config: &Config,
+    previous: Option<&Runtime>,
+    default: &Arc<Limiter>,
+    metrics: &Metrics,
+) -> Policies {
+    let rl = &config.rate_limit;
+    let vec = &metrics.ratelimit_policy_decisions;
+    let mut list = vec![Policy {
+        name: Arc::clone(&rl.policy_name),
+        key: PolicyKey::Source(rl.source.clone()),
+        path_prefix: String::new(),
+        window_secs: rl.params.window_secs,
+        limiter: Arc::clone(default),
+        counters: DecisionCounters::of(vec, &rl.policy_name),
+    }];
+    for p in &rl.policies {
+        let kept = previous
+            .and_then(|r| r.rate.list.iter().skip(1).find(|o| o.name == p.name))
+            .map(|o| Arc::clone(&o.limiter));
+        let limiter = match kept {
+            Some(l) => {
+                l.set_params(p.params.clone());
+                l
+            }
+            None => Arc::new(Limiter::for_policy(p.params.clone(), &p.name)),
+        };
+        list.push(Policy {
+            name: Arc::clone(&p.name),
+            key: p.key.clone(),
+            path_prefix: p.path_prefix.clone(),
+            window_secs: p.params.window_secs,
+            limiter,
+            counters: DecisionCounters::of(vec, &p.name),
+        });
+    }
+    Policies {
+        list,
+        default_enabled: rl.enabled,
+    }
 }
 
 impl Runtime {
     /// Build from a validated config. Backends that stay keep their state
-    /// (culling window, cull mark) and their active health-check state.
-    pub fn build(config: Config, previous: Option<&Runtime>) -> Self {
+    /// (culling window, cull mark) and their active health-check state; rate-limit
+    /// policies that stay keep their counts.
+    pub fn build(
+        config: Config,
+        previous: Option<&Runtime>,
+        limiter: &Arc<Limiter>,
+        metrics: &Metrics,
+    ) -> Self {
         let mut known: HashMap<(String, SocketAddr), Arc<BackendState>> = HashMap::new();
         if let Some(prev) = previous {
             for pool in &prev.pools {
@@ -43,7 +98,34 @@ impl Runtime {
                 Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
             })
             .collect();
-        Self { pools, config }
+        let route_series = config
+            .routes
+            .iter()
+            .map(|r| RouteSeries::new(crate::observe::request::route_label(r).into_owned()))
+            .chain([
+                RouteSeries::new(crate::observe::request::route_label(&DEFAULT_ROUTE).into_owned()),
+                RouteSeries::new("none".to_string()),
+            ])
+            .collect();
+        let rate = build_policies(&config, previous, limiter, metrics);
+        Self {
+            pools,
+            config,
+            rate,
+            route_series,
+        }
+    }
+
+    /// The metric series of a request's route: `routed` is false for a
+    /// request refused before routing ("none"); `index` as [`Runtime::route_at`].
+    pub fn route_series(&self, routed: bool, index: Option<usize>) -> &RouteSeries {
+        let n = self.config.routes.len();
+        let i = match (routed, index) {
+            (false, _) => n + 1,
+            (true, Some(i)) if i < n => i,
+            (true, _) => n,
+        };
+        &self.route_series[i]
     }
 
     /// First matching route (routes are pre-sorted: longest prefix, host-specific first).
@@ -110,13 +192,15 @@ impl Shared {
         } else {
             "local"
         };
-        let observe = crate::observe::Observe::new(&config.access_log);
-        let runtime = Runtime::build(config, None);
+        let observe = crate::observe::Observe::new(&config.access_log, &config.tracing);
+        let metrics = Arc::new(Metrics::new());
+        observe.register(&metrics.registry);
+        let runtime = Runtime::build(config, None, &limiter, &metrics);
         Arc::new(Self {
             runtime: ArcSwap::from_pointee(runtime),
             shedder,
             limiter,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             observe,
             lifecycle: Arc::new(Lifecycle::default()),
             store_kind,
@@ -129,8 +213,21 @@ impl Shared {
 
     /// A unique request id: per-process prefix plus a counter, 28 hex digits.
     pub fn next_request_id(&self) -> String {
+        String::from_utf8_lossy(&self.next_request_id_bytes()).into_owned()
+    }
+
+    /// [`Shared::next_request_id`] as a header value (hex: always valid).
+    pub fn next_request_id_value(&self) -> http::HeaderValue {
+        http::HeaderValue::from_bytes(&self.next_request_id_bytes())
+            .unwrap_or_else(|_| http::HeaderValue::from_static(""))
+    }
+
+    fn next_request_id_bytes(&self) -> [u8; 28] {
         let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
-        format!("{:012x}{:016x}", self.id_prefix, n)
+        let mut b = [0u8; 28];
+        crate::observe::trace::hex_lower(u128::from(self.id_prefix), &mut b[..12]);
+        crate::observe::trace::hex_lower(u128::from(n), &mut b[12..]);
+        b
     }
 
     /// Remember the runtime the calling request runs on (once; then one atomic load).
@@ -148,6 +245,12 @@ impl Shared {
         self.proxy_runtime.get()
     }
 
+    /// The limiters of every rate-limit policy: `[rate_limit]`'s first, then those of the
+    /// current `[[rate_limit.policies]]` (flushed together, in one batch).
+    pub fn rate_limiters(&self) -> Vec<Arc<Limiter>> {
+        self.runtime.load().rate.limiters()
+    }
+
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay
     /// keep their state; removed backends finish what they have in flight.
     pub fn apply(&self, config: Config) {
@@ -156,7 +259,7 @@ impl Shared {
             .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
         self.limiter.set_params(config.rate_limit.params.clone());
         let prev = self.runtime.load();
-        let next = Runtime::build(config, Some(&prev));
+        let next = Runtime::build(config, Some(&prev), &self.limiter, &self.metrics);
         self.runtime.store(Arc::new(next));
     }
 }

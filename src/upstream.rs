@@ -35,6 +35,8 @@ pub struct BackendState {
     total_errors: AtomicU64,
     /// Attempts in flight to this backend (least_requests reads it).
     inflight: AtomicU64,
+    /// Its `portcullis_upstream_*` series, resolved once.
+    pub series: crate::metrics::BackendSeries,
 }
 
 /// Where a backend stands with the culling gate.
@@ -58,6 +60,7 @@ impl BackendState {
             total_requests: AtomicU64::new(0),
             total_errors: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
+            series: Default::default(),
         }
     }
 
@@ -241,6 +244,8 @@ pub struct Pool {
     pub read_timeout: Duration,
     pub health_check_interval: Option<Duration>,
     pub health_check_path: String,
+    /// TLS / HTTP/2 to the backends (CONTRACT §6).
+    pub transport: crate::config::UpstreamTransport,
     /// Set while no backend is eligible and traffic goes to all of them.
     pub panic_mode: AtomicBool,
     /// `None` without active checks (every backend counts as healthy).
@@ -287,7 +292,8 @@ impl Pool {
             states.push(state);
         }
         let health = (!cfg.health_check_path.is_empty()).then(|| {
-            let check = http_health_check(&cfg.health_check_path, cfg.connect_timeout);
+            let check =
+                http_health_check(&cfg.health_check_path, cfg.connect_timeout, &cfg.transport);
             match previous.and_then(|p| p.health.as_ref()) {
                 Some(h) => {
                     h.check.0.store(Arc::new(check));
@@ -340,6 +346,7 @@ impl Pool {
             read_timeout: cfg.read_timeout,
             health_check_interval,
             health_check_path: cfg.health_check_path.clone(),
+            transport: cfg.transport.clone(),
             panic_mode: AtomicBool::new(false),
             health,
         }
@@ -433,8 +440,24 @@ impl Pool {
     }
 }
 
-fn http_health_check(path: &str, timeout: Duration) -> HttpHealthCheck {
-    let mut hc = HttpHealthCheck::new("localhost", false);
+fn http_health_check(
+    path: &str,
+    timeout: Duration,
+    transport: &crate::config::UpstreamTransport,
+) -> HttpHealthCheck {
+    let host = if transport.sni.is_empty() {
+        "localhost"
+    } else {
+        transport.sni.as_str()
+    };
+    let mut hc = HttpHealthCheck::new(host, transport.tls);
+    if transport.tls {
+        hc.peer_template.options.verify_cert = transport.verify;
+        hc.peer_template.options.verify_hostname = transport.verify && !transport.sni.is_empty();
+        if let Some(ca) = &transport.ca {
+            hc.peer_template.options.ca = Some(ca.0.clone());
+        }
+    }
     match RequestHeader::build("GET", path.as_bytes(), None) {
         Ok(mut req) => {
             let _ = req.append_header("Host", "localhost");

@@ -46,6 +46,19 @@ fn load(
         .collect()
 }
 
+/// `max_concurrency`, the ceiling of the adaptive limit.
+const CEILING: f64 = 40.0;
+/// The limit counts as "at the ceiling" from here: three quarters of it, far above where
+/// a slow backend drives it (at most [`SHRUNK`]). The proxy's own latency on a loaded
+/// machine moves the limit a little; these bounds test the direction, not the magnitude.
+const NEAR_CEILING: f64 = 30.0;
+/// At most this when the backend is 40 times slower: under half the ceiling.
+const SHRUNK: f64 = 16.0;
+/// The slow phase's backend latency; a shed answer must come much faster than this.
+const SLOW: Duration = Duration::from_millis(400);
+/// Deadlines: generous, for a machine shared with builds (polled, so a pass is quick).
+const PHASE: Duration = Duration::from_secs(60);
+
 #[test]
 fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back() {
     let b = Backend::start("app");
@@ -57,7 +70,7 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     );
     let p = Proxy::start(&cfg);
     let limit = || p.metric("portcullis_concurrency_limit").unwrap_or(-1.0);
-    assert_eq!(limit(), 40.0, "starts at max_concurrency");
+    assert_eq!(limit(), CEILING, "starts at max_concurrency");
 
     let stop = Arc::new(AtomicBool::new(false));
     let hits = Arc::new(Mutex::new(Vec::new()));
@@ -73,17 +86,17 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     // Fast backend: the limit stays at (or returns to) the ceiling.
     let t_fast = Instant::now();
     eventually(
-        DEADLINE,
+        PHASE,
         || format!("fast: limit {}", limit()),
-        || count(t_fast, &|h| h.status == 200) > 500 && limit() >= 36.0,
+        || count(t_fast, &|h| h.status == 200) > 500 && limit() >= NEAR_CEILING,
     );
 
     // 10 ms -> 400 ms: the limit shrinks toward min_concurrency.
-    b.set_mode(Mode::Slow(Duration::from_millis(400)));
+    b.set_mode(Mode::Slow(SLOW));
     eventually(
-        DEADLINE,
+        PHASE,
         || format!("slow: limit {}", limit()),
-        || limit() <= 12.0,
+        || limit() <= SHRUNK,
     );
     assert!(limit() >= 4.0, "below min_concurrency: {}", limit());
 
@@ -91,27 +104,35 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     b.reset_counters();
     let t_slow = Instant::now();
     eventually(
-        DEADLINE,
+        PHASE,
         || "sheds while slow".into(),
         || count(t_slow, &|h| h.status == 503) >= 100 && t_slow.elapsed() > Duration::from_secs(2),
     );
+    // Not all 40 clients queue there: at most the shrunk limit, plus what it may
+    // have wiggled up by meanwhile.
     assert!(
-        b.max_in_flight() <= 16,
+        b.max_in_flight() <= 20,
         "{} requests queued at the slow backend (40 clients)",
         b.max_in_flight()
     );
-    let mut shed_took: Vec<Duration> = hits
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter(|h| h.at >= t_slow && h.status == 503)
-        .map(|h| h.took)
-        .collect();
-    shed_took.sort();
-    let p90 = shed_took[shed_took.len() * 9 / 10];
+    // Shed at once, not after queueing behind the slow backend: the median shed answer
+    // is far faster than the median admitted one, both timed by the same clients (so a
+    // stalled machine slows both alike; a queueing proxy makes them alike).
+    let median_took = |status: u16| {
+        let mut took: Vec<Duration> = hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|h| h.at >= t_slow && h.status == status)
+            .map(|h| h.took)
+            .collect();
+        took.sort();
+        took.get(took.len() / 2).copied()
+    };
+    let (shed, admitted) = (median_took(503), median_took(200));
     assert!(
-        p90 < Duration::from_millis(100),
-        "shed answers took {p90:?} (p90)"
+        shed.zip(admitted).is_some_and(|(s, a)| s * 4 < a),
+        "median shed answer {shed:?} vs median admitted {admitted:?} (backend {SLOW:?})"
     );
     assert!(
         p.metric("portcullis_requests_total{outcome=\"shed\"}")
@@ -125,9 +146,9 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     // own latency may have risen meanwhile; the baseline forgets that within
     // two epochs (20 s).
     eventually(
-        Duration::from_secs(45),
+        PHASE,
         || format!("recovered: limit {}", limit()),
-        || limit() >= 36.0,
+        || limit() >= NEAR_CEILING,
     );
 
     stop.store(true, Ordering::SeqCst);

@@ -6,20 +6,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 use support::*;
 
-/// An `[[upstreams]]` "app" over `backends` with `extra` keys, gates that do
-/// not interfere (no rate limit, no culling).
-fn config(backends: &[&Backend], extra: &str) -> String {
-    let addrs: Vec<String> = backends
-        .iter()
-        .map(|b| format!("\"{}\"", b.addr()))
-        .collect();
-    format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [{}]\n{extra}\n\n\
-         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
-        addrs.join(", ")
-    )
-}
-
 fn backend_of(r: &Resp) -> String {
     assert_eq!(r.status, 200, "{}", r.body_str());
     r.header("x-backend").unwrap_or("").to_string()
@@ -30,7 +16,10 @@ fn least_requests_favours_the_fast_backend() {
     let fast = Backend::start("fast");
     let slow = Backend::start("slow");
     slow.set_mode(Mode::Slow(Duration::from_millis(150)));
-    let p = Proxy::start(&config(&[&fast, &slow], "balance = \"least_requests\""));
+    let p = Proxy::start(&balanced_app(
+        &[&fast, &slow],
+        "balance = \"least_requests\"",
+    ));
     let addr = p.addr();
     // 6 clients in a closed loop for 1.5 s each.
     let per_client = concurrently(6, move |_| {
@@ -54,7 +43,7 @@ fn least_requests_favours_the_fast_backend() {
 fn weights_three_to_one_split_three_to_one() {
     let a = Backend::start("a");
     let b = Backend::start("b");
-    let p = Proxy::start(&config(&[&a, &b], "weights = [3, 1]"));
+    let p = Proxy::start(&balanced_app(&[&a, &b], "weights = [3, 1]"));
     let mut order = Vec::new();
     for _ in 0..400 {
         order.push(backend_of(&p.get("/w", &[])));
@@ -73,7 +62,7 @@ fn random_spreads_over_all_backends() {
     let a = Backend::start("a");
     let b = Backend::start("b");
     let c = Backend::start("c");
-    let p = Proxy::start(&config(&[&a, &b, &c], "balance = \"random\""));
+    let p = Proxy::start(&balanced_app(&[&a, &b, &c], "balance = \"random\""));
     for _ in 0..300 {
         backend_of(&p.get("/r", &[]));
     }
@@ -93,7 +82,7 @@ fn consistent_hash_is_stable_and_removal_moves_only_the_removed_backends_keys() 
     let b = Backend::start("b");
     let c = Backend::start("c");
     let keyed = "balance = \"consistent_hash\"\nhash_key = \"header:x-user\"";
-    let p = Proxy::start(&config(&[&a, &b, &c], keyed));
+    let p = Proxy::start(&balanced_app(&[&a, &b, &c], keyed));
     let keys: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();
     let place = |p: &Proxy| -> HashMap<String, String> {
         keys.iter()
@@ -108,7 +97,7 @@ fn consistent_hash_is_stable_and_removal_moves_only_the_removed_backends_keys() 
     }
 
     // Remove c by reload.
-    p.rewrite_config(&config(&[&a, &b], keyed));
+    p.rewrite_config(&balanced_app(&[&a, &b], keyed));
     let r = post(&p.admin_addr(), "/reload", &[], b"");
     assert_eq!(r.status, 200, "reload: {}", r.body_str());
     let after = place(&p);

@@ -9,12 +9,9 @@ use support::*;
 fn a_key_stays_in_its_shard_and_a_failing_shard_spares_other_keys() {
     let backends: Vec<Backend> = (0..6).map(|i| Backend::start(&format!("b{i}"))).collect();
     let refs: Vec<&Backend> = backends.iter().collect();
-    let addrs: Vec<String> = refs.iter().map(|b| format!("\"{}\"", b.addr())).collect();
-    let cfg = format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [{}]\nshard_size = 2\n\
-         hash_key = \"header:x-tenant\"\nretries = 0\n\n\
-         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
-        addrs.join(", ")
+    let cfg = balanced_app(
+        &refs,
+        "shard_size = 2\nhash_key = \"header:x-tenant\"\nretries = 0",
     );
     let p = Proxy::start(&cfg);
 

@@ -94,8 +94,11 @@ impl CullCfg {
             ));
         }
         s.push_str(&format!(
+            // `retries = 0`: a retried 502 would hide the backend's errors from the
+            // clients whose view these tests compare with the cull (CONTRACT §10 retries
+            // a GET's 502 by default); a failed connect is still retried.
             "[[upstreams]]\nname = \"app\"\nbackends = [{}]\nconnect_timeout_ms = 500\n\
-             read_timeout_ms = {}\n",
+             read_timeout_ms = {}\nretries = 0\n",
             list.join(", "),
             self.read_timeout_ms
         ));

@@ -264,3 +264,88 @@ fn proxy_protocol_without_trusted_proxies_is_a_config_error() {
         "{out}{err}"
     );
 }
+
+/// HTTP/2 streams cannot reach their connection's state through Pingora's h2
+/// session: the PROXY source must still be the client for each stream of an
+/// h2c connection that started with a PROXY header from the balancer.
+#[test]
+fn h2c_streams_after_a_proxy_header_take_its_source() {
+    let b = Backend::start("app");
+    let p = Proxy::start_with_server(
+        "trusted_proxies = [\"127.0.0.2\"]\nproxy_protocol = true\nh2c = true",
+        &config(&b),
+    );
+    let mut c = H2Raw::connect_from(
+        &p.addr(),
+        LB,
+        b"PROXY TCP4 203.0.113.9 127.0.0.1 40000 80\r\n",
+    );
+    c.headers(1, &H2Raw::request_block("x", "/h2-pp-1", &[]))
+        .expect("headers");
+    let seen = c.read_until(Duration::from_secs(10), |s| s.responses.contains(&1));
+    assert!(seen.responses.contains(&1), "{seen:?}");
+    assert_eq!(
+        xff_of(&b, "/h2-pp-1").as_deref(),
+        Some("203.0.113.9"),
+        "the PROXY source, not the balancer"
+    );
+    // the same client (limit 1 per client address) on another stream: refused
+    c.headers(3, &H2Raw::request_block("x", "/h2-pp-2", &[]))
+        .expect("headers");
+    let seen = c.read_until(Duration::from_secs(10), |s| s.responses.contains(&3));
+    assert!(seen.responses.contains(&3), "{seen:?}");
+    assert!(xff_of(&b, "/h2-pp-2").is_none(), "429: never forwarded");
+    // while another PROXY source on the balancer's next connection is its own client
+    let mut d = H2Raw::connect_from(
+        &p.addr(),
+        LB,
+        b"PROXY TCP4 203.0.113.10 127.0.0.1 40001 80\r\n",
+    );
+    d.headers(1, &H2Raw::request_block("x", "/h2-pp-3", &[]))
+        .expect("headers");
+    let seen = d.read_until(Duration::from_secs(10), |s| s.responses.contains(&1));
+    assert!(seen.responses.contains(&1), "{seen:?}");
+    assert_eq!(xff_of(&b, "/h2-pp-3").as_deref(), Some("203.0.113.10"));
+}
+
+/// The access log's `client_ip` is the client address the gates use (CONTRACT §7:
+/// "that address is the `client_ip` rate-limit key and the one logged"), not the
+/// balancer's TCP address: a PROXY source and a trusted `X-Forwarded-For` alike.
+#[test]
+fn the_access_log_names_the_client_not_the_balancer() {
+    let b = Backend::start("app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let cfg = format!(
+        "{}\n[access_log]\nenabled = true\npath = \"{}\"\n",
+        config(&b),
+        log.display()
+    );
+    let p = Proxy::start_with_server("trusted_proxies = [\"127.0.0.2\"]", &cfg);
+    let r = get_from(
+        &p,
+        LB,
+        "/logged-xff",
+        &[("x-forwarded-for", "198.51.100.4")],
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let line = |path: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains(&format!("\"path\":\"{path}\"")))
+            .map(str::to_string)
+    };
+    eventually(
+        DEADLINE,
+        || {
+            format!(
+                "no access-log line for /logged-xff: {:?}",
+                line("/logged-xff")
+            )
+        },
+        || line("/logged-xff").is_some(),
+    );
+    let l = line("/logged-xff").unwrap_or_default();
+    assert!(l.contains("\"client_ip\":\"198.51.100.4\""), "{l}");
+}

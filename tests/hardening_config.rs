@@ -14,17 +14,6 @@ use std::fs;
 use std::process::{Child, Command, Stdio};
 use support::*;
 
-fn upstream(name: &str, backends: &[&Backend], extra: &str) -> String {
-    let list: Vec<String> = backends
-        .iter()
-        .map(|b| format!("\"{}\"", b.addr()))
-        .collect();
-    format!(
-        "[[upstreams]]\nname = \"{name}\"\nbackends = [{}]\n{extra}\n",
-        list.join(", ")
-    )
-}
-
 /// The state `/status` reports for `backend`.
 fn backend_state(p: &Proxy, backend: &Backend) -> String {
     let st = p.status_json();
@@ -49,6 +38,20 @@ fn failures_of_20(p: &Proxy, good: &Backend) -> usize {
         .count()
 }
 
+/// After a reload (`how`), the unhealthy `bad` is still unhealthy and gets no traffic.
+fn assert_health_kept(p: &Proxy, good: &Backend, bad: &Backend, how: &str) {
+    assert_eq!(
+        backend_state(p, bad),
+        "unhealthy",
+        "{how} reset the health of a backend that stayed"
+    );
+    assert_eq!(
+        failures_of_20(p, good),
+        0,
+        "after {how} the unhealthy backend got traffic"
+    );
+}
+
 fn reloads_ok(p: &Proxy) -> f64 {
     p.metric("portcullis_config_reloads_total{result=\"ok\"}")
         .unwrap_or(0.0)
@@ -66,10 +69,7 @@ fn reload_keeps_the_health_of_backends_that_stay() {
     // One check at start, then none for an hour: whatever health a backend has
     // after a reload is what the reload left it.
     let hc = "health_check_path = \"/health\"\nhealth_check_interval_seconds = 3600";
-    let cfg = format!(
-        "{}[culling]\nenabled = false\n[rate_limit]\nenabled = false\n",
-        upstream("app", &[&good, &bad], hc)
-    );
+    let cfg = balanced_app(&[&good, &bad], hc);
     let p = Proxy::start(&cfg);
     eventually(
         DEADLINE,
@@ -81,16 +81,7 @@ fn reload_keeps_the_health_of_backends_that_stay() {
     // POST /reload with the file unchanged.
     let r = post(&p.admin_addr(), "/reload", &[], b"");
     assert_eq!(r.status, 200, "POST /reload: {}", r.body_str());
-    assert_eq!(
-        backend_state(&p, &bad),
-        "unhealthy",
-        "POST /reload reset the health of a backend that stayed"
-    );
-    assert_eq!(
-        failures_of_20(&p, &good),
-        0,
-        "after POST /reload the unhealthy backend got traffic"
-    );
+    assert_health_kept(&p, &good, &bad, "POST /reload");
 
     // SIGHUP with the file unchanged.
     let before = reloads_ok(&p);
@@ -100,25 +91,13 @@ fn reload_keeps_the_health_of_backends_that_stay() {
         || "SIGHUP reload never counted".into(),
         || reloads_ok(&p) > before,
     );
-    assert_eq!(
-        backend_state(&p, &bad),
-        "unhealthy",
-        "SIGHUP reset the health of a backend that stayed"
-    );
-    assert_eq!(
-        failures_of_20(&p, &good),
-        0,
-        "after SIGHUP the unhealthy backend got traffic"
-    );
+    assert_health_kept(&p, &good, &bad, "SIGHUP");
 
     // Checks still run on the kept state: a shorter interval after a reload
     // brings the recovered backend back.
     bad.set_mode(Mode::Ok);
     let hc = "health_check_path = \"/health\"\nhealth_check_interval_seconds = 1";
-    p.rewrite_config(&format!(
-        "{}[culling]\nenabled = false\n[rate_limit]\nenabled = false\n",
-        upstream("app", &[&good, &bad], hc)
-    ));
+    p.rewrite_config(&balanced_app(&[&good, &bad], hc));
     let r = post(&p.admin_addr(), "/reload", &[], b"");
     assert_eq!(r.status, 200, "POST /reload: {}", r.body_str());
     eventually(
@@ -135,271 +114,62 @@ fn reload_keeps_the_health_of_backends_that_stay() {
 const MIN_UPSTREAM: &str = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
 
 /// `(table header, key as written, value, key path expected in the error)`.
+#[rustfmt::skip] // one row a line
 const OUT_OF_RANGE: &[(&str, &str, &str, &str)] = &[
     ("[server]", "threads", "0", "server.threads"),
     ("[server]", "threads", "1025", "server.threads"),
     ("[server]", "drain_seconds", "3601", "server.drain_seconds"),
     ("[server]", "drain_seconds", "-1", "server.drain_seconds"),
-    (
-        "[server]",
-        "shutdown_timeout_seconds",
-        "9223372036854775807",
-        "server.shutdown_timeout_seconds",
-    ),
-    (
-        "[server]",
-        "shutdown_timeout_seconds",
-        "3601",
-        "server.shutdown_timeout_seconds",
-    ),
-    (
-        "[server]",
-        "keepalive_timeout_seconds",
-        "9223372036854775807",
-        "server.keepalive_timeout_seconds",
-    ),
-    (
-        "[server]",
-        "max_request_header_bytes",
-        "100",
-        "server.max_request_header_bytes",
-    ),
-    (
-        "[server]",
-        "max_request_header_bytes",
-        "9223372036854775807",
-        "server.max_request_header_bytes",
-    ),
-    (
-        "[redis]",
-        "flush_interval_ms",
-        "0",
-        "redis.flush_interval_ms",
-    ),
-    (
-        "[redis]",
-        "flush_interval_ms",
-        "9223372036854775807",
-        "redis.flush_interval_ms",
-    ),
+    ("[server]", "shutdown_timeout_seconds", "9223372036854775807", "server.shutdown_timeout_seconds"),
+    ("[server]", "shutdown_timeout_seconds", "3601", "server.shutdown_timeout_seconds"),
+    ("[server]", "keepalive_timeout_seconds", "9223372036854775807", "server.keepalive_timeout_seconds"),
+    ("[server]", "max_request_header_bytes", "100", "server.max_request_header_bytes"),
+    ("[server]", "max_request_header_bytes", "9223372036854775807", "server.max_request_header_bytes"),
+    ("[redis]", "flush_interval_ms", "0", "redis.flush_interval_ms"),
+    ("[redis]", "flush_interval_ms", "9223372036854775807", "redis.flush_interval_ms"),
     ("[redis]", "timeout_ms", "0", "redis.timeout_ms"),
-    (
-        "[redis]",
-        "timeout_ms",
-        "9223372036854775807",
-        "redis.timeout_ms",
-    ),
-    (
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]",
-        "health_check_interval_seconds",
-        "0",
-        "upstreams[0].health_check_interval_seconds",
-    ),
-    (
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]",
-        "health_check_interval_seconds",
-        "9223372036854775807",
-        "upstreams[0].health_check_interval_seconds",
-    ),
-    (
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]",
-        "connect_timeout_ms",
-        "9223372036854775807",
-        "upstreams[0].connect_timeout_ms",
-    ),
-    (
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]",
-        "read_timeout_ms",
-        "0",
-        "upstreams[0].read_timeout_ms",
-    ),
-    (
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]",
-        "read_timeout_ms",
-        "9223372036854775807",
-        "upstreams[0].read_timeout_ms",
-    ),
-    (
-        "[shedding]",
-        "max_concurrency",
-        "9223372036854775807",
-        "shedding.max_concurrency",
-    ),
-    (
-        "[shedding]",
-        "retry_after_seconds",
-        "0",
-        "shedding.retry_after_seconds",
-    ),
-    (
-        "[shedding]",
-        "retry_after_seconds",
-        "9223372036854775807",
-        "shedding.retry_after_seconds",
-    ),
-    (
-        "[rate_limit]",
-        "window_seconds",
-        "0",
-        "rate_limit.window_seconds",
-    ),
-    (
-        "[rate_limit]",
-        "window_seconds",
-        "9223372036854775807",
-        "rate_limit.window_seconds",
-    ),
+    ("[redis]", "timeout_ms", "9223372036854775807", "redis.timeout_ms"),
+    ("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]", "health_check_interval_seconds", "0", "upstreams[0].health_check_interval_seconds"),
+    ("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]", "health_check_interval_seconds", "9223372036854775807", "upstreams[0].health_check_interval_seconds"),
+    ("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]", "connect_timeout_ms", "9223372036854775807", "upstreams[0].connect_timeout_ms"),
+    ("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]", "read_timeout_ms", "0", "upstreams[0].read_timeout_ms"),
+    ("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]", "read_timeout_ms", "9223372036854775807", "upstreams[0].read_timeout_ms"),
+    ("[shedding]", "max_concurrency", "9223372036854775807", "shedding.max_concurrency"),
+    ("[shedding]", "retry_after_seconds", "0", "shedding.retry_after_seconds"),
+    ("[shedding]", "retry_after_seconds", "9223372036854775807", "shedding.retry_after_seconds"),
+    ("[rate_limit]", "window_seconds", "0", "rate_limit.window_seconds"),
+    ("[rate_limit]", "window_seconds", "9223372036854775807", "rate_limit.window_seconds"),
     ("[rate_limit]", "limit", "0", "rate_limit.limit"),
-    (
-        "[rate_limit]",
-        "limit",
-        "9223372036854775807",
-        "rate_limit.limit",
-    ),
-    (
-        "[rate_limit]",
-        "max_key_bytes",
-        "0",
-        "rate_limit.max_key_bytes",
-    ),
-    (
-        "[rate_limit]",
-        "max_key_bytes",
-        "8193",
-        "rate_limit.max_key_bytes",
-    ),
-    (
-        "[rate_limit]",
-        "max_tracked_keys",
-        "15",
-        "rate_limit.max_tracked_keys",
-    ),
-    (
-        "[rate_limit]",
-        "max_tracked_keys",
-        "9223372036854775807",
-        "rate_limit.max_tracked_keys",
-    ),
-    (
-        "[rate_limit.keys]",
-        "\"premium\"",
-        "0",
-        "rate_limit.keys.premium",
-    ),
-    (
-        "[rate_limit.keys]",
-        "\"premium\"",
-        "9223372036854775807",
-        "rate_limit.keys.premium",
-    ),
-    (
-        "[culling]",
-        "window_seconds",
-        "9223372036854775807",
-        "culling.window_seconds",
-    ),
-    (
-        "[culling]",
-        "error_threshold",
-        "0",
-        "culling.error_threshold",
-    ),
-    (
-        "[culling]",
-        "error_threshold",
-        "9223372036854775807",
-        "culling.error_threshold",
-    ),
-    (
-        "[culling]",
-        "check_interval_seconds",
-        "9223372036854775807",
-        "culling.check_interval_seconds",
-    ),
+    ("[rate_limit]", "limit", "9223372036854775807", "rate_limit.limit"),
+    ("[rate_limit]", "max_key_bytes", "0", "rate_limit.max_key_bytes"),
+    ("[rate_limit]", "max_key_bytes", "8193", "rate_limit.max_key_bytes"),
+    ("[rate_limit]", "max_tracked_keys", "15", "rate_limit.max_tracked_keys"),
+    ("[rate_limit]", "max_tracked_keys", "9223372036854775807", "rate_limit.max_tracked_keys"),
+    ("[rate_limit.keys]", "\"premium\"", "0", "rate_limit.keys.premium"),
+    ("[rate_limit.keys]", "\"premium\"", "9223372036854775807", "rate_limit.keys.premium"),
+    ("[culling]", "window_seconds", "9223372036854775807", "culling.window_seconds"),
+    ("[culling]", "error_threshold", "0", "culling.error_threshold"),
+    ("[culling]", "error_threshold", "9223372036854775807", "culling.error_threshold"),
+    ("[culling]", "check_interval_seconds", "9223372036854775807", "culling.check_interval_seconds"),
     ("[culling]", "tokens", "4294967295", "culling.tokens"),
     ("[culling]", "tokens", "4294967296", "culling.tokens"),
-    (
-        "[culling]",
-        "token_period_seconds",
-        "9223372036854775807",
-        "culling.token_period_seconds",
-    ),
-    (
-        "[culling]",
-        "cooldown_seconds",
-        "0",
-        "culling.cooldown_seconds",
-    ),
-    (
-        "[culling]",
-        "cooldown_seconds",
-        "9223372036854775807",
-        "culling.cooldown_seconds",
-    ),
-    (
-        "[culling]",
-        "max_culled_fraction",
-        "1.5",
-        "culling.max_culled_fraction",
-    ),
-    (
-        "[culling]",
-        "max_culled_fraction",
-        "nan",
-        "culling.max_culled_fraction",
-    ),
-    (
-        "[watchdog]",
-        "max_rss_mb",
-        "9223372036854775807",
-        "watchdog.max_rss_mb",
-    ),
-    (
-        "[watchdog]",
-        "max_error_rate",
-        "-0.1",
-        "watchdog.max_error_rate",
-    ),
+    ("[culling]", "token_period_seconds", "9223372036854775807", "culling.token_period_seconds"),
+    ("[culling]", "cooldown_seconds", "0", "culling.cooldown_seconds"),
+    ("[culling]", "cooldown_seconds", "9223372036854775807", "culling.cooldown_seconds"),
+    ("[culling]", "max_culled_fraction", "1.5", "culling.max_culled_fraction"),
+    ("[culling]", "max_culled_fraction", "nan", "culling.max_culled_fraction"),
+    ("[watchdog]", "max_rss_mb", "9223372036854775807", "watchdog.max_rss_mb"),
+    ("[watchdog]", "max_error_rate", "-0.1", "watchdog.max_error_rate"),
     ("[watchdog]", "max_stall_ms", "0", "watchdog.max_stall_ms"),
-    (
-        "[watchdog]",
-        "max_stall_ms",
-        "9223372036854775807",
-        "watchdog.max_stall_ms",
-    ),
+    ("[watchdog]", "max_stall_ms", "9223372036854775807", "watchdog.max_stall_ms"),
     ("[watchdog]", "min_requests", "0", "watchdog.min_requests"),
-    (
-        "[watchdog]",
-        "check_interval_seconds",
-        "9223372036854775807",
-        "watchdog.check_interval_seconds",
-    ),
+    ("[watchdog]", "check_interval_seconds", "9223372036854775807", "watchdog.check_interval_seconds"),
     ("[watchdog]", "tokens", "4294967295", "watchdog.tokens"),
-    (
-        "[watchdog]",
-        "token_period_seconds",
-        "0",
-        "watchdog.token_period_seconds",
-    ),
-    (
-        "[watchdog]",
-        "token_period_seconds",
-        "9223372036854775807",
-        "watchdog.token_period_seconds",
-    ),
+    ("[watchdog]", "token_period_seconds", "0", "watchdog.token_period_seconds"),
+    ("[watchdog]", "token_period_seconds", "9223372036854775807", "watchdog.token_period_seconds"),
     // Too large even for the parser (> i64): the key path comes from the position.
-    (
-        "[server]",
-        "shutdown_timeout_seconds",
-        "99999999999999999999",
-        "server.shutdown_timeout_seconds",
-    ),
-    (
-        "[rate_limit.keys]",
-        "\"premium\"",
-        "99999999999999999999",
-        "rate_limit.keys.premium",
-    ),
+    ("[server]", "shutdown_timeout_seconds", "99999999999999999999", "server.shutdown_timeout_seconds"),
+    ("[rate_limit.keys]", "\"premium\"", "99999999999999999999", "rate_limit.keys.premium"),
 ];
 
 /// The config with `key = value` on its own line under `header`, and that line's number.
@@ -448,7 +218,7 @@ fn sigterm_at_the_largest_shutdown_timeout_exits_without_panic() {
     let b = Backend::start("b");
     let mut p = Proxy::start_with_server(
         "drain_seconds = 0\nshutdown_timeout_seconds = 3600",
-        &upstream("app", &[&b], ""),
+        &one_upstream(&b),
     );
     assert_eq!(p.get("/", &[]).status, 200);
     p.signal("TERM");
@@ -485,10 +255,10 @@ fn redis_password_never_appears_in_check_or_reload_errors() {
     assert!(stderr.contains("portcullis:***@"), "{stderr}");
 
     let b = Backend::start("b");
-    let p = Proxy::start(&upstream("app", &[&b], ""));
+    let p = Proxy::start(&one_upstream(&b));
     p.rewrite_config(&format!(
         "{}{}",
-        upstream("app", &[&b], ""),
+        one_upstream(&b),
         redis_with_password_but_bad_port()
     ));
     let r = post(&p.admin_addr(), "/reload", &[], b"");
@@ -556,10 +326,7 @@ const TOKEN: &str = "adm1n-t0ken-7f3a";
 #[test]
 fn admin_post_needs_the_token_when_one_is_set() {
     let b = Backend::start("b");
-    let p = Proxy::start_with_server(
-        &format!("admin_token = \"{TOKEN}\""),
-        &upstream("app", &[&b], ""),
-    );
+    let p = Proxy::start_with_server(&format!("admin_token = \"{TOKEN}\""), &one_upstream(&b));
     let admin = p.admin_addr();
     let r = post(&admin, "/reload", &[], b"");
     assert_eq!(r.status, 401, "no Authorization: {}", r.body_str());
@@ -656,7 +423,7 @@ impl Drop for WildcardAdmin {
 #[test]
 fn admin_post_is_off_on_a_non_loopback_listener_without_token() {
     let b = Backend::start("b");
-    let p = WildcardAdmin::start("", &upstream("app", &[&b], ""));
+    let p = WildcardAdmin::start("", &one_upstream(&b));
     // Probes still work.
     assert_eq!(get(&p.admin, "/healthz", &[]).status, 200);
     assert_eq!(get(&p.admin, "/readyz", &[]).status, 200);
@@ -671,10 +438,7 @@ fn admin_post_is_off_on_a_non_loopback_listener_without_token() {
     );
 
     // With a token the same listener takes authorised POSTs.
-    let p = WildcardAdmin::start(
-        &format!("admin_token = \"{TOKEN}\""),
-        &upstream("app", &[&b], ""),
-    );
+    let p = WildcardAdmin::start(&format!("admin_token = \"{TOKEN}\""), &one_upstream(&b));
     assert_eq!(post(&p.admin, "/reload", &[], b"").status, 401);
     let right = format!("Bearer {TOKEN}");
     let r = post(&p.admin, "/reload", &[("Authorization", &right)], b"");

@@ -188,31 +188,15 @@ fn ms(d: Duration) -> u128 {
 /// `[[upstreams]] app` (fast) and `slow`, with `/slow` routed to `slow`.
 fn two_upstreams(fast: &Backend, slow: &Backend) -> String {
     format!(
-        r#"
-[rate_limit]
-enabled = false
-
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-connect_timeout_ms = 5000
-
-[[upstreams]]
-name = "slow"
-backends = ["{}"]
-connect_timeout_ms = 5000
-read_timeout_ms = 20000
-
-[[routes]]
-path_prefix = "/"
-upstream = "app"
-
-[[routes]]
-path_prefix = "/slow"
-upstream = "slow"
-"#,
-        fast.addr(),
-        slow.addr()
+        "[rate_limit]\nenabled = false\n\n{}{}{}",
+        upstream_table("app", &[fast], "connect_timeout_ms = 5000"),
+        upstream_table(
+            "slow",
+            &[slow],
+            "connect_timeout_ms = 5000\nread_timeout_ms = 20000"
+        ),
+        "[[routes]]\npath_prefix = \"/\"\nupstream = \"app\"\n\n\
+         [[routes]]\npath_prefix = \"/slow\"\nupstream = \"slow\"\n"
     )
 }
 
@@ -753,22 +737,9 @@ fn reload_with_invalid_file_keeps_old_config() {
 }
 
 fn app_config(backends: &[&Backend], extra: &str) -> String {
-    let list: Vec<String> = backends
-        .iter()
-        .map(|b| format!("\"{}\"", b.addr()))
-        .collect();
     format!(
-        r#"
-[rate_limit]
-enabled = false
-{extra}
-
-[[upstreams]]
-name = "app"
-backends = [{}]
-read_timeout_ms = 20000
-"#,
-        list.join(", ")
+        "[rate_limit]\nenabled = false\n{extra}\n\n{}",
+        upstream_table("app", backends, "read_timeout_ms = 20000")
     )
 }
 

@@ -34,6 +34,37 @@ const FIELDS: &[&str] = &[
     "upstream_ms",
 ];
 
+/// Secrets a request carries in [`SECRET_HEADERS`] and [`SECRET_PATH`]: none may reach an
+/// access-log line or a span.
+const SECRETS: [&str; 4] = [
+    "KEYSECRET-abc123",
+    "AUTHSECRET-def456",
+    "COOKIESECRET-ghi789",
+    "QUERYSECRET-jkl012",
+];
+/// API key, bearer token and cookie (each holding one of [`SECRETS`]) and [`TRACEPARENT`].
+const SECRET_HEADERS: [(&str, &str); 4] = [
+    ("x-api-key", "KEYSECRET-abc123"),
+    ("authorization", "Bearer AUTHSECRET-def456"),
+    ("cookie", "session=COOKIESECRET-ghi789"),
+    ("traceparent", TRACEPARENT),
+];
+/// A path on the `/orders` route with a secret in its query.
+const SECRET_PATH: &str = "/orders/42?api_key=QUERYSECRET-jkl012&x=1";
+
+/// Upstream "app" over `a` with the route `/orders`, a rate limit of `limit` per minute
+/// per `x-api-key` (a request without one is allowed), the access log to `log`, then
+/// `extra`.
+fn orders_config(a: &Backend, limit: u64, log: &Path, extra: &str) -> String {
+    format!(
+        "{}\n[[routes]]\npath_prefix = \"/orders\"\nupstream = \"app\"\n\n\
+         [rate_limit]\nkey = \"header:x-api-key\"\nlimit = {limit}\nwindow_seconds = 60\nmissing_key = \"allow\"\n\n\
+         {}\n{extra}",
+        one_upstream(a),
+        access_log_section(log, "")
+    )
+}
+
 fn access_log_section(path: &Path, extra: &str) -> String {
     format!(
         "[access_log]\nenabled = true\npath = \"{}\"\n{extra}\n",
@@ -75,27 +106,10 @@ fn access_log_lines_carry_every_field_and_no_secret() {
     let a = Backend::start("A");
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("access.log");
-    let cfg = format!(
-        "{}\n[[routes]]\npath_prefix = \"/orders\"\nupstream = \"app\"\n\n\
-         [rate_limit]\nkey = \"header:x-api-key\"\nlimit = 2\nwindow_seconds = 60\nmissing_key = \"allow\"\n\n{}",
-        one_upstream(&a),
-        access_log_section(&log, "")
-    );
+    let cfg = orders_config(&a, 2, &log, "");
     let p = Proxy::start(&cfg);
 
-    let secrets = [
-        "KEYSECRET-abc123",
-        "AUTHSECRET-def456",
-        "COOKIESECRET-ghi789",
-        "QUERYSECRET-jkl012",
-    ];
-    let headers = [
-        ("x-api-key", "KEYSECRET-abc123"),
-        ("authorization", "Bearer AUTHSECRET-def456"),
-        ("cookie", "session=COOKIESECRET-ghi789"),
-        ("traceparent", TRACEPARENT),
-    ];
-    let path = "/orders/42?api_key=QUERYSECRET-jkl012&x=1";
+    let (secrets, headers, path) = (SECRETS, SECRET_HEADERS, SECRET_PATH);
     let r1 = p.get(path, &headers);
     assert_eq!(r1.status, 200);
     assert_eq!(p.get(path, &headers).status, 200);
@@ -745,7 +759,7 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
     let alerts = alert_queries(&prom);
     assert_eq!(
         alerts.len(),
-        7,
+        8,
         "every rule of alerts.yml is loaded: {alerts:?}"
     );
     queries.extend(alerts);
@@ -800,7 +814,8 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
 fn access_log_and_tracing_keys_are_checked() {
     let up = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
     let ok = format!(
-        "{up}[access_log]\npath = \"/tmp/a.log\"\nsample = 0.01\n[tracing]\nsample = 0.5\n"
+        "{up}[access_log]\npath = \"/tmp/a.log\"\nsample = 0.01\n[tracing]\nsample = 0.5\n\
+         otlp_endpoint = \"http://127.0.0.1:4318\"\n"
     );
     let (code, out, err, _) = check_config(&ok);
     assert_eq!((code, out.trim()), (0, "OK"), "{err}");
@@ -810,7 +825,15 @@ fn access_log_and_tracing_keys_are_checked() {
         ("[access_log]\nformat = \"json\"\n", "format"),
         ("[tracing]\nsample = -0.1\n", "tracing.sample"),
         (
-            "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+            "[tracing]\notlp_endpoint = \"127.0.0.1:4318\"\n",
+            "tracing.otlp_endpoint",
+        ),
+        (
+            "[tracing]\notlp_endpoint = \"grpc://collector:4317\"\n",
+            "tracing.otlp_endpoint",
+        ),
+        (
+            "[tracing]\notlp_endpoint = \"http://c:4318/?k=v\"\n",
             "tracing.otlp_endpoint",
         ),
     ] {
@@ -818,4 +841,173 @@ fn access_log_and_tracing_keys_are_checked() {
         assert_eq!(code, 2, "{bad} must be refused");
         assert!(err.contains(key), "{bad}: error names {key}: {err}");
     }
+}
+
+/// `(trace id, parent id, flags)` of a `traceparent` value.
+fn traceparent_parts(h: &str) -> (String, String, String) {
+    let parts: Vec<&str> = h.split('-').collect();
+    assert_eq!(parts.len(), 4, "traceparent {h}");
+    (parts[1].into(), parts[2].into(), parts[3].into())
+}
+
+/// One server span per request to a real OTLP/HTTP receiver: the trace id is the
+/// access log's and the backend's, the span id is the parent id the backend received,
+/// the client's sampled flag is respected, and no secret reaches the collector.
+#[test]
+fn spans_are_exported_over_otlp_http_with_the_propagated_ids() {
+    let a = Backend::start("A");
+    let otlp = OtlpReceiver::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let cfg = orders_config(
+        &a,
+        1,
+        &log,
+        &format!(
+            "[tracing]\notlp_endpoint = \"{}\"\nsample = 1.0\n",
+            otlp.endpoint()
+        ),
+    );
+    let p = Proxy::start(&cfg);
+    let (secrets, headers, path) = (SECRETS, SECRET_HEADERS, SECRET_PATH);
+
+    // 1: the client's sampled trace, proxied
+    let r1 = p.get(path, &headers);
+    assert_eq!(r1.status, 200);
+    let got1 = a.last_received().expect("received");
+    let (t1, sent_parent1, flags1) =
+        traceparent_parts(got1.header("traceparent").expect("traceparent"));
+    assert_eq!((t1.as_str(), flags1.as_str()), (TRACE_ID, "01"));
+    // 2: the same key again: answered by the rate-limit gate, still a span
+    assert_eq!(p.get(path, &headers).status, 429);
+    // 3: the client's trace is not sampled: no span even at sample = 1.0
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    assert_eq!(p.get("/u", &[("traceparent", unsampled)]).status, 200);
+    let (_, _, flags3) = traceparent_parts(
+        a.last_received()
+            .expect("received")
+            .header("traceparent")
+            .expect("traceparent"),
+    );
+    assert_eq!(flags3, "00", "the client's decision is passed on");
+    // 4: no traceparent: a new trace, sampled at 1.0, and the backend is told so
+    let r4 = p.get("/new", &[]);
+    assert_eq!(r4.status, 200);
+    let got4 = a.last_received().expect("received");
+    let (t4, sent_parent4, flags4) =
+        traceparent_parts(got4.header("traceparent").expect("traceparent"));
+    assert_eq!(flags4, "01");
+
+    let mut spans = Vec::new();
+    let ok = wait_until(DEADLINE, || {
+        spans = otlp.spans();
+        spans.len() >= 3
+    });
+    assert!(ok, "3 spans expected, got {spans:?}");
+    assert!(otlp.bad_requests().is_empty(), "{:?}", otlp.bad_requests());
+    assert_eq!(spans.len(), 3, "no span for the unsampled trace: {spans:?}");
+    assert!(spans
+        .iter()
+        .all(|s| s.trace_id != "0af7651916cd43dd8448eb211c80319c"));
+    for s in &spans {
+        assert_eq!(s.kind, 2, "a server span: {s:?}");
+        assert_eq!(s.service, "portcullis");
+    }
+
+    let lines = wait_lines(&log, 4);
+    let id1 = r1.header("x-request-id").expect("x-request-id");
+    let line1 = lines
+        .iter()
+        .find(|l| l["request_id"] == id1)
+        .expect("line of request 1");
+    let s1 = spans
+        .iter()
+        .find(|s| s.attr("portcullis.request_id") == Some(id1))
+        .unwrap_or_else(|| panic!("span of request 1 in {spans:?}"));
+    assert_eq!(s1.trace_id, TRACE_ID);
+    assert_eq!(line1["trace_id"], s1.trace_id.as_str(), "access log = span");
+    assert_eq!(s1.span_id, sent_parent1, "the span is the backend's parent");
+    assert_eq!(s1.parent_span_id, "00f067aa0ba902b7", "the client's span");
+    assert_eq!(s1.attr("http.route"), Some("/orders"));
+    assert_eq!(s1.attr("http.response.status_code"), Some("200"));
+    assert_eq!(s1.attr("http.request.method"), Some("GET"));
+    assert_eq!(s1.attr("portcullis.upstream"), Some("app"));
+    assert_eq!(s1.attr("portcullis.backend"), Some(a.addr().as_str()));
+    assert_eq!(s1.name, "GET /orders");
+
+    let limited = spans
+        .iter()
+        .find(|s| s.attr("http.response.status_code") == Some("429"))
+        .unwrap_or_else(|| panic!("span of the 429 in {spans:?}"));
+    assert_eq!(limited.trace_id, TRACE_ID);
+    assert_eq!(limited.attr("portcullis.outcome"), Some("rate_limited"));
+    assert_eq!(limited.attr("portcullis.backend"), None);
+
+    let s4 = spans
+        .iter()
+        .find(|s| s.trace_id == t4)
+        .unwrap_or_else(|| panic!("span of the new trace {t4} in {spans:?}"));
+    assert_eq!(s4.span_id, sent_parent4);
+    assert_eq!(s4.parent_span_id, "", "a root span");
+    assert_eq!(s4.attr("http.route"), Some("default"));
+    let line4 = lines
+        .iter()
+        .find(|l| l["path"] == "/new")
+        .expect("line of request 4");
+    assert_eq!(line4["trace_id"], t4.as_str());
+
+    let raw = otlp.raw();
+    for s in secrets.iter().chain(&["api_key"]) {
+        assert!(
+            !raw.windows(s.len()).any(|w| w == s.as_bytes()),
+            "{s} was sent to the collector"
+        );
+    }
+    assert_eq!(p.metric("portcullis_trace_spans_dropped_total"), Some(0.0));
+}
+
+/// The collector is down (connection refused): requests are answered as fast as ever,
+/// and every span is dropped and counted.
+#[test]
+fn an_unreachable_otlp_endpoint_neither_slows_nor_fails_requests() {
+    let a = Backend::start("A");
+    // a port nobody listens on
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let p = Proxy::start(&format!(
+        "{}\n[rate_limit]\nenabled = false\n[access_log]\nenabled = false\n\
+         [tracing]\notlp_endpoint = \"http://127.0.0.1:{port}\"\nsample = 1.0\n",
+        one_upstream(&a)
+    ));
+    let n = 400;
+    let mut slowest = Duration::ZERO;
+    let mut conn = Conn::open(&p.addr()).expect("connect");
+    for i in 0..n {
+        let t = Instant::now();
+        let r = conn
+            .request("GET", &format!("/r/{i}"), &[], b"")
+            .expect("request");
+        assert_eq!(r.status, 200);
+        slowest = slowest.max(t.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a request waited for the span exporter: {slowest:?}"
+    );
+    eventually(
+        DEADLINE,
+        || {
+            format!(
+                "dropped spans: {:?}",
+                p.metric("portcullis_trace_spans_dropped_total")
+            )
+        },
+        || p.metric("portcullis_trace_spans_dropped_total") == Some(f64::from(n)),
+    );
+    assert!(
+        p.logs().contains("span export failed"),
+        "the failure is logged once"
+    );
 }

@@ -14,7 +14,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -22,28 +22,10 @@ use support::*;
 // helpers
 // ---------------------------------------------------------------------------------------
 
-/// Two proxies' config: one upstream, `[redis]` with `flush_interval_ms = 50`, `extra`
-/// (the `[rate_limit]` section, maybe `[culling]`).
+/// Two proxies' config: [`fleet_config`] with `url`, `prefix` and `extra` (the
+/// `[rate_limit]` section, maybe `[culling]`).
 fn redis_config(b: &Backend, url: &str, prefix: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-
-[redis]
-url = "{url}"
-key_prefix = "{prefix}"
-flush_interval_ms = 50
-timeout_ms = 200
-
-[shedding]
-max_concurrency = 0
-
-{extra}
-"#,
-        b.addr()
-    )
+    fleet_config(b, &format!("url = \"{url}\""), prefix, extra)
 }
 
 /// `[rate_limit]` with `window_seconds` and `limit`, then `extra` (e.g. [`NO_CULLING`]).
@@ -79,131 +61,8 @@ fn assert_round_trips_follow_flushes(round_trips: u64, n: f64, elapsed: Duration
     }
 }
 
-/// One request of a load run.
-#[derive(Debug, Clone)]
-struct Sample {
-    /// Index of the proxy it went through.
-    proxy: usize,
-    /// Unix ms when it was sent.
-    send_ms: u64,
-    /// Unix ms when the answer (or the error) arrived. The proxy decided in between.
-    recv_ms: u64,
-    /// 0 = transport error.
-    status: u16,
-    latency: Duration,
-    error: Option<String>,
-}
-
-/// Paced client threads, each on its own keep-alive connection.
-struct Load {
-    stop: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<Vec<Sample>>>,
-}
-
-impl Load {
-    /// `threads` threads per address, each sending `rate` req/s with `x-api-key: key` until
-    /// `until_ms` (Unix ms) or [`Load::finish`].
-    fn start(addrs: &[String], threads: usize, rate: f64, key: &str, until_ms: u64) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut handles = Vec::new();
-        for (proxy, addr) in addrs.iter().enumerate() {
-            for _ in 0..threads {
-                let (addr, key, stop) = (addr.clone(), key.to_string(), stop.clone());
-                handles.push(thread::spawn(move || {
-                    client_loop(proxy, &addr, &key, rate, until_ms, &stop)
-                }));
-            }
-        }
-        Load { stop, handles }
-    }
-
-    /// Stops the threads and returns every sample.
-    fn finish(self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.join()
-    }
-
-    /// Waits for the threads to reach `until_ms`.
-    fn join(self) -> Vec<Sample> {
-        let mut all = Vec::new();
-        for h in self.handles {
-            all.extend(h.join().expect("load thread panicked"));
-        }
-        all.sort_by_key(|s| s.send_ms);
-        all
-    }
-}
-
-fn client_loop(
-    proxy: usize,
-    addr: &str,
-    key: &str,
-    rate: f64,
-    until_ms: u64,
-    stop: &AtomicBool,
-) -> Vec<Sample> {
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let mut out = Vec::new();
-    let mut conn: Option<Conn> = None;
-    let mut next = Instant::now();
-    loop {
-        // Pacing: wait for the next slot; after a stall (a loaded machine) catch up on the
-        // missed slots so the offered load holds, unless more than 2 s behind.
-        let now = Instant::now();
-        if next > now {
-            thread::sleep(next - now);
-        } else if now - next > Duration::from_secs(2).max(10 * interval) {
-            next = now;
-        }
-        next += interval;
-        if stop.load(Ordering::SeqCst) || now_ms() >= until_ms {
-            break;
-        }
-        let send_ms = now_ms();
-        let t = Instant::now();
-        let res = match conn.as_mut() {
-            Some(c) => c.request("GET", "/", &[("x-api-key", key)], b""),
-            None => Conn::open_with_timeout(addr, Duration::from_secs(5)).and_then(|mut c| {
-                let r = c.request("GET", "/", &[("x-api-key", key)], b"");
-                conn = Some(c);
-                r
-            }),
-        };
-        let latency = t.elapsed();
-        match res {
-            Ok(r) => {
-                if r.header("connection")
-                    .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-                {
-                    conn = None;
-                }
-                out.push(Sample {
-                    proxy,
-                    send_ms,
-                    recv_ms: now_ms(),
-                    status: r.status,
-                    latency,
-                    error: None,
-                });
-            }
-            Err(e) => {
-                conn = None;
-                out.push(Sample {
-                    proxy,
-                    send_ms,
-                    recv_ms: now_ms(),
-                    status: 0,
-                    latency,
-                    error: Some(e.to_string()),
-                });
-            }
-        }
-    }
-    out
-}
-
 /// Per window index: [admitted via proxy 0, admitted via proxy 1, requests].
-fn per_window(samples: &[Sample], window_ms: u64) -> BTreeMap<u64, [u64; 3]> {
+fn per_window(samples: &[KeyedSample], window_ms: u64) -> BTreeMap<u64, [u64; 3]> {
     let mut m: BTreeMap<u64, [u64; 3]> = BTreeMap::new();
     for s in samples {
         let e = m.entry(s.send_ms / window_ms).or_default();
@@ -215,33 +74,30 @@ fn per_window(samples: &[Sample], window_ms: u64) -> BTreeMap<u64, [u64; 3]> {
     m
 }
 
-/// Admitted requests of window `w` per proxy, as (definitely, possibly): the proxy decided
-/// between send and receive, so a request is definitely in the window when both instants
-/// are, and possibly when its [send, receive] interval overlaps it.
-fn admitted_in(samples: &[Sample], window_ms: u64, w: u64) -> ([u64; 2], [u64; 2]) {
-    let (start, end) = (w * window_ms, (w + 1) * window_ms);
-    let mut definitely = [0; 2];
-    let mut possibly = [0; 2];
-    for s in samples.iter().filter(|s| s.status == 200) {
-        if s.send_ms >= start && s.recv_ms < end {
-            definitely[s.proxy.min(1)] += 1;
-        }
-        if s.recv_ms >= start && s.send_ms < end {
-            possibly[s.proxy.min(1)] += 1;
-        }
-    }
-    (definitely, possibly)
+/// Admitted requests of window `w` per proxy, as (definitely, possibly): see
+/// [`admitted_in_window`] (proxy 0 and proxy 1).
+fn admitted_in(samples: &[KeyedSample], window_ms: u64, w: u64) -> ([u64; 2], [u64; 2]) {
+    let via = |proxy: usize| {
+        let mine: Vec<KeyedSample> = samples
+            .iter()
+            .filter(|s| s.proxy.min(1) == proxy)
+            .cloned()
+            .collect();
+        admitted_in_window(&mine, window_ms, w)
+    };
+    let ((d0, p0), (d1, p1)) = (via(0), via(1));
+    ([d0, d1], [p0, p1])
 }
 
-fn median(samples: &[Sample]) -> Duration {
+fn median(samples: &[KeyedSample]) -> Duration {
     let mut l: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
     l.sort();
     l.get(l.len() / 2).copied().unwrap_or_default()
 }
 
 /// Every request answered 200 or 429 (no 5xx, no transport error) within `max`.
-fn assert_all_answered(samples: &[Sample], max: Duration, what: &str) {
-    let bad: Vec<&Sample> = samples
+fn assert_all_answered(samples: &[KeyedSample], max: Duration, what: &str) {
+    let bad: Vec<&KeyedSample> = samples
         .iter()
         .filter(|s| s.status != 200 && s.status != 429)
         .collect();
@@ -256,7 +112,7 @@ fn assert_all_answered(samples: &[Sample], max: Duration, what: &str) {
         bad.len(),
         samples.len(),
     );
-    let slow: Vec<&Sample> = samples.iter().filter(|s| s.latency > max).collect();
+    let slow: Vec<&KeyedSample> = samples.iter().filter(|s| s.latency > max).collect();
     assert!(
         slow.is_empty(),
         "{what}: {} requests slower than {max:?}, e.g. {:?}",
@@ -269,7 +125,7 @@ fn assert_all_answered(samples: &[Sample], max: Duration, what: &str) {
 /// Redis stalls. Checked so that it survives a loaded 2-core machine (where a scheduler
 /// hiccup can delay any single request by a second or more): at least 90% of `samples`
 /// answered under 200 ms, the median under 50 ms. Prints the distribution.
-fn assert_not_waiting_on_redis(samples: &[Sample], what: &str) {
+fn assert_not_waiting_on_redis(samples: &[KeyedSample], what: &str) {
     assert!(!samples.is_empty(), "{what}: no requests");
     let (max, p99) = latency_summary(samples);
     let med = median(samples);
@@ -295,7 +151,7 @@ fn assert_not_waiting_on_redis(samples: &[Sample], what: &str) {
     );
 }
 
-fn latency_summary(samples: &[Sample]) -> (Duration, Duration) {
+fn latency_summary(samples: &[KeyedSample]) -> (Duration, Duration) {
     let mut l: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
     l.sort();
     let max = l.last().copied().unwrap_or_default();
@@ -308,41 +164,7 @@ fn latency_summary(samples: &[Sample]) -> (Duration, Duration) {
 
 /// `INFO commandstats` as command name -> calls.
 fn commandstats(r: &RedisServer) -> HashMap<String, u64> {
-    let mut m = HashMap::new();
-    for line in r.cmd(&["INFO", "commandstats"]).lines() {
-        let Some(rest) = line.trim().strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let Some((name, fields)) = rest.split_once(':') else {
-            continue;
-        };
-        let calls = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        m.insert(name.to_string(), calls);
-    }
-    m
-}
-
-/// (round trips of the proxies, all commands including those a script runs) between two
-/// `commandstats` snapshots. Round trips exclude the commands Redis runs inside the
-/// limiter's script (SET/INCRBY/EXPIRE/GET) and the test's own INFO/KEYS/TTL calls.
-fn command_delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> (u64, u64) {
-    let mut round_trips = 0;
-    let mut all = 0;
-    for (name, &calls) in after {
-        let d = calls.saturating_sub(before.get(name).copied().unwrap_or(0));
-        if matches!(name.as_str(), "info" | "keys" | "ttl" | "pttl") {
-            continue;
-        }
-        all += d;
-        if !matches!(name.as_str(), "set" | "incrby" | "expire" | "get") {
-            round_trips += d;
-        }
-    }
-    (round_trips, all)
+    r.commandstats()
 }
 
 fn store_healthy(p: &Proxy) -> (Option<f64>, Option<bool>) {
@@ -382,20 +204,20 @@ fn shared_limit_is_accurate_across_two_instances() {
     let t0 = Instant::now();
     // 4x the limit in total: 8 threads (4 per proxy), each at half the limit's rate.
     let rate = LIMIT as f64 / WIN as f64 / 2.0;
-    let samples = Load::start(&addrs, 4, rate, "shared-accuracy-key", end).join();
+    let samples = KeyedLoad::start(&addrs, 4, rate, &["shared-accuracy-key"], end).join();
     let elapsed = t0.elapsed();
     let after = commandstats(&redis);
 
     let (max, p99) = latency_summary(&samples);
     eprintln!("accuracy load: max latency {max:?}, p99 {p99:?}");
     for w in w0..w0 + 4 {
-        let in_w: Vec<Sample> = samples
+        let in_w: Vec<KeyedSample> = samples
             .iter()
             .filter(|s| s.send_ms / wms == w)
             .cloned()
             .collect();
-        let ok: Vec<Sample> = in_w.iter().filter(|s| s.status == 200).cloned().collect();
-        let no: Vec<Sample> = in_w.iter().filter(|s| s.status == 429).cloned().collect();
+        let ok: Vec<KeyedSample> = in_w.iter().filter(|s| s.status == 200).cloned().collect();
+        let no: Vec<KeyedSample> = in_w.iter().filter(|s| s.status == 429).cloned().collect();
         eprintln!(
             "  W{}: 200s max/p99 {:?}, 429s max/p99 {:?}",
             w - w0,
@@ -491,7 +313,7 @@ fn redis_round_trips_follow_flushes_not_requests() {
     let addrs = [p1.addr(), p2.addr()];
     let before = commandstats(&redis);
     let t0 = Instant::now();
-    let samples = Load::start(&addrs, 4, 1e6, "throughput-key", now_ms() + 3000).join();
+    let samples = KeyedLoad::start(&addrs, 4, 1e6, &["throughput-key"], now_ms() + 3000).join();
     let elapsed = t0.elapsed();
     let after = commandstats(&redis);
     assert_all_answered(&samples, Duration::from_secs(5), "unpaced load");
@@ -605,7 +427,7 @@ fn redis_outage_keeps_serving_limits_locally_and_recovers() {
     let b0 = w0 * wms;
     // 4 threads per proxy at half the limit's rate each: 2x the limit per proxy.
     let rate = LIMIT as f64 / WIN as f64 / 2.0;
-    let load = Load::start(&addrs, 4, rate, "outage-key", u64::MAX);
+    let load = KeyedLoad::start(&addrs, 4, rate, &["outage-key"], u64::MAX);
 
     wait_until_ms(b0 + 1000);
     let errors_before: Vec<f64> = proxies.iter().map(|p| store_errors(p)).collect();
@@ -662,7 +484,7 @@ fn redis_outage_keeps_serving_limits_locally_and_recovers() {
     }
     // No request fails; none hangs; requests during the outage do not wait for Redis.
     assert_all_answered(&samples, Duration::from_secs(5), "Redis outage");
-    let outage: Vec<Sample> = samples
+    let outage: Vec<KeyedSample> = samples
         .iter()
         .filter(|s| s.send_ms >= kill_ms)
         .cloned()
@@ -765,7 +587,7 @@ fn slow_redis_never_slows_requests() {
     let (p1, p2) = two_proxies(&b, &redis, "pcx-slow", &rate_limit(2, 50, ""));
     let proxies = [&p1, &p2];
     let addrs = [p1.addr(), p2.addr()];
-    let load = Load::start(&addrs, 2, 50.0, "slow-key", u64::MAX);
+    let load = KeyedLoad::start(&addrs, 2, 50.0, &["slow-key"], u64::MAX);
 
     // Load flowing and counts shared before Redis stalls.
     eventually(
@@ -801,7 +623,7 @@ fn slow_redis_never_slows_requests() {
         );
     }
     let samples = load.finish();
-    let during: Vec<Sample> = samples
+    let during: Vec<KeyedSample> = samples
         .iter()
         .filter(|s| s.send_ms >= sleep_start && s.send_ms < sleep_end)
         .cloned()

@@ -224,3 +224,57 @@ fn window_phase_is_reached() {
         assert!(after >= w * 200 + 50, "returned before the phase opened");
     }
 }
+
+/// The cluster launcher: 3 masters + 3 replicas answer with MOVED-following `redis-cli -c`;
+/// killing a master gets its replica promoted and the data it held stays readable.
+#[test]
+fn redis_cluster_forms_and_fails_over() {
+    let mut c = RedisCluster::start(3, 1);
+    assert_eq!(c.nodes().len(), 6);
+    assert_eq!(c.masters().len(), 3);
+    assert_eq!(c.keyslot("foo"), 12182, "CRC16 slot of a known key");
+    assert_eq!(c.cmd(&["SET", "{a}k", "1"]), "OK");
+    let slot = c.keyslot("{a}k");
+    let owner = c
+        .masters()
+        .iter()
+        .rposition(|&(_, first)| first <= slot)
+        .expect("an owner");
+    // The replica has the write before its master dies: its acknowledged offset reached
+    // the master's (WAIT would need the writing connection).
+    let port = c.masters()[owner].0;
+    let m = c.server(port);
+    assert!(
+        wait_until(DEADLINE, || {
+            let info = m.try_cmd(&["INFO", "replication"]).unwrap_or_default();
+            let field = |prefix: &str| {
+                info.lines()
+                    .find_map(|l| l.trim().strip_prefix(prefix).map(str::to_string))
+            };
+            let master = field("master_repl_offset:");
+            let replica = field("slave0:").and_then(|l| {
+                l.split(',')
+                    .find_map(|kv| kv.strip_prefix("offset=").map(str::to_string))
+            });
+            master.is_some() && master == replica
+        }),
+        "replica never caught up"
+    );
+    let killed = c.kill_master(owner);
+    c.wait_ok();
+    assert!(c.masters().iter().all(|&(p, _)| p != killed));
+    assert_eq!(c.masters().len(), 3, "the replica took over");
+    assert_eq!(c.cmd(&["GET", "{a}k"]), "1");
+}
+
+/// The sentinel launcher: a SENTINEL FAILOVER promotes the replica.
+#[test]
+fn redis_sentinels_fail_over() {
+    let s = RedisSentinels::start("selftest", Some("pw-1"));
+    let old = s.master_port();
+    assert_eq!(s.master().cmd(&["SET", "k", "v"]), "OK");
+    let new = s.failover();
+    assert_ne!(old, new);
+    assert_eq!(s.server(new).cmd(&["GET", "k"]), "v");
+    assert_eq!(s.sentinel_addrs().len(), 3);
+}

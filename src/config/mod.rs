@@ -68,6 +68,19 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     parse(&file, &text)
 }
 
+/// An error found after validation (the `--check` probe of the store), located in the
+/// text of `path` when the key is found there.
+pub fn error_at(path: &Path, key_path: &str, reason: &str) -> ConfigError {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    ConfigError::new(
+        &file,
+        locate::locate(&text, key_path),
+        key_path.to_string(),
+        reason,
+    )
+}
+
 /// A file that is not UTF-8: where, and under which key.
 fn not_utf8(file: &str, e: &std::string::FromUtf8Error) -> ConfigError {
     let at = e.utf8_error().valid_up_to();

@@ -29,6 +29,35 @@ pub struct FileConfig {
     pub access_log: AccessLogSection,
     #[serde(default)]
     pub tracing: TracingSection,
+    /// `[tls]`: TLS listeners (CONTRACT §6); absent = none.
+    pub tls: Option<TlsSection>,
+}
+
+/// `[tls]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    #[serde(default = "default_tls_listen")]
+    pub listen: Vec<String>,
+    #[serde(default = "default_tls_min_version")]
+    pub min_version: String,
+    #[serde(default)]
+    pub certificates: Vec<CertificateSection>,
+}
+
+fn default_tls_listen() -> Vec<String> {
+    vec!["0.0.0.0:8443".into()]
+}
+fn default_tls_min_version() -> String {
+    "1.2".into()
+}
+
+/// One `[[tls.certificates]]` entry: PEM certificate (chain) and key files.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateSection {
+    pub cert: String,
+    pub key: String,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -55,6 +84,8 @@ pub struct ServerSection {
     /// (401 otherwise). Without it they are answered only on a loopback
     /// `admin_listen` (403 elsewhere).
     pub admin_token: Secret,
+    /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
+    pub h2c: bool,
     /// CIDRs (or addresses) of the proxies allowed to say who the client is.
     pub trusted_proxies: Vec<String>,
     /// Listeners expect a PROXY v1/v2 header, from `trusted_proxies` only.
@@ -81,6 +112,7 @@ impl Default for ServerSection {
             max_request_header_bytes: 64 * 1024,
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
+            h2c: false,
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
             max_request_body_bytes: 10 * 1024 * 1024,
@@ -94,7 +126,21 @@ impl Default for ServerSection {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSection {
-    pub url: RedisUrl,
+    /// standalone | cluster | sentinel (CONTRACT §9).
+    pub mode: String,
+    /// Standalone only; `None` = the default `redis://127.0.0.1:6379` (so a `url`
+    /// written next to `mode = "cluster"` can be refused).
+    pub url: Option<RedisUrl>,
+    /// Cluster: seed nodes `host:port`.
+    pub nodes: Vec<String>,
+    /// Sentinel: `host:port` of the sentinels.
+    pub sentinels: Vec<String>,
+    pub master_name: String,
+    /// AUTH for cluster/sentinel data nodes.
+    pub password: Secret,
+    /// TLS to cluster/sentinel nodes.
+    pub tls: bool,
+    pub ca_file: String,
     pub key_prefix: String,
     pub flush_interval_ms: u64,
     pub timeout_ms: u64,
@@ -103,7 +149,14 @@ pub struct RedisSection {
 impl Default for RedisSection {
     fn default() -> Self {
         Self {
-            url: RedisUrl::new("redis://127.0.0.1:6379"),
+            mode: "standalone".into(),
+            url: None,
+            nodes: Vec::new(),
+            sentinels: Vec::new(),
+            master_name: "mymaster".into(),
+            password: Secret::default(),
+            tls: false,
+            ca_file: String::new(),
             key_prefix: "portcullis".into(),
             flush_interval_ms: 50,
             timeout_ms: 200,
@@ -124,6 +177,21 @@ pub struct UpstreamSection {
     pub connect_timeout_ms: u64,
     #[serde(default = "default_read_timeout")]
     pub read_timeout_ms: u64,
+    /// Connect to the backends over TLS.
+    #[serde(default)]
+    pub tls: bool,
+    /// SNI and verified name; "" = the backend's host.
+    #[serde(default)]
+    pub sni: String,
+    /// Verify the backend certificate chain and name.
+    #[serde(default = "default_true")]
+    pub verify: bool,
+    /// Extra PEM bundle to trust; "" = none.
+    #[serde(default)]
+    pub ca_file: String,
+    /// HTTP/2 to the backends: ALPN over TLS, prior knowledge without.
+    #[serde(default)]
+    pub http2: bool,
     /// round_robin | least_requests | consistent_hash | random (CONTRACT §10).
     #[serde(default)]
     pub balance: BalanceSection,
@@ -169,6 +237,10 @@ fn default_retry_budget_ratio() -> f64 {
 }
 fn default_resolve_interval() -> u64 {
     30
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_hc_interval() -> u64 {
@@ -221,6 +293,8 @@ fn default_prefix() -> String {
 pub struct SheddingSection {
     pub max_concurrency: u64,
     pub retry_after_seconds: u64,
+    /// Open upgraded connections (WebSocket etc.); 503 beyond.
+    pub max_tunnels: u64,
     /// Learn the cap from upstream latency (gradient), within
     /// [min_concurrency, max_concurrency].
     pub adaptive: bool,
@@ -232,6 +306,7 @@ impl Default for SheddingSection {
         Self {
             max_concurrency: 1024,
             retry_after_seconds: 1,
+            max_tunnels: 10_000,
             adaptive: false,
             min_concurrency: 8,
         }
@@ -261,6 +336,38 @@ pub struct RateLimitSection {
     /// Name used in the `RateLimit-Policy` / `RateLimit` fields.
     pub policy_name: String,
     pub keys: BTreeMap<String, u64>,
+    /// `[[rate_limit.policies]]` (CONTRACT §9).
+    pub policies: Vec<RatePolicySection>,
+}
+
+/// One `[[rate_limit.policies]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RatePolicySection {
+    pub name: String,
+    #[serde(default = "default_policy_key")]
+    pub key: String,
+    #[serde(default = "default_policy_limit")]
+    pub limit: u64,
+    #[serde(default = "default_policy_window")]
+    pub window_seconds: u64,
+    #[serde(default = "default_policy_prefix")]
+    pub path_prefix: String,
+    #[serde(default)]
+    pub keys: BTreeMap<String, u64>,
+}
+
+fn default_policy_key() -> String {
+    "header:x-api-key".into()
+}
+fn default_policy_limit() -> u64 {
+    600
+}
+fn default_policy_window() -> u64 {
+    60
+}
+fn default_policy_prefix() -> String {
+    "/".into()
 }
 
 impl Default for RateLimitSection {
@@ -276,6 +383,7 @@ impl Default for RateLimitSection {
             max_tracked_keys: 100_000,
             policy_name: "default".into(),
             keys: BTreeMap::new(),
+            policies: Vec::new(),
         }
     }
 }
@@ -313,38 +421,9 @@ impl Default for CullingSection {
     }
 }
 
-/// The self-watchdog: the proxy culls itself through a fleet-wide budget.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct WatchdogSection {
-    pub enabled: bool,
-    /// Resident memory limit in MiB; 0 = not watched.
-    pub max_rss_mb: u64,
-    /// Fraction of requests answered by the proxy itself with 5xx (502/504/500) over the window.
-    pub max_error_rate: f64,
-    /// Event-loop stall considered a breach.
-    pub max_stall_ms: u64,
-    /// Requests an interval needs before its error rate is judged.
-    pub min_requests: u64,
-    pub check_interval_seconds: u64,
-    pub tokens: u32,
-    pub token_period_seconds: u64,
-}
-
-impl Default for WatchdogSection {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            max_rss_mb: 0,
-            max_error_rate: 0.5,
-            max_stall_ms: 1000,
-            min_requests: 20,
-            check_interval_seconds: 10,
-            tokens: 1,
-            token_period_seconds: 600,
-        }
-    }
-}
+/// `[watchdog]` is read straight into its settings type: the file keys and the
+/// typed settings are the same fields, checked by `validate_watchdog`.
+pub use super::settings::WatchdogSettings as WatchdogSection;
 
 /// `[access_log]`: one JSON line per request.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -27,6 +27,30 @@ pub struct Config {
     pub culling: CullingSettings,
     pub watchdog: WatchdogSettings,
     pub access_log: AccessLogSettings,
+    pub tracing: TracingSettings,
+    /// `[tls]`: TLS listeners and their certificates (loaded); `None` = none.
+    pub tls: Option<TlsSettings>,
+}
+
+/// `[tls]`, with the certificate files already read and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsSettings {
+    pub listen: Vec<SocketAddr>,
+    pub min_version: crate::edge::tls::MinVersion,
+    /// In file order; the first is the default for unknown or missing SNI.
+    pub certificates: crate::edge::tls::CertSet,
+}
+
+/// How an upstream's backends are reached (CONTRACT §6).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UpstreamTransport {
+    pub tls: bool,
+    /// SNI and verified name; empty = the backend's host.
+    pub sni: String,
+    pub verify: bool,
+    /// Extra trust anchors (`ca_file`), read at load.
+    pub ca: Option<crate::edge::tls::CaBundle>,
+    pub http2: bool,
 }
 
 /// `[server]`.
@@ -40,6 +64,8 @@ pub struct ServerSettings {
     pub upgrade_sock: PathBuf,
     pub max_request_header_bytes: usize,
     pub keepalive_seconds: u64,
+    /// Cleartext HTTP/2 (prior knowledge) on `listen` too.
+    pub h2c: bool,
     /// Bearer token for POST admin endpoints; empty = none.
     pub admin_token: Secret,
     pub trusted_proxies: crate::edge::TrustedProxies,
@@ -53,7 +79,8 @@ pub struct ServerSettings {
 /// `[redis]`: where the fleet's shared state lives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreSettings {
-    pub url: RedisUrl,
+    /// Mode, addresses, AUTH and TLS (CONTRACT §9); `Debug` hides passwords.
+    pub endpoint: crate::store::Endpoint,
     pub key_prefix: String,
     pub flush_interval: Duration,
     pub timeout: Duration,
@@ -69,6 +96,7 @@ pub struct Upstream {
     pub health_check_interval: Duration,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    pub transport: UpstreamTransport,
     /// The `backends` entries as written (`host:port`) with their weight, for
     /// DNS re-resolution; `backends` is what they resolve to.
     pub entries: Vec<(String, u32)>,
@@ -96,6 +124,8 @@ pub struct SheddingSettings {
     /// 0 = no cap.
     pub max_concurrency: u64,
     pub retry_after_secs: u64,
+    /// Open upgraded connections (WebSocket etc.); 0 = no cap.
+    pub max_tunnels: u64,
     /// Gradient limit learned from upstream latency.
     pub adaptive: bool,
     pub min_concurrency: u64,
@@ -114,6 +144,19 @@ pub struct RateLimitSettings {
     pub params: RateLimitParams,
     /// `rate_limit.keys` as written, for the reload diff and `/status`.
     pub keys: BTreeMap<String, u64>,
+    /// `[[rate_limit.policies]]`, in file order.
+    pub policies: Vec<RatePolicySettings>,
+}
+
+/// One `[[rate_limit.policies]]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RatePolicySettings {
+    pub name: std::sync::Arc<str>,
+    pub key: crate::ratelimit::PolicyKey,
+    /// Requests whose path starts with this are checked against the policy.
+    pub path_prefix: String,
+    /// Window, limit, overrides (`keys`) and the memory cap (`[rate_limit]`'s).
+    pub params: RateLimitParams,
 }
 
 /// `[culling]`.
@@ -125,18 +168,38 @@ pub struct CullingSettings {
     pub webhook_url: String,
 }
 
-/// `[watchdog]`.
-#[derive(Debug, Clone, PartialEq)]
+/// `[watchdog]`: the proxy culls itself through a fleet-wide budget. Read straight from
+/// the file (the keys are these fields); `validate` checks the ranges.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
 pub struct WatchdogSettings {
     pub enabled: bool,
-    /// 0 = not watched.
+    /// Resident memory limit in MiB; 0 = not watched.
     pub max_rss_mb: u64,
+    /// Fraction of requests answered by the proxy itself with 5xx (502/504/500) over the window.
     pub max_error_rate: f64,
+    /// Event-loop stall considered a breach.
     pub max_stall_ms: u64,
+    /// Requests an interval needs before its error rate is judged.
     pub min_requests: u64,
     pub check_interval_seconds: u64,
     pub tokens: u32,
     pub token_period_seconds: u64,
+}
+
+impl Default for WatchdogSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_rss_mb: 0,
+            max_error_rate: 0.5,
+            max_stall_ms: 1000,
+            min_requests: 20,
+            check_interval_seconds: 10,
+            tokens: 1,
+            token_period_seconds: 600,
+        }
+    }
 }
 
 /// `[access_log]`.
@@ -149,6 +212,17 @@ pub struct AccessLogSettings {
     pub sample: f64,
     /// Bound of the writer's queue, in lines.
     pub queue_lines: usize,
+}
+
+/// `[tracing]`: OTLP/HTTP span export.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// The collector's OTLP/HTTP URL (`http://` or `https://`); `None`: no
+    /// span export. Fixed for the process's life.
+    pub otlp_endpoint: Option<String>,
+    /// Share of new traces (no valid `traceparent`) whose spans are exported;
+    /// a continued trace follows the client's sampled flag. Reloadable.
+    pub sample: f64,
 }
 
 /// A secret value (the admin token): compared, never printed.

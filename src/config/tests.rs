@@ -123,3 +123,63 @@ fn admin_token_must_be_visible_ascii() {
     assert_eq!(e.line_col.map(|l| l.0), Some(2));
     assert!(!e.to_string().contains("a b"), "{e}");
 }
+
+#[test]
+fn rate_limit_policies_parse_with_defaults() {
+    let c = check(&format!(
+        "{MIN}[[rate_limit.policies]]\nname = \"per-ip\"\nkey = \"client_ip\"\nlimit = 100\n\n[[rate_limit.policies]]\nname = \"search\"\npath_prefix = \"/search\"\nwindow_seconds = 10\n[rate_limit.policies.keys]\n\"vip\" = 50\n"
+    ))
+    .expect("valid");
+    let p = &c.rate_limit.policies;
+    assert_eq!(p.len(), 2);
+    assert_eq!(&*p[0].name, "per-ip");
+    assert_eq!(p[0].key, crate::ratelimit::PolicyKey::ClientIp);
+    assert_eq!((p[0].params.limit, p[0].params.window_secs), (100, 60));
+    assert_eq!(p[0].path_prefix, "/");
+    assert_eq!(&*p[1].name, "search");
+    assert_eq!(p[1].path_prefix, "/search");
+    assert_eq!((p[1].params.limit, p[1].params.window_secs), (600, 10));
+    assert_eq!(p[1].params.overrides.get("vip"), Some(&50));
+}
+
+#[test]
+fn bad_rate_limit_policies_name_the_key_path() {
+    let pol = |body: &str| {
+        format!("{MIN}[[rate_limit.policies]]\nname = \"a\"\n[[rate_limit.policies]]\nname = \"b\"\n[[rate_limit.policies]]\n{body}\n")
+    };
+    let cases = [
+        (
+            "name = \"c\"\nlimit = 0",
+            "rate_limit.policies[2].limit",
+            10,
+        ),
+        (
+            "name = \"c\"\nwindow_seconds = 0",
+            "rate_limit.policies[2].window_seconds",
+            10,
+        ),
+        (
+            "name = \"c\"\nkey = \"cookie:x\"",
+            "rate_limit.policies[2].key",
+            10,
+        ),
+        (
+            "name = \"c\"\npath_prefix = \"api\"",
+            "rate_limit.policies[2].path_prefix",
+            10,
+        ),
+        ("name = \"a\"", "rate_limit.policies[2].name", 9),
+        ("name = \"default\"", "rate_limit.policies[2].name", 9),
+        ("name = \"x y\"", "rate_limit.policies[2].name", 9),
+        ("name = \"c\"\nlimt = 5", "rate_limit.policies[2].limt", 10),
+        ("limit = 5", "rate_limit.policies[2]", 8),
+    ];
+    for (body, path, line) in cases {
+        let e = check(&pol(body)).unwrap_err();
+        assert_eq!(e.key_path, path, "{body}: {e}");
+        assert_eq!(e.line_col.map(|l| l.0), Some(line), "{body}: {e}");
+    }
+    // client_ip is a key of named policies only.
+    let e = check(&format!("{MIN}[rate_limit]\nkey = \"client_ip\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "rate_limit.key");
+}

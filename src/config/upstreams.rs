@@ -75,6 +75,7 @@ pub(super) fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstrea
             "ms",
         )?;
         range(&p("read_timeout_ms"), u.read_timeout_ms, 1, DAY_MS, "ms")?;
+        let transport = validate_transport(u, &p)?;
         out.push(Upstream {
             name: u.name.clone(),
             backends,
@@ -83,6 +84,7 @@ pub(super) fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstrea
             connect_timeout: Duration::from_millis(u.connect_timeout_ms),
             read_timeout: Duration::from_millis(u.read_timeout_ms),
             entries,
+            transport,
             balance,
         });
     }
@@ -225,4 +227,32 @@ pub(super) fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VRes
             .then(b.host.is_some().cmp(&a.host.is_some()))
     });
     Ok(out)
+}
+
+/// `tls`, `sni`, `verify`, `ca_file`, `http2` (CONTRACT §6).
+fn validate_transport(
+    u: &UpstreamSection,
+    p: &dyn Fn(&str) -> String,
+) -> VResult<UpstreamTransport> {
+    if !u.tls && (!u.sni.is_empty() || !u.ca_file.is_empty()) {
+        return err(
+            p(if u.sni.is_empty() { "ca_file" } else { "sni" }),
+            "only meaningful with tls = true",
+        );
+    }
+    let ca = if u.ca_file.is_empty() {
+        None
+    } else {
+        match crate::edge::tls::CaBundle::load(std::path::Path::new(&u.ca_file)) {
+            Ok(c) => Some(c),
+            Err(e) => return err(p("ca_file"), e),
+        }
+    };
+    Ok(UpstreamTransport {
+        tls: u.tls,
+        sni: u.sni.clone(),
+        verify: u.verify,
+        ca,
+        http2: u.http2,
+    })
 }

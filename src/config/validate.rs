@@ -4,7 +4,8 @@
 use super::schema::*;
 use super::settings::*;
 use crate::cull::CullParams;
-use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
+use crate::ratelimit::{KeySource, MissingKey, PolicyKey, RateLimitParams};
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,9 +26,21 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let rate_limit = validate_rate_limit(&raw.rate_limit)?;
     let culling = validate_culling(&raw.culling)?;
     let watchdog = validate_watchdog(&raw.watchdog)?;
+    let tls = raw.tls.as_ref().map(validate_tls).transpose()?;
+    if let Some(t) = &tls {
+        for (i, a) in t.listen.iter().enumerate() {
+            if server.listen.contains(a) || *a == server.admin_listen {
+                return err(
+                    format!("tls.listen[{i}]"),
+                    "must differ from every server.listen address and admin_listen",
+                );
+            }
+        }
+    }
     let access_log = validate_access_log(&raw.access_log)?;
-    validate_tracing(&raw.tracing)?;
+    let tracing = validate_tracing(&raw.tracing)?;
     Ok(Config {
+        tls,
         server,
         store,
         upstreams,
@@ -37,6 +50,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
         culling,
         watchdog,
         access_log,
+        tracing,
     })
 }
 
@@ -147,6 +161,7 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         upgrade_sock: PathBuf::from(&s.upgrade_sock),
         max_request_header_bytes: s.max_request_header_bytes,
         keepalive_seconds: s.keepalive_timeout_seconds,
+        h2c: s.h2c,
         admin_token: s.admin_token.clone(),
         trusted_proxies: edge.trusted_proxies,
         proxy_protocol: s.proxy_protocol,
@@ -157,16 +172,137 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
     })
 }
 
-fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
-    if let Err(e) = redis::Client::open(r.url.expose()) {
+/// `[redis]` addresses: `host:port` entries, at least one.
+fn host_ports(path: &str, list: &[String], what: &str) -> VResult<()> {
+    if list.is_empty() {
+        return err(
+            path,
+            format!("at least one {what} \"host:port\" is required"),
+        );
+    }
+    for (i, n) in list.iter().enumerate() {
+        let ok = n.rsplit_once(':').is_some_and(|(h, p)| {
+            !h.is_empty() && !h.contains('/') && p.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !ok {
+            return err(
+                format!("{path}[{i}]"),
+                format!("invalid address {n:?}: expected host:port"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `[redis] mode` and the keys that go with it (CONTRACT §9).
+fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
+    use crate::store::{Endpoint, Mode};
+    let ca_pem = if r.ca_file.is_empty() {
+        None
+    } else {
+        let path = std::path::Path::new(&r.ca_file);
+        if let Err(e) = crate::edge::tls::CaBundle::load(path) {
+            return err("redis.ca_file", e);
+        }
+        match std::fs::read(path) {
+            Ok(b) => Some(b),
+            Err(e) => return err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
+        }
+    };
+    let standalone = r.mode == "standalone";
+    if !standalone && r.url.is_some() {
         return err(
             "redis.url",
             format!(
-                "invalid Redis URL {:?} ({e}): expected redis://host:port[/db]",
-                super::redact::redact_url(r.url.expose())
+                "url is for mode = \"standalone\"; mode = \"{}\" takes {}",
+                r.mode,
+                if r.mode == "cluster" {
+                    "nodes"
+                } else {
+                    "sentinels and master_name"
+                }
             ),
         );
     }
+    if r.mode != "cluster" && !r.nodes.is_empty() {
+        return err("redis.nodes", "nodes are for mode = \"cluster\"");
+    }
+    if r.mode != "sentinel" && !r.sentinels.is_empty() {
+        return err("redis.sentinels", "sentinels are for mode = \"sentinel\"");
+    }
+    let mode = match r.mode.as_str() {
+        "standalone" => {
+            let url = r
+                .url
+                .as_ref()
+                .map_or("redis://127.0.0.1:6379", |u| u.expose());
+            if let Err(e) = redis::Client::open(url) {
+                return err(
+                    "redis.url",
+                    format!(
+                        "invalid Redis URL {:?} ({e}): expected redis[s]://[user:password@]host:port[/db]",
+                        super::redact::redact_url(url)
+                    ),
+                );
+            }
+            if !r.password.is_empty() {
+                return err(
+                    "redis.password",
+                    "password is for cluster/sentinel nodes; in standalone mode put it in the url (redis://:password@host:port)",
+                );
+            }
+            if r.tls && !url.starts_with("rediss://") {
+                return err(
+                    "redis.tls",
+                    "tls is for cluster/sentinel nodes; in standalone mode use a rediss:// url",
+                );
+            }
+            if ca_pem.is_some() && !url.starts_with("rediss://") {
+                return err("redis.ca_file", "ca_file needs a rediss:// url");
+            }
+            Mode::Standalone {
+                url: url.to_string(),
+            }
+        }
+        "cluster" => {
+            host_ports("redis.nodes", &r.nodes, "seed node")?;
+            Mode::Cluster {
+                nodes: r.nodes.clone(),
+            }
+        }
+        "sentinel" => {
+            host_ports("redis.sentinels", &r.sentinels, "sentinel")?;
+            if r.master_name.is_empty() || r.master_name.contains(char::is_whitespace) {
+                return err(
+                    "redis.master_name",
+                    "must be a non-empty name without spaces",
+                );
+            }
+            Mode::Sentinel {
+                sentinels: r.sentinels.clone(),
+                master_name: r.master_name.clone(),
+            }
+        }
+        other => {
+            return err(
+                "redis.mode",
+                format!("unknown mode {other:?}: expected standalone, cluster or sentinel"),
+            )
+        }
+    };
+    if !standalone && ca_pem.is_some() && !r.tls {
+        return err("redis.ca_file", "ca_file needs tls = true");
+    }
+    Ok(Endpoint {
+        mode,
+        password: r.password.expose().to_string(),
+        tls: r.tls,
+        ca_pem,
+    })
+}
+
+fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
+    let endpoint = validate_endpoint(r)?;
     if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
         return err(
             "redis.key_prefix",
@@ -182,7 +318,7 @@ fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
     )?;
     range("redis.timeout_ms", r.timeout_ms, 1, MINUTE_MS, "ms")?;
     Ok(StoreSettings {
-        url: r.url.clone(),
+        endpoint,
         key_prefix: r.key_prefix.clone(),
         flush_interval: Duration::from_millis(r.flush_interval_ms),
         timeout: Duration::from_millis(r.timeout_ms),
@@ -204,6 +340,13 @@ fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
         DAY,
         "seconds",
     )?;
+    range(
+        "shedding.max_tunnels",
+        s.max_tunnels,
+        0,
+        10_000_000,
+        "tunnels",
+    )?;
     if s.adaptive {
         if s.max_concurrency == 0 {
             return err(
@@ -224,26 +367,148 @@ fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
         retry_after_secs: s.retry_after_seconds,
         adaptive: s.adaptive,
         min_concurrency: s.min_concurrency,
+        max_tunnels: s.max_tunnels,
     })
 }
 
-fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {
-    let key = match r.key.split_once(':') {
-        Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
-            Ok(h) => KeySource::Header(h),
-            Err(_) => return err("rate_limit.key", format!("invalid header name {name:?}")),
-        },
-        Some(("query", name)) if !name.is_empty() => KeySource::Query(name.to_string()),
-        None if r.key == "bearer" => KeySource::Bearer,
-        _ => {
+fn validate_tls(t: &TlsSection) -> VResult<TlsSettings> {
+    if t.listen.is_empty() {
+        return err("tls.listen", "at least one listen address is required");
+    }
+    let mut listen = Vec::with_capacity(t.listen.len());
+    for (i, l) in t.listen.iter().enumerate() {
+        let a = parse_addr(&format!("tls.listen[{i}]"), l)?;
+        if listen.contains(&a) {
             return err(
-                "rate_limit.key",
-                format!(
-                    "invalid key {:?}: expected header:NAME, query:NAME or bearer",
-                    r.key
-                ),
+                format!("tls.listen[{i}]"),
+                format!("duplicate listen address {l}"),
+            );
+        }
+        listen.push(a);
+    }
+    let min_version = match t.min_version.as_str() {
+        "1.2" => crate::edge::tls::MinVersion::Tls12,
+        "1.3" => crate::edge::tls::MinVersion::Tls13,
+        other => {
+            return err(
+                "tls.min_version",
+                format!("unknown TLS version {other:?}: expected \"1.2\" or \"1.3\""),
             )
         }
+    };
+    if t.certificates.is_empty() {
+        return err(
+            "tls.certificates",
+            "at least one [[tls.certificates]] entry is required",
+        );
+    }
+    let mut pairs = Vec::with_capacity(t.certificates.len());
+    for (i, c) in t.certificates.iter().enumerate() {
+        if c.cert.is_empty() {
+            return err(format!("tls.certificates[{i}].cert"), "must not be empty");
+        }
+        if c.key.is_empty() {
+            return err(format!("tls.certificates[{i}].key"), "must not be empty");
+        }
+        pairs.push((PathBuf::from(&c.cert), PathBuf::from(&c.key)));
+    }
+    let certificates = crate::edge::tls::CertSet::load(&pairs)
+        .map_err(|(i, field, reason)| (format!("tls.certificates[{i}].{field}"), reason))?;
+    Ok(TlsSettings {
+        listen,
+        min_version,
+        certificates,
+    })
+}
+
+fn key_source(path: &str, key: &str, client_ip: bool) -> VResult<PolicyKey> {
+    Ok(PolicyKey::Source(match key.split_once(':') {
+        Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) => KeySource::Header(h),
+            Err(_) => return err(path, format!("invalid header name {name:?}")),
+        },
+        Some(("query", name)) if !name.is_empty() => KeySource::Query(name.to_string()),
+        None if key == "bearer" => KeySource::Bearer,
+        None if client_ip && key == "client_ip" => return Ok(PolicyKey::ClientIp),
+        _ => {
+            let also = if client_ip { ", client_ip" } else { "" };
+            return err(
+                path,
+                format!("invalid key {key:?}: expected header:NAME, query:NAME, bearer{also}"),
+            );
+        }
+    }))
+}
+
+/// A policy name for the `RateLimit-Policy` / `RateLimit` fields.
+fn policy_name(path: &str, name: &str) -> VResult<()> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b'"') {
+        return err(path, "must be printable ASCII without quotes or spaces");
+    }
+    Ok(())
+}
+
+/// Per-key overrides (`keys`) of a policy at `path`.
+fn key_overrides(path: &str, keys: &BTreeMap<String, u64>, max_key_bytes: usize) -> VResult<()> {
+    for (k, v) in keys {
+        let path = format!("{path}.{k}");
+        if k.is_empty() || k.len() > max_key_bytes {
+            return err(path, "key must be 1..=max_key_bytes bytes long");
+        }
+        range(&path, *v, 1, MAX_COUNT, "requests")?;
+    }
+    Ok(())
+}
+
+fn validate_policies(r: &RateLimitSection) -> VResult<Vec<RatePolicySettings>> {
+    if r.policies.len() > crate::ratelimit::MAX_POLICIES {
+        return err(
+            format!("rate_limit.policies[{}]", crate::ratelimit::MAX_POLICIES),
+            format!("at most {} policies", crate::ratelimit::MAX_POLICIES),
+        );
+    }
+    let mut out: Vec<RatePolicySettings> = Vec::with_capacity(r.policies.len());
+    for (i, p) in r.policies.iter().enumerate() {
+        let at = |k: &str| format!("rate_limit.policies[{i}].{k}");
+        policy_name(&at("name"), &p.name)?;
+        if out.iter().any(|o| *o.name == *p.name) || (r.enabled && p.name == r.policy_name) {
+            return err(
+                at("name"),
+                format!(
+                    "duplicate policy name {:?} (names must be unique, also against rate_limit.policy_name)",
+                    p.name
+                ),
+            );
+        }
+        let key = key_source(&at("key"), &p.key, true)?;
+        range(&at("limit"), p.limit, 1, MAX_COUNT, "requests")?;
+        range(&at("window_seconds"), p.window_seconds, 1, DAY, "seconds")?;
+        if !p.path_prefix.starts_with('/') {
+            return err(at("path_prefix"), "must start with /");
+        }
+        key_overrides(&at("keys"), &p.keys, r.max_key_bytes)?;
+        out.push(RatePolicySettings {
+            name: p.name.as_str().into(),
+            key,
+            path_prefix: p.path_prefix.clone(),
+            params: RateLimitParams {
+                window_secs: p.window_seconds,
+                limit: p.limit,
+                overrides: p.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                max_key_bytes: r.max_key_bytes,
+                max_tracked_keys: r.max_tracked_keys,
+            },
+        });
+    }
+    Ok(out)
+}
+
+fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {
+    let PolicyKey::Source(key) = key_source("rate_limit.key", &r.key, false)? else {
+        return err(
+            "rate_limit.key",
+            "client_ip is a key of [[rate_limit.policies]] only",
+        );
     };
     range(
         "rate_limit.window_seconds",
@@ -267,24 +532,9 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {
         100_000_000,
         "keys",
     )?;
-    if r.policy_name.is_empty()
-        || !r
-            .policy_name
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'"')
-    {
-        return err(
-            "rate_limit.policy_name",
-            "must be printable ASCII without quotes",
-        );
-    }
-    for (k, v) in &r.keys {
-        let path = format!("rate_limit.keys.{k}");
-        if k.is_empty() || k.len() > r.max_key_bytes {
-            return err(path, "key must be 1..=max_key_bytes bytes long");
-        }
-        range(&path, *v, 1, MAX_COUNT, "requests")?;
-    }
+    policy_name("rate_limit.policy_name", &r.policy_name)?;
+    key_overrides("rate_limit.keys", &r.keys, r.max_key_bytes)?;
+    let policies = validate_policies(r)?;
     Ok(RateLimitSettings {
         enabled: r.enabled,
         source: key,
@@ -303,6 +553,7 @@ fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {
             max_tracked_keys: r.max_tracked_keys,
         },
         keys: r.keys.clone(),
+        policies,
     })
 }
 
@@ -399,16 +650,7 @@ fn validate_watchdog(w: &WatchdogSection) -> VResult<WatchdogSettings> {
         WEEK,
         "seconds",
     )?;
-    Ok(WatchdogSettings {
-        enabled: w.enabled,
-        max_rss_mb: w.max_rss_mb,
-        max_error_rate: w.max_error_rate,
-        max_stall_ms: w.max_stall_ms,
-        min_requests: w.min_requests,
-        check_interval_seconds: w.check_interval_seconds,
-        tokens: w.tokens,
-        token_period_seconds: w.token_period_seconds,
-    })
+    Ok(w.clone())
 }
 
 fn validate_access_log(a: &AccessLogSection) -> VResult<AccessLogSettings> {
@@ -430,18 +672,33 @@ fn validate_access_log(a: &AccessLogSection) -> VResult<AccessLogSettings> {
     })
 }
 
-fn validate_tracing(t: &TracingSection) -> VResult<()> {
+fn validate_tracing(t: &TracingSection) -> VResult<TracingSettings> {
     if !(0.0..=1.0).contains(&t.sample) {
         return err("tracing.sample", "must be between 0.0 and 1.0");
     }
-    if !t.otlp_endpoint.is_empty() {
-        // Refused rather than silently ignored: trace context is propagated and
-        // logged, but this build has no OTLP exporter.
+    let endpoint = t.otlp_endpoint.trim();
+    if endpoint.is_empty() {
+        return Ok(TracingSettings {
+            otlp_endpoint: None,
+            sample: t.sample,
+        });
+    }
+    let uri: http::Uri = match endpoint.parse() {
+        Ok(u) => u,
+        Err(e) => return err("tracing.otlp_endpoint", format!("not a URL ({e})")),
+    };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
         return err(
             "tracing.otlp_endpoint",
-            "OTLP span export is not built into this version; leave it empty \
-             (trace ids are still propagated and written to the access log)",
+            "must be an http:// or https:// URL with a host, e.g. \"http://127.0.0.1:4318\" \
+             (OTLP/HTTP; /v1/traces is appended unless the path already ends with it)",
         );
     }
-    Ok(())
+    if uri.query().is_some() {
+        return err("tracing.otlp_endpoint", "must not have a query string");
+    }
+    Ok(TracingSettings {
+        otlp_endpoint: Some(endpoint.to_string()),
+        sample: t.sample,
+    })
 }

@@ -50,6 +50,12 @@ impl Drop for Open {
     }
 }
 
+fn peer_addr(stream: &Stream) -> Option<std::net::SocketAddr> {
+    stream
+        .get_socket_digest()
+        .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).copied())
+}
+
 fn peer_ip(stream: &Stream) -> Option<IpAddr> {
     stream
         .get_socket_digest()
@@ -106,7 +112,10 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
         let deadline = accepted + server.client_header_timeout;
         let mut replay = Vec::new();
         let mut proxied = None;
-        if server.proxy_protocol {
+        // A TLS listener hands over a stream whose handshake is done: a PROXY
+        // header would have come before it, so it applies to plain listeners.
+        let over_tls = stream.get_ssl_digest().is_some();
+        if server.proxy_protocol && !over_tls {
             if !trusted {
                 metrics.edge_refusal(EdgeRefusal::ProxyUntrusted);
                 tracing::debug!(event = "proxy_protocol_refused", peer = ?peer, "peer not trusted");
@@ -121,7 +130,16 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
             proxied = source;
             replay = rest;
         }
+        // Filed for the HTTP/2 streams of this connection, until it closes.
+        let _filed = proxied
+            .zip(peer_addr(&stream))
+            .map(|(source, addr)| super::proxied::Filed::new(addr, source));
         let conn = Conn::new(peer, proxied, trusted);
+        if stream.selected_alpn_proto() == Some(pingora::protocols::ALPN::H2) {
+            // HTTP/2: Pingora's per-stream header timeouts apply, not the
+            // HTTP/1 header-block deadline.
+            conn.multiplexed();
+        }
         let edge = EdgeStream::new(
             stream,
             conn,
@@ -129,6 +147,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
             server.client_header_timeout,
             deadline,
             metrics.edge_refusal_counter(EdgeRefusal::HeaderTimeout),
+            server.h2c,
         );
         drop(rt);
         self.inner.process_new(Box::new(edge), shutdown).await

@@ -1,5 +1,7 @@
 //! The edge: what the proxy checks about a client connection and its requests
-//! before any gate spends work (CONTRACT §7).
+//! before any gate spends work (CONTRACT §7), and the edge protocols (CONTRACT §6):
+//! TLS termination with SNI ([`tls`]), upgrade tunnels ([`tunnel`]), gRPC outcomes
+//! ([`grpc`]) and the upstream transport (TLS, HTTP/2) of [`upstream_peer`].
 //!
 //! - [`app::EdgeApp`] wraps each accepted connection: `max_connections`, the
 //!   PROXY header ([`proxy_protocol`]) from `trusted_proxies` only, and an
@@ -15,11 +17,16 @@
 //!   gate reads, `X-Request-Id` hygiene.
 
 pub mod app;
+pub mod grpc;
 pub mod headers;
 pub mod identity;
 pub mod limits;
+pub mod proxied;
 pub mod proxy_protocol;
 pub mod stream;
+pub mod tls;
+pub mod tunnel;
+pub mod upstream_peer;
 
 use std::net::IpAddr;
 
@@ -59,11 +66,25 @@ pub fn peer_ip(session: &Session) -> Option<IpAddr> {
         .map(|a| a.ip())
 }
 
+/// The source a PROXY header named for the session's connection. An HTTP/1
+/// session reaches its [`Conn`]; an HTTP/2 stream does not (Pingora keeps the
+/// connection inside its h2 session), so the edge also files the source by the
+/// connection's peer address ([`proxied::Filed`]).
+fn proxied_source(session: &Session) -> Option<IpAddr> {
+    match conn(session) {
+        Some(c) => c.proxied,
+        None => session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .and_then(|a| proxied::lookup(*a)),
+    }
+}
+
 /// The client address of the request (see [`identity::client_address`]).
 pub fn client_ip(session: &Session, trusted: &TrustedProxies) -> Option<IpAddr> {
     let conn = conn(session);
     let peer = conn.and_then(|c| c.peer).or_else(|| peer_ip(session))?;
-    let proxied = conn.and_then(|c| c.proxied);
+    let proxied = proxied_source(session);
     if proxied.is_none() && (trusted.is_empty() || !trusted.contains(peer)) {
         return Some(peer);
     }
@@ -79,7 +100,5 @@ pub fn client_ip(session: &Session, trusted: &TrustedProxies) -> Option<IpAddr> 
 /// The connection's source, appended to `X-Forwarded-For`: the PROXY header's
 /// source where one was used, else the TCP peer.
 pub fn source_ip(session: &Session) -> Option<IpAddr> {
-    conn(session)
-        .and_then(Conn::source)
-        .or_else(|| peer_ip(session))
+    proxied_source(session).or_else(|| peer_ip(session))
 }

@@ -54,6 +54,13 @@ impl Conn {
         self.proxied.or(self.peer)
     }
 
+    /// The connection carries HTTP/2 (ALPN `h2` or the h2c preface): its
+    /// streams are multiplexed, and the HTTP/1 header-block deadline never
+    /// applies (nothing would mark a header block done).
+    pub fn multiplexed(&self) {
+        self.state.store(IN_REQUEST, Ordering::Relaxed);
+    }
+
     /// A request header was parsed: the header deadline no longer applies.
     pub fn header_received(&self) {
         self.state.store(IN_REQUEST, Ordering::Relaxed);
@@ -77,6 +84,10 @@ pub struct EdgeStream {
     deadline: Pin<Box<Sleep>>,
     timed_out: bool,
     timeouts: IntCounter,
+    /// Whether any byte was read yet (the h2c preface check).
+    seen_bytes: bool,
+    /// `server.h2c`: the listener serves HTTP/2 with prior knowledge.
+    h2c: bool,
 }
 
 impl EdgeStream {
@@ -88,6 +99,7 @@ impl EdgeStream {
         header_timeout: Duration,
         deadline: Instant,
         timeouts: IntCounter,
+        h2c: bool,
     ) -> Self {
         Self {
             inner,
@@ -97,11 +109,29 @@ impl EdgeStream {
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             timed_out: false,
             timeouts,
+            seen_bytes: false,
+            h2c,
         }
     }
 
     pub fn conn(&self) -> &Conn {
         &self.conn
+    }
+
+    /// The first bytes of the connection: on an h2c listener, the whole
+    /// prior-knowledge preface makes it a multiplexed (HTTP/2) connection. A
+    /// client sends the preface in one write and Pingora takes HTTP/2 only on
+    /// all 24 bytes, so anything less (a slowloris trickling "PRI * HTTP/2.0"
+    /// and then a header) stays HTTP/1 and under the header deadline.
+    fn note_first_bytes(&mut self, bytes: &[u8]) {
+        if self.seen_bytes {
+            return;
+        }
+        self.seen_bytes = true;
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        if self.h2c && bytes.starts_with(PREFACE) {
+            self.conn.multiplexed();
+        }
     }
 
     /// The header took too long: answer 408 (best effort, one write into an
@@ -131,6 +161,10 @@ impl AsyncRead for EdgeStream {
         if !this.replay.is_empty() {
             let n = this.replay.len().min(buf.remaining());
             buf.put_slice(&this.replay[..n]);
+            if !this.seen_bytes {
+                let first = this.replay[..n].to_vec();
+                this.note_first_bytes(&first);
+            }
             this.replay.drain(..n);
             return Poll::Ready(Ok(()));
         }
@@ -143,6 +177,12 @@ impl AsyncRead for EdgeStream {
         }
         let before = buf.filled().len();
         let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if !this.seen_bytes && buf.filled().len() > before {
+            this.note_first_bytes(&buf.filled()[before..]);
+            if this.conn.state.load(Ordering::Relaxed) == IN_REQUEST {
+                return res;
+            }
+        }
         match res {
             Poll::Ready(Ok(())) if state == AWAIT_FIRST_BYTE && buf.filled().len() > before => {
                 let at = Instant::now() + this.header_timeout;

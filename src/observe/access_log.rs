@@ -1,43 +1,59 @@
 //! The JSON access log: one line per request, written off the request path.
 //!
-//! The request path serialises a record and hands it to
-//! `tracing-appender`'s non-blocking writer: a bounded channel feeding one
-//! writer thread. When the thread falls behind (a slow disk, a full pipe) the
-//! channel is full and the line is dropped and counted
-//! (`portcullis_access_log_dropped_total`) instead of making the request wait.
-//! That crate already does exactly this (lossy mode, a drop counter, a flush
-//! per drained batch), so it is used rather than a hand-rolled queue.
+//! The request path encodes its record straight into a reusable per-thread
+//! buffer (hand-written JSON: the fields are known, only strings need escaping)
+//! and appends it to one shared in-memory batch under a short lock. One writer
+//! thread takes the whole batch and writes it with a single `write` call.
 //!
-//! The file is reopened on SIGUSR1 (logrotate's `postrotate`): the signal
-//! sets a flag and sends an empty write through the queue, so the writer
-//! thread reopens before its next line.
+//! The writer is woken once per batch, not once per line: it sleeps until the
+//! first line of a batch arrives, then lingers up to [`LINGER`] (or until the
+//! batch holds [`HIGH_WATER`] bytes) so that later lines join the same write.
+//! So a line reaches the file within about [`LINGER`], and under load the log
+//! costs one wake-up and one `write(2)` per batch instead of per line.
+//! (`tracing-appender`'s non-blocking writer, used before, wakes its thread and
+//! flushes per line whenever it keeps up: measured in BENCHMARKS.md, that was
+//! most of the log's cost.)
+//!
+//! Bounded: when `queue_lines` lines wait (a slow disk, a full pipe), further
+//! lines are dropped and counted (`portcullis_access_log_dropped_total`)
+//! instead of making the request wait.
+//!
+//! The file is reopened on SIGUSR1 (logrotate's `postrotate`): the signal sets
+//! a flag and wakes the writer, which reopens before its next write.
 //!
 //! A record never carries a query string (only the URI path is logged), an
 //! API key, or an `Authorization` or `Cookie` value: no header value other
 //! than `Host` is read.
 
 use crate::config::AccessLogSettings;
-use serde::Serialize;
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long the writer lets a batch fill after its first line.
+pub const LINGER: Duration = Duration::from_millis(50);
+/// A batch this large is written at once.
+pub const HIGH_WATER: usize = 256 * 1024;
 
 /// One request, as written to the log. Field names are the contract's.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct AccessRecord<'a> {
-    /// RFC 3339 with milliseconds, UTC.
-    pub ts: String,
+    /// Written as `ts`, RFC 3339 with milliseconds, UTC.
+    pub unix_ms: u64,
     pub request_id: &'a str,
-    pub trace_id: &'a str,
-    pub client_ip: &'a str,
+    /// Written as 32 lower-case hex digits.
+    pub trace_id: u128,
+    pub client_ip: Option<IpAddr>,
     pub method: &'a str,
     pub host: &'a str,
     /// The URI path only: never the query string.
     pub path: &'a str,
-    /// `HTTP/1.1`, `HTTP/2`, ...
+    /// `HTTP/1.1`, `HTTP/2.0`, ...
     pub protocol: &'a str,
     /// 0 when no response was sent (the client went away first).
     pub status: u16,
@@ -47,10 +63,11 @@ pub struct AccessRecord<'a> {
     pub upstream: &'a str,
     pub backend: &'a str,
     pub bytes_sent: u64,
-    pub duration_ms: f64,
-    /// Time from choosing the backend to its response header; `null` when
-    /// no backend answered.
-    pub upstream_ms: Option<f64>,
+    /// Written as `duration_ms` with three decimals.
+    pub duration_us: u64,
+    /// Time from choosing the backend to its response header, written as
+    /// `upstream_ms`; `null` when no backend answered.
+    pub upstream_us: Option<u64>,
 }
 
 /// Whether a response with `status` is logged at `sample` given a uniform
@@ -63,14 +80,147 @@ pub fn should_log(status: u16, sample: f64, draw: f64) -> bool {
     sample >= 1.0 || draw < sample
 }
 
+// ------------------------------------------------------------------ encoding
+
+/// `s` as a JSON string (quotes included): `"` and `\` escaped, control
+/// characters as `\u00XX`; other UTF-8 as is.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f | 0x7f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if esc.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        } else {
+            out.extend_from_slice(esc);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+fn json_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Microseconds as milliseconds with three decimals (`1.234`).
+fn json_ms(out: &mut Vec<u8>, us: u64) {
+    json_u64(out, us / 1000);
+    let frac = us % 1000;
+    out.extend_from_slice(&[
+        b'.',
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
+}
+
+fn json_hex128(out: &mut Vec<u8>, v: u128) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    for i in (0..32).rev() {
+        out.push(HEX[((v >> (i * 4)) & 0xf) as usize]);
+    }
+    out.push(b'"');
+}
+
+thread_local! {
+    /// The last second formatted on this thread: `"2026-11-22T17:16:23.`.
+    static TS_PREFIX: RefCell<(u64, [u8; 20])> = const { RefCell::new((u64::MAX, [0; 20])) };
+    /// The line being encoded (reused: no allocation per line).
+    static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// RFC 3339 with milliseconds, UTC, quoted; the date and time part is
+/// formatted once per second per thread.
+fn json_ts(out: &mut Vec<u8>, unix_ms: u64) {
+    let secs = unix_ms / 1000;
+    TS_PREFIX.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            let full = super::time::rfc3339_ms(secs * 1000);
+            let mut prefix = [0u8; 20];
+            prefix.copy_from_slice(&full.as_bytes()[..20]);
+            *c = (secs, prefix);
+        }
+        out.push(b'"');
+        out.extend_from_slice(&c.1);
+    });
+    let ms = unix_ms % 1000;
+    out.extend_from_slice(&[
+        b'0' + (ms / 100) as u8,
+        b'0' + (ms / 10 % 10) as u8,
+        b'0' + (ms % 10) as u8,
+        b'Z',
+        b'"',
+    ]);
+}
+
+impl AccessRecord<'_> {
+    /// Append the record as one JSON object and a newline.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"ts\":");
+        json_ts(out, self.unix_ms);
+        out.extend_from_slice(b",\"request_id\":");
+        json_str(out, self.request_id);
+        out.extend_from_slice(b",\"trace_id\":");
+        json_hex128(out, self.trace_id);
+        out.extend_from_slice(b",\"client_ip\":\"");
+        if let Some(ip) = self.client_ip {
+            // digits, dots, colons and hex: nothing to escape
+            let _ = write!(out, "{ip}");
+        }
+        out.extend_from_slice(b"\",\"method\":");
+        json_str(out, self.method);
+        out.extend_from_slice(b",\"host\":");
+        json_str(out, self.host);
+        out.extend_from_slice(b",\"path\":");
+        json_str(out, self.path);
+        out.extend_from_slice(b",\"protocol\":");
+        json_str(out, self.protocol);
+        out.extend_from_slice(b",\"status\":");
+        json_u64(out, u64::from(self.status));
+        out.extend_from_slice(b",\"outcome\":");
+        json_str(out, self.outcome);
+        out.extend_from_slice(b",\"route\":");
+        json_str(out, self.route);
+        out.extend_from_slice(b",\"upstream\":");
+        json_str(out, self.upstream);
+        out.extend_from_slice(b",\"backend\":");
+        json_str(out, self.backend);
+        out.extend_from_slice(b",\"bytes_sent\":");
+        json_u64(out, self.bytes_sent);
+        out.extend_from_slice(b",\"duration_ms\":");
+        json_ms(out, self.duration_us);
+        out.extend_from_slice(b",\"upstream_ms\":");
+        match self.upstream_us {
+            Some(us) => json_ms(out, us),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b"}\n");
+    }
+}
+
+// ------------------------------------------------------------------- writing
+
 /// Where the writer thread writes: stdout, or a file it reopens on request.
 enum Target {
-    Stdout(BufWriter<io::Stdout>),
-    File {
-        path: PathBuf,
-        out: BufWriter<File>,
-        reopen: Arc<AtomicBool>,
-    },
+    Stdout,
+    File { path: PathBuf, file: File },
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
@@ -78,18 +228,12 @@ fn open_append(path: &Path) -> io::Result<File> {
 }
 
 impl Target {
-    /// Switch to a freshly opened file when a reopen was asked for.
-    fn maybe_reopen(&mut self) {
-        let Target::File { path, out, reopen } = self else {
+    fn reopen(&mut self) {
+        let Target::File { path, file } = self else {
             return;
         };
-        if !reopen.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        // Flush what belongs to the old file, then switch.
-        let _ = out.flush();
         match open_append(path) {
-            Ok(f) => *out = BufWriter::new(f),
+            Ok(f) => *file = f,
             Err(e) => tracing::error!(
                 event = "access_log",
                 path = %path.display(),
@@ -98,35 +242,103 @@ impl Target {
             ),
         }
     }
-}
 
-impl Write for Target {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.maybe_reopen();
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match self {
-            Target::Stdout(out) => out.write(buf),
-            Target::File { out, .. } => out.write(buf),
+            Target::Stdout => io::stdout().lock().write_all(buf),
+            Target::File { file, .. } => file.write_all(buf),
         }
     }
+}
 
-    /// The writer thread flushes after every batch it drains, including the
-    /// empty line [`AccessLog::reopen`] sends: the reopen happens here too.
-    fn flush(&mut self) -> io::Result<()> {
-        self.maybe_reopen();
-        match self {
-            Target::Stdout(out) => out.flush(),
-            Target::File { out, .. } => out.flush(),
+/// What the writer is waiting for, so the request path wakes it only when
+/// needed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// Writing, or about to look at the batch: no wake-up needed.
+    No,
+    /// Sleeping until a first line arrives.
+    Idle,
+    /// Letting a batch fill: woken only when it reaches [`HIGH_WATER`].
+    Linger,
+}
+
+struct Batch {
+    buf: Vec<u8>,
+    lines: usize,
+    waiting: Waiting,
+    reopen: bool,
+    closed: bool,
+}
+
+struct Queue {
+    batch: Mutex<Batch>,
+    wake: Condvar,
+    cap_lines: usize,
+    dropped: AtomicU64,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake(&self, b: &mut Batch) {
+        b.waiting = Waiting::No;
+        self.wake.notify_one();
+    }
+
+    /// The writer thread: one `write` per batch.
+    fn run(&self, mut target: Target) {
+        let mut out: Vec<u8> = Vec::new();
+        let mut b = self.lock();
+        loop {
+            while b.buf.is_empty() && !b.reopen && !b.closed {
+                b.waiting = Waiting::Idle;
+                b = self.wake.wait(b).unwrap_or_else(|p| p.into_inner());
+            }
+            let deadline = Instant::now() + LINGER;
+            while !b.closed && !b.reopen && b.buf.len() < HIGH_WATER {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                b.waiting = Waiting::Linger;
+                b = self
+                    .wake
+                    .wait_timeout(b, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            b.waiting = Waiting::No;
+            std::mem::swap(&mut b.buf, &mut out);
+            b.lines = 0;
+            let reopen = std::mem::take(&mut b.reopen);
+            let closed = b.closed;
+            drop(b);
+            if reopen {
+                target.reopen();
+            }
+            if !out.is_empty() {
+                if let Err(e) = target.write_all(&out) {
+                    tracing::error!(event = "access_log", error = %e, "access log write failed");
+                }
+                // Keep a batch's worth of capacity, not a burst's.
+                out.clear();
+                out.shrink_to(HIGH_WATER * 2);
+            }
+            if closed {
+                return;
+            }
+            b = self.lock();
         }
     }
 }
 
 /// The access-log sink: cheap to call from the request path.
 pub struct AccessLog {
-    writer: Option<NonBlocking>,
-    dropped: Option<ErrorCounter>,
-    reopen: Arc<AtomicBool>,
-    /// Keeps the writer thread; dropping it flushes what is queued.
-    guard: Mutex<Option<WorkerGuard>>,
+    queue: Option<Arc<Queue>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl AccessLog {
@@ -134,15 +346,13 @@ impl AccessLog {
     /// are fixed for the process's life; `enabled` and `sample` are read per
     /// request from the current config, so a reload can change them.
     pub fn new(settings: &AccessLogSettings) -> Self {
-        let reopen = Arc::new(AtomicBool::new(false));
         let target = match &settings.path {
-            None => Some(Target::Stdout(BufWriter::new(io::stdout()))),
+            None => Target::Stdout,
             Some(path) => match open_append(path) {
-                Ok(f) => Some(Target::File {
+                Ok(file) => Target::File {
                     path: path.clone(),
-                    out: BufWriter::new(f),
-                    reopen: Arc::clone(&reopen),
-                }),
+                    file,
+                },
                 Err(e) => {
                     tracing::error!(
                         event = "access_log",
@@ -150,71 +360,107 @@ impl AccessLog {
                         error = %e,
                         "cannot open the access log; access logging is off"
                     );
-                    None
+                    return Self::off();
                 }
             },
         };
-        let Some(target) = target else {
-            return Self::off(reopen);
-        };
-        let (writer, guard) = NonBlockingBuilder::default()
-            .lossy(true)
-            .buffered_lines_limit(settings.queue_lines.max(1))
-            .thread_name("access-log")
-            .finish(target);
-        Self {
-            dropped: Some(writer.error_counter()),
-            writer: Some(writer),
-            reopen,
-            guard: Mutex::new(Some(guard)),
+        let queue = Arc::new(Queue {
+            batch: Mutex::new(Batch {
+                buf: Vec::new(),
+                lines: 0,
+                waiting: Waiting::No,
+                reopen: false,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            cap_lines: settings.queue_lines.max(1),
+            dropped: AtomicU64::new(0),
+        });
+        let q = Arc::clone(&queue);
+        let thread = std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || q.run(target));
+        match thread {
+            Ok(t) => Self {
+                queue: Some(queue),
+                thread: Mutex::new(Some(t)),
+            },
+            Err(e) => {
+                tracing::error!(event = "access_log", error = %e, "cannot start the access-log writer; access logging is off");
+                Self::off()
+            }
         }
     }
 
-    fn off(reopen: Arc<AtomicBool>) -> Self {
+    fn off() -> Self {
         Self {
-            writer: None,
-            dropped: None,
-            reopen,
-            guard: Mutex::new(None),
+            queue: None,
+            thread: Mutex::new(None),
         }
     }
 
-    /// Queue one record (never blocks; drops and counts when the queue is full).
+    /// Queue one record (never blocks on I/O; drops and counts when
+    /// `queue_lines` lines already wait).
     pub fn write(&self, record: &AccessRecord<'_>) {
-        let Some(writer) = &self.writer else {
+        let Some(q) = &self.queue else {
             return;
         };
-        let mut line = Vec::with_capacity(512);
-        if serde_json::to_writer(&mut line, record).is_err() {
-            return;
-        }
-        line.push(b'\n');
-        let _ = writer.clone().write_all(&line);
+        LINE.with(|line| {
+            let mut line = line.borrow_mut();
+            line.clear();
+            record.encode(&mut line);
+            let mut b = q.lock();
+            if b.closed {
+                return;
+            }
+            if b.lines >= q.cap_lines {
+                drop(b);
+                q.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            b.buf.extend_from_slice(&line);
+            b.lines += 1;
+            let wake = match b.waiting {
+                Waiting::Idle => true,
+                Waiting::Linger => b.buf.len() >= HIGH_WATER,
+                Waiting::No => false,
+            };
+            if wake {
+                q.wake(&mut b);
+            }
+        });
     }
 
     /// Lines dropped because the writer fell behind, since start.
     pub fn dropped_lines(&self) -> u64 {
-        self.dropped
+        self.queue
             .as_ref()
-            .map_or(0, |c| c.dropped_lines() as u64)
+            .map_or(0, |q| q.dropped.load(Ordering::Relaxed))
     }
 
-    /// Reopen the file before the next line (SIGUSR1). The empty write wakes
-    /// the writer thread so the reopen happens now, not at the next request.
+    /// Reopen the file before the next write (SIGUSR1), now.
     pub fn reopen(&self) {
-        self.reopen.store(true, Ordering::Release);
-        if let Some(w) = &self.writer {
-            let _ = w.clone().write_all(b"");
+        if let Some(q) = &self.queue {
+            let mut b = q.lock();
+            b.reopen = true;
+            q.wake(&mut b);
         }
     }
 
-    /// Flush what is queued and stop the writer thread (at exit).
+    /// Write what is queued and stop the writer thread (at exit).
     pub fn close(&self) {
-        let guard = match self.guard.lock() {
-            Ok(mut g) => g.take(),
+        if let Some(q) = &self.queue {
+            let mut b = q.lock();
+            b.closed = true;
+            q.wake(&mut b);
+        }
+        let thread = match self.thread.lock() {
+            Ok(mut t) => t.take(),
             Err(p) => p.into_inner().take(),
         };
-        drop(guard);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 }
 
@@ -262,6 +508,63 @@ mod tests {
         }
     }
 
+    fn rec(path: &str) -> AccessRecord<'_> {
+        AccessRecord {
+            unix_ms: 1_795_367_783_005,
+            request_id: "r1",
+            trace_id: 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736,
+            client_ip: Some("127.0.0.1".parse().expect("ip")),
+            method: "GET",
+            host: "h\"x",
+            path,
+            protocol: "HTTP/1.1",
+            status: 200,
+            outcome: "proxied",
+            route: "/",
+            upstream: "app",
+            backend: "127.0.0.1:1",
+            bytes_sent: 3,
+            duration_us: 1_500,
+            upstream_us: None,
+        }
+    }
+
+    #[test]
+    fn encodes_one_valid_json_object_per_line() {
+        let mut out = Vec::new();
+        let mut r = rec("/a\"b\\c\u{1}d\ne\u{7f}é☃");
+        r.client_ip = Some("2001:db8::1".parse().expect("ip"));
+        r.upstream_us = Some(12_345);
+        r.encode(&mut out);
+        assert_eq!(out.last(), Some(&b'\n'));
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["ts"], "2026-11-22T17:16:23.005Z");
+        assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(v["client_ip"], "2001:db8::1");
+        assert_eq!(v["host"], "h\"x");
+        assert_eq!(v["path"], "/a\"b\\c\u{1}d\ne\u{7f}é☃");
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["bytes_sent"], 3);
+        assert_eq!(v["duration_ms"].as_f64(), Some(1.5));
+        assert_eq!(v["upstream_ms"].as_f64(), Some(12.345));
+        // A second line within the same second reuses the cached prefix.
+        out.clear();
+        let mut r = rec("/");
+        r.unix_ms += 994;
+        r.client_ip = None;
+        r.encode(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["ts"], "2026-11-22T17:16:23.999Z");
+        assert_eq!(v["client_ip"], "");
+        assert_eq!(v["upstream_ms"], serde_json::Value::Null);
+        r.unix_ms += 1;
+        out.clear();
+        r.encode(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["ts"], "2026-11-22T17:16:24.000Z");
+    }
+
     #[test]
     fn writes_json_lines_and_reopens_after_rename() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -272,30 +575,14 @@ mod tests {
             sample: 1.0,
             queue_lines: 128,
         });
-        let rec = |p| AccessRecord {
-            ts: crate::observe::time::rfc3339_ms(0),
-            request_id: "r1",
-            trace_id: "t1",
-            client_ip: "127.0.0.1",
-            method: "GET",
-            host: "h\"x",
-            path: p,
-            protocol: "HTTP/1.1",
-            status: 200,
-            outcome: "proxied",
-            route: "/",
-            upstream: "app",
-            backend: "127.0.0.1:1",
-            bytes_sent: 3,
-            duration_ms: 1.5,
-            upstream_ms: None,
-        };
         log.write(&rec("/one"));
         let rotated = dir.path().join("access.log.1");
         let ok = wait(|| std::fs::read_to_string(&path).is_ok_and(|t| t.contains("/one")));
         assert!(ok, "first line written");
         std::fs::rename(&path, &rotated).expect("rename");
         log.reopen();
+        // the reopen is done once the new file exists
+        assert!(wait(|| path.exists()), "reopened");
         log.write(&rec("/two"));
         let ok = wait(|| std::fs::read_to_string(&path).is_ok_and(|t| t.contains("/two")));
         assert!(ok, "line after reopen goes to the new file");
@@ -305,8 +592,37 @@ mod tests {
             serde_json::from_str(old.lines().next().expect("a line")).expect("json");
         assert_eq!(line["host"], "h\"x");
         assert_eq!(line["upstream_ms"], serde_json::Value::Null);
+        // close writes what is queued
+        for _ in 0..100 {
+            log.write(&rec("/many"));
+        }
         log.close();
+        let new = std::fs::read_to_string(&path).expect("log");
+        assert_eq!(new.matches("/many").count(), 100);
         assert_eq!(log.dropped_lines(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = AccessLog::new(&AccessLogSettings {
+            enabled: true,
+            path: Some(dir.path().join("a.log")),
+            sample: 1.0,
+            queue_lines: 4,
+        });
+        // Faster than the writer's first wake-up: at most 4 wait, the rest drop.
+        for _ in 0..1000 {
+            log.write(&rec("/x"));
+        }
+        assert!(log.dropped_lines() > 0);
+        log.close();
+        let text = std::fs::read_to_string(dir.path().join("a.log")).expect("log");
+        assert_eq!(
+            text.lines().count() as u64 + log.dropped_lines(),
+            1000,
+            "every line is written or counted"
+        );
     }
 
     fn wait(mut f: impl FnMut() -> bool) -> bool {

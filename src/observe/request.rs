@@ -11,6 +11,7 @@ use crate::state::{unix_ms, Runtime, Shared};
 use crate::upstream::{BackendState, Pool};
 use pingora::http::RequestHeader;
 use pingora::proxy::Session;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// What the proxy learns about a request for logs, traces and metrics.
@@ -41,26 +42,38 @@ impl RequestObs {
         self.upstream_ms = self.upstream_start.map(|t| millis(t.elapsed()));
     }
 
-    fn trace_for(&mut self, req: &RequestHeader) -> TraceContext {
+    /// The request's trace context, decided once. `new_trace_sample`: see
+    /// [`crate::observe::Observe::new_trace_sample`].
+    fn trace_for(&mut self, req: &RequestHeader, new_trace_sample: f64) -> TraceContext {
         *self.trace.get_or_insert_with(|| {
             let values = req
                 .headers
                 .get_all("traceparent")
                 .iter()
                 .map(|v| v.as_bytes());
-            TraceContext::from_request(values, &mut random_u128)
+            let draw = if new_trace_sample > 0.0 {
+                fastrand::f64()
+            } else {
+                1.0
+            };
+            TraceContext::from_request(values, &mut random_u128, new_trace_sample, draw)
         })
     }
 
     /// Set `traceparent` on the upstream request: the client's trace with a
     /// new parent id, or a new trace (then any `tracestate` is dropped, as it
-    /// belongs to the discarded trace).
-    pub fn propagate(&mut self, upstream_req: &mut RequestHeader) -> pingora::Result<()> {
-        let tc = self.trace_for(upstream_req);
+    /// belongs to the discarded trace). A new trace is sampled with
+    /// probability `new_trace_sample`; the flag sent says so.
+    pub fn propagate(
+        &mut self,
+        upstream_req: &mut RequestHeader,
+        new_trace_sample: f64,
+    ) -> pingora::Result<()> {
+        let tc = self.trace_for(upstream_req, new_trace_sample);
         if !tc.continued {
             upstream_req.remove_header("tracestate");
         }
-        upstream_req.insert_header("traceparent", tc.header())?;
+        upstream_req.insert_header("traceparent", tc.header_value())?;
         Ok(())
     }
 }
@@ -71,12 +84,16 @@ pub struct Finished<'a> {
     /// Status sent to the client; 0 when none was.
     pub status: u16,
     pub runtime: &'a Runtime,
-    /// The request's route; `None` when it was refused before routing.
-    pub route: Option<&'a Route>,
+    /// The request's route's metric series and label ("none" when it was
+    /// refused before routing).
+    pub route: &'a crate::metrics::RouteSeries,
     pub pool: Option<&'a Pool>,
     /// The backend the request went to last, if any.
     pub backend: Option<&'a BackendState>,
     pub request_id: Option<&'a str>,
+    /// The client address (CONTRACT §7), when a gate resolved it; `None` for a
+    /// request answered before routing.
+    pub client: Option<IpAddr>,
     pub elapsed: Duration,
 }
 
@@ -100,12 +117,12 @@ fn host_of(req: &RequestHeader) -> &str {
 
 /// Record the request's metrics and write its access-log line.
 pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finished<'_>) {
-    let route = f.route.map(route_label);
-    let route = route.as_deref().unwrap_or("none");
+    let route = f.route.label.as_str();
     let m = &shared.metrics;
-    m.record(f.outcome, route, f.status, f.elapsed.as_secs_f64());
+    m.record_route(f.route, f.outcome, f.status, f.elapsed.as_secs_f64());
     if let (Some(pool), Some(b)) = (f.pool, f.backend) {
-        m.record_upstream(
+        m.record_backend(
+            &b.series,
             &pool.name,
             &b.addr_str,
             obs.upstream_status,
@@ -113,7 +130,38 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
         );
     }
 
+    let new_trace_sample = shared.observe.new_trace_sample(f.runtime);
+    let trace = obs.trace_for(session.req_header(), new_trace_sample);
+    if let Some(spans) = &shared.observe.spans {
+        if trace.sampled() {
+            record_span(spans, session, &f, route, trace);
+        }
+    }
     write_line(shared, session, obs, &f, route, f.runtime);
+}
+
+fn record_span(
+    spans: &super::otlp::SpanSink,
+    session: &Session,
+    f: &Finished<'_>,
+    route: &str,
+    trace: TraceContext,
+) {
+    let req = session.req_header();
+    let end = std::time::SystemTime::now();
+    spans.record(&super::otlp::ServerSpan {
+        trace,
+        method: req.method.as_str(),
+        route,
+        status: f.status,
+        outcome: f.outcome.as_str(),
+        upstream: f.pool.map(|p| p.name.as_str()).unwrap_or(""),
+        backend: f.backend.map(|b| b.addr_str.as_str()).unwrap_or(""),
+        protocol: protocol_name(req.version),
+        request_id: f.request_id.unwrap_or(""),
+        start: end.checked_sub(f.elapsed).unwrap_or(end),
+        end,
+    });
 }
 
 fn write_line(
@@ -129,7 +177,7 @@ fn write_line(
         return;
     }
     let req = session.req_header();
-    let trace = obs.trace_for(req).trace_id_hex();
+    let trace = obs.trace_for(req, 0.0).trace_id;
     let generated;
     let request_id = match f.request_id {
         Some(id) => id,
@@ -138,34 +186,44 @@ fn write_line(
             generated.as_str()
         }
     };
-    let client_ip = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip().to_string())
-        .unwrap_or_default();
+    // The client address as the gates saw it (trusted proxies, PROXY header),
+    // not the TCP peer: the one CONTRACT §7 says is logged.
+    let client_ip = f
+        .client
+        .or_else(|| crate::edge::client_ip(session, &rt.config.server.trusted_proxies));
     let host = host_of(req);
     // A Host value is the client's: keep the line bounded.
     let host = &host[..floor_char_boundary(host, 256)];
-    let protocol = format!("{:?}", req.version);
-    let backend = f.backend.map(|b| b.addr_str.as_str()).unwrap_or("");
     shared.observe.access_log.write(&AccessRecord {
-        ts: super::time::rfc3339_ms(unix_ms()),
+        unix_ms: unix_ms(),
         request_id,
-        trace_id: &trace,
-        client_ip: &client_ip,
+        trace_id: trace,
+        client_ip,
         method: req.method.as_str(),
         host,
         path: req.uri.path(),
-        protocol: &protocol,
+        protocol: protocol_name(req.version),
         status: f.status,
         outcome: f.outcome.as_str(),
         route,
         upstream: f.pool.map(|p| p.name.as_str()).unwrap_or(""),
-        backend,
+        backend: f.backend.map(|b| b.addr_str.as_str()).unwrap_or(""),
         bytes_sent: session.body_bytes_sent() as u64,
-        duration_ms: millis(f.elapsed),
-        upstream_ms: obs.upstream_ms,
+        duration_us: f.elapsed.as_micros() as u64,
+        upstream_us: obs.upstream_ms.map(|ms| (ms * 1000.0).round() as u64),
     });
+}
+
+/// `HTTP/1.1`, `HTTP/2.0`, ... (as `Version`'s `Debug`, without formatting).
+fn protocol_name(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_11 => "HTTP/1.1",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/?",
+    }
 }
 
 fn floor_char_boundary(s: &str, max: usize) -> usize {
@@ -194,6 +252,19 @@ mod tests {
         assert_eq!(route_label(&r(None, "")), "default");
         assert_eq!(route_label(&r(None, "/api")), "/api");
         assert_eq!(route_label(&r(Some("a.example"), "/")), "a.example/");
+    }
+
+    #[test]
+    fn protocol_names_match_the_debug_form() {
+        for v in [
+            http::Version::HTTP_09,
+            http::Version::HTTP_10,
+            http::Version::HTTP_11,
+            http::Version::HTTP_2,
+            http::Version::HTTP_3,
+        ] {
+            assert_eq!(protocol_name(v), format!("{v:?}"));
+        }
     }
 
     #[test]

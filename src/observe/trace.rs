@@ -4,12 +4,17 @@
 //! parent id (this proxy's span); an absent or invalid one starts a new trace.
 //! Plain functions over bytes, no `Session`.
 
+/// The `sampled` bit of `trace-flags`.
+pub const SAMPLED: u8 = 0x01;
+
 /// The trace context the proxy sends upstream for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceContext {
     pub trace_id: u128,
     /// This proxy's span id: the parent id the backend sees.
     pub span_id: u64,
+    /// The client's span id from a continued `traceparent`; 0 for a new trace.
+    pub parent_id: u64,
     pub flags: u8,
     /// The incoming header was valid and is continued.
     pub continued: bool,
@@ -17,10 +22,15 @@ pub struct TraceContext {
 
 impl TraceContext {
     /// From the request's `traceparent` values (none, one, or several: more
-    /// than one is invalid). `random` supplies ids.
+    /// than one is invalid). `random` supplies ids. A continued trace keeps
+    /// the client's flags (its sampled flag is respected); a new trace is
+    /// sampled when `draw < new_trace_sample` (a uniform draw in `[0, 1)`;
+    /// the ratio is 0 when no spans are exported).
     pub fn from_request<'a>(
         mut values: impl Iterator<Item = &'a [u8]>,
         random: &mut impl FnMut() -> u128,
+        new_trace_sample: f64,
+        draw: f64,
     ) -> Self {
         let first = values.next();
         let parsed = match (first, values.next()) {
@@ -29,28 +39,47 @@ impl TraceContext {
         };
         let span_id = new_span_id(random);
         match parsed {
-            Some((trace_id, _parent, flags)) => Self {
+            Some((trace_id, parent_id, flags)) => Self {
                 trace_id,
                 span_id,
+                parent_id,
                 flags,
                 continued: true,
             },
             None => Self {
                 trace_id: new_trace_id(random),
                 span_id,
-                // Not recorded here (no span exporter): not sampled.
-                flags: 0,
+                parent_id: 0,
+                flags: u8::from(draw < new_trace_sample) * SAMPLED,
                 continued: false,
             },
         }
     }
 
+    /// The trace is recorded (the `sampled` flag): this proxy exports its span.
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
+    }
+
     /// The `traceparent` value to send upstream (version 00).
     pub fn header(&self) -> String {
-        format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id, self.span_id, self.flags
-        )
+        String::from_utf8_lossy(&self.header_bytes()).into_owned()
+    }
+
+    /// `header()` as a header value, without formatting machinery (per request).
+    pub fn header_value(&self) -> http::HeaderValue {
+        let b = self.header_bytes();
+        // Only `0-9a-f` and `-`: always a valid header value.
+        http::HeaderValue::from_bytes(&b).unwrap_or_else(|_| http::HeaderValue::from_static(""))
+    }
+
+    /// `00-<trace id>-<span id>-<flags>`, 55 bytes of lowercase hex.
+    fn header_bytes(&self) -> [u8; 55] {
+        let mut b = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        hex_lower(self.trace_id, &mut b[3..35]);
+        hex_lower(u128::from(self.span_id), &mut b[36..52]);
+        hex_lower(u128::from(self.flags), &mut b[53..55]);
+        b
     }
 
     /// The trace id as 32 lower-case hex digits (the access log's `trace_id`).
@@ -111,12 +140,45 @@ fn hex(s: &[u8]) -> Option<u128> {
 }
 
 /// Random ids from a fast per-thread generator (seeded from the OS).
+/// Write the low `4 * out.len()` bits of `n` into `out` as lowercase hex,
+/// zero-padded (the `{:0N$x}` of `format!`, without its machinery).
+pub fn hex_lower(mut n: u128, out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for d in out.iter_mut().rev() {
+        *d = DIGITS[(n & 0xf) as usize];
+        n >>= 4;
+    }
+}
+
 pub fn random_u128() -> u128 {
     fastrand::u128(..)
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn header_bytes_match_the_formatted_header() {
+        for (t, sp, f) in [
+            (1u128, 1u64, 0u8),
+            (u128::MAX, u64::MAX, 0xff),
+            (0x4bf9_2f35, 0xab, 1),
+        ] {
+            let tc = TraceContext {
+                trace_id: t,
+                span_id: sp,
+                parent_id: 0,
+                flags: f,
+                continued: false,
+            };
+            let want = format!("00-{t:032x}-{sp:016x}-{f:02x}");
+            assert_eq!(tc.header(), want);
+            assert_eq!(tc.header_value().to_str().ok(), Some(want.as_str()));
+        }
+        let mut b = [0u8; 12];
+        hex_lower(0xabc, &mut b);
+        assert_eq!(&b, b"000000000abc");
+    }
+
     use super::*;
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -131,7 +193,7 @@ mod tests {
 
     #[test]
     fn valid_header_keeps_trace_and_flags_with_a_new_parent() {
-        let tc = TraceContext::from_request([VALID.as_bytes()].into_iter(), &mut seq());
+        let tc = TraceContext::from_request([VALID.as_bytes()].into_iter(), &mut seq(), 0.0, 0.5);
         assert!(tc.continued);
         assert_eq!(tc.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         let h = tc.header();
@@ -156,18 +218,42 @@ mod tests {
         ];
         for b in bad {
             assert_eq!(parse(b.as_bytes()), None, "{b:?} must be invalid");
-            let tc = TraceContext::from_request([b.as_bytes()].into_iter(), &mut seq());
+            let tc = TraceContext::from_request([b.as_bytes()].into_iter(), &mut seq(), 0.0, 0.5);
             assert!(!tc.continued);
             assert_ne!(tc.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
             assert!(parse(tc.header().as_bytes()).is_some(), "new header valid");
         }
-        let none = TraceContext::from_request(std::iter::empty(), &mut seq());
+        let none = TraceContext::from_request(std::iter::empty(), &mut seq(), 0.0, 0.5);
         assert!(!none.continued && none.trace_id != 0 && none.span_id != 0);
         let two = TraceContext::from_request(
             [VALID.as_bytes(), VALID.as_bytes()].into_iter(),
             &mut seq(),
+            0.0,
+            0.5,
         );
         assert!(!two.continued, "two traceparent headers are invalid");
+    }
+
+    #[test]
+    fn sampling_respects_the_parent_else_the_ratio() {
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let from = |h: Option<&str>, ratio, draw| {
+            TraceContext::from_request(h.map(str::as_bytes).into_iter(), &mut seq(), ratio, draw)
+        };
+        // The client's decision wins whatever the ratio.
+        assert!(from(Some(VALID), 0.0, 0.9).sampled());
+        assert!(!from(Some(unsampled), 1.0, 0.0).sampled());
+        assert_eq!(from(Some(VALID), 0.0, 0.9).parent_id, 0x00f0_67aa_0ba9_02b7);
+        // A new trace: the ratio, and the header sent upstream says so.
+        assert!(from(None, 0.01, 0.005).sampled());
+        assert!(!from(None, 0.01, 0.02).sampled());
+        assert!(
+            !from(None, 0.0, 0.0).sampled(),
+            "no exporter: never sampled"
+        );
+        assert!(from(None, 1.0, 0.999).header().ends_with("-01"));
+        assert!(from(None, 0.0, 0.0).header().ends_with("-00"));
+        assert_eq!(from(None, 1.0, 0.0).parent_id, 0);
     }
 
     #[test]
@@ -180,7 +266,7 @@ mod tests {
     fn zero_ids_from_the_generator_are_skipped() {
         let mut vals = vec![5u128, 0, 7, 0].into_iter().rev();
         let mut r = move || vals.next().unwrap_or(9);
-        let tc = TraceContext::from_request(std::iter::empty(), &mut r);
+        let tc = TraceContext::from_request(std::iter::empty(), &mut r, 0.0, 0.5);
         assert_ne!(tc.span_id, 0);
         assert_ne!(tc.trace_id, 0);
     }

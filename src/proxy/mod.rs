@@ -69,9 +69,14 @@ pub struct Ctx {
     /// What a gate refused the request with, when it answers through an error
     /// (`early_request_filter`, `upstream_peer`).
     refusal: Option<Refusal>,
-    request_id: Option<String>,
+    /// X-Request-Id sent upstream and back (the client's, or generated).
+    request_id: Option<http::HeaderValue>,
     /// The RateLimit fields of an admitted response.
     rate: Option<RateFields>,
+    /// An upgrade request's tunnel slot (reserved, then open after the `101`).
+    tunnel: Option<crate::edge::tunnel::TunnelSlot>,
+    /// A gRPC call failed by gRPC semantics (`grpc-status`): a backend error.
+    grpc_failed: bool,
     /// Trace context and upstream timing for the access log and metrics.
     obs: crate::observe::RequestObs,
     /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
@@ -130,6 +135,8 @@ impl ProxyHttp for Proxy {
             refusal: None,
             request_id: None,
             rate: None,
+            tunnel: None,
+            grpc_failed: false,
             obs: Default::default(),
             client: None,
             routed: false,
@@ -192,7 +199,9 @@ impl ProxyHttp for Proxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let rt = Arc::clone(&ctx.runtime);
+        // Borrowed, not cloned: fields of `ctx` are disjoint, and a refusal
+        // (which needs all of `ctx`) ends the borrow.
+        let rt = &*ctx.runtime;
         ctx.route = rt.route_index(host_of(session), session.req_header().uri.path());
         ctx.routed = true;
         let route = rt.route_at(ctx.route);
@@ -210,8 +219,21 @@ impl ProxyHttp for Proxy {
             }
         }
 
-        // Gate 1b: the upstream's bulkhead (`max_inflight`), shed as well.
-        if let Some(pool) = ctx.pool.clone() {
+        // Gate 1b: an upgrade (WebSocket) request needs a tunnel slot.
+        if session.is_upgrade_req() {
+            match crate::edge::tunnel::TunnelSlot::try_reserve(rt.config.shedding.max_tunnels) {
+                Some(slot) => ctx.tunnel = Some(slot),
+                None => {
+                    let retry_after = rt.config.shedding.retry_after_secs;
+                    return self
+                        .refuse(session, ctx, Refusal::TunnelCap { retry_after })
+                        .await;
+                }
+            }
+        }
+
+        // Gate 1c: the upstream's bulkhead (`max_inflight`), shed as well.
+        if let Some(pool) = ctx.pool.as_deref() {
             match pool.enter() {
                 Bulkhead::Unlimited => {}
                 Bulkhead::Entered(g) => ctx._bulkhead = Some(g),
@@ -234,10 +256,12 @@ impl ProxyHttp for Proxy {
         let req = session.req_header();
         let verdict = ratelimit::gate::check(
             &rt.config.rate_limit,
-            &self.shared.limiter,
-            &req.headers,
-            &req.uri,
-            ctx.client,
+            &rt.rate,
+            &ratelimit::gate::Request {
+                headers: &req.headers,
+                uri: &req.uri,
+                client_ip: ctx.client,
+            },
             crate::store::clock::unix_ms(),
         );
         match verdict {
@@ -251,7 +275,7 @@ impl ProxyHttp for Proxy {
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let retry_after = ctx.runtime.config.shedding.retry_after_secs;
-        let Some(pool) = ctx.pool.clone() else {
+        let Some(pool) = ctx.pool.as_deref() else {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
         if ctx.attempt_start.is_none() {
@@ -279,7 +303,7 @@ impl ProxyHttp for Proxy {
         ctx.obs.backend_chosen();
         ctx.attempt = Some(Attempt::new(&backend));
         ctx.attempt_start = Some(Instant::now());
-        let mut peer = HttpPeer::new(backend.addr, false, String::new());
+        let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport);
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(pool.read_timeout);
         peer.options.write_timeout = Some(pool.read_timeout);
@@ -332,7 +356,7 @@ impl ProxyHttp for Proxy {
             if let Some(pool) = &ctx.pool {
                 self.shared
                     .metrics
-                    .record_upstream(&pool.name, &b.addr_str, None, None);
+                    .record_backend(&b.series, &pool.name, &b.addr_str, None, None);
             }
         }
         ctx.attempt = None;
@@ -431,17 +455,22 @@ impl ProxyHttp for Proxy {
             edge::headers::restore(&session.req_header().headers, req, &[name]);
         }
         if let Some(ip) = edge::source_ip(session) {
-            let xff = match req
+            let joined = match req
                 .headers
                 .get("x-forwarded-for")
                 .and_then(|v| v.to_str().ok())
             {
-                Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
-                _ => ip.to_string(),
+                Some(prev) if !prev.is_empty() => Some(format!("{prev}, {ip}")),
+                _ => None,
             };
-            req.insert_header("x-forwarded-for", xff)?;
+            match joined {
+                Some(xff) => req.insert_header("x-forwarded-for", xff)?,
+                None => req.insert_header("x-forwarded-for", request::ip_value(ip))?,
+            }
         }
-        req.insert_header("x-forwarded-proto", "http")?;
+        let over_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        let proto = if over_tls { "https" } else { "http" };
+        req.insert_header("x-forwarded-proto", http::HeaderValue::from_static(proto))?;
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
@@ -449,18 +478,19 @@ impl ProxyHttp for Proxy {
         let id = match req
             .headers
             .get("x-request-id")
-            .filter(|v| edge::headers::valid_request_id(v.as_bytes()))
-            .and_then(|v| v.to_str().ok())
+            .filter(|v| edge::headers::valid_request_id(v.as_bytes()) && v.to_str().is_ok())
         {
-            Some(id) => id.to_string(),
+            // A shared reference to the parsed header's bytes, not a copy.
+            Some(id) => id.clone(),
             None => {
-                let id = self.shared.next_request_id();
-                req.insert_header("x-request-id", id.as_str())?;
+                let id = self.shared.next_request_id_value();
+                req.insert_header("x-request-id", id.clone())?;
                 id
             }
         };
         ctx.request_id = Some(id);
-        ctx.obs.propagate(req)?;
+        ctx.obs
+            .propagate(req, self.shared.observe.new_trace_sample(&ctx.runtime))?;
         Ok(())
     }
 
@@ -476,15 +506,42 @@ impl ProxyHttp for Proxy {
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
         }
         if let Some(id) = &ctx.request_id {
-            resp.insert_header("x-request-id", id.as_str())?;
+            resp.insert_header("x-request-id", id.clone())?;
+        }
+        if let Some(code) = crate::edge::grpc::status_of(&resp.headers) {
+            // a trailers-only gRPC response
+            ctx.grpc_failed = crate::edge::grpc::is_backend_error(code);
+        }
+        if ctx.tunnel.is_some() {
+            if resp.status.as_u16() == 101 {
+                // The tunnel is open: no longer an in-flight request.
+                if let Some(t) = ctx.tunnel.as_mut() {
+                    t.mark_open();
+                }
+                ctx._guard = None;
+            } else {
+                ctx.tunnel = None;
+            }
         }
         if let Some(fields) = ctx.rate {
-            fields.apply(&ctx.runtime.config.rate_limit.policy_name, resp)?;
+            fields.apply(ctx.runtime.rate.name(fields.policy), resp)?;
         }
         if self.shared.lifecycle.is_draining() {
             // Draining: ask keep-alive clients to reconnect (to another instance).
             session.set_keepalive(None);
             resp.insert_header("connection", "close")?;
+        }
+        Ok(())
+    }
+
+    fn upstream_response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(code) = crate::edge::grpc::status_of(trailers) {
+            ctx.grpc_failed = crate::edge::grpc::is_backend_error(code);
         }
         Ok(())
     }
@@ -559,7 +616,7 @@ impl ProxyHttp for Proxy {
             // (timeouts, resets). A client hanging up is not the backend's error.
             let upstream_failed =
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
-            let is_error = upstream_failed || status >= 500;
+            let is_error = upstream_failed || status >= 500 || ctx.grpc_failed;
             b.record(crate::store::clock::unix_secs(), is_error);
         }
         crate::observe::finish(
@@ -570,10 +627,11 @@ impl ProxyHttp for Proxy {
                 outcome,
                 status,
                 runtime: &ctx.runtime,
-                route: ctx.routed.then(|| ctx.runtime.route_at(ctx.route)),
+                route: ctx.runtime.route_series(ctx.routed, ctx.route),
                 pool: ctx.pool.as_deref(),
                 backend: backend.as_deref(),
-                request_id: ctx.request_id.as_deref(),
+                request_id: ctx.request_id.as_ref().and_then(|v| v.to_str().ok()),
+                client: ctx.client,
                 elapsed: ctx.start.elapsed(),
             },
         );

@@ -1,7 +1,24 @@
 //! What the proxy reads off a request before the gates: its host, the size of
 //! its header block, and whether its target was rewritten.
 
+use std::net::IpAddr;
+
 use pingora::proxy::Session;
+
+/// The text of `ip` as a header value, written on the stack (no `String`).
+pub fn ip_value(ip: IpAddr) -> http::HeaderValue {
+    use std::io::Write;
+    // The longest IP text: an IPv6 address with an embedded IPv4 one (45 bytes).
+    let mut buf = [0u8; 48];
+    let mut w = &mut buf[..];
+    let len = match write!(w, "{ip}") {
+        Ok(()) => 48 - w.len(),
+        Err(_) => 0,
+    };
+    // Digits, hex, `:` and `.` only: always a valid header value.
+    http::HeaderValue::from_bytes(&buf[..len])
+        .unwrap_or_else(|_| http::HeaderValue::from_static(""))
+}
 
 /// The `Host` (or absolute-form authority) without its port; IPv6 literals keep
 /// their brackets.
@@ -49,4 +66,24 @@ pub fn invalid_target(session: &Session) -> bool {
     crate::raw_window::recent_bytes(h1.stream()).is_some_and(|recent| {
         crate::raw_window::target_was_rewritten(recent, req.method.as_str().as_bytes(), target)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_values_are_the_addresses_text() {
+        for ip in [
+            "127.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::ff00:42:8329",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "::ffff:192.168.100.200",
+        ] {
+            let ip: IpAddr = ip.parse().expect("ip");
+            assert_eq!(ip_value(ip).to_str().ok(), Some(ip.to_string().as_str()));
+        }
+    }
 }

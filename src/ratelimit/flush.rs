@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use super::limiter::Limiter;
 use super::shard::{gc_step, lock};
 use super::slot::{apply, Slot, QUEUED, SHARED};
-use super::store::{CounterStore, Delta, StoreError};
+use super::store::{Batch, CounterStore, Delta, StoreError};
 
 /// With nothing to flush, probe the store this often (ms) so health (and the fleet size)
 /// is kept current.
@@ -32,14 +32,22 @@ pub struct FlushOutcome {
     pub called_store: bool,
 }
 
+/// A delta's way back to its slot: the limiter (policy) it came from, its shard and slot
+/// id, and whether the previous window's total read back is final.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Taken {
+    pub(super) limiter: u64,
+    pub(super) shard: u8,
+    pub(super) slot: u64,
+    pub(super) prev_final: bool,
+}
+
 /// A batch the store did not acknowledge. Its admissions stay in the slots' `p_*` counters
 /// (so they keep counting) and are retried with the same id until acknowledged.
 pub(super) struct PendingBatch {
     pub(super) id: u128,
-    pub(super) window_secs: u64,
     pub(super) batch: Vec<Delta>,
-    /// (shard, slot id, whether the previous window's total read back is final).
-    pub(super) taken: Vec<(u8, u64, bool)>,
+    pub(super) taken: Vec<Taken>,
     pub(super) admissions: u64,
 }
 
@@ -53,24 +61,22 @@ pub(super) struct FlushState {
     pub(super) last_flush_ms: u64,
 }
 
+/// What one flush takes from the limiters: the deltas and their way back.
+#[derive(Default)]
+struct Take {
+    batch: Vec<Delta>,
+    taken: Vec<Taken>,
+    admissions: u64,
+}
+
 impl Limiter {
-    /// One flush: sends queued keys' unsent admissions (and keys that were merely checked,
-    /// to refresh their global view) to `store` in one batch, then applies the returned
-    /// global counts. Adaptive sync: keys near their limit (or with large unsent deltas, or
-    /// refused for their fleet share) are sent at every flush; the others stay queued and
-    /// are sent every `SYNC_EVERY`-th flush (so never more than `SYNC_EVERY - 1` flushes
-    /// late), at each of the first `SYNC_EVERY` flushes, and at the first flush after a
-    /// store failure. A flush with nothing to send
-    /// does not call the store (except the idle probe). A batch that fails is kept (its
-    /// admissions keep counting locally) and retried unchanged, with the same batch id,
-    /// before anything new is sent. Also collects idle keys incrementally. Concurrent calls
-    /// are serialized.
+    /// One flush of this limiter alone: see [`flush`].
     pub async fn flush_once(
         &self,
         store: &dyn CounterStore,
         now_ms: u64,
     ) -> Result<FlushOutcome, StoreError> {
-        self.flush(store, now_ms, false).await
+        flush(&[self], store, now_ms, false).await
     }
 
     /// As [`Limiter::flush_once`], but sends every queued key (used for the final flush at
@@ -80,54 +86,18 @@ impl Limiter {
         store: &dyn CounterStore,
         now_ms: u64,
     ) -> Result<FlushOutcome, StoreError> {
-        self.flush(store, now_ms, true).await
+        flush(&[self], store, now_ms, true).await
     }
 
-    async fn flush(
-        &self,
-        store: &dyn CounterStore,
-        now_ms: u64,
-        force: bool,
-    ) -> Result<FlushOutcome, StoreError> {
-        let mut fs = self.flush_state.lock().await;
+    /// Moves the unsent admissions of the keys this flush sends into `take` (deferred keys
+    /// stay queued), and collects idle keys.
+    fn take(&self, now_ms: u64, sync_all: bool, interval: u64, take: &mut Take) {
         let p = self.params.load_full();
         let wms = p.window_ms;
         let w = now_ms / wms;
-        let mut out = FlushOutcome::default();
-        // Everything is sent during the first `SYNC_EVERY` flushes (warm-up: no fleet view
-        // yet) and, after a failure (every view is stale), once the store is back.
-        let sync_all = force
-            || fs.pending.is_some()
-            || !self.store_healthy()
-            || fs.flushes < SYNC_EVERY
-            || fs.flushes % SYNC_EVERY == 0;
-        fs.flushes = fs.flushes.wrapping_add(1);
         // A previous window's total read this late into the current one is final.
-        let interval = now_ms.saturating_sub(fs.last_flush_ms).min(wms);
-        fs.last_flush_ms = now_ms;
-        let settle = PREV_SETTLE_MS.max(interval.saturating_mul(2 * SYNC_EVERY));
+        let settle = PREV_SETTLE_MS.max(interval.min(wms).saturating_mul(2 * SYNC_EVERY));
         let share_n = self.share_n.load(Ordering::Relaxed);
-
-        // 0. An unacknowledged batch goes first, unchanged.
-        if let Some(pb) = fs.pending.take() {
-            self.last_store_call_ms.store(now_ms, Ordering::Relaxed);
-            out.called_store = true;
-            match self.send(store, &pb, now_ms).await {
-                Ok(()) => {
-                    out.keys += pb.batch.len();
-                    out.admissions += pb.admissions;
-                }
-                Err(e) => {
-                    fs.pending = Some(pb);
-                    return Err(e);
-                }
-            }
-        }
-
-        // 1. Take (deferred keys stay queued).
-        let mut taken: Vec<(u8, u64, bool)> = Vec::new();
-        let mut batch: Vec<Delta> = Vec::new();
-        let mut admissions = 0u64;
         for (si, m) in self.shards.iter().enumerate() {
             let mut sh = lock(m);
             let mut dirty = std::mem::take(&mut sh.dirty);
@@ -157,10 +127,11 @@ impl Limiter {
                 s.p_prev = s.p_prev.saturating_add(s.l_prev);
                 s.l_cur = 0;
                 s.l_prev = 0;
-                admissions += u64::from(s.p_cur) + u64::from(s.p_prev);
+                take.admissions += u64::from(s.p_cur) + u64::from(s.p_prev);
                 let need_prev = !s.prev_final() || s.p_prev > 0;
-                batch.push(Delta {
+                take.batch.push(Delta {
                     key_hash,
+                    window_secs: p.window_secs,
                     window: s.win,
                     cur: u64::from(s.p_cur),
                     prev: u64::from(s.p_prev),
@@ -169,115 +140,197 @@ impl Limiter {
                     floor_prev: u64::from(s.g_prev),
                 });
                 // The total read back is final if read late enough into the window.
-                taken.push((si as u8, s.id, need_prev && s.win == w && e >= settle));
+                take.taken.push(Taken {
+                    limiter: self.uid,
+                    shard: si as u8,
+                    slot: s.id,
+                    prev_final: need_prev && s.win == w && e >= settle,
+                });
                 false
             });
             // Deferred keys stay queued (reusing the allocation).
             sh.dirty = dirty;
-            // 2. Collect idle keys, only while the dirty list is empty (indexes may move);
-            // it is at least every `SYNC_EVERY` flushes.
+            // Collect idle keys, only while the dirty list is empty (indexes may move); it
+            // is at least every `SYNC_EVERY` flushes.
             if sh.dirty.is_empty() {
                 gc_step(sh, w, wms, now_ms % wms, p.cap_per_shard);
             }
         }
-
-        if batch.is_empty() {
-            let last = self.last_store_call_ms.load(Ordering::Relaxed);
-            if out.called_store
-                || (self.store_healthy() && now_ms.saturating_sub(last) < PROBE_EVERY_MS)
-            {
-                return Ok(out);
-            }
-        }
-        self.last_store_call_ms.store(now_ms, Ordering::Relaxed);
-
-        // 3. One store round trip.
-        fs.seq = fs.seq.wrapping_add(1);
-        let pb = PendingBatch {
-            id: (u128::from(self.instance_id) << 64) | u128::from(fs.seq),
-            window_secs: p.window_secs,
-            batch,
-            taken,
-            admissions,
-        };
-        out.called_store = true;
-        match self.send(store, &pb, now_ms).await {
-            Ok(()) => {
-                out.keys += pb.batch.len();
-                out.admissions += pb.admissions;
-                Ok(out)
-            }
-            Err(e) => {
-                if !pb.batch.is_empty() {
-                    fs.pending = Some(pb);
-                }
-                Err(e)
-            }
-        }
     }
 
-    /// Sends one batch; applies the counts on success; keeps health and error counters.
-    async fn send(
-        &self,
-        store: &dyn CounterStore,
-        pb: &PendingBatch,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let res = match store.sync(pb.id, &pb.batch, pb.window_secs, now_ms).await {
-            Ok(c) if c.len() == pb.batch.len() => Ok(c),
-            Ok(c) => Err(StoreError::Protocol(format!(
-                "{} results for {} keys",
-                c.len(),
-                pb.batch.len()
-            ))),
-            Err(e) => Err(e),
-        };
-        match res {
-            Ok(counts) => {
-                if let Some(n) = store.instances() {
-                    self.instances.store(n.max(1), Ordering::Relaxed);
-                }
-                let n = self.instances.load(Ordering::Relaxed);
-                self.share_n.store(n, Ordering::Relaxed);
-                self.for_each_taken(&pb.taken, |s, k| {
-                    apply(s, &pb.batch[k], counts[k], n, pb.taken[k].2);
-                });
-                if !self.healthy.swap(true, Ordering::Relaxed) {
-                    tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");
-                }
-                Ok(())
-            }
-            Err(err) => {
-                // Unreachable store: each instance enforces the last known global counts
-                // plus its own (no share), until a sync succeeds again.
-                self.share_n.store(1, Ordering::Relaxed);
-                if matches!(err, StoreError::Backoff) {
-                    self.healthy.store(false, Ordering::Relaxed);
-                } else {
-                    self.store_errors.fetch_add(1, Ordering::Relaxed);
-                    if self.healthy.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(target: "portcullis::ratelimit", error = %err, "rate-limit store unhealthy; enforcing last known counts");
-                    }
-                }
-                Err(err)
-            }
-        }
-    }
-
-    /// Runs `f` on every taken slot still present, locking each shard once per run.
-    fn for_each_taken(&self, taken: &[(u8, u64, bool)], mut f: impl FnMut(&mut Slot, usize)) {
+    /// Runs `f` on every taken slot of this limiter still present, locking each shard once
+    /// per run of deltas from it.
+    fn for_each_taken(&self, taken: &[Taken], mut f: impl FnMut(&mut Slot, usize)) {
         let mut k = 0;
         while k < taken.len() {
-            let si = taken[k].0;
+            if taken[k].limiter != self.uid {
+                k += 1;
+                continue;
+            }
+            let si = taken[k].shard;
             let mut sh = lock(&self.shards[usize::from(si)]);
-            while k < taken.len() && taken[k].0 == si {
-                if let Some(&i) = sh.index.get(&taken[k].1) {
+            while k < taken.len() && taken[k].limiter == self.uid && taken[k].shard == si {
+                if let Some(&i) = sh.index.get(&taken[k].slot) {
                     if let Some(s) = sh.slots.get_mut(i as usize) {
                         f(s, k);
                     }
                 }
                 k += 1;
             }
+        }
+    }
+}
+
+/// One flush of the limiters of every rate-limit policy (`set[0]` holds the flush state,
+/// the batch ids and the store health for all of them): sends the queued keys' unsent
+/// admissions (and keys that were merely checked, to refresh their global view) of every
+/// policy to `store` in one batch, then applies the returned global counts. Adaptive sync:
+/// keys near their limit (or with large unsent deltas, or refused for their fleet share) are
+/// sent at every flush; the others stay queued and are sent every `SYNC_EVERY`-th flush (so
+/// never more than `SYNC_EVERY - 1` flushes late), at each of the first `SYNC_EVERY`
+/// flushes, at the first flush after a store failure and when `force` (shutdown). A flush
+/// with nothing to send does not call the store (except the idle probe). A batch that fails
+/// is kept (its admissions keep counting locally) and retried unchanged, with the same batch
+/// id, before anything new is sent; the deltas of a policy removed meanwhile are still
+/// delivered. Also collects idle keys incrementally. Concurrent calls are serialized.
+pub async fn flush(
+    set: &[&Limiter],
+    store: &dyn CounterStore,
+    now_ms: u64,
+    force: bool,
+) -> Result<FlushOutcome, StoreError> {
+    let Some(&anchor) = set.first() else {
+        return Ok(FlushOutcome::default());
+    };
+    let mut fs = anchor.flush_state.lock().await;
+    let mut out = FlushOutcome::default();
+    // Everything is sent during the first `SYNC_EVERY` flushes (warm-up: no fleet view
+    // yet) and, after a failure (every view is stale), once the store is back.
+    let sync_all = force
+        || fs.pending.is_some()
+        || !anchor.store_healthy()
+        || fs.flushes < SYNC_EVERY
+        || fs.flushes % SYNC_EVERY == 0;
+    fs.flushes = fs.flushes.wrapping_add(1);
+    let interval = now_ms.saturating_sub(fs.last_flush_ms);
+    fs.last_flush_ms = now_ms;
+
+    // 0. An unacknowledged batch goes first, unchanged.
+    if let Some(pb) = fs.pending.take() {
+        anchor.last_store_call_ms.store(now_ms, Ordering::Relaxed);
+        out.called_store = true;
+        match send(set, store, &pb, now_ms).await {
+            Ok(()) => {
+                out.keys += pb.batch.len();
+                out.admissions += pb.admissions;
+            }
+            Err(e) => {
+                fs.pending = Some(pb);
+                return Err(e);
+            }
+        }
+    }
+
+    // 1. Take, from every policy's limiter (deferred keys stay queued).
+    let mut take = Take::default();
+    for l in set {
+        l.take(now_ms, sync_all, interval, &mut take);
+    }
+
+    if take.batch.is_empty() {
+        let last = anchor.last_store_call_ms.load(Ordering::Relaxed);
+        if out.called_store
+            || (anchor.store_healthy() && now_ms.saturating_sub(last) < PROBE_EVERY_MS)
+        {
+            return Ok(out);
+        }
+    }
+    anchor.last_store_call_ms.store(now_ms, Ordering::Relaxed);
+
+    // 2. One store round trip for every policy.
+    fs.seq = fs.seq.wrapping_add(1);
+    let pb = PendingBatch {
+        id: (u128::from(anchor.instance_id) << 64) | u128::from(fs.seq),
+        batch: take.batch,
+        taken: take.taken,
+        admissions: take.admissions,
+    };
+    out.called_store = true;
+    match send(set, store, &pb, now_ms).await {
+        Ok(()) => {
+            out.keys += pb.batch.len();
+            out.admissions += pb.admissions;
+            Ok(out)
+        }
+        Err(e) => {
+            if !pb.batch.is_empty() {
+                fs.pending = Some(pb);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Sends one batch; applies the counts on success; keeps health and error counters (the
+/// error count on `set[0]`, health and the fleet size on every limiter).
+async fn send(
+    set: &[&Limiter],
+    store: &dyn CounterStore,
+    pb: &PendingBatch,
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    let Some(&anchor) = set.first() else {
+        return Ok(());
+    };
+    let batch = Batch {
+        id: pb.id,
+        deltas: &pb.batch,
+        now_ms,
+    };
+    let res = match store.sync(batch).await {
+        Ok(c) if c.len() == pb.batch.len() => Ok(c),
+        Ok(c) => Err(StoreError::Protocol(format!(
+            "{} results for {} keys",
+            c.len(),
+            pb.batch.len()
+        ))),
+        Err(e) => Err(e),
+    };
+    match res {
+        Ok(counts) => {
+            let n = store
+                .instances()
+                .map(|n| n.max(1))
+                .unwrap_or_else(|| anchor.instances.load(Ordering::Relaxed));
+            let was_healthy = anchor.store_healthy();
+            for l in set {
+                l.instances.store(n, Ordering::Relaxed);
+                l.share_n.store(n, Ordering::Relaxed);
+                l.for_each_taken(&pb.taken, |s, k| {
+                    apply(s, &pb.batch[k], counts[k], n, pb.taken[k].prev_final);
+                });
+                l.healthy.store(true, Ordering::Relaxed);
+            }
+            if !was_healthy {
+                tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");
+            }
+            Ok(())
+        }
+        Err(err) => {
+            // Unreachable store: each instance enforces the last known global counts
+            // plus its own (no share), until a sync succeeds again.
+            let was_healthy = anchor.store_healthy();
+            for l in set {
+                l.share_n.store(1, Ordering::Relaxed);
+                l.healthy.store(false, Ordering::Relaxed);
+            }
+            if !matches!(err, StoreError::Backoff) {
+                anchor.store_errors.fetch_add(1, Ordering::Relaxed);
+                if was_healthy {
+                    tracing::warn!(target: "portcullis::ratelimit", error = %err, "rate-limit store unhealthy; enforcing last known counts");
+                }
+            }
+            Err(err)
         }
     }
 }

@@ -1,29 +1,46 @@
-//! The rate-limit gate: which key a request is limited by (its API key, or its
-//! client address when it has none and `missing_key = "client_ip"`), and the
-//! local sliding-window decision, as a verdict. No I/O; the proxy answers a
+//! The rate-limit gate: which key a request is limited by under each policy (its API key,
+//! or its client address), and the local sliding-window decisions of every policy that
+//! applies, combined ([`super::policy`]), as a verdict. No I/O; the proxy answers a
 //! refusal through `respond`.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
-use super::{extract_key, Decision, KeyOutcome, Limiter, MissingKey};
+use super::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
 use crate::config::RateLimitSettings;
 use crate::respond::{RateFields, Refusal};
 
-/// Admit the request (with the `RateLimit` fields for its response when the
-/// settings ask for them on admitted responses) or refuse it.
+/// The request as the gate sees it.
+pub struct Request<'a> {
+    pub headers: &'a http::HeaderMap,
+    pub uri: &'a http::Uri,
+    pub client_ip: Option<IpAddr>,
+}
+
+fn ip_key(client_ip: Option<IpAddr>) -> String {
+    match client_ip {
+        Some(ip) => format!("ip:{ip}"),
+        None => "ip:unknown".to_string(),
+    }
+}
+
+/// Admit the request (with the `RateLimit` fields for its response when the settings ask
+/// for them on admitted responses) or refuse it, naming the refusing policy.
 pub fn check(
     rl: &RateLimitSettings,
-    limiter: &Limiter,
-    headers: &http::HeaderMap,
-    uri: &http::Uri,
-    client_ip: Option<IpAddr>,
+    policies: &Policies,
+    req: &Request<'_>,
     now_ms: u64,
 ) -> Result<Option<RateFields>, Refusal> {
-    if !rl.enabled {
-        return Ok(None);
+    if policies.list.len() > 1 {
+        return check_all(rl, policies, req, now_ms);
     }
-    // Decide while the key is still borrowed from the request: no copy of it.
-    let decision = match extract_key(&rl.source, headers, uri, rl.params.max_key_bytes) {
+    let Some(policy) = policies.list.first().filter(|_| policies.default_enabled) else {
+        return Ok(None);
+    };
+    // One policy: decide while the key is still borrowed from the request (no copy of it).
+    let limiter = &policy.limiter;
+    let decision = match extract_key(&rl.source, req.headers, req.uri, rl.params.max_key_bytes) {
         KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
         KeyOutcome::TooLong => return Err(Refusal::KeyTooLong),
         // The limiter would count one value while the backend may act on another.
@@ -31,40 +48,96 @@ pub fn check(
         KeyOutcome::Missing => match rl.missing_key {
             MissingKey::Allow => return Ok(None),
             MissingKey::Reject => return Err(Refusal::KeyMissing),
-            MissingKey::ClientIp => {
-                let key = match client_ip {
-                    Some(ip) => format!("ip:{ip}"),
-                    None => "ip:unknown".to_string(),
-                };
-                limiter.check(key.as_bytes(), now_ms)
-            }
+            MissingKey::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
         },
     };
-    let window_secs = rl.params.window_secs;
-    match decision {
-        Decision::Allowed {
+    let combined = Combined::of(0, decision);
+    match combined {
+        Combined::Admitted { .. } => policy.counters.allowed.inc(),
+        Combined::Refused { .. } => policy.counters.limited.inc(),
+    }
+    verdict(rl, policies, combined)
+}
+
+/// Several policies: the key of each that applies, then the combined decision.
+fn check_all(
+    rl: &RateLimitSettings,
+    policies: &Policies,
+    req: &Request<'_>,
+    now_ms: u64,
+) -> Result<Option<RateFields>, Refusal> {
+    let path = req.uri.path();
+    let max = rl.params.max_key_bytes;
+    let mut keys: Vec<(usize, Cow<'_, [u8]>)> = Vec::with_capacity(policies.list.len());
+    for (i, p) in policies.list.iter().enumerate() {
+        if (i == 0 && !policies.default_enabled) || !p.matches(path) {
+            continue;
+        }
+        let source = match &p.key {
+            PolicyKey::ClientIp => {
+                keys.push((i, Cow::Owned(ip_key(req.client_ip).into_bytes())));
+                continue;
+            }
+            PolicyKey::Source(s) => s,
+        };
+        match extract_key(source, req.headers, req.uri, max) {
+            KeyOutcome::Key(k) => keys.push((i, k)),
+            KeyOutcome::TooLong => return Err(Refusal::KeyTooLong),
+            KeyOutcome::Duplicate => return Err(Refusal::KeyAmbiguous),
+            // A named policy whose key the request lacks does not apply to it.
+            KeyOutcome::Missing if i > 0 => {}
+            KeyOutcome::Missing => match rl.missing_key {
+                MissingKey::Allow => {}
+                MissingKey::Reject => return Err(Refusal::KeyMissing),
+                MissingKey::ClientIp => {
+                    keys.push((i, Cow::Owned(ip_key(req.client_ip).into_bytes())));
+                }
+            },
+        }
+    }
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let refs: Vec<(usize, &[u8])> = keys.iter().map(|(i, k)| (*i, k.as_ref())).collect();
+    verdict(rl, policies, policies.decide(&refs, now_ms))
+}
+
+fn verdict(
+    rl: &RateLimitSettings,
+    policies: &Policies,
+    combined: Combined,
+) -> Result<Option<RateFields>, Refusal> {
+    match combined {
+        Combined::Admitted {
+            policy,
             limit,
             remaining,
             reset_secs,
-        } => Ok(rl.headers.then_some(RateFields {
+        } => Ok(rl.headers.then(|| RateFields {
+            policy,
             limit,
-            window_secs,
+            window_secs: policies.list[policy].window_secs,
             remaining,
             reset_secs,
         })),
-        Decision::Limited {
+        Combined::Refused {
+            policy,
             limit,
             retry_after_secs,
             reset_secs,
-        } => Err(Refusal::RateLimited {
-            retry_after: retry_after_secs,
-            policy: rl.policy_name.clone(),
-            fields: RateFields {
-                limit,
-                window_secs,
-                remaining: 0,
-                reset_secs: reset_secs.max(retry_after_secs),
-            },
-        }),
+        } => {
+            let p = &policies.list[policy];
+            Err(Refusal::RateLimited {
+                retry_after: retry_after_secs,
+                policy: p.name.clone(),
+                fields: RateFields {
+                    policy,
+                    limit,
+                    window_secs: p.window_secs,
+                    remaining: 0,
+                    reset_secs: reset_secs.max(retry_after_secs),
+                },
+            })
+        }
     }
 }

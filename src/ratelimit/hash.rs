@@ -20,6 +20,17 @@ pub fn stable_hash(key: impl AsRef<[u8]>) -> u128 {
     h
 }
 
+/// 128-bit FNV-1a of `namespace` followed by `key` (without concatenating them): the
+/// store hash of a key of a named rate-limit policy.
+pub fn stable_hash_in(namespace: &[u8], key: &[u8]) -> u128 {
+    let mut h = FNV128_OFFSET;
+    for b in namespace.iter().chain(key) {
+        h ^= u128::from(*b);
+        h = h.wrapping_mul(FNV128_PRIME);
+    }
+    h
+}
+
 /// Lower-case hex of a stable hash (32 characters).
 pub fn hash_hex(h: u128) -> String {
     format!("{h:032x}")
@@ -44,5 +55,6 @@ mod tests {
         // bytes.
         assert_ne!(stable_hash(b"a\xff"), stable_hash(b"a\xfe"));
         assert_eq!(stable_hash("a"), stable_hash(b"a"));
+        assert_eq!(stable_hash_in(b"ns:", b"k"), stable_hash("ns:k"));
     }
 }

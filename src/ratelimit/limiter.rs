@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use arc_swap::ArcSwap;
 
 use super::flush::FlushState;
-use super::hash::stable_hash;
+use super::hash::{stable_hash, stable_hash_in};
 use super::shard::{lock, Shard, MAX_REFS, SHARDS, SHARD_BITS};
 use super::slot::{Slot, LOCAL_ONLY_MAX, QUEUED, RESTORED, SHARED, SYNCED, UNKNOWN};
 use super::window::{self, Sliding};
@@ -78,7 +78,14 @@ pub struct Limiter {
     /// Divisor of the fleet share applied by [`Limiter::check`]: `instances` while the
     /// store is healthy, 1 (no share) while it is not.
     pub(super) share_n: AtomicU64,
+    /// Identifies this limiter in a flush of several (unique in the process).
+    pub(super) uid: u64,
+    /// Hash namespace of a named policy's keys (`None`: the `[rate_limit]` policy, whose
+    /// store keys are the plain hash of the API key).
+    namespace: Option<Box<[u8]>>,
 }
+
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 impl Limiter {
     /// A limiter with no tracked keys; `store_healthy` starts true.
@@ -97,6 +104,30 @@ impl Limiter {
             instance_id: instance_id(),
             instances: AtomicU64::new(1),
             share_n: AtomicU64::new(1),
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            namespace: None,
+        }
+    }
+
+    /// The limiter of the named policy `name` (`[[rate_limit.policies]]`): its keys are
+    /// apart from every other policy's, in memory and in the store (the store sees the hash
+    /// of the policy name with the key), so one API key has one count per policy.
+    pub fn for_policy(params: RateLimitParams, name: &str) -> Self {
+        let mut ns = Vec::with_capacity(name.len() + 8);
+        ns.extend_from_slice(b"policy:");
+        ns.extend_from_slice(name.as_bytes());
+        ns.push(0);
+        Self {
+            namespace: Some(ns.into_boxed_slice()),
+            ..Self::new(params)
+        }
+    }
+
+    /// The store hash of `key` in this limiter's namespace.
+    pub(super) fn key_hash(&self, key: &[u8]) -> u128 {
+        match &self.namespace {
+            None => stable_hash(key),
+            Some(ns) => stable_hash_in(ns, key),
         }
     }
 
@@ -139,7 +170,36 @@ impl Limiter {
     /// I/O; the request is counted only if admitted. Keys are bytes: two keys are the same
     /// key only if they are equal byte for byte.
     pub fn check<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
-        let key = key.as_ref();
+        self.decide_key(key.as_ref(), now_ms, true)
+    }
+
+    /// As [`Limiter::check`], but an admission is not counted: whether this policy would
+    /// admit the request. A request checked against several policies is counted against
+    /// each only once every one of them admits it (see [`super::policy`]).
+    pub fn peek<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
+        self.decide_key(key.as_ref(), now_ms, false)
+    }
+
+    /// Takes back one admission of `key` counted by [`Limiter::check`] at `now_ms` and not
+    /// flushed yet (another policy refused the same request in between). Returns whether
+    /// there was one to take back (an admission already handed to a flush stays counted).
+    pub fn uncount<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> bool {
+        let id = self.hasher.hash_one(key.as_ref());
+        let mut shard = lock(self.shard_of(id));
+        let Some(&i) = shard.index.get(&id) else {
+            return false;
+        };
+        let w = now_ms / self.params.load().window_ms;
+        match shard.slots.get_mut(i as usize) {
+            Some(s) if s.win == w && s.l_cur > 0 => {
+                s.l_cur -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn decide_key(&self, key: &[u8], now_ms: u64, count: bool) -> Decision {
         let p = self.params.load();
         let id = self.hasher.hash_one(key);
         let mut shard = lock(self.shard_of(id));
@@ -164,7 +224,7 @@ impl Limiter {
             s.generation = p.generation;
             s.blocked_until = 0;
         }
-        let d = self.decide(s, now_ms, wms, w, e);
+        let d = self.decide(s, now_ms, wms, w, e, count);
         // Keys whose counts matter are sent at a coming flush (also when merely refused:
         // that refreshes their global view); the others stay local.
         if shard.slots[i].flags & SHARED != 0 {
@@ -175,7 +235,15 @@ impl Limiter {
 
     /// The decision proper on the key's slot (see [`Limiter::check`]).
     #[inline]
-    fn decide(&self, s: &mut Slot, now_ms: u64, wms: u64, mut w: u64, mut e: u64) -> Decision {
+    fn decide(
+        &self,
+        s: &mut Slot,
+        now_ms: u64,
+        wms: u64,
+        mut w: u64,
+        mut e: u64,
+        count: bool,
+    ) -> Decision {
         if w < s.win {
             // A clock slightly behind the one that last touched the key: decide as of the
             // start of the key's window.
@@ -230,9 +298,11 @@ impl Limiter {
                     reset_secs: SHARE_RETRY_SECS,
                 };
             }
-            s.l_cur = s.l_cur.saturating_add(1);
-            if own >= LOCAL_ONLY_MAX {
-                s.flags |= SHARED;
+            if count {
+                s.l_cur = s.l_cur.saturating_add(1);
+                if own >= LOCAL_ONLY_MAX {
+                    s.flags |= SHARED;
+                }
             }
             let cur = cur.saturating_add(1);
             Decision::Allowed {
@@ -258,7 +328,7 @@ impl Limiter {
     /// recently, may be a forgotten key ([`UNKNOWN`]).
     #[cold]
     fn insert(&self, shard: &mut Shard, id: u64, key: &[u8], p: &Params, w: u64, e: u64) -> usize {
-        let key_hash = stable_hash(key);
+        let key_hash = self.key_hash(key);
         let mut slot = Slot {
             id,
             win: w,

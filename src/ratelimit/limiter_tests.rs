@@ -1,7 +1,7 @@
 use super::super::flush::SYNC_EVERY;
 use super::super::shard::approx_bytes_per_key;
 use super::super::slot::estimate_at;
-use super::super::store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
+use super::super::store::{Batch, CounterStore, Delta, LocalStore, StoreError, SyncResult};
 use super::*;
 
 const W: u64 = 60_000;
@@ -317,17 +317,11 @@ impl Fleet {
 
 #[async_trait::async_trait]
 impl CounterStore for Fleet {
-    async fn sync(
-        &self,
-        batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError> {
+    async fn sync(&self, batch: Batch<'_>) -> SyncResult {
         if self.fail.load(Ordering::Relaxed) {
             return Err(StoreError::Connect("refused".into()));
         }
-        self.inner.sync(batch_id, batch, window_secs, now_ms).await
+        self.inner.sync(batch).await
     }
     fn kind(&self) -> &'static str {
         "test"
@@ -335,6 +329,14 @@ impl CounterStore for Fleet {
     fn instances(&self) -> Option<u64> {
         Some(self.n)
     }
+}
+
+/// A limiter of 200 per 60 s that has flushed once to `store` at `t` (so it knows the
+/// fleet's instance count).
+async fn fleet_member(store: &Fleet, t: u64) -> Limiter {
+    let l = lim(200, 60);
+    l.flush_once(store, t).await.unwrap();
+    l
 }
 
 #[tokio::test]
@@ -373,8 +375,7 @@ async fn fleet_share_splits_a_new_key() {
 #[tokio::test]
 async fn fleet_share_single_instance_unchanged() {
     let store = Fleet::new(1);
-    let a = lim(200, 60);
-    a.flush_once(&store, T0).await.unwrap();
+    let a = fleet_member(&store, T0).await;
     assert_eq!(a.instances(), 1);
     assert_eq!(admitted(&a, "new", 300, T0 + 10), 200);
     a.flush_once(&store, T0 + 50).await.unwrap();
@@ -386,9 +387,8 @@ async fn fleet_share_converges_when_one_instance_takes_the_load() {
     // Two live instances, all traffic on `a`: half of what is left per sync, converging on
     // the limit within a second, never above it.
     let store = Fleet::new(2);
-    let (a, b) = (lim(200, 60), lim(200, 60));
-    a.flush_once(&store, T0).await.unwrap();
-    b.flush_once(&store, T0 + 1).await.unwrap();
+    let a = fleet_member(&store, T0).await;
+    let b = fleet_member(&store, T0 + 1).await;
     let mut total = 0;
     let mut per_interval = Vec::new();
     for k in 1..=20u64 {
@@ -411,9 +411,8 @@ async fn fleet_share_bursts_on_both_stay_at_the_limit() {
     // the phase, the two together admit the limit, not more.
     for stagger in [1u64, 7, 25, 43, 49] {
         let store = Fleet::new(2);
-        let (a, b) = (lim(200, 60), lim(200, 60));
-        a.flush_once(&store, T0).await.unwrap();
-        b.flush_once(&store, T0 + stagger).await.unwrap();
+        let a = fleet_member(&store, T0).await;
+        let b = fleet_member(&store, T0 + stagger).await;
         let mut total = 0;
         for ms in 0..500u64 {
             let t = T0 + 100 + ms;
@@ -435,8 +434,7 @@ async fn fleet_share_bursts_on_both_stay_at_the_limit() {
 #[tokio::test]
 async fn fleet_share_suspended_while_store_unreachable() {
     let store = Fleet::new(2);
-    let a = lim(200, 60);
-    a.flush_once(&store, T0).await.unwrap();
+    let a = fleet_member(&store, T0).await;
     assert_eq!(admitted(&a, "k1", 300, T0 + 1), 100);
     // Store down: the last known n is kept, but each instance enforces the known counts plus
     // its own (contract §5.3).
@@ -586,15 +584,9 @@ impl Recorder {
 
 #[async_trait::async_trait]
 impl CounterStore for Recorder {
-    async fn sync(
-        &self,
-        batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError> {
-        self.batches.lock().unwrap().push(batch.to_vec());
-        self.inner.sync(batch_id, batch, window_secs, now_ms).await
+    async fn sync(&self, batch: Batch<'_>) -> SyncResult {
+        self.batches.lock().unwrap().push(batch.deltas.to_vec());
+        self.inner.sync(batch).await
     }
     fn kind(&self) -> &'static str {
         "test"
@@ -728,6 +720,7 @@ async fn previous_window_is_read_until_final() {
     // Next window: another instance's late delta for the previous one.
     let d = Delta {
         key_hash: stable_hash("k"),
+        window_secs: 10,
         window: 100,
         cur: 10,
         prev: 0,
@@ -735,7 +728,13 @@ async fn previous_window_is_read_until_final() {
         floor_cur: 0,
         floor_prev: 0,
     };
-    store.inner.sync(0, &[d], 10, t0 + w).await.unwrap();
+    let deltas = [d];
+    let b = Batch {
+        id: 0,
+        deltas: &deltas,
+        now_ms: t0 + w,
+    };
+    store.inner.sync(b).await.unwrap();
     let mut need_prev = Vec::new();
     for e in [100, 150, 2_500, 2_550, 2_600] {
         assert_eq!(admitted(&l, "k", 1, t0 + w + e), 1);
@@ -802,17 +801,11 @@ impl Lossy {
 
 #[async_trait::async_trait]
 impl CounterStore for Lossy {
-    async fn sync(
-        &self,
-        batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError> {
+    async fn sync(&self, batch: Batch<'_>) -> SyncResult {
         if self.down.load(Ordering::Relaxed) {
             return Err(StoreError::Connect("refused".into()));
         }
-        let mut b = batch.to_vec();
+        let mut b = batch.deltas.to_vec();
         if !self.honor_floors {
             for d in &mut b {
                 d.floor_cur = 0;
@@ -820,7 +813,12 @@ impl CounterStore for Lossy {
             }
         }
         let inner = self.inner.load_full();
-        inner.sync(batch_id, &b, window_secs, now_ms).await
+        inner
+            .sync(Batch {
+                deltas: &b,
+                ..batch
+            })
+            .await
     }
     fn kind(&self) -> &'static str {
         "test"
@@ -880,15 +878,20 @@ async fn a_restored_total_does_not_reopen_a_key_refused_on_its_estimate() {
     assert_eq!(admitted(&b, "k", 20, t + 33), 0);
 }
 
+/// 100 per hour, tracking at most `max_tracked_keys` keys.
+fn hour_limiter(max_tracked_keys: usize) -> Limiter {
+    Limiter::new(RateLimitParams {
+        window_secs: 3600,
+        limit: 100,
+        max_tracked_keys,
+        ..Default::default()
+    })
+}
+
 #[test]
 fn a_key_near_its_limit_outlives_a_flood() {
     // 1 h window, 4 slots per shard, 200k one-shot keys through them.
-    let l = Limiter::new(RateLimitParams {
-        window_secs: 3600,
-        limit: 100,
-        max_tracked_keys: 64 * 4,
-        ..Default::default()
-    });
+    let l = hour_limiter(64 * 4);
     let t = T0;
     assert_eq!(admitted(&l, "victim", 150, t), 100);
     assert_eq!(admitted(&l, "near", 60, t), 60);
@@ -907,12 +910,7 @@ fn a_key_near_its_limit_outlives_a_flood() {
 fn an_evicted_key_comes_back_with_its_counts() {
     // One slot per shard (max_tracked_keys = 64): every new key evicts, even a key at its
     // limit; its ghost brings its counts back.
-    let l = Limiter::new(RateLimitParams {
-        window_secs: 3600,
-        limit: 100,
-        max_tracked_keys: 64,
-        ..Default::default()
-    });
+    let l = hour_limiter(64);
     assert_eq!(admitted(&l, "victim", 150, T0), 100);
     for i in 0..10_000u64 {
         l.check(&format!("flood-{i}"), T0 + 1);
@@ -928,12 +926,7 @@ fn an_evicted_key_comes_back_with_its_counts() {
 #[tokio::test]
 async fn a_forgotten_key_waits_for_its_first_sync() {
     let store = LocalStore::new();
-    let l = Limiter::new(RateLimitParams {
-        window_secs: 3600,
-        limit: 100,
-        max_tracked_keys: 64,
-        ..Default::default()
-    });
+    let l = hour_limiter(64);
     assert_eq!(admitted(&l, "victim", 150, T0), 100);
     l.flush_once(&store, T0 + 1).await.unwrap();
     for i in 0..10_000u64 {

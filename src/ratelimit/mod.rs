@@ -99,6 +99,7 @@ pub mod gate;
 pub mod hash;
 mod key;
 mod limiter;
+pub mod policy;
 mod redis_store;
 mod shard;
 mod slot;
@@ -111,14 +112,15 @@ mod redis_tests;
 
 use std::collections::HashMap;
 
-pub use flush::FlushOutcome;
+pub use flush::{flush, FlushOutcome};
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
 pub use limiter::Limiter;
+pub use policy::{Combined, DecisionCounters, Policies, Policy, PolicyKey, MAX_POLICIES};
 pub use redis_store::RedisStore;
 pub use shard::{approx_bytes_per_key, SHARDS};
 pub use slot::LOCAL_ONLY_MAX;
-pub use store::{CounterStore, Delta, GlobalCounts, LocalStore, StoreError};
+pub use store::{Batch, CounterStore, Delta, GlobalCounts, LocalStore, StoreError, SyncResult};
 
 /// Default cap on the number of keys a [`Limiter`] tracks.
 pub const DEFAULT_MAX_TRACKED_KEYS: usize = 100_000;

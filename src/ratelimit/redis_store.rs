@@ -4,7 +4,11 @@
 //! `<hash>` is the 128-bit stable hash of the API key in hex (the raw key never reaches
 //! Redis), wrapped in a `{…}` hash tag so both windows of a key live in one Cluster slot.
 //! Every key is written by `INCRBY`; the call that creates it (the result equals the delta)
-//! also sets its TTL (2 windows + 60 s) with `EXPIRE`, in the same script.
+//! also sets its TTL (2 windows of its policy + 60 s) with `EXPIRE`, in the same script.
+//!
+//! Several rate-limit policies: their keys differ by hash (a named policy hashes its name
+//! with the key, see [`super::Limiter::for_policy`]) and every policy's deltas travel in the
+//! same batch, each with its own TTL: one flush is one call however many policies there are.
 //!
 //! One flush = one `EVALSHA` carrying every delta of the batch (batches over
 //! [`MAX_KEYS_PER_CALL`] keys are split into several calls). The script adds each delta and
@@ -35,10 +39,15 @@
 //! come from the caller's clock (skew well under a bucket is harmless). Only plain string
 //! commands are used (no sorted set), and it costs no extra round trip.
 //!
-//! Redis Cluster: this store uses a plain (non-cluster) connection. A multi-key script
-//! across slots is refused by a Cluster (`CROSSSLOT`); running against a Cluster would need
-//! the batch split per hash slot (CRC16 of the `{…}` tag) and a cluster client. Against a
-//! single Redis, a replica set with a proxy, or a Cluster with one slot owner this is moot.
+//! Redis Cluster ([`RedisClient::is_cluster`]): a script's keys must share one hash slot.
+//! A flush is then split: one call carries the heartbeat alone (its batch marker tagged
+//! `{instances}`, the heartbeat's slot), and the deltas are grouped by the slot of their
+//! `{<hash>}` tag, one call per slot (chunked by [`MAX_KEYS_PER_CALL`]), each with its own
+//! batch marker `{prefix}:rl:batch:<batch id>:<n>:{<hash>}` in that slot. The calls of a
+//! flush run concurrently on the cluster connection (which routes each to its slot's
+//! master), so a flush still costs one round of latency. The grouping depends only on the
+//! batch, so a retried batch (same id, same deltas) reuses the same markers and no slot
+//! counts it twice when part of a flush succeeded before a failover.
 //!
 //! Connection: the process's one [`RedisClient`] (shared with culling and the watchdog)
 //! owns the connection, the timeouts (connect and every call bounded by `timeout_ms`), the
@@ -53,7 +62,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::hash::hash_hex;
-use super::store::{CounterStore, Delta, GlobalCounts};
+use super::store::{Batch, CounterStore, Delta, GlobalCounts, SyncResult};
 use crate::store::{RedisClient, StoreError};
 
 /// Largest number of keys sent in one script call.
@@ -73,14 +82,14 @@ const HEARTBEAT_TTL_SECS: u64 = 60;
 /// counted twice if retried; Redis does not hold a command that long in practice).
 const BATCH_ID_TTL_SECS: u64 = 300;
 
-/// KEYS[1] = batch marker; then ARGV[3] heartbeat keys (0, 2 or 3): with 3 (registration)
+/// KEYS[1] = batch marker; then ARGV[2] heartbeat keys (0, 2 or 3): with 3 (registration)
 /// KEYS[2] = counter of the current bucket, KEYS[3] = this instance's marker in it,
 /// KEYS[4] = counter of the previous bucket; with 2 (already registered in this bucket: read
 /// only) KEYS[2] = counter of the current bucket, KEYS[3] = counter of the previous bucket;
 /// then (prev window, current window) per delta.
-/// ARGV[1] = TTL of counters, ARGV[2] = TTL of the marker, ARGV[3] = number of heartbeat
-/// keys, ARGV[4] = TTL of heartbeat keys, then (prev delta, cur delta, prev floor, cur
-/// floor) per delta; a prev delta of -1 means "nothing to add and not needed": the previous
+/// ARGV[1] = TTL of the marker, ARGV[2] = number of heartbeat keys, ARGV[3] = TTL of
+/// heartbeat keys, then (prev delta, cur delta, prev floor, cur floor, TTL of the counters)
+/// per delta; a prev delta of -1 means "nothing to add and not needed": the previous
 /// window's key is not touched and -1 is returned for it. A counter below its floor (data
 /// lost) is set back to floor + delta (with the counters' TTL).
 /// Returns the live instance count (0 without heartbeat), then (prev, cur, restored) per
@@ -90,11 +99,10 @@ const BATCH_ID_TTL_SECS: u64 = 300;
 /// (the result equals the delta: counters only grow and always get a TTL in the same
 /// script). Only `SET`, `GET`, `INCRBY` and `EXPIRE` are used.
 const SCRIPT: &str = r#"
-local ttl = tonumber(ARGV[1])
-local h = tonumber(ARGV[3])
+local h = tonumber(ARGV[2])
 local n = 0
 if h > 0 then
-  local hb = tonumber(ARGV[4])
+  local hb = tonumber(ARGV[3])
   local last = KEYS[1 + h]
   local reg = false
   if h == 3 then
@@ -122,13 +130,15 @@ local first = 2 + h
 if #KEYS < first then
   return out
 end
-local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2]))
+local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[1]))
+local j = -1
 for i = first, #KEYS, 2 do
-  local j = (i - first) * 2 + 5
+  j = j + 5
   local pd = tonumber(ARGV[j])
   local cd = tonumber(ARGV[j + 1])
   local pf = tonumber(ARGV[j + 2])
   local cf = tonumber(ARGV[j + 3])
+  local ttl = tonumber(ARGV[j + 4])
   if not fresh then
     if pd > 0 then pd = 0 end
     if cd > 0 then cd = 0 end
@@ -175,6 +185,12 @@ struct Registered {
     pairs: Vec<(u64, u64)>,
 }
 
+/// One script call of a flush: its batch marker key and the indexes of its deltas.
+struct PlannedCall {
+    marker: String,
+    deltas: Vec<usize>,
+}
+
 /// Counter store shared by every instance using the same Redis and key prefix.
 pub struct RedisStore {
     client: Arc<RedisClient>,
@@ -218,6 +234,54 @@ impl RedisStore {
         ]
     }
 
+    /// The script calls of one flush: the first carries the heartbeat (an empty batch, the
+    /// health probe, still makes that one). Standalone: chunks in batch order. Cluster:
+    /// the heartbeat alone, then the deltas grouped by hash slot (see the module doc).
+    fn plan(&self, batch_id: u128, batch: &[Delta]) -> Vec<PlannedCall> {
+        let p = self.client.prefix();
+        if !self.client.is_cluster() {
+            let mut calls: Vec<PlannedCall> = (0..batch.len())
+                .collect::<Vec<_>>()
+                .chunks(MAX_KEYS_PER_CALL)
+                .enumerate()
+                .map(|(n, idx)| PlannedCall {
+                    marker: format!("{p}:rl:batch:{batch_id:032x}:{n}"),
+                    deltas: idx.to_vec(),
+                })
+                .collect();
+            if calls.is_empty() {
+                calls.push(PlannedCall {
+                    marker: format!("{p}:rl:batch:{batch_id:032x}:0"),
+                    deltas: Vec::new(),
+                });
+            }
+            return calls;
+        }
+        let mut calls = vec![PlannedCall {
+            marker: format!("{p}:rl:batch:{batch_id:032x}:0:{{instances}}"),
+            deltas: Vec::new(),
+        }];
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, d) in batch.iter().enumerate() {
+            let tag = format!("{{{}}}", hash_hex(d.key_hash));
+            by_slot
+                .entry(RedisClient::slot(tag.as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        for idx in by_slot.values() {
+            for chunk in idx.chunks(MAX_KEYS_PER_CALL) {
+                let n = calls.len();
+                let tag = hash_hex(batch[chunk[0]].key_hash);
+                calls.push(PlannedCall {
+                    marker: format!("{p}:rl:batch:{batch_id:032x}:{n}:{{{tag}}}"),
+                    deltas: chunk.to_vec(),
+                });
+            }
+        }
+        calls
+    }
+
     fn registered(&self) -> std::sync::MutexGuard<'_, Registered> {
         self.registered.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -226,17 +290,12 @@ impl RedisStore {
     /// a sync, the marker left empty when the instance is registered in this bucket already.
     async fn call(
         &self,
-        batch_id: u128,
-        n: usize,
-        chunk: &[Delta],
+        marker: &str,
+        chunk: &[&Delta],
         heartbeat: Option<[String; 3]>,
-        ttl: u64,
     ) -> Result<Vec<i64>, StoreError> {
         let mut inv = self.script.prepare_invoke();
-        inv.key(format!(
-            "{}:rl:batch:{batch_id:032x}:{n}",
-            self.client.prefix()
-        ));
+        inv.key(marker);
         let hb_keys = match heartbeat {
             // Already registered in this bucket: read only.
             Some([cur, marker, prev]) if marker.is_empty() => {
@@ -252,11 +311,10 @@ impl RedisStore {
             }
             None => 0,
         };
-        inv.arg(ttl);
         inv.arg(BATCH_ID_TTL_SECS);
         inv.arg(hb_keys);
         inv.arg(HEARTBEAT_TTL_SECS);
-        for d in chunk {
+        for &d in chunk {
             inv.key(self.redis_key(d.key_hash, d.window.saturating_sub(1)));
             inv.key(self.redis_key(d.key_hash, d.window));
             if d.prev == 0 && !d.need_prev {
@@ -267,6 +325,12 @@ impl RedisStore {
             inv.arg(d.cur);
             inv.arg(d.floor_prev);
             inv.arg(d.floor_cur);
+            inv.arg(
+                d.window_secs
+                    .max(1)
+                    .saturating_mul(2)
+                    .saturating_add(TTL_SLACK_SECS),
+            );
         }
         let inv = &inv;
         let v: Vec<i64> = self
@@ -286,19 +350,10 @@ impl RedisStore {
 
 #[async_trait]
 impl CounterStore for RedisStore {
-    async fn sync(
-        &self,
-        batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError> {
-        let ttl = window_secs.saturating_mul(2).saturating_add(TTL_SLACK_SECS);
-        let mut out = Vec::with_capacity(batch.len());
-        // An empty batch (health probe) still makes one call: the heartbeat.
-        let chunks = batch
-            .chunks(MAX_KEYS_PER_CALL)
-            .chain(std::iter::once(&batch[..0]).filter(|_| batch.is_empty()));
+    async fn sync(&self, b: Batch<'_>) -> SyncResult {
+        let (batch_id, batch, now_ms) = (b.id, b.deltas, b.now_ms);
+        let mut out: Vec<Option<GlobalCounts>> = vec![None; batch.len()];
+        let calls = self.plan(batch_id, batch);
         // The high half of the batch id identifies the limiter.
         let me = (batch_id >> 64) as u64;
         let bucket = now_ms / HEARTBEAT_BUCKET_MS;
@@ -307,7 +362,8 @@ impl CounterStore for RedisStore {
             let r = self.registered();
             r.generation == generation && r.pairs.contains(&(me, bucket))
         };
-        for (n, chunk) in chunks.enumerate() {
+        // The first call carries the heartbeat; in a cluster the calls run concurrently.
+        let results = futures_util::future::join_all(calls.iter().enumerate().map(|(n, c)| {
             let heartbeat = (n == 0).then(|| {
                 let mut keys = self.heartbeat_keys(me, now_ms);
                 if known {
@@ -315,7 +371,12 @@ impl CounterStore for RedisStore {
                 }
                 keys
             });
-            let v = self.call(batch_id, n, chunk, heartbeat, ttl).await?;
+            let deltas: Vec<&Delta> = c.deltas.iter().map(|&i| &batch[i]).collect();
+            async move { self.call(&c.marker, &deltas, heartbeat).await }
+        }))
+        .await;
+        for (n, (c, v)) in calls.iter().zip(results).enumerate() {
+            let v = v?;
             if n == 0 {
                 let live = u64::try_from(v[0]).unwrap_or(0);
                 if live > 0 {
@@ -335,15 +396,17 @@ impl CounterStore for RedisStore {
                     r.pairs.push((me, bucket));
                 }
             }
-            for r in v[1..].chunks_exact(3) {
-                out.push(GlobalCounts {
+            for (&i, r) in c.deltas.iter().zip(v[1..].chunks_exact(3)) {
+                out[i] = Some(GlobalCounts {
                     prev: u64::try_from(r[0]).unwrap_or(0),
                     cur: u64::try_from(r[1]).unwrap_or(0),
                     restored: r[2] != 0,
                 });
             }
         }
-        Ok(out)
+        out.into_iter()
+            .map(|c| c.ok_or_else(|| StoreError::Protocol("a delta got no total".into())))
+            .collect()
     }
 
     fn kind(&self) -> &'static str {

@@ -13,6 +13,10 @@ pub struct Delta {
     /// Stable hash of the API key (see [`super::hash::stable_hash`]); the raw key never
     /// reaches a store.
     pub key_hash: u128,
+    /// Window length of the key's policy, in seconds (>= 1): the store keeps a count for two
+    /// windows of this length (Redis TTL, the in-process store's clean-up). One batch carries
+    /// the deltas of every policy, whatever their windows.
+    pub window_secs: u64,
     /// Epoch-aligned window index (`now_ms / (window_secs * 1000)`) of `cur`.
     pub window: u64,
     /// Admissions to add to window `window`.
@@ -48,25 +52,31 @@ pub struct GlobalCounts {
     pub restored: bool,
 }
 
+/// One flush's batch, as handed to [`CounterStore::sync`].
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Unique per batch and limiter; a failed batch is retried with the same id and the same
+    /// deltas, and a store must apply one id at most once (a call that timed out on the
+    /// client may still have been executed). Its high 64 bits identify the calling process's
+    /// limiters (random, fixed for their lifetime): a shared store may count live instances
+    /// by them (see [`CounterStore::instances`]).
+    pub id: u128,
+    /// Every delta of the flush, of every policy.
+    pub deltas: &'a [Delta],
+    /// The caller's clock (Unix ms).
+    pub now_ms: u64,
+}
+
+/// What [`CounterStore::sync`] answers: the totals, one per delta in the batch's order.
+pub type SyncResult = Result<Vec<GlobalCounts>, StoreError>;
+
 /// A shared counter store.
 #[async_trait]
 pub trait CounterStore: Send + Sync {
     /// Adds every delta to its key's windows and returns the resulting totals, one per delta
     /// in the same order. An empty batch is a health probe (it must still reach the store).
-    /// Must be bounded in time.
-    ///
-    /// `batch_id` is unique per batch and limiter; a failed batch is retried with the same id
-    /// and the same deltas, and a store must apply one id at most once (a call that timed out
-    /// on the client may still have been executed). Its high 64 bits identify the calling
-    /// limiter (random, fixed for its lifetime): a shared store may count live instances by
-    /// them (see [`CounterStore::instances`]).
-    async fn sync(
-        &self,
-        batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError>;
+    /// Must be bounded in time. See [`Batch`] for the id's contract.
+    async fn sync(&self, batch: Batch<'_>) -> SyncResult;
 
     /// `"redis"` or `"local"` (for `/status`).
     fn kind(&self) -> &'static str;
@@ -89,6 +99,7 @@ pub struct LocalStore {
 
 #[derive(Debug, Clone, Copy)]
 struct LocalCounts {
+    window_ms: u64,
     window: u64,
     cur: u64,
     prev: u64,
@@ -162,19 +173,14 @@ fn counts_at(c: &LocalCounts, window: u64) -> GlobalCounts {
 
 #[async_trait]
 impl CounterStore for LocalStore {
-    async fn sync(
-        &self,
-        _batch_id: u128,
-        batch: &[Delta],
-        window_secs: u64,
-        now_ms: u64,
-    ) -> Result<Vec<GlobalCounts>, StoreError> {
-        let wms = window_secs.max(1).saturating_mul(1000);
-        let now_win = now_ms / wms;
+    async fn sync(&self, batch: Batch<'_>) -> SyncResult {
+        let now_ms = batch.now_ms;
         let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::with_capacity(batch.len());
-        for d in batch {
+        let mut out = Vec::with_capacity(batch.deltas.len());
+        for d in batch.deltas {
+            let window_ms = d.window_secs.max(1).saturating_mul(1000);
             let c = m.entry(d.key_hash).or_insert(LocalCounts {
+                window_ms,
                 window: d.window,
                 cur: 0,
                 prev: 0,
@@ -186,6 +192,7 @@ impl CounterStore for LocalStore {
                 c.window = d.window;
             } else if d.window > c.window + 1 {
                 *c = LocalCounts {
+                    window_ms,
                     window: d.window,
                     cur: 0,
                     prev: 0,
@@ -211,7 +218,7 @@ impl CounterStore for LocalStore {
             });
         }
         if m.len() > self.max_keys {
-            m.retain(|_, c| c.window + 1 >= now_win);
+            m.retain(|_, c| c.window + 1 >= now_ms / c.window_ms);
             if m.len() > self.max_keys {
                 // Still over: drop arbitrary keys (bounded memory beats accuracy here).
                 let excess = m.len() - self.max_keys;
@@ -234,11 +241,20 @@ impl CounterStore for LocalStore {
 mod tests {
     use super::*;
 
+    fn batch(deltas: &[Delta], now_ms: u64) -> Batch<'_> {
+        Batch {
+            id: 0,
+            deltas,
+            now_ms,
+        }
+    }
+
     #[tokio::test]
     async fn local_store_windows() {
         let s = LocalStore::with_max_keys(10);
         let d = |w, cur, prev| Delta {
             key_hash: 7,
+            window_secs: 60,
             window: w,
             cur,
             prev,
@@ -246,7 +262,7 @@ mod tests {
             floor_cur: 0,
             floor_prev: 0,
         };
-        let r = s.sync(0, &[d(5, 3, 0)], 60, 5 * 60_000).await.unwrap();
+        let r = s.sync(batch(&[d(5, 3, 0)], 5 * 60_000)).await.unwrap();
         assert_eq!(
             r,
             vec![GlobalCounts {
@@ -255,7 +271,7 @@ mod tests {
                 restored: false
             }]
         );
-        let r = s.sync(0, &[d(5, 2, 0)], 60, 5 * 60_000).await.unwrap();
+        let r = s.sync(batch(&[d(5, 2, 0)], 5 * 60_000)).await.unwrap();
         assert_eq!(
             r,
             vec![GlobalCounts {
@@ -265,7 +281,7 @@ mod tests {
             }]
         );
         // rollover: window 6 gets 1, previous (5) gets 1 late delta
-        let r = s.sync(0, &[d(6, 1, 1)], 60, 6 * 60_000).await.unwrap();
+        let r = s.sync(batch(&[d(6, 1, 1)], 6 * 60_000)).await.unwrap();
         assert_eq!(
             r,
             vec![GlobalCounts {
@@ -275,7 +291,7 @@ mod tests {
             }]
         );
         // a straggler for window 5 from another instance
-        let r = s.sync(0, &[d(5, 1, 0)], 60, 6 * 60_000).await.unwrap();
+        let r = s.sync(batch(&[d(5, 1, 0)], 6 * 60_000)).await.unwrap();
         assert_eq!(
             r,
             vec![GlobalCounts {
@@ -293,7 +309,7 @@ mod tests {
             }
         );
         // skip of 2+ windows forgets everything
-        let r = s.sync(0, &[d(9, 0, 0)], 60, 9 * 60_000).await.unwrap();
+        let r = s.sync(batch(&[d(9, 0, 0)], 9 * 60_000)).await.unwrap();
         assert_eq!(
             r,
             vec![GlobalCounts {
@@ -309,6 +325,7 @@ mod tests {
         let s = LocalStore::new();
         let d = |key_hash, cur, floor_cur, floor_prev| Delta {
             key_hash,
+            window_secs: 60,
             window: 5,
             cur,
             prev: 0,
@@ -319,7 +336,7 @@ mod tests {
         // (`s` stands for a store restarted empty: key 1 was at 100 before.)
         assert_eq!(s.counts(1, 5), GlobalCounts::default());
         // Two callers that knew 100 (and 40 in the previous window) restore it once.
-        let r = s.sync(0, &[d(1, 0, 100, 40)], 60, 5 * 60_000).await;
+        let r = s.sync(batch(&[d(1, 0, 100, 40)], 5 * 60_000)).await;
         assert_eq!(
             r.unwrap(),
             vec![GlobalCounts {
@@ -328,7 +345,7 @@ mod tests {
                 restored: true
             }]
         );
-        let r = s.sync(0, &[d(1, 2, 100, 40)], 60, 5 * 60_000).await;
+        let r = s.sync(batch(&[d(1, 2, 100, 40)], 5 * 60_000)).await;
         assert_eq!(
             r.unwrap(),
             vec![GlobalCounts {
@@ -338,7 +355,7 @@ mod tests {
             }]
         );
         // A floor below the stored total changes nothing.
-        let r = s.sync(0, &[d(1, 1, 50, 0)], 60, 5 * 60_000).await;
+        let r = s.sync(batch(&[d(1, 1, 50, 0)], 5 * 60_000)).await;
         assert_eq!(
             r.unwrap(),
             vec![GlobalCounts {
@@ -355,6 +372,7 @@ mod tests {
         for i in 0..1000u128 {
             let d = Delta {
                 key_hash: i,
+                window_secs: 60,
                 window: 1,
                 cur: 1,
                 prev: 0,
@@ -362,7 +380,7 @@ mod tests {
                 floor_cur: 0,
                 floor_prev: 0,
             };
-            s.sync(0, &[d], 60, 60_000).await.unwrap();
+            s.sync(batch(&[d], 60_000)).await.unwrap();
         }
         assert!(s.len() <= 100);
     }

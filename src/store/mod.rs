@@ -10,17 +10,22 @@
 
 pub mod bucket;
 pub mod clock;
+mod endpoint;
 mod error;
 mod redis;
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod cluster_tests;
 #[cfg(test)]
 mod conformance_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::redis::RedisClient;
+pub use self::redis::{RedisClient, StoreConn, CLUSTER_SLOTS};
 pub use bucket::{FleetBucket, LocalBucket, Take};
+pub use endpoint::{probe, probe_blocking, Endpoint, Mode};
 pub use error::StoreError;
 
 /// Where the fleet's shared state lives.
@@ -37,6 +42,17 @@ impl Store {
     pub fn redis(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         Ok(Store::Redis(Arc::new(RedisClient::new(
             url, key_prefix, timeout,
+        )?)))
+    }
+
+    /// A Redis store of any mode (connects lazily; fails only on invalid settings).
+    pub fn with_endpoint(
+        endpoint: &Endpoint,
+        key_prefix: &str,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        Ok(Store::Redis(Arc::new(RedisClient::with_endpoint(
+            endpoint, key_prefix, timeout,
         )?)))
     }
 

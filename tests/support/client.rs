@@ -274,6 +274,11 @@ impl Conn {
         })
     }
 
+    /// The socket, for a client that speaks something else on it (nothing read yet).
+    pub fn into_stream(self) -> TcpStream {
+        self.r.stream
+    }
+
     /// Writes `bytes` one at a time, `gap` apart (a slow client; PROXY headers
     /// split at every byte). Stops at the first write error.
     pub fn write_slowly(&mut self, bytes: &[u8], gap: Duration) -> io::Result<()> {

@@ -211,3 +211,144 @@ impl Drop for Load {
         self.halt();
     }
 }
+
+/// One request of a [`KeyedLoad`].
+#[derive(Debug, Clone)]
+pub struct KeyedSample {
+    /// Index of the address (proxy) it went through.
+    pub proxy: usize,
+    /// The `x-api-key` it carried.
+    pub key: String,
+    /// Unix ms when it was sent and when the answer (or error) arrived.
+    pub send_ms: u64,
+    pub recv_ms: u64,
+    /// 0 = transport error.
+    pub status: u16,
+    pub latency: Duration,
+    /// The transport error, if any (status 0).
+    pub error: Option<String>,
+}
+
+/// Paced rate-limit load: per address, `threads` keep-alive client threads, thread `t`
+/// sending `x-api-key: keys[t % keys.len()]` at `rate` req/s until `until_ms` (Unix ms)
+/// or [`KeyedLoad::finish`]. Every answer is timestamped, so per-window admissions can be
+/// computed from the wall clock (windows are aligned to the Unix epoch).
+pub struct KeyedLoad {
+    stop: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<Vec<KeyedSample>>>,
+}
+
+impl KeyedLoad {
+    pub fn start(
+        addrs: &[String],
+        threads: usize,
+        rate: f64,
+        keys: &[&str],
+        until_ms: u64,
+    ) -> KeyedLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::new();
+        for (proxy, addr) in addrs.iter().enumerate() {
+            for t in 0..threads {
+                let (addr, stop) = (addr.clone(), stop.clone());
+                let key = keys[t % keys.len()].to_string();
+                handles.push(thread::spawn(move || {
+                    keyed_loop(proxy, &addr, &key, rate, until_ms, &stop)
+                }));
+            }
+        }
+        KeyedLoad { stop, handles }
+    }
+
+    /// Stops the threads and returns every sample, by send time.
+    pub fn finish(self) -> Vec<KeyedSample> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.join()
+    }
+
+    /// Waits for the threads to reach `until_ms`.
+    pub fn join(self) -> Vec<KeyedSample> {
+        let mut all = Vec::new();
+        for h in self.handles {
+            all.extend(h.join().expect("load thread panicked"));
+        }
+        all.sort_by_key(|s| s.send_ms);
+        all
+    }
+}
+
+fn keyed_loop(
+    proxy: usize,
+    addr: &str,
+    key: &str,
+    rate: f64,
+    until_ms: u64,
+    stop: &AtomicBool,
+) -> Vec<KeyedSample> {
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let mut out = Vec::new();
+    let mut conn: Option<Conn> = None;
+    let mut next = Instant::now();
+    loop {
+        // Pacing; after a stall catch up on missed slots unless more than 2 s behind.
+        let now = Instant::now();
+        if next > now {
+            thread::sleep(next - now);
+        } else if now - next > Duration::from_secs(2).max(10 * interval) {
+            next = now;
+        }
+        next += interval;
+        if stop.load(Ordering::SeqCst) || now_ms() >= until_ms {
+            break;
+        }
+        let send_ms = now_ms();
+        let t = Instant::now();
+        let res = match conn.as_mut() {
+            Some(c) => c.request("GET", "/", &[("x-api-key", key)], b""),
+            None => Conn::open_with_timeout(addr, Duration::from_secs(5)).and_then(|mut c| {
+                let r = c.request("GET", "/", &[("x-api-key", key)], b"");
+                conn = Some(c);
+                r
+            }),
+        };
+        let latency = t.elapsed();
+        let (status, error) = match res {
+            Ok(r) => {
+                if r.header("connection")
+                    .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+                {
+                    conn = None;
+                }
+                (r.status, None)
+            }
+            Err(e) => {
+                conn = None;
+                (0, Some(e.to_string()))
+            }
+        };
+        out.push(KeyedSample {
+            proxy,
+            key: key.to_string(),
+            send_ms,
+            recv_ms: now_ms(),
+            status,
+            latency,
+            error,
+        });
+    }
+    out
+}
+
+/// Admitted (200) requests decided in window `w` of `window_ms`, as (definitely, possibly):
+/// the proxy decided between send and receive, so a request is definitely in the window
+/// when both instants are, and possibly when its [send, receive] interval overlaps it.
+pub fn admitted_in_window(samples: &[KeyedSample], window_ms: u64, w: u64) -> (u64, u64) {
+    let (start, end) = (w * window_ms, (w + 1) * window_ms);
+    let ok = samples.iter().filter(|s| s.status == 200);
+    let definitely = ok
+        .clone()
+        .filter(|s| s.send_ms >= start && s.recv_ms < end)
+        .count();
+    let possibly = ok.filter(|s| s.recv_ms >= start && s.send_ms < end).count();
+    (definitely as u64, possibly as u64)
+}

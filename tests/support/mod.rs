@@ -11,7 +11,17 @@
 //!   ([`one_upstream`], [`upstreams`]) and `--check` runs ([`check_config`]).
 //! * `client` — a small blocking HTTP/1.1 client ([`get`], [`post`], [`send_raw`], [`Conn`]).
 //! * `metrics` — a Prometheus text matcher ([`metric_value`]).
+//! * `tls` — certificates made with `openssl` ([`make_cert`], [`tls_table`]) and the real
+//!   clients `openssl s_client` ([`s_client`]) and `curl` ([`curl`]).
+//! * `grpc` — [`GrpcServer`] and [`grpc_call`]: a real gRPC server and client
+//!   (`grpc_peer.py` on Debian's python3-grpcio).
+//! * `nginx` — [`Nginx`]: Debian's nginx as a TLS + HTTP/2 and h2c backend.
+//! * `websocket` — [`WsEchoServer`] (a real RFC 6455 echo server) and [`WsClient`].
+//! * `h2raw` — [`H2Raw`]: hand-written HTTP/2 frames for attacks (rapid reset, too many
+//!   streams, oversized header blocks).
 //! * `browser` — headless Chromium: [`dump_dom`], [`screenshot`].
+//! * `otlp` — [`OtlpReceiver`]: a real OTLP/HTTP trace receiver decoding the protobuf
+//!   bodies with `opentelemetry-proto`.
 //! * `prometheus` — [`Prometheus`]: a real Prometheus scraping a proxy, with a PromQL client.
 //! * `load` — client load ([`Load`], [`concurrently`]) and epoch-aligned window timing
 //!   ([`now_ms`], [`wait_window_phase`]).
@@ -24,11 +34,17 @@
 mod backend;
 mod browser;
 mod client;
+mod grpc;
+mod h2raw;
 mod load;
 mod metrics;
+mod nginx;
+mod otlp;
 mod prometheus;
 mod proxy;
 mod redis;
+mod tls;
+mod websocket;
 
 // Each test crate uses a part of the kit; the rest is unused there.
 #[allow(unused_imports)]
@@ -42,11 +58,23 @@ pub use browser::*;
 #[allow(unused_imports)]
 pub use client::*;
 #[allow(unused_imports)]
+pub use grpc::*;
+#[allow(unused_imports)]
+pub use h2raw::*;
+#[allow(unused_imports)]
 pub use load::*;
 #[allow(unused_imports)]
 pub use metrics::*;
 #[allow(unused_imports)]
+pub use nginx::*;
+#[allow(unused_imports)]
+pub use otlp::*;
+#[allow(unused_imports)]
 pub use proxy::*;
+#[allow(unused_imports)]
+pub use tls::*;
+#[allow(unused_imports)]
+pub use websocket::*;
 
 use std::sync::{Mutex, MutexGuard};
 use std::thread;

@@ -52,17 +52,51 @@ pub fn upstream_of(backends: &[&Backend]) -> String {
 
 /// `[[upstreams]]` tables, one per `(name, backends)`, in that order.
 pub fn upstreams(list: &[(&str, &[&Backend])]) -> String {
-    let table = |(name, backends): &(&str, &[&Backend])| {
-        let addrs: Vec<String> = backends
-            .iter()
-            .map(|b| format!("\"{}\"", b.addr()))
-            .collect();
-        format!(
-            "[[upstreams]]\nname = \"{name}\"\nbackends = [{}]\n\n",
-            addrs.join(", ")
-        )
-    };
-    list.iter().map(table).collect()
+    list.iter()
+        .map(|(name, backends)| upstream_table(name, backends, ""))
+        .collect()
+}
+
+/// One `[[upstreams]]` table named `name` over `backends`, with `keys` (TOML lines such
+/// as `retries = 1`) in it; ends with a blank line.
+pub fn upstream_table(name: &str, backends: &[&Backend], keys: &str) -> String {
+    let addrs: Vec<String> = backends
+        .iter()
+        .map(|b| format!("\"{}\"", b.addr()))
+        .collect();
+    let mut t = format!(
+        "[[upstreams]]\nname = \"{name}\"\nbackends = [{}]\n",
+        addrs.join(", ")
+    );
+    if !keys.is_empty() {
+        t.push_str(keys);
+        if !keys.ends_with('\n') {
+            t.push('\n');
+        }
+    }
+    t.push('\n');
+    t
+}
+
+/// Upstream "app" over `backends` with `keys` in its table, and the rate limit and
+/// culling off: only balancing (and retries) decide where a request goes.
+pub fn balanced_app(backends: &[&Backend], keys: &str) -> String {
+    format!(
+        "{}[rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
+        upstream_table("app", backends, keys)
+    )
+}
+
+/// A fleet member's config: upstream "app" over `b`, a `[redis]` table with `redis` (the
+/// mode's keys, e.g. `url = "..."`), `key_prefix = prefix`, flushing every 50 ms with a
+/// 200 ms timeout, shedding off, then `extra` (the `[rate_limit]` section, maybe
+/// `[culling]`).
+pub fn fleet_config(b: &Backend, redis: &str, prefix: &str, extra: &str) -> String {
+    format!(
+        "{}[redis]\n{redis}\nkey_prefix = \"{prefix}\"\nflush_interval_ms = 50\ntimeout_ms = 200\n\n\
+         [shedding]\nmax_concurrency = 0\n\n{extra}\n",
+        one_upstream(b)
+    )
 }
 
 /// A running `portcullis` process on free ports.

@@ -1,0 +1,124 @@
+//! [`Nginx`]: Debian's nginx as a real TLS + HTTP/2 and h2c backend, in its own
+//! directory on free ports (foreground, no master process, killed on drop).
+
+use std::fs;
+use std::process::{Child, Command, Stdio};
+
+use super::*;
+
+pub struct Nginx {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    /// TLS port: HTTP/2 and HTTP/1.1 by ALPN.
+    pub tls_addr: String,
+    /// Cleartext HTTP/2 only (prior knowledge).
+    pub h2c_addr: String,
+    pub cert: CertFiles,
+}
+
+impl Nginx {
+    /// Serves a certificate for `backend.test` (also made here). Every response says
+    /// `nginx <protocol> <sni>`; `/grpc-fail` answers like a gRPC server whose call
+    /// failed with UNAVAILABLE: HTTP 200, `grpc-status: 14` in the trailers.
+    pub fn start() -> Nginx {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cert = make_cert(dir.path(), "backend", "backend.test", &["backend.test"]);
+        let tls_addr = format!("127.0.0.1:{}", free_port());
+        let h2c_addr = format!("127.0.0.1:{}", free_port());
+        let d = dir.path().display();
+        let conf = format!(
+            r#"daemon off;
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+  access_log {d}/access.log;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  server {{
+    listen {tls_addr} ssl http2;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    location / {{ return 200 "nginx $server_protocol $ssl_server_name\n"; }}
+  }}
+  server {{
+    listen {h2c_addr} http2;
+    location /grpc-fail {{
+      default_type application/grpc;
+      add_trailer grpc-status 14;
+      add_trailer grpc-message unavailable;
+      return 200 "";
+    }}
+    location /grpc-ok {{
+      default_type application/grpc;
+      add_trailer grpc-status 0;
+      return 200 "";
+    }}
+    location / {{ return 200 "nginx $server_protocol\n"; }}
+  }}
+}}
+"#,
+            cert = cert.cert.display(),
+            key = cert.key.display(),
+        );
+        let conf_path = dir.path().join("nginx.conf");
+        fs::write(&conf_path, conf).expect("write nginx.conf");
+        let nginx = ["/usr/sbin/nginx", "nginx"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("-v").output().is_ok())
+            .expect("nginx installed (scripts/setup.sh)");
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .arg("-c")
+            .arg(&conf_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nginx");
+        let n = Nginx {
+            child: Some(child),
+            dir,
+            tls_addr,
+            h2c_addr,
+            cert,
+        };
+        eventually(
+            DEADLINE,
+            || format!("nginx did not listen; error.log:\n{}", n.error_log()),
+            || {
+                std::net::TcpStream::connect(&n.tls_addr).is_ok()
+                    && std::net::TcpStream::connect(&n.h2c_addr).is_ok()
+            },
+        );
+        n
+    }
+
+    pub fn error_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+
+    /// Requests nginx answered (its access log).
+    pub fn requests(&self) -> usize {
+        fs::read_to_string(self.dir.path().join("access.log"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! WebSocket / `Upgrade` tunnels (CONTRACT §6): passed through to a real echo server;
+//! after the `101` a tunnel is not an in-flight request; `max_tunnels` caps open tunnels
+//! (503 beyond) and `portcullis_tunnels_open` reports them; on shutdown tunnels are
+//! closed at `shutdown_timeout_seconds`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+
+fn ws_upstream(echo: &WsEchoServer) -> String {
+    format!(
+        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\n\n\
+         [[routes]]\npath_prefix = \"/\"\nupstream = \"ws\"\npriority = \"critical\"\n\n",
+        echo.addr()
+    )
+}
+
+#[test]
+fn echo_through_a_tunnel_that_is_not_an_inflight_request() {
+    let echo = WsEchoServer::start();
+    // a cap of one in-flight request: an open tunnel must not hold it
+    let cfg = format!(
+        "{}[shedding]\nmax_concurrency = 1\n\n[rate_limit]\nenabled = false\n",
+        ws_upstream(&echo)
+    );
+    let proxy = Proxy::start(&cfg);
+    let mut ws = WsClient::open(&proxy.addr(), "/chat");
+    assert_eq!(ws.echo("hello"), "hello");
+    let big = "x".repeat(70_000);
+    assert_eq!(ws.echo(&big), big);
+    assert_eq!(proxy.metric("portcullis_tunnels_open"), Some(1.0));
+    assert_eq!(proxy.metric("portcullis_inflight_requests"), Some(0.0));
+    // ordinary requests still pass the cap of one while the tunnel is open
+    for _ in 0..3 {
+        let r = proxy.get("/plain", &[]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "plain"));
+    }
+    let mut second = WsClient::open(&proxy.addr(), "/chat2");
+    assert_eq!(second.echo("two"), "two");
+    assert_eq!(proxy.metric("portcullis_tunnels_open"), Some(2.0));
+    assert_eq!(ws.echo("still here"), "still here");
+    ws.close();
+    second.close();
+    eventually(
+        DEADLINE,
+        || "tunnels_open back to 0".into(),
+        || proxy.metric("portcullis_tunnels_open") == Some(0.0),
+    );
+    eventually(
+        DEADLINE,
+        || "echo server connections closed".into(),
+        || echo.open() == 0,
+    );
+    assert_eq!(
+        proxy.metric("portcullis_requests_total{outcome=\"proxied\"}"),
+        Some(5.0)
+    );
+}
+
+#[test]
+fn max_tunnels_refuses_beyond_the_cap_with_503() {
+    let echo = WsEchoServer::start();
+    let cfg = format!(
+        "{}[shedding]\nmax_tunnels = 2\n\n[rate_limit]\nenabled = false\n",
+        ws_upstream(&echo)
+    );
+    let proxy = Proxy::start(&cfg);
+    let mut a = WsClient::open(&proxy.addr(), "/a");
+    let b = WsClient::open(&proxy.addr(), "/b");
+    match WsClient::connect(&proxy.addr(), "/c") {
+        WsOpen::Open(_) => panic!("a third tunnel was opened with max_tunnels = 2"),
+        WsOpen::Refused(status, head) => {
+            assert_eq!(status, 503, "{head}");
+            assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+        }
+    }
+    assert_eq!(
+        echo.upgrades(),
+        2,
+        "the refused upgrade never reached the backend"
+    );
+    assert_eq!(proxy.metric("portcullis_tunnels_open"), Some(2.0));
+    assert_eq!(
+        proxy.metric("portcullis_requests_total{outcome=\"shed\"}"),
+        Some(1.0)
+    );
+    // a plain request is not a tunnel: not capped
+    assert_eq!(proxy.get("/plain", &[]).status, 200);
+    b.close();
+    eventually(
+        DEADLINE,
+        || "slot freed".into(),
+        || proxy.metric("portcullis_tunnels_open") == Some(1.0),
+    );
+    let mut c = WsClient::open(&proxy.addr(), "/c");
+    assert_eq!(c.echo("c"), "c");
+    assert_eq!(a.echo("a"), "a");
+}
+
+#[test]
+fn tunnels_are_closed_at_shutdown_timeout() {
+    let echo = WsEchoServer::start();
+    let cfg = format!("{}[rate_limit]\nenabled = false\n", ws_upstream(&echo));
+    let mut proxy =
+        Proxy::start_with_server("drain_seconds = 1\nshutdown_timeout_seconds = 2\n", &cfg);
+    let mut ws = WsClient::open(&proxy.addr(), "/live");
+    assert_eq!(ws.echo("before"), "before");
+    let t0 = Instant::now();
+    proxy.signal("TERM");
+    // the tunnel keeps working during the drain
+    assert_eq!(ws.echo("draining"), "draining");
+    assert!(
+        ws.is_closed_within(Duration::from_secs(15)),
+        "tunnel still open 15 s after SIGTERM"
+    );
+    let took = t0.elapsed();
+    proxy.expect_exit(DEADLINE, "proxy with an open tunnel");
+    // drain (1 s) + shutdown timeout (2 s): not before, and not much after
+    assert!(took >= Duration::from_secs(2), "closed after {took:?}");
+    assert!(took < Duration::from_secs(12), "closed after {took:?}");
+}
