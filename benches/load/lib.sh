@@ -1,4 +1,4 @@
-# Helpers shared by run.sh and profile.sh (sourced, not run). Needs log/die.
+# Helpers shared by the scripts of benches/load (sourced, not run). Needs log/die.
 # shellcheck shell=bash
 
 # render TEMPLATE OUT KEY=VALUE...: copy a conf/ template to OUT with every
@@ -29,4 +29,174 @@ for _ in range(int(sys.argv[1])):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
+}
+
+# The rest serves the per-request counters (callgrind.sh, syscalls.sh and their
+# _accesslog variants).
+
+# bench_init NAME: REPO, CONF, TARGET_DIR and log/die (lines prefixed [NAME]) of a
+# script in benches/load that has set HERE and sourced this file.
+bench_init() {
+  BENCH=$1
+  REPO=$(cd "$HERE/../.." && pwd)
+  CONF=$HERE/conf
+  TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+  log() { printf '[%s %s] %s\n' "$BENCH" "$(date +%H:%M:%S)" "$*" >&2; }
+  die() { log "ERROR: $*"; exit 1; }
+}
+
+# need TOOL...: dies unless every TOOL is on PATH (or in /usr/sbin).
+need() {
+  local t
+  for t in "$@"; do
+    command -v "$t" >/dev/null || [ -x "/usr/sbin/$t" ] || die "missing $t (scripts/setup.sh)"
+  done
+}
+
+# bench_tmp NAME: TMP becomes a fresh /tmp/portcullis-NAME.XXXXXX; on exit every
+# PID in PIDS is stopped (INT, then KILL) and TMP removed.
+bench_tmp() {
+  TMP=$(mktemp -d "/tmp/portcullis-$1.XXXXXX")
+  PIDS=()
+  trap bench_cleanup EXIT INT TERM
+}
+bench_cleanup() {
+  set +e
+  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null; done
+  sleep 1
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  rm -rf "$TMP"
+}
+
+# stop_pid PID: SIGINT, up to 10 s to exit, then SIGKILL; reaps it.
+stop_pid() {
+  local pid=$1
+  kill -INT "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+# wait_port PORT: until 127.0.0.1:PORT accepts a connection (2 min at most).
+wait_port() {
+  for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done
+  die "port $1 never opened"
+}
+
+# wait_http URL: until URL answers over HTTP (2 min at most).
+wait_http() {
+  local url=$1 i
+  for ((i = 0; i < 600; i++)); do
+    curl -s -o /dev/null -m 2 "$url" && return 0
+    sleep 0.2
+  done
+  die "$url did not answer"
+}
+
+# start_backend PORT: the nginx backend of run.sh on PORT, config in $TMP.
+start_backend() {
+  mkdir -p "$TMP/nginx-tmp"
+  render "$CONF/backend.nginx.conf" "$TMP/backend.conf" TMP="$TMP" BACKEND_PORT="$1"
+  /usr/sbin/nginx -p "$TMP" -c "$TMP/backend.conf" -e "$TMP/backend.err" &
+  PIDS+=($!)
+  wait_port "$1"
+}
+
+# start_redis PORT: a throw-away redis-server on PORT (no persistence).
+start_redis() {
+  redis-server --port "$1" --bind 127.0.0.1 --save "" --appendonly no --dir "$TMP" >/dev/null &
+  PIDS+=($!)
+  wait_port "$1"
+}
+
+# start_cmd TARGET: the command line of the proxy under test (config rendered into
+# $TMP). Uses MODE (h1 | h2tls), PROXY_THREADS, P_PROXY, P_BACKEND, P_REDIS,
+# P_ADMIN, PC_BIN, BARE_BIN; h2tls needs $TMP/cert.pem, key.pem, haproxy.pem.
+start_cmd() {
+  local t=$1
+  local common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACKEND" REDIS_PORT="$P_REDIS" ADMIN_PORT="$P_ADMIN" NAME="$t")
+  case $t in
+    haproxy)
+      render "$CONF/haproxy.cfg" "$TMP/haproxy.cfg" "${common[@]}" PORT="$P_PROXY"
+      if [ "$MODE" = h2tls ]; then
+        sed -i "s|bind 127.0.0.1:$P_PROXY|bind 127.0.0.1:$P_PROXY ssl crt $TMP/haproxy.pem alpn h2,http/1.1|" "$TMP/haproxy.cfg"
+      fi
+      echo "haproxy -f $TMP/haproxy.cfg -db" ;;
+    bare)
+      [ "$MODE" = h1 ] || die "bare Pingora has no TLS listener here"
+      echo "$BARE_BIN 127.0.0.1:$P_PROXY 127.0.0.1:$P_BACKEND $PROXY_THREADS" ;;
+    pc_off | pc_on)
+      local tpl=portcullis-gates-off.toml
+      [ "$t" = pc_on ] && tpl=portcullis-gates-on.toml
+      if [ "$MODE" = h2tls ]; then
+        # plain listener on a spare port; the TLS listener is the one measured
+        local spare
+        spare=$(free_ports 1)
+        render "$CONF/$tpl" "$TMP/$t.toml" "${common[@]}" PORT="$spare"
+        printf '\n[tls]\nlisten = ["127.0.0.1:%s"]\n[[tls.certificates]]\ncert = "%s"\nkey = "%s"\n' \
+          "$P_PROXY" "$TMP/cert.pem" "$TMP/key.pem" >>"$TMP/$t.toml"
+      else
+        render "$CONF/$tpl" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY"
+      fi
+      echo "$PC_BIN -c $TMP/$t.toml" ;;
+    *) die "unknown target $t" ;;
+  esac
+}
+
+# requests N [CONNS]: N requests to the proxy on P_PROXY over CONNS (default
+# $CONNS) keep-alive connections, h2load with H2LOAD_ARGS (default --h1) and
+# SCHEME (default http), with `x-api-key: $API_KEY` (default k1; none if API_KEY
+# is set empty); dies unless all N answer 2xx.
+requests() {
+  local n=$1 c=${2:-$CONNS} out ok args=(--h1)
+  [ -n "${H2LOAD_ARGS+x}" ] && args=("${H2LOAD_ARGS[@]}")
+  local key=${API_KEY-k1}
+  [ -n "$key" ] && args+=(-H "x-api-key: $key")
+  out=$(h2load "${args[@]}" -n "$n" -c "$c" "${SCHEME:-http}://127.0.0.1:$P_PROXY/" 2>&1)
+  ok=$(echo "$out" | awk '/^status codes:/{print $3}')
+  [ "${ok:-0}" = "$n" ] || die "expected $n 2xx, got ${ok:-0}: $(echo "$out" | grep -E '^(requests|status)')"
+}
+
+# build_release: cargo build --release of portcullis and bare_pingora unless SKIP_BUILD=1.
+build_release() {
+  if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    (cd "$REPO" && cargo build --release --bin portcullis --example bare_pingora) >&2
+  fi
+}
+
+# accesslog_conf SETTING: for SETTING "on|off:SAMPLE" sets enabled/sample and
+# renders $TMP/pc.toml (conf/portcullis-accesslog.toml, one thread, P_PROXY,
+# P_ADMIN, P_BACKEND); the log goes to $TMP/pc-access.log.
+accesslog_conf() {
+  enabled=$([ "${1%%:*}" = on ] && echo true || echo false)
+  sample=${1#*:}
+  render "$CONF/portcullis-accesslog.toml" "$TMP/pc.toml" PORT="$P_PROXY" \
+    ADMIN_PORT="$P_ADMIN" THREADS=1 TMP="$TMP" NAME=pc BACKEND_PORT="$P_BACKEND" \
+    LOG_ENABLED="$enabled" LOG_SAMPLE="$sample"
+}
+
+# proxy_fixture: for callgrind.sh/syscalls.sh: builds (build_release), sets PC_BIN
+# and BARE_BIN, TMP (bench_tmp), the ports P_BACKEND P_PROXY P_ADMIN P_REDIS, and
+# starts the nginx backend and redis.
+proxy_fixture() {
+  build_release
+  PC_BIN=${PC_BIN:-$TARGET_DIR/release/portcullis}
+  BARE_BIN=${BARE_BIN:-$TARGET_DIR/release/examples/bare_pingora}
+  bench_tmp "$BENCH"
+  read -r P_BACKEND P_PROXY P_ADMIN P_REDIS < <(free_ports 4)
+  start_backend "$P_BACKEND"
+  start_redis "$P_REDIS"
+}
+
+# accesslog_fixture: for the *_accesslog.sh scripts: defaults of BIN (the release
+# portcullis, which must exist), WARM (200) and SETTINGS ("off:1.0 on:1.0 on:0.01"),
+# TMP (bench_tmp), the ports P_BACKEND P_PROXY P_ADMIN, and the nginx backend.
+accesslog_fixture() {
+  BIN=${BIN:-$TARGET_DIR/release/portcullis}
+  WARM=${WARM:-200}
+  SETTINGS=${SETTINGS:-"off:1.0 on:1.0 on:0.01"}
+  [ -x "$BIN" ] || die "no binary at $BIN (cargo build --release --bin portcullis)"
+  bench_tmp "$BENCH"
+  read -r P_BACKEND P_PROXY P_ADMIN <<<"$(free_ports 3)"
+  start_backend "$P_BACKEND"
 }

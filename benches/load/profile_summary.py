@@ -137,46 +137,33 @@ def main():
         if x["wrk"] else "–")
     w("")
 
+    def listing(title, lines):
+        """A titled ```text block, left out when there is nothing to list."""
+        if not lines:
+            return
+        w(title)
+        w("")
+        w("```text")
+        for line in lines:
+            w(line)
+        w("```")
+        w("")
+
     for t in targets:
         x = data[t]
         w(f"## {NAMES.get(t, t)} (`{t}`)")
         w("")
-        if x["syms"]:
-            w(f"Top {TOP_SYMBOLS} symbols by self time (`[k]` kernel, `[.]` user space):")
-            w("")
-            w("```text")
-            for p, kind, s in x["syms"][:TOP_SYMBOLS]:
-                w(f"{p:6.2f}%  [{kind}] {short(s)}")
-            w("```")
-            w("")
-        phases = section(x["secs"], "Pingora / proxy phases")
-        if phases:
-            w(f"Call-graph run ({x['head'].get('samples', '?')} samples): phases, inclusive:")
-            w("")
-            w("```text")
-            for p, n in phases:
-                w(f"{p:6.2f}%  {short(n)}")
-            w("```")
-            w("")
+        listing(f"Top {TOP_SYMBOLS} symbols by self time (`[k]` kernel, `[.]` user space):",
+                [f"{p:6.2f}%  [{kind}] {short(s)}" for p, kind, s in x["syms"][:TOP_SYMBOLS]])
+        listing(f"Call-graph run ({x['head'].get('samples', '?')} samples): phases, inclusive:",
+                [f"{p:6.2f}%  {short(n)}" for p, n in section(x["secs"], "Pingora / proxy phases")])
         frames = [(p, n) for p, n in section(x["secs"], "portcullis functions")
                   if "drop_in_place" not in n][:TOP_FRAMES]
-        if frames:
-            w(f"portcullis frames on the stack, inclusive (top {TOP_FRAMES}, drops left out):")
-            w("")
-            w("```text")
-            for p, n in frames:
-                w(f"{p:6.2f}%  {short(n)}")
-            w("```")
-            w("")
+        listing(f"portcullis frames on the stack, inclusive (top {TOP_FRAMES}, drops left out):",
+                [f"{p:6.2f}%  {short(n)}" for p, n in frames])
         callers = section(x["secs"], "allocator/memcpy samples")[:TOP_FRAMES]
-        if callers:
-            w(f"Allocator/memcpy samples by nearest non-glue caller (top {TOP_FRAMES}):")
-            w("")
-            w("```text")
-            for p, n in callers:
-                w(f"{p:6.2f}%  {short(n)}")
-            w("```")
-            w("")
+        listing(f"Allocator/memcpy samples by nearest non-glue caller (top {TOP_FRAMES}):",
+                [f"{p:6.2f}%  {short(n)}" for p, n in callers])
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 

@@ -112,12 +112,19 @@ def main():
     L = []
     w = L.append
 
+    def heading(title, *paragraphs):
+        """`### title`, then each paragraph, each followed by a blank line."""
+        w(f"### {title}")
+        w("")
+        for p in paragraphs:
+            w(p)
+            w("")
+
     w(f"Generated {env.get('date', '?')} by `bash benches/load/run.sh` "
       f"(`{env.get('command', '').strip()}`), portcullis at `{env.get('git_head', '?')}` "
       f"({env.get('git_dirty_files', '?')} uncommitted files in the work tree).")
     w("")
-    w("### Machine and versions")
-    w("")
+    heading("Machine and versions")
     w(f"- {env.get('nproc', '?')} vCPUs, {env.get('cpu', '?')}, {env.get('mem', '?')} RAM; "
       f"{env.get('kernel', '?')}; {env.get('os', '?')}")
     w(f"- {env.get('rustc', '?')}; {env.get('haproxy', '?')}; {env.get('nginx', '?')}; "
@@ -132,15 +139,13 @@ def main():
     w("")
 
     if targets:
-        w("### Proxy comparison (medians over rounds)")
-        w("")
-        w("Backend: nginx (1 worker) answering 200 with a 23-byte body. Load: "
+        heading("Proxy comparison (medians over rounds)",
+                "Backend: nginx (1 worker) answering 200 with a 23-byte body. Load: "
           f"`{wrk} --latency` with a Lua script rotating `x-api-key` over 8 keys, "
           "same script for every target. CPU/request = (utime+stime of the proxy "
           "process(es) over the run, from /proc/PID/stat) / requests completed. "
           "Ratios are medians of the per-round ratios (each round runs every target once, "
           "back to back, in rotating order).")
-        w("")
         w("| target | rps | p50 ms | p99 ms | proxy CPU µs/req (min–max) | CPU/req ÷ HAProxy | rps ÷ HAProxy | non-2xx | socket errors | other busy % |")
         w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for t in targets:
@@ -180,13 +185,11 @@ def main():
 
     if shed_rows:
         sg = by_target(shed_rows)
-        w("### Scenario (a): cost of a shed 503 vs a proxied 200")
-        w("")
-        w("`max_concurrency = 1`; one request to a `critical` route parks on a backend that never "
+        heading("Scenario (a): cost of a shed 503 vs a proxied 200",
+                "`max_concurrency = 1`; one request to a `critical` route parks on a backend that never "
           "answers and holds the only slot, so every wrk request is answered 503 by the shedder. "
           "Alternated in the same rounds with proxied 200s through the gates-on and gates-off "
           "instances. Same wrk shape as above.")
-        w("")
         w("| run | rps | p50 ms | p99 ms | non-2xx share | proxy CPU µs/req | ÷ shed |")
         w("|---|---:|---:|---:|---:|---:|---:|")
         base = med([r["proxy_cpu_us_per_req"] for r in sg.get("shed503", [])])
@@ -203,20 +206,19 @@ def main():
 
     if ovl_rows:
         og = by_target(ovl_rows)
-        w("### Scenario (b): overload at ~3× capacity")
-        w("")
-        w(f"Backend: `benches/load/backend.py slow` — 8 concurrent slots × 10 ms fixed service "
+        heading("Scenario (b): overload at ~3× capacity",
+                f"Backend: `benches/load/backend.py slow` — 8 concurrent slots × 10 ms fixed service "
           f"time = 800 rps capacity, excess waits FIFO. Route priority `critical`, so the class "
-          f"limit equals the cap: `cap8` = exactly the backend's slots, `cap12` = 50% headroom. Unloaded: `wrk -t1 -c4` (≈ half capacity). Overload: "
+          f"limit equals the cap: `cap8` = exactly the backend's slots, `cap12` = 50% headroom, `cap64` = a fixed cap guessed far too high, `adaptive_max64` = the adaptive limit (`min_concurrency = 4`) under that same ceiling of 64. Unloaded: `wrk -t1 -c4` (≈ half capacity). Overload: "
           f"{env.get('overload', '').strip() or 'wrk -t2 -c32 with 10 ms think time'} — closed loop, so "
           f"the offered rate depends on how fast answers come back (with shedding ≈ 3× capacity; "
           f"without it the clients slow down to the backend's pace and queue). Latencies of the "
           f"200s are derived from wrk's histogram assuming every 503 is faster than every 200 "
           f"(the `p99 of 503s` column, computed the same way, checks it: it must stay well under the 10 ms service time).")
-        w("")
         w("| run | offered rps | goodput (200/s) | shed % | p50 of 200s ms | p99 of 200s ms | p99 of 503s ms | proxy CPU µs/req | proxy cores |")
         w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for t in ["unloaded_c4", "overload_shed_cap8", "overload_shed_cap12", "overload_noshed"]:
+        for t in ["unloaded_c4", "overload_shed_cap8", "overload_shed_cap12", "overload_noshed",
+                  "overload_shed_cap64", "overload_adaptive_max64"]:
             rs = og.get(t)
             if not rs:
                 continue
@@ -232,15 +234,13 @@ def main():
     var_rows = load(os.path.join(results, "variants.csv"))
     if var_rows:
         vg = by_target(var_rows)
-        w("### Variants: allocator and runtime (same load, alternating rounds)")
-        w("")
-        w("portcullis gates-off with the allocator it was built with (`pc_off_glibc`/`pc_off_builtin`: "
+        heading("Variants: allocator and runtime (same load, alternating rounds)",
+                "portcullis gates-off with the allocator it was built with (`pc_off_glibc`/`pc_off_builtin`: "
           "glibc malloc unless a `#[global_allocator]` is set) vs jemalloc / mimalloc injected with "
           "`LD_PRELOAD` (Debian libjemalloc2 5.3, libmimalloc2.0 2.0.9). `LD_PRELOAD` only reaches "
           "Rust allocations while the binary uses the System allocator; with a linked "
           "`#[global_allocator]` all three rows measure that allocator. Bare Pingora with Pingora's default "
           "work-stealing runtime vs `work_stealing = false` (one single-threaded runtime per thread).")
-        w("")
         w("| variant | rps | p50 ms | p99 ms | proxy CPU µs/req (min–max) | CPU/req ÷ first of its group |")
         w("|---|---:|---:|---:|---:|---:|")
         first = "pc_off_builtin" if "pc_off_builtin" in vg else "pc_off_glibc"
@@ -272,11 +272,9 @@ def main():
             if rs:
                 ratio_rows.append((label, m, rs))
     if ratio_rows:
-        w("### CPU per request as ratios within each round")
-        w("")
-        w("Each ratio is taken between runs of the same round (adjacent in time), then the "
+        heading("CPU per request as ratios within each round",
+                "Each ratio is taken between runs of the same round (adjacent in time), then the "
           "median over rounds. Higher is better for `HAProxy ÷ …`; lower for the others.")
-        w("")
         w("| CPU/request | median | per round |")
         w("|---|---:|---|")
         for label, m, rs in ratio_rows:

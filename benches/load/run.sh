@@ -400,6 +400,23 @@ read -r -a BARE_NS_ARGS < <(grep -v '^#' "$TMP/bare_ns.args")
 
 # pc_conf NAME TEMPLATE PORT ADMIN [KEY=VALUE...]: render conf/portcullis-TEMPLATE.toml
 # to $TMP/NAME.toml and have portcullis check it.
+# rotating_rounds PART ROUNDS PIDS URLS TARGET...: `measure` every target once a round,
+# ROUNDS rounds; PIDS and URLS name associative arrays target -> pids / URL. The order
+# rotates each round so no target always follows the same one.
+rotating_rounds() {
+  local part=$1 rounds=$2 r j t
+  local -n rr_pids=$3 rr_urls=$4
+  shift 4
+  local targets=("$@")
+  for ((r = 1; r <= rounds; r++)); do
+    for ((j = 0; j < ${#targets[@]}; j++)); do
+      t=${targets[$(((j + r - 1) % ${#targets[@]}))]}
+      measure "$part" "r${r}_$t" "${rr_pids[$t]}" "${rr_urls[$t]}" "$WRK_THREADS" "$WRK_CONNS"
+      sleep 1
+    done
+  done
+}
+
 pc_conf() {
   local name=$1 tpl=$2 port=$3 admin=$4
   shift 4
@@ -494,16 +511,8 @@ for t in "${MAIN_TARGETS[@]}"; do
   timeout $((WARMUP + 20)) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d"${WARMUP}s" -s "$HERE/keys.lua" "${TURL[$t]}" >/dev/null 2>&1 || true
 done
 
-n=${#MAIN_TARGETS[@]}
-log "main comparison: $ROUNDS rounds x $n targets x ${DURATION}s (wrk -t$WRK_THREADS -c$WRK_CONNS)"
-for ((r = 1; r <= ROUNDS; r++)); do
-  for ((j = 0; j < n; j++)); do
-    # rotate the order each round so no target always follows the same one
-    t=${MAIN_TARGETS[$(((j + r - 1) % n))]}
-    measure main "r${r}_$t" "${TPIDS[$t]}" "${TURL[$t]}" "$WRK_THREADS" "$WRK_CONNS"
-    sleep 1
-  done
-done
+log "main comparison: $ROUNDS rounds x ${#MAIN_TARGETS[@]} targets x ${DURATION}s (wrk -t$WRK_THREADS -c$WRK_CONNS)"
+rotating_rounds main "$ROUNDS" TPIDS TURL "${MAIN_TARGETS[@]}"
 
 # Sanity: the gates really ran (rate-limit state exists in each proxy).
 # Best effort: nothing in here may stop the run (subshell, errexit off).
@@ -681,14 +690,7 @@ if has_part variants; then
   for v in "${VARS[@]}"; do
     timeout 20 wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d2s -s "$HERE/keys.lua" "${VURL[$v]}" >/dev/null 2>&1 || true
   done
-  nv=${#VARS[@]}
-  for ((r = 1; r <= VAR_ROUNDS; r++)); do
-    for ((j = 0; j < nv; j++)); do
-      v=${VARS[$(((j + r - 1) % nv))]}
-      measure variants "r${r}_$v" "${VPIDS[$v]}" "${VURL[$v]}" "$WRK_THREADS" "$WRK_CONNS"
-      sleep 1
-    done
-  done
+  rotating_rounds variants "$VAR_ROUNDS" VPIDS VURL "${VARS[@]}"
 fi # variants
 
 # ------------------------------------------------------------ report

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Instructions per request under callgrind: noise-immune on a shared machine.
+# Each proxy runs under `valgrind --tool=callgrind` in front of the same nginx
+# backend; after a warm-up, counters are zeroed, N1 requests are sent and the
+# counters dumped, then N2 requests and dumped again (a dump resets them). The
+# fixed costs (connection set-up, idle timers) cancel out of
+#     instructions/request = (I2 - I1) / (N2 - N1)
+# and the same difference of the malloc-family call counts gives allocations
+# per request. The N2 dump of each target is annotated per function
+# (inclusive), divided by N2.
+#
+#   bash benches/load/callgrind.sh                      # HTTP/1.1 keep-alive, 1 thread
+#   MODE=h2tls bash benches/load/callgrind.sh           # HTTP/2 over TLS (ALPN h2)
+#   TARGETS="bare pc_off" N1=500 N2=2500 bash benches/load/callgrind.sh
+#
+# Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_off"),
+# MODE (h1 | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),
+# STREAMS (h2: concurrent streams per connection, 10), PROXY_THREADS (1),
+# OUT (benches/load/out/callgrind, ignored by git), SKIP_BUILD=1, PC_BIN and
+# BARE_BIN (binaries to measure instead of target/release/...).
+# Prints one CSV row per target on stdout:
+#   target,mode,threads,instr_per_req,allocs_per_req,frees_per_req,n1,n2
+# Every process this script starts is stopped by PID on exit.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC1091
+. "$HERE/lib.sh"
+bench_init callgrind
+MODE=${MODE:-h1}
+if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-haproxy pc_off}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
+N1=${N1:-500}
+N2=${N2:-2500}
+CONNS=${CONNS:-4}
+STREAMS=${STREAMS:-10}
+PROXY_THREADS=${PROXY_THREADS:-1}
+OUT=${OUT:-$HERE/out/callgrind}
+mkdir -p "$OUT"
+
+need valgrind callgrind_control callgrind_annotate h2load nginx haproxy redis-server
+proxy_fixture
+
+SCHEME=http
+H2LOAD_ARGS=(--h1)
+if [ "$MODE" = h2tls ]; then
+  SCHEME=https
+  H2LOAD_ARGS=(-m "$STREAMS")
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=bench.test -addext subjectAltName=DNS:bench.test \
+    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
+  cat "$TMP/cert.pem" "$TMP/key.pem" >"$TMP/haproxy.pem"
+fi
+
+# counters FILE: "<instructions> <allocs> <frees>" of one callgrind dump.
+counters() {
+  python3 - "$1" <<'PY'
+import re, sys
+ALLOC = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign",
+         "_rjem_malloc", "_rjem_mallocx", "_rjem_calloc", "_rjem_realloc", "_rjem_rallocx",
+         "_rjem_posix_memalign", "_rjem_aligned_alloc"}
+FREE = {"free", "cfree", "_rjem_free", "_rjem_sdallocx", "_rjem_dallocx"}
+names, fn, cfn, total = {}, None, None, 0
+allocs = frees = 0
+def name(tok):
+    m = re.match(r"\((\d+)\)(?: (.*))?", tok)
+    if not m:
+        return tok
+    if m.group(2) is not None:
+        names[m.group(1)] = m.group(2)
+    return names.get(m.group(1), "?")
+def base(n):
+    return n.split("'")[0]
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith("fn="):
+        fn = base(name(line[3:].strip()))
+    elif line.startswith("cfn="):
+        cfn = base(name(line[4:].strip()))
+    elif line.startswith("calls="):
+        n = int(line[6:].split()[0])
+        # calls into the allocator from outside it (not realloc -> malloc inside)
+        if fn not in ALLOC and fn not in FREE:
+            if cfn in ALLOC:
+                allocs += n
+            elif cfn in FREE:
+                frees += n
+    elif line.startswith("summary:") or line.startswith("totals:"):
+        total = int(line.split()[1])
+print(total, allocs, frees)
+PY
+}
+
+for t in $TARGETS; do
+  cmd=$(start_cmd "$t")
+  log "$t: starting under callgrind ($MODE, $PROXY_THREADS thread(s))"
+  rm -f "$OUT/$t.$MODE".*
+  # shellcheck disable=SC2086
+  valgrind --tool=callgrind --callgrind-out-file="$OUT/$t.$MODE.%p" --dump-instr=no \
+    --collect-atstart=yes --vgdb=yes $cmd >"$TMP/$t.log" 2>&1 &
+  vpid=$!
+  PIDS+=("$vpid")
+  wait_port "$P_PROXY"
+  requests 200 # warm-up: connections to the backend, lazily built state
+  callgrind_control -z "$vpid" >/dev/null
+  requests "$N1"
+  callgrind_control --dump=n1 "$vpid" >/dev/null
+  requests "$N2"
+  callgrind_control --dump=n2 "$vpid" >/dev/null
+  f1=$(ls "$OUT/$t.$MODE.$vpid".1 2>/dev/null || true)
+  f2=$(ls "$OUT/$t.$MODE.$vpid".2 2>/dev/null || true)
+  [ -n "$f1" ] && [ -n "$f2" ] || die "$t: dumps missing in $OUT"
+  read -r i1 a1 d1 < <(counters "$f1")
+  read -r i2 a2 d2 < <(counters "$f2")
+  stop_pid "$vpid"
+  dn=$((N2 - N1))
+  ipr=$(((i2 - i1) / dn))
+  apr=$(awk -v a="$a1" -v b="$a2" -v n="$dn" 'BEGIN{printf "%.1f", (b-a)/n}')
+  fpr=$(awk -v a="$d1" -v b="$d2" -v n="$dn" 'BEGIN{printf "%.1f", (b-a)/n}')
+  callgrind_annotate --inclusive=yes --threshold=99.5 "$f2" >"$OUT/$t.$MODE.inclusive.txt" 2>/dev/null || true
+  callgrind_annotate --threshold=99 "$f2" >"$OUT/$t.$MODE.self.txt" 2>/dev/null || true
+  log "$t: $ipr instructions/request, $apr allocations/request, $fpr frees/request (I1=$i1 I2=$i2)"
+  echo "$t,$MODE,$PROXY_THREADS,$ipr,$apr,$fpr,$N1,$N2"
+done

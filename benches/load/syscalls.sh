@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# System calls per request: each proxy runs natively in front of the same nginx
+# backend; after a warm-up, `strace -c -f -p PID` is attached while exactly N
+# requests are sent with h2load (CONNS keep-alive connections), then detached.
+# Prints the calls per request by name (the table of issue 16).
+#
+#   bash benches/load/syscalls.sh                     # HTTP/1.1 keep-alive, 1 thread
+#   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/syscalls.sh
+#
+# Environment: TARGETS ("haproxy bare pc_off pc_on"), N (20000), CONNS (32),
+# PROXY_THREADS (1), OUT (benches/load/out/syscalls, ignored by git), SKIP_BUILD=1,
+# PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
+# Output on stdout: CSV rows target,threads,syscall,calls_per_req (and a total row).
+# Every process this script starts is stopped by PID on exit.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC1091
+. "$HERE/lib.sh"
+bench_init syscalls
+MODE=h1
+TARGETS=${TARGETS:-haproxy bare pc_off pc_on}
+N=${N:-20000}
+CONNS=${CONNS:-32}
+PROXY_THREADS=${PROXY_THREADS:-1}
+OUT=${OUT:-$HERE/out/syscalls}
+mkdir -p "$OUT"
+
+need strace h2load nginx haproxy redis-server
+proxy_fixture
+
+for t in $TARGETS; do
+  cmd=$(start_cmd "$t")
+  # shellcheck disable=SC2086
+  $cmd >"$TMP/$t.log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  wait_port "$P_PROXY"
+  requests 2000 # warm-up
+  strace -c -f -p "$pid" -o "$OUT/$t.strace.txt" &
+  spid=$!
+  sleep 1 # strace attaches to every thread
+  requests "$N"
+  kill -INT "$spid"
+  wait "$spid" 2>/dev/null || true
+  stop_pid "$pid"
+  awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" '
+    $1 ~ /^[0-9.]+$/ && NF >= 5 { name = $NF; calls = $4; if (calls !~ /^[0-9]+$/) next
+      if (calls / n >= 0.01) printf "%s,%s,%s,%.2f\n", t, th, name, calls / n }' "$OUT/$t.strace.txt"
+  log "$t done ($OUT/$t.strace.txt)"
+done

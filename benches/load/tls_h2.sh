@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# TLS and HTTP/2 rows of the proxy comparison (issue 11): portcullis against HAProxy with
+# the same certificate (EC P-256), both with 2 worker threads, both terminating TLS and
+# proxying to the same nginx backend over HTTP/1.1 on loopback.
+#
+#   bash benches/load/tls_h2.sh          # needs target/release/portcullis (built if missing)
+#
+# Rows (CPU of the proxy process from /proc/PID/stat, utime+stime, per unit of work):
+#   h2 streams   h2load -c 8 -m 10 (ALPN h2): CPU per request (stream)
+#   full hs      openssl s_time -new:   a full handshake + one GET per connection
+#   resumed hs   openssl s_time -reuse: a resumed handshake + one GET per connection
+# Each row alternates the two proxies ROUNDS times (default 3) and reports medians and
+# the ratio portcullis / HAProxy. portcullis runs with its gates present but idle
+# (rate limit off, no concurrency cap), like HAProxy without rules. Every process this
+# script starts is stopped by PID on exit.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+ROUNDS=${ROUNDS:-3}
+H2_REQUESTS=${H2_REQUESTS:-40000}
+STIME_SECONDS=${STIME_SECONDS:-5}
+BIN=${BIN:-$REPO/target/release/portcullis}
+for t in h2load haproxy nginx openssl; do
+  command -v "$t" >/dev/null || [ -x "/usr/sbin/$t" ] || { echo "missing $t (scripts/setup.sh)" >&2; exit 1; }
+done
+[ -x "$BIN" ] || (cd "$REPO" && cargo build --release --bin portcullis)
+
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+trap cleanup EXIT INT TERM
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+  -subj /CN=bench.test -addext subjectAltName=DNS:bench.test \
+  -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
+cat "$TMP/cert.pem" "$TMP/key.pem" > "$TMP/haproxy.pem"
+
+BP=$(free_port); PP=$(free_port); PA=$(free_port); HP=$(free_port)
+mkdir -p "$TMP/nginx"
+cat > "$TMP/nginx.conf" <<NG
+daemon off; master_process off; worker_processes 1; pid $TMP/nginx.pid;
+error_log $TMP/nginx-error.log warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000;
+  client_body_temp_path $TMP/nginx; proxy_temp_path $TMP/nginx; fastcgi_temp_path $TMP/nginx;
+  uwsgi_temp_path $TMP/nginx; scgi_temp_path $TMP/nginx;
+  server { listen 127.0.0.1:$BP; location / { return 200 "ok\n"; } } }
+NG
+/usr/sbin/nginx -p "$TMP" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" & PIDS+=($!)
+wait_port "$BP"
+
+cat > "$TMP/portcullis.toml" <<PC
+[server]
+listen = ["127.0.0.1:$(free_port)"]
+admin_listen = "127.0.0.1:$PA"
+threads = 2
+upgrade_sock = "$TMP/upgrade.sock"
+[[upstreams]]
+name = "app"
+backends = ["127.0.0.1:$BP"]
+[shedding]
+max_concurrency = 0
+[rate_limit]
+enabled = false
+[culling]
+enabled = false
+[tls]
+listen = ["127.0.0.1:$PP"]
+[[tls.certificates]]
+cert = "$TMP/cert.pem"
+key = "$TMP/key.pem"
+PC
+"$BIN" -c "$TMP/portcullis.toml" 2> "$TMP/portcullis.log" & PC_PID=$!; PIDS+=($PC_PID)
+
+cat > "$TMP/haproxy.cfg" <<HA
+global
+  nbthread 2
+  maxconn 8192
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+frontend fe
+  bind 127.0.0.1:$HP ssl crt $TMP/haproxy.pem alpn h2,http/1.1
+  default_backend be
+backend be
+  http-reuse always
+  server s1 127.0.0.1:$BP
+HA
+haproxy -f "$TMP/haproxy.cfg" -db 2> "$TMP/haproxy.log" & HA_PID=$!; PIDS+=($HA_PID)
+wait_port "$PP"; wait_port "$HP"
+
+# run ROW TARGET -> prints "<cpu_seconds> <units>"
+run() {
+  local row=$1 pid port units t0 t1 out
+  if [ "$2" = portcullis ]; then pid=$PC_PID; port=$PP; else pid=$HA_PID; port=$HP; fi
+  t0=$(ticks "$pid")
+  case $row in
+    h2)
+      out=$(h2load -n "$H2_REQUESTS" -c 8 -m 10 "https://127.0.0.1:$port/" 2>&1)
+      units=$(echo "$out" | awk '/^requests:/{print $8}') ;;   # succeeded
+    full|resumed)
+      local mode=-new; [ "$row" = resumed ] && mode=-reuse
+      out=$(openssl s_time -connect "127.0.0.1:$port" -www / $mode -time "$STIME_SECONDS" 2>&1)
+      units=$(echo "$out" | awk '/connections in [0-9.]+s/{print $1; exit}') ;;
+  esac
+  t1=$(ticks "$pid")
+  echo "$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.4f", (b-a)/hz}') ${units:-0}"
+}
+
+median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+# warm-up
+run h2 portcullis >/dev/null; run h2 haproxy >/dev/null
+echo "| row | portcullis µs CPU/unit | HAProxy µs CPU/unit | ratio | units/run (pc, ha) |"
+echo "|---|---|---|---|---|"
+for row in h2 full resumed; do
+  : > "$TMP/pc"; : > "$TMP/ha"; pcu=""; hau=""
+  for r in $(seq "$ROUNDS"); do
+    order="portcullis haproxy"; [ $((r % 2)) -eq 0 ] && order="haproxy portcullis"
+    for target in $order; do
+      read -r cpu units < <(run "$row" "$target")
+      [ "${units:-0}" -gt 0 ] || { echo "$row/$target: no units completed" >&2; continue; }
+      per=$(awk -v c="$cpu" -v u="$units" 'BEGIN{printf "%.2f", c*1e6/u}')
+      if [ "$target" = portcullis ]; then echo "$per" >> "$TMP/pc"; pcu="$pcu$units "; else echo "$per" >> "$TMP/ha"; hau="$hau$units "; fi
+    done
+  done
+  pc=$(median < "$TMP/pc"); ha=$(median < "$TMP/ha")
+  ratio=$(awk -v p="$pc" -v h="$ha" 'BEGIN{ if (h>0) printf "%.2f", p/h; else print "n/a"}')
+  echo "| $row | $pc | $ha | $ratio | ${pcu% } / ${hau% } |"
+done
