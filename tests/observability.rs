@@ -972,10 +972,7 @@ fn spans_are_exported_over_otlp_http_with_the_propagated_ids() {
 fn an_unreachable_otlp_endpoint_neither_slows_nor_fails_requests() {
     let a = Backend::start("A");
     // a port nobody listens on
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    let port = free_port();
     let p = Proxy::start(&format!(
         "{}\n[rate_limit]\nenabled = false\n[access_log]\nenabled = false\n\
          [tracing]\notlp_endpoint = \"http://127.0.0.1:{port}\"\nsample = 1.0\n",

@@ -19,10 +19,54 @@ const REDIS_SERVER: &str = "redis-server";
 /// How long a fresh `redis-server` may take to answer PING on a loaded 2-core machine.
 const START_DEADLINE: Duration = Duration::from_secs(20);
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// Test ports come from here: below the kernel's ephemeral range (32768–60999 on Linux), so
+/// no outgoing connection and no `bind(port 0)` is ever handed one.
+const PORT_RANGE: std::ops::Range<u16> = 12_000..20_000;
+
+/// Where the per-port claim files live (shared by every test process on the machine).
+const PORT_CLAIMS: &str = "portcullis-test-ports";
+
+/// A port on 127.0.0.1 that no other test process holds.
+///
+/// Binding port 0 and closing the socket is racy when tests run in parallel processes
+/// (nextest runs each test in its own): the kernel hands the same port to two processes,
+/// or an outgoing connection takes it before the child we give it to binds it (CI once
+/// saw a proxy's listener receive another test's admin `/readyz`). Here each port is
+/// claimed with an exclusive lock on `$TMPDIR/portcullis-test-ports/<port>`, held until this
+/// test process exits, and checked free by binding it.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::Mutex;
+    // Claims (and so their locks) live as long as the test process.
+    static CLAIMS: Mutex<Vec<fs::File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join(PORT_CLAIMS);
+    fs::create_dir_all(&dir).expect("create the port-claim directory");
+    let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let start = h.finish() % span;
+    for i in 0..span {
+        let port = PORT_RANGE.start + ((start + i) % span) as u16;
+        let Ok(f) = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        // Locks are per open file: this process's own earlier claims refuse too.
+        if f.try_lock().is_err() {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue; // in use outside the tests' claims
+        }
+        CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+        return port;
+    }
+    panic!("no free test port in {PORT_RANGE:?}");
 }
 
 /// A real `redis-server` on a free port, owned by the test.
