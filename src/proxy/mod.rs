@@ -546,6 +546,24 @@ impl ProxyHttp for Proxy {
         Ok(())
     }
 
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if end_of_stream {
+            // The response is complete: the request leaves the in-flight count (shedding
+            // and the bulkhead) before its last bytes go out, not after, in `logging`. A
+            // client that sends its next request as soon as it has this response must
+            // find the slot free (a serial client is never shed at a cap of one).
+            ctx._guard = None;
+            ctx._bulkhead = None;
+        }
+        Ok(None)
+    }
+
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let refusal = failure::refusal_for(e, ctx);
         let status = refusal.as_ref().map_or(0, Refusal::status);
