@@ -81,9 +81,11 @@ fn max_tunnels_refuses_beyond_the_cap_with_503() {
         "the refused upgrade never reached the backend"
     );
     assert_eq!(proxy.metric("portcullis_tunnels_open"), Some(2.0));
-    assert_eq!(
-        proxy.metric("portcullis_requests_total{outcome=\"shed\"}"),
-        Some(1.0)
+    // counted when the refused request is logged, just after its answer went out
+    eventually(
+        DEADLINE,
+        || "the refused upgrade counted as shed".into(),
+        || proxy.metric("portcullis_requests_total{outcome=\"shed\"}") == Some(1.0),
     );
     // a plain request is not a tunnel: not capped
     assert_eq!(proxy.get("/plain", &[]).status, 200);
