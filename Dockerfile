@@ -12,6 +12,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
+COPY vendor ./vendor
+COPY examples ./examples
 COPY conf ./conf
 RUN cargo build --release --locked --bin portcullis \
  && ./target/release/portcullis -c conf/portcullis.toml --check
