@@ -32,38 +32,40 @@ const PORT_CLAIMS: &str = "portcullis-test-ports";
 /// (nextest runs each test in its own): the kernel hands the same port to two processes,
 /// or an outgoing connection takes it before the child we give it to binds it (CI once
 /// saw a proxy's listener receive another test's admin `/readyz`). Here each port is
-/// claimed with an exclusive lock on `$TMPDIR/portcullis-test-ports/<port>`, held until this
-/// test process exits, and checked free by binding it.
+/// claimed by creating `$TMPDIR/portcullis-test-ports/<port>` (atomically, holding this
+/// process's pid), and checked free by binding it. A claim whose process is gone is
+/// taken over.
 pub fn free_port() -> u16 {
     use std::collections::hash_map::RandomState;
     use std::hash::{BuildHasher, Hasher};
-    use std::sync::Mutex;
-    // Claims (and so their locks) live as long as the test process.
-    static CLAIMS: Mutex<Vec<fs::File>> = Mutex::new(Vec::new());
     let dir = std::env::temp_dir().join(PORT_CLAIMS);
     fs::create_dir_all(&dir).expect("create the port-claim directory");
+    let me = std::process::id();
+    // The claim's content, written before it is linked into place: never seen half-written.
+    let mine = dir.join(format!(".pid-{me}"));
+    if !mine.exists() {
+        fs::write(&mine, me.to_string()).expect("write the port-claim file");
+    }
     let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
     let mut h = RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
+    h.write_u32(me);
     let start = h.finish() % span;
     for i in 0..span {
         let port = PORT_RANGE.start + ((start + i) % span) as u16;
-        let Ok(f) = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(port.to_string()))
-        else {
-            continue;
-        };
-        // Locks are per open file: this process's own earlier claims refuse too.
-        if f.try_lock().is_err() {
-            continue;
+        let claim = dir.join(port.to_string());
+        if fs::hard_link(&mine, &claim).is_err() {
+            // Claimed: by a live process (skip), or by one that is gone (take over).
+            let owner = fs::read_to_string(&claim).ok();
+            let alive = owner
+                .as_deref()
+                .is_some_and(|pid| std::path::Path::new("/proc").join(pid.trim()).exists());
+            if alive || fs::remove_file(&claim).is_err() || fs::hard_link(&mine, &claim).is_err() {
+                continue;
+            }
         }
         if TcpListener::bind(("127.0.0.1", port)).is_err() {
-            continue; // in use outside the tests' claims
+            continue; // in use outside the tests' claims (kept claimed: skipped by others too)
         }
-        CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(f);
         return port;
     }
     panic!("no free test port in {PORT_RANGE:?}");
