@@ -238,6 +238,9 @@ impl Admin {
                 "store": s.store_kind,
                 "store_healthy": s.limiter.store_healthy(),
                 "tracked_keys": s.limiter.tracked_keys(),
+                // Live instances the store reports sharing the limits (1: not shared, or
+                // before the first sync): the divisor of each instance's fleet share.
+                "instances": s.limiter.instances(),
             },
             "culling": {
                 "enabled": culling.enabled,

@@ -208,6 +208,7 @@ fn redis_data_loss_does_not_grant_a_fresh_quota() {
     );
     let p1 = Proxy::start(&cfg);
     let p2 = Proxy::start(&cfg);
+    Proxy::wait_fleet(&[&p1, &p2]);
     let w = hour_with_a_minute_left();
     let key = "exhausted-key";
 

@@ -158,14 +158,7 @@ fn policies_hold_across_two_instances_on_redis() {
     let (pa, pb) = (Proxy::start(&cfg), Proxy::start(&cfg));
     let both = [&pa, &pb];
     // Both instances registered in the store (each sees the fleet of 2).
-    eventually(
-        Duration::from_secs(10),
-        || "instances never saw each other".into(),
-        || {
-            both.iter()
-                .all(|p| p.metric("portcullis_ratelimit_store_healthy") == Some(1.0))
-        },
-    );
+    Proxy::wait_fleet(&both);
     wait_window_phase(10_000, 0, 1_000);
     let key = [("x-api-key", "shared-key")];
 

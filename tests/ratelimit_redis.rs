@@ -38,7 +38,9 @@ const NO_CULLING: &str = "\n[culling]\nenabled = false\n";
 /// Two proxies sharing `redis` under `prefix` (see [`redis_config`]).
 fn two_proxies(b: &Backend, redis: &RedisServer, prefix: &str, extra: &str) -> (Proxy, Proxy) {
     let cfg = redis_config(b, &redis.url(), prefix, extra);
-    (Proxy::start(&cfg), Proxy::start(&cfg))
+    let (p1, p2) = (Proxy::start(&cfg), Proxy::start(&cfg));
+    Proxy::wait_fleet(&[&p1, &p2]);
+    (p1, p2)
 }
 
 /// Two instances flushing every 50 ms make at most `2 × (elapsed / 50 ms + 20)` round

@@ -368,6 +368,26 @@ impl Proxy {
             .unwrap_or_else(|e| panic!("/status is not JSON ({e}): {}", r.body_str()))
     }
 
+    /// Waits (20 s) until every proxy in `fleet` reports `fleet.len()` instances sharing its
+    /// rate-limit store (`/status` `rate_limit.instances`). Until then an instance has not
+    /// heard of the others and admits a whole limit on its own (by design: a new instance
+    /// joins at its next flush), so a test of the fleet-wide limit starts after this.
+    pub fn wait_fleet(fleet: &[&Proxy]) {
+        let n = fleet.len() as u64;
+        let ok = wait_until(DEADLINE, || {
+            fleet
+                .iter()
+                .all(|p| p.status_json()["rate_limit"]["instances"].as_u64() == Some(n))
+        });
+        if !ok {
+            let seen: Vec<_> = fleet
+                .iter()
+                .map(|p| p.status_json()["rate_limit"]["instances"].clone())
+                .collect();
+            panic!("the {n} instances never all saw each other: {seen:?}");
+        }
+    }
+
     /// Kills the process now (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
