@@ -153,7 +153,10 @@ impl Refusal {
     /// The response header; `close` adds `Connection: close`.
     pub fn header(&self, close: bool) -> Result<ResponseHeader> {
         let mut resp = ResponseHeader::build(self.status(), Some(6))?;
-        resp.insert_header("content-type", "text/plain; charset=utf-8")?;
+        resp.insert_header(
+            "content-type",
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        )?;
         resp.insert_header("content-length", self.body().len())?;
         if let Some(secs) = self.retry_after() {
             resp.insert_header("retry-after", secs)?;

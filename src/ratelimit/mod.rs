@@ -184,32 +184,44 @@ impl Decision {
 }
 
 /// `RateLimit-Policy` field value: `"<name>";q=<limit>;w=<window>`.
-pub fn policy_header(name: &str, limit: u64, window: u64) -> String {
-    format!("{};q={limit};w={window}", sf_string(name))
+pub fn policy_header(name: &str, limit: u64, window: u64) -> http::HeaderValue {
+    field(name, b";q=", limit, b";w=", window)
 }
 
 /// `RateLimit` field value: `"<name>";r=<remaining>;t=<seconds>`.
-pub fn ratelimit_header(name: &str, remaining: u64, t: u64) -> String {
-    format!("{};r={remaining};t={t}", sf_string(name))
+pub fn ratelimit_header(name: &str, remaining: u64, t: u64) -> http::HeaderValue {
+    field(name, b";r=", remaining, b";t=", t)
+}
+
+/// `<sf-string name><k1><v1><k2><v2>`, written in one buffer that becomes the value without
+/// a copy (these two fields go on every admitted response: no `format!`, one allocation).
+fn field(name: &str, k1: &[u8], v1: u64, k2: &[u8], v2: u64) -> http::HeaderValue {
+    let mut out = Vec::with_capacity(2 * name.len() + 2 + k1.len() + k2.len() + 40);
+    sf_string(name, &mut out);
+    out.extend_from_slice(k1);
+    out.extend_from_slice(itoa::Buffer::new().format(v1).as_bytes());
+    out.extend_from_slice(k2);
+    out.extend_from_slice(itoa::Buffer::new().format(v2).as_bytes());
+    // Printable ASCII only (sf_string replaces anything else), so always valid.
+    http::HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
+        .unwrap_or_else(|_| http::HeaderValue::from_static("\"invalid\""))
 }
 
 /// Structured-field sf-string: printable ASCII only, `"` and `\` escaped; anything else is
 /// replaced by `_` so the header is always valid.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
+fn sf_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
     for c in s.chars() {
         match c {
             '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+                out.push(b'\\');
+                out.push(c as u8);
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
+            ' '..='~' => out.push(c as u8),
+            _ => out.push(b'_'),
         }
     }
-    out.push('"');
-    out
+    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -226,6 +238,10 @@ mod tests {
             "\"a\\\"b\\\\c_\";r=3;t=1"
         );
         // Valid HTTP header values.
-        assert!(http::HeaderValue::from_str(&policy_header("x y", 1, 2)).is_ok());
+        assert_eq!(policy_header("x y", 1, 2), "\"x y\";q=1;w=2");
+        assert_eq!(
+            ratelimit_header("", u64::MAX, 0),
+            "\"\";r=18446744073709551615;t=0"
+        );
     }
 }
