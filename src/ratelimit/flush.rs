@@ -103,16 +103,16 @@ impl Limiter {
             let mut dirty = std::mem::take(&mut sh.dirty);
             let sh = &mut *sh;
             dirty.retain(|&i| {
-                let key_hash = sh.hashes.get(i as usize).copied().unwrap_or_default();
-                let Some(s) = sh.slots.get_mut(i as usize) else {
+                let key_hash = sh.table.hash_at(i as usize);
+                let Some(s) = sh.table.slots_mut().get_mut(i as usize) else {
                     return false;
                 };
                 if !s.queued() {
                     return false;
                 }
                 if s.flags & SHARED == 0 {
-                    // A local-only key in a reused slot (its index was queued for the key
-                    // evicted from it).
+                    // A local-only key in a reused position, or a tombstone (the position
+                    // was queued for the key evicted from it).
                     s.flags &= !QUEUED;
                     return false;
                 }
@@ -150,8 +150,8 @@ impl Limiter {
             });
             // Deferred keys stay queued (reusing the allocation).
             sh.dirty = dirty;
-            // Collect idle keys, only while the dirty list is empty (indexes may move); it
-            // is at least every `SYNC_EVERY` flushes.
+            // Collect idle keys, only while the dirty list is empty (a rehash of the table
+            // moves slots); it is at least every `SYNC_EVERY` flushes.
             if sh.dirty.is_empty() {
                 gc_step(sh, w, wms, now_ms % wms, p.cap_per_shard);
             }
@@ -170,8 +170,8 @@ impl Limiter {
             let si = taken[k].shard;
             let mut sh = lock(&self.shards[usize::from(si)]);
             while k < taken.len() && taken[k].limiter == self.uid && taken[k].shard == si {
-                if let Some(&i) = sh.index.get(&taken[k].slot) {
-                    if let Some(s) = sh.slots.get_mut(i as usize) {
+                if let Some(i) = sh.find(taken[k].slot) {
+                    if let Some(s) = sh.table.slots_mut().get_mut(i) {
                         f(s, k);
                     }
                 }

@@ -13,7 +13,8 @@ use arc_swap::ArcSwap;
 use super::flush::FlushState;
 use super::hash::{stable_hash, stable_hash_in};
 use super::shard::{lock, Shard, MAX_REFS, SHARDS, SHARD_BITS};
-use super::slot::{Slot, LOCAL_ONLY_MAX, QUEUED, RESTORED, SHARED, SYNCED, UNKNOWN};
+use super::slot::{Slot, LOCAL_ONLY_MAX, RESTORED, SHARED, SYNCED, UNKNOWN};
+use super::table::key_id;
 use super::window::{self, Sliding};
 use super::{Decision, RateLimitParams};
 
@@ -161,6 +162,12 @@ impl Limiter {
         self.params.load().limit_for(key.as_ref())
     }
 
+    /// The process-local id of `key` (its position in a shard's table derives from it).
+    #[inline]
+    fn id_of(&self, key: &[u8]) -> u64 {
+        key_id(self.hasher.hash_one(key))
+    }
+
     #[inline]
     fn shard_of(&self, id: u64) -> &Mutex<Shard> {
         &self.shards[(id >> (64 - SHARD_BITS)) as usize]
@@ -184,13 +191,13 @@ impl Limiter {
     /// flushed yet (another policy refused the same request in between). Returns whether
     /// there was one to take back (an admission already handed to a flush stays counted).
     pub fn uncount<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> bool {
-        let id = self.hasher.hash_one(key.as_ref());
+        let id = self.id_of(key.as_ref());
         let mut shard = lock(self.shard_of(id));
-        let Some(&i) = shard.index.get(&id) else {
+        let Some(i) = shard.find(id) else {
             return false;
         };
         let w = now_ms / self.params.load().window_ms;
-        match shard.slots.get_mut(i as usize) {
+        match shard.table.slots_mut().get_mut(i) {
             Some(s) if s.win == w && s.l_cur > 0 => {
                 s.l_cur -= 1;
                 true
@@ -201,16 +208,15 @@ impl Limiter {
 
     fn decide_key(&self, key: &[u8], now_ms: u64, count: bool) -> Decision {
         let p = self.params.load();
-        let id = self.hasher.hash_one(key);
+        let id = self.id_of(key);
         let mut shard = lock(self.shard_of(id));
         let wms = p.window_ms;
         let w = now_ms / wms;
         let e = now_ms % wms;
 
-        let i = match shard.index.get(&id) {
-            Some(&i) => {
-                let i = i as usize;
-                let s = &mut shard.slots[i];
+        let i = match shard.find(id) {
+            Some(i) => {
+                let s = &mut shard.table.slots_mut()[i];
                 if s.refs < MAX_REFS {
                     s.refs += 1;
                 }
@@ -218,7 +224,7 @@ impl Limiter {
             }
             None => self.insert(&mut shard, id, key, &p, w, e),
         };
-        let s = &mut shard.slots[i];
+        let s = &mut shard.table.slots_mut()[i];
         if s.generation != p.generation {
             s.limit = p.limit_for(key);
             s.generation = p.generation;
@@ -227,7 +233,7 @@ impl Limiter {
         let d = self.decide(s, now_ms, wms, w, e, count);
         // Keys whose counts matter are sent at a coming flush (also when merely refused:
         // that refreshes their global view); the others stay local.
-        if shard.slots[i].flags & SHARED != 0 {
+        if s.flags & SHARED != 0 {
             shard.queue(i);
         }
         d
@@ -361,43 +367,40 @@ impl Limiter {
         {
             slot.flags = UNKNOWN;
         }
-        if shard.slots.len() < p.cap_per_shard {
-            let i = shard.slots.len();
-            shard.slots.push(slot);
-            shard.hashes.push(key_hash);
-            shard.index.insert(id, i as u32);
-            return i;
+        if shard.table.len() >= p.cap_per_shard {
+            if let Some(i) = shard.victim(w, p.window_ms, e) {
+                self.evict(shard, i, w, e, p);
+                if restored.is_none() {
+                    // This shard evicts now: the next keys new to it may be forgotten ones.
+                    slot.flags |= UNKNOWN;
+                }
+            }
         }
-        let i = shard.victim(w, p.window_ms, e);
+        // A slot reusing the position of a queued, evicted one stays queued (the position
+        // is in the dirty list); the flush drops it if the new key is local-only.
+        shard.table.insert(slot, key_hash, &mut shard.dirty)
+    }
+
+    /// Evicts the slot at position `i` (buried as a ghost if its counts matter) to make
+    /// room for a new key.
+    fn evict(&self, shard: &mut Shard, i: usize, w: u64, e: u64, p: &Params) {
         let kept = shard.bury(i, w, p.window_ms, e, p.cap_per_shard);
-        if restored.is_none() {
-            // This shard evicts now: the next keys new to it may be forgotten ones.
-            slot.flags |= UNKNOWN;
-        }
         shard.evicted_win = Some(w);
-        let old = &shard.slots[i];
-        // Admissions already in a batch (`p_*`) are still delivered; `l_*` are lost unless
-        // the ghost keeps them.
-        if (old.l_cur | old.l_prev) != 0 && !old.is_dead(w) && !kept {
-            self.dropped_unsent.fetch_add(1, Ordering::Relaxed);
+        if let Some(old) = shard.table.slots().get(i) {
+            // Admissions already in a batch (`p_*`) are still delivered; `l_*` are lost
+            // unless the ghost keeps them.
+            if (old.l_cur | old.l_prev) != 0 && !old.is_dead(w) && !kept {
+                self.dropped_unsent.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.evictions.fetch_add(1, Ordering::Relaxed);
-        let old_id = old.id;
-        // Keep the queued flag: the slot index may already be in the dirty list.
-        let flags = old.flags & QUEUED;
-        shard.index.remove(&old_id);
-        shard.slots[i] = Slot {
-            flags: flags | slot.flags,
-            ..slot
-        };
-        shard.hashes[i] = key_hash;
-        shard.index.insert(id, i as u32);
-        i
+        // A tombstone: nothing moves, the dirty list stays valid.
+        shard.table.remove(i);
     }
 
     /// Keys currently tracked.
     pub fn tracked_keys(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).index.len()).sum()
+        self.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     /// False after a failed store call, true again after a successful one.
@@ -426,8 +429,10 @@ impl Limiter {
             .iter()
             .map(|s| {
                 lock(s)
-                    .slots
+                    .table
+                    .slots()
                     .iter()
+                    .filter(|x| x.is_live())
                     .map(|x| {
                         u64::from(x.l_prev)
                             + u64::from(x.l_cur)
@@ -447,10 +452,10 @@ impl Limiter {
 
     #[cfg(test)]
     fn slot_counts<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Option<(u64, u64, u64, u64)> {
-        let id = self.hasher.hash_one(key.as_ref());
+        let id = self.id_of(key.as_ref());
         let sh = lock(self.shard_of(id));
-        sh.index.get(&id).map(|&i| {
-            let s = &sh.slots[i as usize];
+        sh.find(id).map(|i| {
+            let s = &sh.table.slots()[i];
             (s.win, s.prev(), s.cur(), u64::from(s.g_cur))
         })
     }

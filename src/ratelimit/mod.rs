@@ -87,7 +87,8 @@
 //! enforces the last known global counts plus its own, as §5.3 of the contract requires.
 //!
 //! Files: the decision in `limiter.rs`, one key's policy (slot, sync policy, applying an
-//! answer, ghosts) in `slot.rs`, the sharded CLOCK cache in `shard.rs`, the flush
+//! answer, ghosts) in `slot.rs`, the sharded CLOCK cache in `shard.rs` (each shard an
+//! open-addressed table of slots, `table.rs`), the flush
 //! protocol in `flush.rs` and its background loop in `flusher.rs`; the store trait and the
 //! in-process store in `store.rs`, the Redis store (on the process's one
 //! [`crate::store::RedisClient`]) in `redis_store.rs`. Window math: see [`window`]. Key
@@ -104,6 +105,7 @@ mod redis_store;
 mod shard;
 mod slot;
 mod store;
+mod table;
 pub mod window;
 
 #[cfg(test)]
