@@ -8,6 +8,7 @@ mod locate;
 pub mod redact;
 mod schema;
 mod settings;
+mod store;
 mod upstreams;
 mod validate;
 

@@ -18,6 +18,7 @@
 //!
 //! [`respond`]: crate::respond
 
+mod ctx;
 mod failure;
 mod request;
 mod retry;
@@ -35,58 +36,14 @@ use pingora::ErrorType;
 use crate::edge;
 use crate::metrics::Outcome;
 use crate::ratelimit;
-use crate::respond::{self, RateFields, Refusal};
-use crate::shed::InflightGuard;
-use crate::state::{Runtime, Shared};
-use crate::upstream::{Attempt, BackendState, Bulkhead, BulkheadGuard, Pool, Tried};
+use crate::respond::{self, Refusal};
+use crate::state::Shared;
+use crate::upstream::{Attempt, Bulkhead};
+pub use ctx::Ctx;
 use request::{header_block_len, host_of, invalid_target};
 
 pub struct Proxy {
     pub shared: Arc<Shared>,
-}
-
-/// Per-request state.
-pub struct Ctx {
-    start: Instant,
-    /// The configuration this request is served under, start to end.
-    runtime: Arc<Runtime>,
-    pool: Option<Arc<Pool>>,
-    /// Held while the request is in flight (load shedding's count).
-    _guard: Option<InflightGuard>,
-    backend: Option<Arc<BackendState>>,
-    /// Counts the current attempt in its backend's in-flight (least_requests).
-    attempt: Option<Attempt>,
-    /// When the current attempt started (the adaptive limit's latency sample).
-    attempt_start: Option<Instant>,
-    /// Held while the request is in flight: the upstream's bulkhead slot.
-    _bulkhead: Option<BulkheadGuard>,
-    /// 502/503/reset retries taken so far.
-    retries_used: u32,
-    /// `upstream_response_filter` turned a 502/503 into an error to retry.
-    retrying: bool,
-    tried: Tried,
-    outcome: Option<Outcome>,
-    /// What a gate refused the request with, when it answers through an error
-    /// (`early_request_filter`, `upstream_peer`).
-    refusal: Option<Refusal>,
-    /// X-Request-Id sent upstream and back (the client's, or generated).
-    request_id: Option<http::HeaderValue>,
-    /// The RateLimit fields of an admitted response.
-    rate: Option<RateFields>,
-    /// An upgrade request's tunnel slot (reserved, then open after the `101`).
-    tunnel: Option<crate::edge::tunnel::TunnelSlot>,
-    /// A gRPC call failed by gRPC semantics (`grpc-status`): a backend error.
-    grpc_failed: bool,
-    /// Trace context and upstream timing for the access log and metrics.
-    obs: crate::observe::RequestObs,
-    /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
-    client: Option<std::net::IpAddr>,
-    /// The request was routed (`request_filter` ran): `route` is its route.
-    routed: bool,
-    /// Index in `runtime.config.routes` of the route; `None`: the default route.
-    route: Option<usize>,
-    /// Request body bytes seen (`max_request_body_bytes`).
-    body: edge::limits::BodyCount,
 }
 
 impl Proxy {
@@ -119,30 +76,7 @@ impl ProxyHttp for Proxy {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx {
-            start: Instant::now(),
-            runtime: self.shared.runtime.load_full(),
-            pool: None,
-            _guard: None,
-            backend: None,
-            attempt: None,
-            attempt_start: None,
-            _bulkhead: None,
-            retries_used: 0,
-            retrying: false,
-            tried: Tried::default(),
-            outcome: None,
-            refusal: None,
-            request_id: None,
-            rate: None,
-            tunnel: None,
-            grpc_failed: false,
-            obs: Default::default(),
-            client: None,
-            routed: false,
-            route: None,
-            body: edge::limits::BodyCount::default(),
-        }
+        Ctx::new(self.shared.runtime.load_full())
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {

@@ -1,0 +1,160 @@
+//! Validation of `[redis]` (CONTRACT §5, §9): the store's mode and addresses, AUTH and TLS,
+//! the key prefix and the timings. Errors are `(key_path, reason)` as in `validate`.
+
+use super::schema::*;
+use super::settings::*;
+use super::validate::{err, range, VResult, MINUTE_MS};
+use std::time::Duration;
+
+/// `[redis]` addresses: `host:port` entries, at least one.
+fn host_ports(path: &str, list: &[String], what: &str) -> VResult<()> {
+    if list.is_empty() {
+        return err(
+            path,
+            format!("at least one {what} \"host:port\" is required"),
+        );
+    }
+    for (i, n) in list.iter().enumerate() {
+        let ok = n.rsplit_once(':').is_some_and(|(h, p)| {
+            !h.is_empty() && !h.contains('/') && p.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !ok {
+            return err(
+                format!("{path}[{i}]"),
+                format!("invalid address {n:?}: expected host:port"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `[redis] mode` and the keys that go with it (CONTRACT §9).
+fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
+    use crate::store::{Endpoint, Mode};
+    let ca_pem = if r.ca_file.is_empty() {
+        None
+    } else {
+        let path = std::path::Path::new(&r.ca_file);
+        if let Err(e) = crate::edge::tls::CaBundle::load(path) {
+            return err("redis.ca_file", e);
+        }
+        match std::fs::read(path) {
+            Ok(b) => Some(b),
+            Err(e) => return err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
+        }
+    };
+    let standalone = r.mode == "standalone";
+    if !standalone && r.url.is_some() {
+        return err(
+            "redis.url",
+            format!(
+                "url is for mode = \"standalone\"; mode = \"{}\" takes {}",
+                r.mode,
+                if r.mode == "cluster" {
+                    "nodes"
+                } else {
+                    "sentinels and master_name"
+                }
+            ),
+        );
+    }
+    if r.mode != "cluster" && !r.nodes.is_empty() {
+        return err("redis.nodes", "nodes are for mode = \"cluster\"");
+    }
+    if r.mode != "sentinel" && !r.sentinels.is_empty() {
+        return err("redis.sentinels", "sentinels are for mode = \"sentinel\"");
+    }
+    let mode = match r.mode.as_str() {
+        "standalone" => {
+            let url = r
+                .url
+                .as_ref()
+                .map_or("redis://127.0.0.1:6379", |u| u.expose());
+            if let Err(e) = redis::Client::open(url) {
+                return err(
+                    "redis.url",
+                    format!(
+                        "invalid Redis URL {:?} ({e}): expected redis[s]://[user:password@]host:port[/db]",
+                        super::redact::redact_url(url)
+                    ),
+                );
+            }
+            if !r.password.is_empty() {
+                return err(
+                    "redis.password",
+                    "password is for cluster/sentinel nodes; in standalone mode put it in the url (redis://:password@host:port)",
+                );
+            }
+            if r.tls && !url.starts_with("rediss://") {
+                return err(
+                    "redis.tls",
+                    "tls is for cluster/sentinel nodes; in standalone mode use a rediss:// url",
+                );
+            }
+            if ca_pem.is_some() && !url.starts_with("rediss://") {
+                return err("redis.ca_file", "ca_file needs a rediss:// url");
+            }
+            Mode::Standalone {
+                url: url.to_string(),
+            }
+        }
+        "cluster" => {
+            host_ports("redis.nodes", &r.nodes, "seed node")?;
+            Mode::Cluster {
+                nodes: r.nodes.clone(),
+            }
+        }
+        "sentinel" => {
+            host_ports("redis.sentinels", &r.sentinels, "sentinel")?;
+            if r.master_name.is_empty() || r.master_name.contains(char::is_whitespace) {
+                return err(
+                    "redis.master_name",
+                    "must be a non-empty name without spaces",
+                );
+            }
+            Mode::Sentinel {
+                sentinels: r.sentinels.clone(),
+                master_name: r.master_name.clone(),
+            }
+        }
+        other => {
+            return err(
+                "redis.mode",
+                format!("unknown mode {other:?}: expected standalone, cluster or sentinel"),
+            )
+        }
+    };
+    if !standalone && ca_pem.is_some() && !r.tls {
+        return err("redis.ca_file", "ca_file needs tls = true");
+    }
+    Ok(Endpoint {
+        mode,
+        password: r.password.expose().to_string(),
+        tls: r.tls,
+        ca_pem,
+    })
+}
+
+pub(super) fn validate_redis(r: &RedisSection) -> VResult<StoreSettings> {
+    let endpoint = validate_endpoint(r)?;
+    if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}', ' ']) {
+        return err(
+            "redis.key_prefix",
+            "must be non-empty and contain no spaces or braces",
+        );
+    }
+    range(
+        "redis.flush_interval_ms",
+        r.flush_interval_ms,
+        1,
+        MINUTE_MS,
+        "ms",
+    )?;
+    range("redis.timeout_ms", r.timeout_ms, 1, MINUTE_MS, "ms")?;
+    Ok(StoreSettings {
+        endpoint,
+        key_prefix: r.key_prefix.clone(),
+        flush_interval: Duration::from_millis(r.flush_interval_ms),
+        timeout: Duration::from_millis(r.timeout_ms),
+    })
+}
