@@ -14,7 +14,7 @@ use super::flush::FlushState;
 use super::hash::{stable_hash, stable_hash_in};
 use super::shard::{lock, Shard, MAX_REFS, SHARDS, SHARD_BITS};
 use super::slot::{Slot, LOCAL_ONLY_MAX, RESTORED, SHARED, SYNCED, UNKNOWN};
-use super::table::key_id;
+use super::table::{empty_slot, key_id};
 use super::window::{self, Sliding};
 use super::{Decision, RateLimitParams};
 
@@ -338,18 +338,9 @@ impl Limiter {
         let mut slot = Slot {
             id,
             win: w,
-            g_prev: 0,
-            g_cur: 0,
-            l_prev: 0,
-            l_cur: 0,
-            p_prev: 0,
-            p_cur: 0,
-            est: 0,
-            blocked_until: 0,
             limit: p.limit_for(key),
             generation: p.generation,
-            refs: 0,
-            flags: 0,
+            ..empty_slot()
         };
         let restored = shard.take_ghost(id, w);
         if let Some(g) = restored {
