@@ -171,6 +171,46 @@ impl Refusal {
     }
 }
 
+/// The response header of `refusal`: built once per thread and cloned for
+/// every refusal but a 429 (whose `RateLimit` fields change with each request).
+/// A shed 503 under overload is the case this is for: cloning a built header
+/// is a copy of its two small maps, building one parses and inserts each field.
+fn header_for(refusal: &Refusal, close: bool) -> Result<Box<ResponseHeader>> {
+    if matches!(refusal, Refusal::RateLimited { .. }) {
+        return Ok(Box::new(refusal.header(close)?));
+    }
+    // The body is a `&'static str` (one per refusal, or a `BadRequest` reason):
+    // its address tells refusals of the same status apart.
+    let key = (
+        refusal.status(),
+        refusal.body().as_ptr() as usize,
+        refusal.retry_after(),
+        close,
+    );
+    HEADERS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some((_, h)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(Box::new(h.clone()));
+        }
+        let h = refusal.header(close)?;
+        // Bounded: a `Retry-After` changed by reloads many times over is rebuilt.
+        if cache.len() >= HEADER_CACHE_MAX {
+            cache.clear();
+        }
+        cache.push((key, h.clone()));
+        Ok(Box::new(h))
+    })
+}
+
+/// (status, body address, `Retry-After`, close)
+type HeaderKey = (u16, usize, Option<u64>, bool);
+const HEADER_CACHE_MAX: usize = 64;
+
+thread_local! {
+    static HEADERS: std::cell::RefCell<Vec<(HeaderKey, ResponseHeader)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Write the refusal to the client. `close` ends the connection after it
 /// (a body left unread, draining, or framing that forbids reuse).
 pub async fn send(session: &mut Session, refusal: &Refusal, close: bool) -> Result<()> {
@@ -178,7 +218,7 @@ pub async fn send(session: &mut Session, refusal: &Refusal, close: bool) -> Resu
         session.set_keepalive(None);
     }
     session
-        .write_response_header(Box::new(refusal.header(close)?), false)
+        .write_response_header(header_for(refusal, close)?, false)
         .await?;
     session
         .write_response_body(Some(Bytes::from_static(refusal.body().as_bytes())), true)
@@ -236,6 +276,35 @@ mod tests {
             assert_eq!(r.outcome(), outcome, "{r:?}");
             assert_eq!(r.retry_after(), retry, "{r:?}");
             assert!(r.body().starts_with("portcullis: ") || matches!(r, Refusal::BadRequest(_)));
+        }
+    }
+
+    #[test]
+    fn a_cached_header_is_the_built_one() {
+        let refusals = [
+            Refusal::Shed { retry_after: 2 },
+            Refusal::Shed { retry_after: 3 },
+            Refusal::NoBackend { retry_after: 2 },
+            Refusal::BadRequest("portcullis: one\n"),
+            Refusal::BadRequest("portcullis: other reason\n"),
+            limited(),
+        ];
+        // twice: the second round comes from the cache
+        for _ in 0..2 {
+            for r in &refusals {
+                for close in [false, true] {
+                    let got = header_for(r, close).unwrap();
+                    let want = r.header(close).unwrap();
+                    assert_eq!(got.status, want.status, "{r:?}");
+                    assert_eq!(got.headers, want.headers, "{r:?} close={close}");
+                    let wire = |h: &ResponseHeader| {
+                        let mut buf = bytes::BytesMut::new();
+                        h.header_to_h1_wire(&mut buf);
+                        buf
+                    };
+                    assert_eq!(wire(&got), wire(&want), "{r:?} close={close}");
+                }
+            }
         }
     }
 
