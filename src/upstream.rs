@@ -368,12 +368,15 @@ impl Pool {
             let s = &self.backends[i];
             in_shard(i) && !s.is_culled() && !tried.contains(&s.addr)
         };
-        let healthy = |i: usize| self.lb.backends().ready(&self.members[i]);
+        // Without active checks nothing marks a backend down: skip Pingora's
+        // readiness look-up (a hash of the `Backend` per candidate).
+        let checked = self.health.is_some();
+        let healthy = |i: usize| !checked || self.lb.backends().ready(&self.members[i]);
         let load = |i: usize| self.backends[i].inflight();
         let weights = &self.balance.weights;
-        let picked =
-            self.selector
-                .pick(&self.lb, n, weights, key, &|i| open(i) && healthy(i), &load);
+        let picked = self
+            .selector
+            .pick(n, weights, key, &|i| open(i) && healthy(i), &load);
         if let Some(i) = picked {
             if self.panic_mode.swap(false, Ordering::Relaxed) {
                 tracing::info!(upstream = %self.name, "healthy backends back; panic mode off");
@@ -384,7 +387,7 @@ impl Pool {
             // Healthy backends exist but were tried or culled: not a panic.
             return None;
         }
-        let fallback = self.selector.pick(&self.lb, n, weights, key, &open, &load);
+        let fallback = self.selector.pick(n, weights, key, &open, &load);
         if fallback.is_some() && !self.panic_mode.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 upstream = %self.name,

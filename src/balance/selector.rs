@@ -1,6 +1,9 @@
 //! One upstream's selector: the policy of [`super::Policy`] over Pingora's
-//! backend set. Where `pingora-load-balancing` fits it is used as is:
-//! plain round robin (`LoadBalancer<RoundRobin>::select_with`), Ketama
+//! backend set. Plain round robin is a counter over the pool's list (the next
+//! eligible backend in order after a skip, as HAProxy's `roundrobin`): Pingora's
+//! `LoadBalancer::select_with` clones the `Backend` and its extensions map per
+//! pick, a tenth of a proxied request's instructions beyond bare Pingora.
+//! Where `pingora-load-balancing` fits it is used as is: Ketama
 //! (`KetamaHashing`, whose ring walk gives the next backend when the first is
 //! not eligible) and random (`Weighted<Random>`). It did not fit for weighted
 //! round robin (its list repeats a backend `weight` times and walks on
@@ -9,11 +12,12 @@
 //! are [`super::select`].
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pingora::lb::selection::consistent::KetamaHashing;
-use pingora::lb::selection::{BackendIter, BackendSelection, Random, RoundRobin};
-use pingora::lb::{Backend, LoadBalancer};
+use pingora::lb::selection::{BackendIter, BackendSelection, Random};
+use pingora::lb::Backend;
 
 use super::select::{p2c, random_word, SmoothWrr};
 use super::Policy;
@@ -23,7 +27,8 @@ use super::Policy;
 pub struct Slot(pub usize);
 
 pub enum Selector {
-    RoundRobin,
+    /// The next pick's position: incremented once per pick.
+    RoundRobin(AtomicUsize),
     Smooth(Mutex<SmoothWrr>),
     LeastRequests,
     Ketama(Arc<KetamaHashing>),
@@ -34,7 +39,7 @@ impl Selector {
     pub fn build(policy: Policy, weighted: bool, set: &BTreeSet<Backend>) -> Self {
         match policy {
             Policy::RoundRobin if weighted => Selector::Smooth(Mutex::new(SmoothWrr::default())),
-            Policy::RoundRobin => Selector::RoundRobin,
+            Policy::RoundRobin => Selector::RoundRobin(AtomicUsize::new(0)),
             Policy::LeastRequests => Selector::LeastRequests,
             Policy::ConsistentHash => Selector::Ketama(Arc::new(KetamaHashing::build(set))),
             Policy::Random => Selector::Random(Arc::new(Random::build(set))),
@@ -45,7 +50,6 @@ impl Selector {
     /// cull state, tried backends and the shard.
     pub fn pick(
         &self,
-        lb: &LoadBalancer<RoundRobin>,
         n: usize,
         weights: &[u32],
         key: &[u8],
@@ -56,9 +60,12 @@ impl Selector {
         let ok = |b: &Backend| b.ext.get::<Slot>().is_some_and(|s| eligible(s.0));
         let slot = |b: &Backend| b.ext.get::<Slot>().map(|s| s.0);
         match self {
-            Selector::RoundRobin => lb
-                .select_with(b"", iterations, |b, _| ok(b))
-                .and_then(|b| slot(&b)),
+            Selector::RoundRobin(next) => {
+                let start = next.fetch_add(1, Ordering::Relaxed);
+                (0..n)
+                    .map(|k| start.wrapping_add(k) % n)
+                    .find(|&i| eligible(i))
+            }
             Selector::Smooth(state) => {
                 let mut s = state.lock().ok()?;
                 s.pick(weights, eligible)

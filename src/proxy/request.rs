@@ -8,6 +8,23 @@ use pingora::proxy::Session;
 /// The text of `ip` as a header value, written on the stack (no `String`).
 pub fn ip_value(ip: IpAddr) -> http::HeaderValue {
     use std::io::Write;
+    if let IpAddr::V4(v4) = ip {
+        // The common case, without the formatting machinery of `write!`.
+        let mut buf = [0u8; 15];
+        let mut len = 0;
+        for (i, octet) in v4.octets().into_iter().enumerate() {
+            if i > 0 {
+                buf[len] = b'.';
+                len += 1;
+            }
+            let mut digits = itoa::Buffer::new();
+            let d = digits.format(octet).as_bytes();
+            buf[len..len + d.len()].copy_from_slice(d);
+            len += d.len();
+        }
+        return http::HeaderValue::from_bytes(&buf[..len])
+            .unwrap_or_else(|_| http::HeaderValue::from_static(""));
+    }
     // The longest IP text: an IPv6 address with an embedded IPv4 one (45 bytes).
     let mut buf = [0u8; 48];
     let mut w = &mut buf[..];
@@ -81,6 +98,9 @@ mod tests {
             "2001:db8::ff00:42:8329",
             "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
             "::ffff:192.168.100.200",
+            "0.0.0.0",
+            "10.0.0.1",
+            "1.22.133.9",
         ] {
             let ip: IpAddr = ip.parse().expect("ip");
             assert_eq!(ip_value(ip).to_str().ok(), Some(ip.to_string().as_str()));
