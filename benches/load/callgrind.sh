@@ -13,7 +13,8 @@
 #   MODE=h2tls bash benches/load/callgrind.sh           # HTTP/2 over TLS (ALPN h2)
 #   TARGETS="bare pc_off" N1=500 N2=2500 bash benches/load/callgrind.sh
 #
-# Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_off"),
+# Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_off";
+# pc_shed: every request answered 503 by the shedder, cap 1 held by a parked request),
 # MODE (h1 | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),
 # STREAMS (h2: concurrent streams per connection, 10), PROXY_THREADS (1),
 # OUT (benches/load/out/callgrind, ignored by git), SKIP_BUILD=1, PC_BIN and
@@ -36,8 +37,32 @@ PROXY_THREADS=${PROXY_THREADS:-1}
 OUT=${OUT:-$HERE/out/callgrind}
 mkdir -p "$OUT"
 
-need valgrind callgrind_control callgrind_annotate h2load nginx haproxy redis-server
+need valgrind callgrind_control callgrind_annotate h2load nginx haproxy redis-server curl
 proxy_fixture
+P_HANG=$(free_ports 1)
+
+# hold_shed_slot: park one request on a backend that never answers, so the
+# pc_shed target's only slot is taken and every other request is shed (503).
+hold_shed_slot() {
+  python3 "$HERE/backend.py" hang "$P_HANG" 3600 >"$TMP/hang.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "$P_HANG"
+  local code="" hold=""
+  for _ in $(seq 1 100); do
+    # (re)send the parked request if it is not running (it may have been answered)
+    if [ -z "$hold" ] || ! kill -0 "$hold" 2>/dev/null; then
+      curl -s -o /dev/null -w '%{http_code}' -m 3600 "http://127.0.0.1:$P_PROXY/hold/forever" \
+        >>"$TMP/hold.status" 2>&1 &
+      hold=$!
+      PIDS+=("$hold")
+      sleep 0.2
+    fi
+    code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "http://127.0.0.1:$P_PROXY/" || true)
+    [ "$code" = 503 ] && return 0
+    sleep 0.1
+  done
+  die "pc_shed: the slot was not held (last status $code; parked requests answered: $(cat "$TMP/hold.status" 2>/dev/null))"
+}
 
 SCHEME=http
 H2LOAD_ARGS=(--h1)
@@ -98,6 +123,11 @@ for t in $TARGETS; do
   vpid=$!
   PIDS+=("$vpid")
   wait_port "$P_PROXY"
+  EXPECT=2xx
+  if [ "$t" = pc_shed ]; then
+    hold_shed_slot
+    EXPECT=5xx # every request below is answered by the shedder
+  fi
   requests 200 # warm-up: connections to the backend, lazily built state
   callgrind_control -z "$vpid" >/dev/null
   requests "$N1"

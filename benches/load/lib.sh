@@ -139,6 +139,11 @@ start_cmd() {
         render "$CONF/$tpl" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY"
       fi
       echo "$PC_BIN -c $TMP/$t.toml" ;;
+    pc_shed)
+      # cap 1, held by one request parked on HANG_PORT (see hold_shed_slot)
+      [ "$MODE" = h1 ] || die "pc_shed is measured on HTTP/1.1 only"
+      render "$CONF/portcullis-shed.toml" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY" HANG_PORT="$P_HANG"
+      echo "$PC_BIN -c $TMP/$t.toml" ;;
     *) die "unknown target $t" ;;
   esac
 }
@@ -146,15 +151,16 @@ start_cmd() {
 # requests N [CONNS]: N requests to the proxy on P_PROXY over CONNS (default
 # $CONNS) keep-alive connections, h2load with H2LOAD_ARGS (default --h1) and
 # SCHEME (default http), with `x-api-key: $API_KEY` (default k1; none if API_KEY
-# is set empty); dies unless all N answer 2xx.
+# is set empty); dies unless all N answer 2xx (5xx with EXPECT=5xx).
 requests() {
-  local n=$1 c=${2:-$CONNS} out ok args=(--h1)
+  local n=$1 c=${2:-$CONNS} out ok args=(--h1) col=3
+  [ "${EXPECT:-2xx}" = 5xx ] && col=9
   [ -n "${H2LOAD_ARGS+x}" ] && args=("${H2LOAD_ARGS[@]}")
   local key=${API_KEY-k1}
   [ -n "$key" ] && args+=(-H "x-api-key: $key")
   out=$(h2load "${args[@]}" -n "$n" -c "$c" "${SCHEME:-http}://127.0.0.1:$P_PROXY/" 2>&1)
-  ok=$(echo "$out" | awk '/^status codes:/{print $3}')
-  [ "${ok:-0}" = "$n" ] || die "expected $n 2xx, got ${ok:-0}: $(echo "$out" | grep -E '^(requests|status)')"
+  ok=$(echo "$out" | awk -v c="$col" '/^status codes:/{print $c}')
+  [ "${ok:-0}" = "$n" ] || die "expected $n ${EXPECT:-2xx}, got ${ok:-0}: $(echo "$out" | grep -E '^(requests|status)')"
 }
 
 # build_release: cargo build --release of portcullis and bare_pingora unless SKIP_BUILD=1.
