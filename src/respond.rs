@@ -32,11 +32,11 @@ impl RateFields {
     /// Add both fields, for the policy named `policy`, to `resp`.
     pub fn apply(&self, policy: &str, resp: &mut ResponseHeader) -> Result<()> {
         resp.insert_header(
-            "ratelimit-policy",
+            &crate::edge::headers::names::RATELIMIT_POLICY,
             policy_header(policy, self.limit, self.window_secs),
         )?;
         resp.insert_header(
-            "ratelimit",
+            &crate::edge::headers::names::RATELIMIT,
             ratelimit_header(policy, self.remaining, self.reset_secs),
         )?;
         Ok(())

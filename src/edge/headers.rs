@@ -11,6 +11,20 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION};
 use pingora::http::{RequestHeader, ResponseHeader};
 
+/// The names the proxy adds to every request or response, parsed once: an
+/// insert under one neither parses nor copies the name (the vendored
+/// pingora-http's `StaticHeaderName`, vendor/README.md).
+pub mod names {
+    use pingora::http::StaticHeaderName;
+
+    pub static X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::new("x-forwarded-for");
+    pub static X_FORWARDED_PROTO: StaticHeaderName = StaticHeaderName::new("x-forwarded-proto");
+    pub static X_REQUEST_ID: StaticHeaderName = StaticHeaderName::new("x-request-id");
+    pub static TRACEPARENT: StaticHeaderName = StaticHeaderName::new("traceparent");
+    pub static RATELIMIT_POLICY: StaticHeaderName = StaticHeaderName::new("ratelimit-policy");
+    pub static RATELIMIT: StaticHeaderName = StaticHeaderName::new("ratelimit");
+}
+
 /// A header block the rules edit: an `http::HeaderMap`, or Pingora's request
 /// and response headers (which must be edited through their own methods to
 /// keep their case map in step).
@@ -173,6 +187,58 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn a_static_name_inserts_as_its_spelling_does() {
+        let statics = [
+            &names::X_FORWARDED_FOR,
+            &names::X_FORWARDED_PROTO,
+            &names::X_REQUEST_ID,
+            &names::TRACEPARENT,
+            &names::RATELIMIT_POLICY,
+            &names::RATELIMIT,
+        ];
+        let spelled = [
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-request-id",
+            "traceparent",
+            "ratelimit-policy",
+            "ratelimit",
+        ];
+        let wire = |h: &RequestHeader| {
+            let mut buf = bytes::BytesMut::new();
+            h.header_to_h1_wire(&mut buf);
+            buf
+        };
+        let mut by_static = RequestHeader::build("GET", b"/", Some(1)).unwrap();
+        let mut by_str = RequestHeader::build("GET", b"/", Some(1)).unwrap();
+        for (n, s) in statics.iter().zip(spelled) {
+            assert_eq!(n.name().as_str(), s);
+            by_static
+                .insert_header(*n, HeaderValue::from_static("v1"))
+                .unwrap();
+            by_str
+                .insert_header(s, HeaderValue::from_static("v1"))
+                .unwrap();
+            // insert replaces; append adds
+            by_static
+                .insert_header(*n, HeaderValue::from_static("v2"))
+                .unwrap();
+            by_str
+                .insert_header(s, HeaderValue::from_static("v2"))
+                .unwrap();
+            by_static
+                .append_header(*n, HeaderValue::from_static("v3"))
+                .unwrap();
+            by_str
+                .append_header(s, HeaderValue::from_static("v3"))
+                .unwrap();
+        }
+        assert_eq!(by_static.headers, by_str.headers);
+        assert_eq!(wire(&by_static), wire(&by_str));
+        assert_eq!(by_static.headers.get_all("traceparent").iter().count(), 2);
     }
 
     #[test]

@@ -73,7 +73,7 @@ impl RequestObs {
         if !tc.continued {
             upstream_req.remove_header("tracestate");
         }
-        upstream_req.insert_header("traceparent", tc.header_value())?;
+        upstream_req.insert_header(&crate::edge::headers::names::TRACEPARENT, tc.header_value())?;
         Ok(())
     }
 }

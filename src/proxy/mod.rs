@@ -398,13 +398,19 @@ impl ProxyHttp for Proxy {
                 _ => None,
             };
             match joined {
-                Some(xff) => req.insert_header("x-forwarded-for", xff)?,
-                None => req.insert_header("x-forwarded-for", request::ip_value(ip))?,
+                Some(xff) => req.insert_header(&edge::headers::names::X_FORWARDED_FOR, xff)?,
+                None => req.insert_header(
+                    &edge::headers::names::X_FORWARDED_FOR,
+                    request::ip_value(ip),
+                )?,
             }
         }
         let over_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         let proto = if over_tls { "https" } else { "http" };
-        req.insert_header("x-forwarded-proto", http::HeaderValue::from_static(proto))?;
+        req.insert_header(
+            &edge::headers::names::X_FORWARDED_PROTO,
+            http::HeaderValue::from_static(proto),
+        )?;
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
@@ -418,7 +424,7 @@ impl ProxyHttp for Proxy {
             Some(id) => id.clone(),
             None => {
                 let id = self.shared.next_request_id_value();
-                req.insert_header("x-request-id", id.clone())?;
+                req.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
                 id
             }
         };
@@ -440,7 +446,7 @@ impl ProxyHttp for Proxy {
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
         }
         if let Some(id) = &ctx.request_id {
-            resp.insert_header("x-request-id", id.clone())?;
+            resp.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
         }
         if let Some(code) = crate::edge::grpc::status_of(&resp.headers) {
             // a trailers-only gRPC response

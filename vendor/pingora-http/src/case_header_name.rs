@@ -38,6 +38,56 @@ impl CaseHeaderName {
 /// A trait that converts into case-sensitive header names.
 pub trait IntoCaseHeaderName {
     fn into_case_header_name(self) -> CaseHeaderName;
+
+    /// portcullis patch (vendor/README.md): the wire spelling and the parsed name.
+    /// By default the name is parsed from the spelling (for a name outside the
+    /// standard set, a copy); [`StaticHeaderName`] has both already.
+    fn into_case_and_name(self) -> Result<(CaseHeaderName, HeaderName)>
+    where
+        Self: Sized,
+    {
+        let case = self.into_case_header_name();
+        let name = HeaderName::try_from(case.as_slice())
+            .or_err(InvalidHTTPHeader, "invalid header name")?;
+        Ok((case, name))
+    }
+}
+
+/// portcullis patch (vendor/README.md): a header name known at compile time,
+/// spelled on the wire as given (lower case). Inserting under it neither parses
+/// nor copies the name: both the case map's spelling and the `HeaderName` point
+/// at the static string.
+#[derive(Debug, Clone)]
+pub struct StaticHeaderName {
+    wire: &'static str,
+    name: HeaderName,
+}
+
+impl StaticHeaderName {
+    /// Panics (at compile time in a `const`) unless `wire` is a valid lower-case name.
+    pub const fn new(wire: &'static str) -> Self {
+        StaticHeaderName {
+            wire,
+            name: HeaderName::from_static(wire),
+        }
+    }
+
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl IntoCaseHeaderName for &StaticHeaderName {
+    fn into_case_header_name(self) -> CaseHeaderName {
+        CaseHeaderName(Bytes::from_static(self.wire.as_bytes()))
+    }
+
+    fn into_case_and_name(self) -> Result<(CaseHeaderName, HeaderName)> {
+        Ok((
+            CaseHeaderName(Bytes::from_static(self.wire.as_bytes())),
+            self.name.clone(),
+        ))
+    }
 }
 
 impl IntoCaseHeaderName for CaseHeaderName {
