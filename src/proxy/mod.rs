@@ -388,29 +388,7 @@ impl ProxyHttp for Proxy {
         if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
             edge::headers::restore(&session.req_header().headers, req, &[name]);
         }
-        if let Some(ip) = edge::source_ip(session) {
-            let joined = match req
-                .headers
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-            {
-                Some(prev) if !prev.is_empty() => Some(format!("{prev}, {ip}")),
-                _ => None,
-            };
-            match joined {
-                Some(xff) => req.insert_header(&edge::headers::names::X_FORWARDED_FOR, xff)?,
-                None => req.insert_header(
-                    &edge::headers::names::X_FORWARDED_FOR,
-                    request::ip_value(ip),
-                )?,
-            }
-        }
-        let over_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        let proto = if over_tls { "https" } else { "http" };
-        req.insert_header(
-            &edge::headers::names::X_FORWARDED_PROTO,
-            http::HeaderValue::from_static(proto),
-        )?;
+        request::set_forwarded(session, req)?;
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);

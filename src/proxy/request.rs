@@ -37,6 +37,32 @@ pub fn ip_value(ip: IpAddr) -> http::HeaderValue {
         .unwrap_or_else(|_| http::HeaderValue::from_static(""))
 }
 
+/// X-Forwarded-For (the TCP peer appended to any the client sent) and
+/// X-Forwarded-Proto on the upstream request.
+pub fn set_forwarded(
+    session: &Session,
+    req: &mut pingora::http::RequestHeader,
+) -> pingora::Result<()> {
+    use crate::edge::headers::names::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
+    if let Some(ip) = crate::edge::source_ip(session) {
+        let joined = match req
+            .headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(prev) if !prev.is_empty() => Some(format!("{prev}, {ip}")),
+            _ => None,
+        };
+        match joined {
+            Some(xff) => req.insert_header(&X_FORWARDED_FOR, xff)?,
+            None => req.insert_header(&X_FORWARDED_FOR, ip_value(ip))?,
+        }
+    }
+    let over_tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+    let proto = if over_tls { "https" } else { "http" };
+    req.insert_header(&X_FORWARDED_PROTO, http::HeaderValue::from_static(proto))
+}
+
 /// The `Host` (or absolute-form authority) without its port; IPv6 literals keep
 /// their brackets.
 pub fn host_of(session: &Session) -> &str {
