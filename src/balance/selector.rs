@@ -1,8 +1,8 @@
 //! One upstream's selector: the policy of [`super::Policy`] over Pingora's
-//! backend set. Plain round robin is a counter over the pool's list (the next
-//! eligible backend in order after a skip, as HAProxy's `roundrobin`): Pingora's
-//! `LoadBalancer::select_with` clones the `Backend` and its extensions map per
-//! pick, a tenth of a proxied request's instructions beyond bare Pingora.
+//! backend set. Plain round robin is a ticket counter over the pool's list; a
+//! skipped turn (ejected, unhealthy, tried) takes the next ticket, so the
+//! eligible backends keep even shares. Pingora's `LoadBalancer::select_with`
+//! cloned the `Backend` and its extensions map per pick (3k instructions).
 //! Where `pingora-load-balancing` fits it is used as is: Ketama
 //! (`KetamaHashing`, whose ring walk gives the next backend when the first is
 //! not eligible) and random (`Weighted<Random>`). It did not fit for weighted
@@ -61,9 +61,22 @@ impl Selector {
         let slot = |b: &Backend| b.ext.get::<Slot>().map(|s| s.0);
         match self {
             Selector::RoundRobin(next) => {
-                let start = next.fetch_add(1, Ordering::Relaxed);
-                (0..n)
-                    .map(|k| start.wrapping_add(k) % n)
+                if n == 0 {
+                    return None;
+                }
+                // A skipped turn takes the next ticket rather than the next backend,
+                // so the eligible backends keep even shares: a backend after an
+                // ejected one does not get its turns too.
+                let mut ticket = 0;
+                for _ in 0..n {
+                    ticket = next.fetch_add(1, Ordering::Relaxed);
+                    if eligible(ticket % n) {
+                        return Some(ticket % n);
+                    }
+                }
+                // Other pickers took tickets in between: scan the rest in order.
+                (1..n)
+                    .map(|k| ticket.wrapping_add(k) % n)
                     .find(|&i| eligible(i))
             }
             Selector::Smooth(state) => {
@@ -95,4 +108,37 @@ fn walk(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_robin() -> Selector {
+        Selector::build(Policy::RoundRobin, false, &BTreeSet::new())
+    }
+
+    fn picks(s: &Selector, n: usize, k: usize, eligible: &dyn Fn(usize) -> bool) -> Vec<usize> {
+        (0..k)
+            .map(|_| s.pick(n, &[], b"", eligible, &|_| 0).unwrap_or(99))
+            .collect()
+    }
+
+    #[test]
+    fn round_robin_goes_in_order() {
+        let s = round_robin();
+        assert_eq!(picks(&s, 3, 7, &|_| true), [0, 1, 2, 0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn round_robin_skips_to_the_next_eligible_backend() {
+        let s = round_robin();
+        // 1 is out: the other two keep even shares (2 does not take 1's turns)
+        let got = picks(&s, 3, 6, &|i| i != 1);
+        assert_eq!(got, [0, 2, 0, 2, 0, 2]);
+        let s = round_robin();
+        assert_eq!(picks(&s, 4, 8, &|i| i == 3), [3; 8]);
+        assert_eq!(picks(&s, 3, 2, &|_| false), [99, 99]);
+        assert_eq!(picks(&s, 0, 1, &|_| true), [99]);
+    }
 }
