@@ -179,11 +179,10 @@ fn header_for(refusal: &Refusal, close: bool) -> Result<Box<ResponseHeader>> {
     if matches!(refusal, Refusal::RateLimited { .. }) {
         return Ok(Box::new(refusal.header(close)?));
     }
-    // The body is a `&'static str` (one per refusal, or a `BadRequest` reason):
-    // its address tells refusals of the same status apart.
+    // Everything the header holds: status, Content-Length, Retry-After, Connection.
     let key = (
         refusal.status(),
-        refusal.body().as_ptr() as usize,
+        refusal.body().len(),
         refusal.retry_after(),
         close,
     );
@@ -202,7 +201,7 @@ fn header_for(refusal: &Refusal, close: bool) -> Result<Box<ResponseHeader>> {
     })
 }
 
-/// (status, body address, `Retry-After`, close)
+/// (status, body length, `Retry-After`, close)
 type HeaderKey = (u16, usize, Option<u64>, bool);
 const HEADER_CACHE_MAX: usize = 64;
 

@@ -47,7 +47,7 @@ pub fn set_forwarded(
     if let Some(ip) = crate::edge::source_ip(session) {
         let joined = match req
             .headers
-            .get("x-forwarded-for")
+            .get(X_FORWARDED_FOR.name())
             .and_then(|v| v.to_str().ok())
         {
             Some(prev) if !prev.is_empty() => Some(format!("{prev}, {ip}")),
