@@ -216,25 +216,17 @@ mod tests {
         let mut by_str = RequestHeader::build("GET", b"/", Some(1)).unwrap();
         for (n, s) in statics.iter().zip(spelled) {
             assert_eq!(n.name().as_str(), s);
-            by_static
-                .insert_header(*n, HeaderValue::from_static("v1"))
-                .unwrap();
-            by_str
-                .insert_header(s, HeaderValue::from_static("v1"))
-                .unwrap();
-            // insert replaces; append adds
-            by_static
-                .insert_header(*n, HeaderValue::from_static("v2"))
-                .unwrap();
-            by_str
-                .insert_header(s, HeaderValue::from_static("v2"))
-                .unwrap();
-            by_static
-                .append_header(*n, HeaderValue::from_static("v3"))
-                .unwrap();
-            by_str
-                .append_header(s, HeaderValue::from_static("v3"))
-                .unwrap();
+            // insert, insert again (replaces), then append (adds)
+            for (v, append) in [("v1", false), ("v2", false), ("v3", true)] {
+                let v = HeaderValue::from_static(v);
+                if append {
+                    by_static.append_header(*n, v.clone()).unwrap();
+                    by_str.append_header(s, v).unwrap();
+                } else {
+                    by_static.insert_header(*n, v.clone()).unwrap();
+                    by_str.insert_header(s, v).unwrap();
+                }
+            }
         }
         assert_eq!(by_static.headers, by_str.headers);
         assert_eq!(wire(&by_static), wire(&by_str));
