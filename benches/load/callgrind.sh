@@ -39,7 +39,10 @@ mkdir -p "$OUT"
 
 need valgrind callgrind_control callgrind_annotate h2load nginx haproxy redis-server curl
 proxy_fixture
+# A port apart from the fixture's: its proxy and admin ports are not bound yet,
+# so a second free_ports may hand one of them out again.
 P_HANG=$(free_ports 1)
+while [ "$P_HANG" = "$P_PROXY" ] || [ "$P_HANG" = "$P_ADMIN" ]; do P_HANG=$(free_ports 1); done
 
 # hold_shed_slot: park one request on a backend that never answers, so the
 # pc_shed target's only slot is taken and every other request is shed (503).
