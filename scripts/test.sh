@@ -5,8 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --bins --tests
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast "$@"
+  cargo nextest run --no-fail-fast "$@" || status=$?
 else
-  cargo test --no-fail-fast "$@"
+  cargo test --no-fail-fast "$@" || status=$?
 fi
+# The vendored pingora-pool's own unit tests, with the patch's (vendor/README.md); a crate
+# outside the workspace is tested through its own manifest.
+CARGO_TARGET_DIR=target/vendor-tests cargo test --manifest-path vendor/pingora-pool/Cargo.toml || status=$?
+exit "$status"

@@ -51,12 +51,13 @@ impl ConnectionMeta {
 }
 
 struct PoolConnection<S> {
-    pub notify_use: oneshot::Sender<bool>,
+    // portcullis patch: `None` for a connection put without an idle watcher
+    pub notify_use: Option<oneshot::Sender<bool>>,
     pub connection: S,
 }
 
 impl<S> PoolConnection<S> {
-    pub fn new(notify_use: oneshot::Sender<bool>, connection: S) -> Self {
+    pub fn new(notify_use: Option<oneshot::Sender<bool>>, connection: S) -> Self {
         PoolConnection {
             notify_use,
             connection,
@@ -65,7 +66,9 @@ impl<S> PoolConnection<S> {
 
     pub fn release(self) -> S {
         // notify the idle watcher to release the connection
-        let _ = self.notify_use.send(true);
+        if let Some(notify_use) = self.notify_use {
+            let _ = notify_use.send(true);
+        }
         // wait for the watcher to release
         self.connection
     }
@@ -176,6 +179,35 @@ impl<T> PoolNode<T> {
         None
         // _queue_lock drops here
     }
+
+    /// portcullis patch: visit every item once; take out and return those `keep` rejects.
+    fn retain(&self, mut keep: impl FnMut(&mut T) -> bool) -> Vec<(ID, T)> {
+        let mut dropped = Vec::new();
+        {
+            let _queue_lock = self.hot_queue_remove_lock.lock();
+            for _ in 0..self.hot_queue.len() {
+                let Some((id, mut conn)) = self.hot_queue.pop() else {
+                    break; // other threads took the rest
+                };
+                if keep(&mut conn) {
+                    self.insert(id, conn);
+                } else {
+                    dropped.push((id, conn));
+                }
+            }
+        }
+        let mut connections = self.connections.lock();
+        let rejected: Vec<ID> = connections
+            .iter_mut()
+            .filter_map(|(id, conn)| (!keep(conn)).then_some(*id))
+            .collect();
+        for id in rejected {
+            if let Some(conn) = connections.remove(&id) {
+                dropped.push((id, conn));
+            }
+        }
+        dropped
+    }
 }
 
 type Pool<S> = PoolNode<PoolConnection<S>>;
@@ -243,16 +275,17 @@ impl<S> ConnectionPool<S> {
     }
 
     // only remove from the pool because lru already removed it
-    fn pop_evicted(&self, meta: &ConnectionMeta) {
+    // (portcullis patch: returns the connection it took out)
+    fn pop_evicted(&self, meta: &ConnectionMeta) -> Option<S> {
         let pool_node = match self.pools.get(&meta.key) {
             Some(v) => v.value().clone(),
             None => {
                 warn!("Fail to get pool node for {meta:?}");
-                return;
+                return None;
             } // nothing to pop, should return error?
         };
 
-        pool_node.remove(meta.id);
+        let evicted = pool_node.remove(meta.id);
         debug!("evict fd: {} from key {}", meta.id, meta.key);
 
         // Clean up the PoolNode entry if it is now empty, to prevent unbounded
@@ -262,6 +295,7 @@ impl<S> ConnectionPool<S> {
         if pool_node.is_empty() {
             self.try_remove_empty_node(meta.key);
         }
+        evicted.map(|c| c.connection)
     }
 
     pub fn pop_closed(&self, meta: &ConnectionMeta) {
@@ -307,9 +341,41 @@ impl<S> ConnectionPool<S> {
             self.pop_evicted(meta);
         }
         let (notify_use, watch_use) = oneshot::channel();
-        let connection = PoolConnection::new(notify_use, connection);
+        let connection = PoolConnection::new(Some(notify_use), connection);
         self.insert_pool_connection(meta.key, meta.id, connection);
         (notify_close, watch_use)
+    }
+
+    /// portcullis patch: release a connection to this pool with no idle watcher: the owner
+    /// checks it when it takes it back ([Self::get()]) and sweeps the pool now and then
+    /// ([Self::retain()]). Returns the connections the LRU evicted to make room.
+    pub fn put_unwatched(&self, meta: &ConnectionMeta, connection: S) -> Vec<S> {
+        let (_notify_close, evicted) = self.lru.add(meta.id, meta.clone());
+        let evicted = evicted.iter().filter_map(|m| self.pop_evicted(m)).collect();
+        let connection = PoolConnection::new(None, connection);
+        self.insert_pool_connection(meta.key, meta.id, connection);
+        evicted
+    }
+
+    /// portcullis patch: visit every idle connection once and take out, with its LRU entry,
+    /// each one `keep` rejects. Returns them (the caller drops them, which closes them).
+    pub fn retain(&self, mut keep: impl FnMut(&mut S) -> bool) -> Vec<S> {
+        let nodes: Vec<(GroupKey, Arc<Pool<S>>)> = self
+            .pools
+            .iter()
+            .map(|e| (*e.key(), e.value().clone()))
+            .collect();
+        let mut dropped = Vec::new();
+        for (key, node) in nodes {
+            for (id, conn) in node.retain(|c| keep(&mut c.connection)) {
+                self.lru.pop(&id);
+                dropped.push(conn.connection);
+            }
+            if node.is_empty() {
+                self.try_remove_empty_node(key);
+            }
+        }
+        dropped
     }
 
     /// Actively monitor the health of a connection that is already released to this pool
@@ -496,6 +562,54 @@ mod tests {
         assert!(
             found_a1 == value1 && found_a2 == value3 || found_a2 == value1 && found_a1 == value3
         );
+    }
+
+    // portcullis patch: put_unwatched and retain
+    #[test]
+    fn test_put_unwatched_get_and_evict() {
+        let cp: ConnectionPool<String> = ConnectionPool::new(2);
+        assert!(cp.put_unwatched(&ConnectionMeta::new(101, 1), "v1".into()).is_empty());
+        assert!(cp.put_unwatched(&ConnectionMeta::new(101, 2), "v2".into()).is_empty());
+        // a third connection evicts the least recently released one, and hands it back
+        let evicted = cp.put_unwatched(&ConnectionMeta::new(102, 3), "v3".into());
+        assert_eq!(evicted, vec!["v1".to_string()]);
+        assert_eq!(cp.get(&101).as_deref(), Some("v2"));
+        assert_eq!(cp.get(&101), None);
+        assert!(!pool_contains(&cp, 101), "an emptied node is removed");
+        assert_eq!(cp.get(&102).as_deref(), Some("v3"));
+        assert_eq!(pool_len(&cp), 0);
+    }
+
+    #[test]
+    fn test_retain_takes_out_rejected_from_queue_and_table() {
+        // more than HOT_QUEUE_SIZE under one key, so both stores hold some
+        let n = (HOT_QUEUE_SIZE * 2) as i32;
+        let cp: ConnectionPool<i32> = ConnectionPool::new(1000);
+        for id in 0..n {
+            cp.put_unwatched(&ConnectionMeta::new(7, id), id);
+        }
+        cp.put_unwatched(&ConnectionMeta::new(8, n), n);
+        let mut seen = Vec::new();
+        let mut dropped = cp.retain(|v| {
+            seen.push(*v);
+            *v % 2 == 1 || *v == n
+        });
+        seen.sort();
+        assert_eq!(seen, (0..=n).collect::<Vec<_>>(), "each visited once");
+        dropped.sort();
+        assert_eq!(dropped, (0..n).filter(|v| v % 2 == 0).collect::<Vec<_>>());
+        for id in &dropped {
+            assert!(cp.lru.pop(id).is_none(), "{id} left in the LRU");
+        }
+        let mut left = Vec::new();
+        while let Some(v) = cp.get(&7) {
+            left.push(v);
+        }
+        left.sort();
+        assert_eq!(left, (0..n).filter(|v| v % 2 == 1).collect::<Vec<_>>());
+        // a node emptied by retain is removed
+        assert!(cp.retain(|_| false) == vec![n]);
+        assert_eq!(pool_len(&cp), 0);
     }
 
     #[tokio::test]

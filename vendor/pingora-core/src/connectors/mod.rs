@@ -30,7 +30,7 @@ use crate::upstreams::peer::{Peer, ALPN};
 use crate::offload::OffloadRuntime;
 pub use l4::Connect as L4Connect;
 use l4::{connect as l4_connect, BindTo};
-use log::{debug, error, warn};
+use log::{debug, warn};
 use parking_lot::RwLock;
 use pingora_error::{Error, ErrorType::*, OrErr, Result};
 use pingora_pool::{ConnectionMeta, ConnectionPool};
@@ -40,7 +40,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tls::TlsConnector;
-use tokio::sync::Mutex;
 
 #[derive(Clone, Debug)]
 pub(crate) struct IdleConnection {
@@ -60,6 +59,27 @@ impl IdleConnection {
         self.idle_since.elapsed()
     }
 }
+
+/// portcullis patch: an upstream stream in the keep-alive pool, with no task watching it.
+/// It is checked when it is taken back ([TransportConnector::reused_stream]) and by the pool's
+/// sweeper ([TransportConnector::sweep_idle]), which close it once the upstream closed it,
+/// sent unexpected data, or its idle timeout passed.
+struct IdleStream {
+    stream: Stream,
+    since: Instant,
+    timeout: Option<Duration>,
+}
+
+impl IdleStream {
+    fn expired(&self, now: Instant) -> bool {
+        self.timeout
+            .is_some_and(|t| now.saturating_duration_since(self.since) >= t)
+    }
+}
+
+/// How often the sweeper visits idle streams: the longest an idle stream the upstream
+/// closed, or whose idle timeout passed, keeps its file descriptor.
+const IDLE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Callback invoked when an idle upstream connection leaves the keep-alive pool
 /// without being reused.
@@ -170,7 +190,9 @@ impl ConnectorOptions {
 /// [TransportConnector] provides APIs to connect to servers via TCP or TLS with connection reuse
 pub struct TransportConnector {
     tls_ctx: tls::Connector,
-    connection_pool: Arc<ConnectionPool<Arc<Mutex<Stream>>>>,
+    connection_pool: Arc<ConnectionPool<IdleStream>>,
+    /// portcullis patch: whether the idle-stream sweeper task runs
+    sweeper: Arc<std::sync::atomic::AtomicBool>,
     offload: Option<OffloadRuntime>,
     bind_to_v4: Vec<SocketAddr>,
     bind_to_v6: Vec<SocketAddr>,
@@ -204,6 +226,7 @@ impl TransportConnector {
         TransportConnector {
             tls_ctx: tls::Connector::new(options),
             connection_pool: Arc::new(ConnectionPool::new(pool_size)),
+            sweeper: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             offload: offload.map(|v| OffloadRuntime::new("upstream connect offload", v.0, v.1)),
             bind_to_v4,
             bind_to_v6,
@@ -248,58 +271,59 @@ impl TransportConnector {
     }
 
     /// Try to find a reusable connection to the given server [Peer]
+    ///
+    /// portcullis patch: the pool holds idle streams with no watcher task, so each is checked
+    /// here: one past its idle timeout, closed by the upstream, or with unexpected data is
+    /// closed, and the next one is tried.
     pub async fn reused_stream<P: Peer + Send + Sync>(&self, peer: &P) -> Option<Stream> {
-        match self.connection_pool.get(&peer.reuse_hash()) {
-            Some(s) => {
-                debug!("find reusable stream, trying to acquire it");
-                {
-                    let _ = s.lock().await;
-                } // wait for the idle poll to release it
-                match Arc::try_unwrap(s) {
-                    Ok(l) => {
-                        let mut stream = l.into_inner();
-                        // test_reusable_stream: we assume server would never actively send data
-                        // first on an idle stream.
-                        #[cfg(unix)]
-                        if peer.matches_fd(stream.id())
-                            && test_reusable_stream(&mut stream, &self.unexpected_data_conn_count)
-                        {
-                            Some(stream)
-                        } else {
-                            None
-                        }
-                        #[cfg(windows)]
-                        {
-                            use std::os::windows::io::{AsRawSocket, RawSocket};
-                            struct WrappedRawSocket(RawSocket);
-                            impl AsRawSocket for WrappedRawSocket {
-                                fn as_raw_socket(&self) -> RawSocket {
-                                    self.0
-                                }
-                            }
-                            if peer.matches_sock(WrappedRawSocket(stream.id() as RawSocket))
-                                && test_reusable_stream(
-                                    &mut stream,
-                                    &self.unexpected_data_conn_count,
-                                )
-                            {
-                                Some(stream)
-                            } else {
-                                None
-                            }
-                        }
-                    }
-                    Err(_) => {
-                        error!("failed to acquire reusable stream");
-                        None
-                    }
-                }
-            }
-            None => {
+        let key = peer.reuse_hash();
+        loop {
+            let Some(mut idle) = self.connection_pool.get(&key) else {
                 debug!("No reusable connection found for {peer}");
-                None
+                return None;
+            };
+            if idle.expired(Instant::now()) {
+                debug!("idle connection to {peer} passed its idle timeout");
+                continue;
+            }
+            // test_reusable_stream: we assume server would never actively send data
+            // first on an idle stream.
+            if stream_matches_peer(peer, &idle.stream)
+                && test_reusable_stream(&mut idle.stream, &self.unexpected_data_conn_count)
+            {
+                return Some(idle.stream);
             }
         }
+    }
+
+    /// portcullis patch: close the idle streams that passed their idle timeout, that the
+    /// upstream closed, or that have unexpected data; run every [IDLE_SWEEP_INTERVAL] by the
+    /// sweeper task while the connector lives.
+    fn sweep_idle(pool: &ConnectionPool<IdleStream>, unexpected_data_conn_count: &AtomicU64) {
+        let now = Instant::now();
+        let closed = pool.retain(|idle| {
+            !idle.expired(now) && test_reusable_stream(&mut idle.stream, unexpected_data_conn_count)
+        });
+        if !closed.is_empty() {
+            debug!("closed {} idle upstream connections", closed.len());
+        }
+    }
+
+    fn start_sweeper(&self) {
+        if self.sweeper.load(Ordering::Relaxed) || self.sweeper.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let pool = Arc::downgrade(&self.connection_pool);
+        let count = self.unexpected_data_conn_count.clone();
+        pingora_runtime::current_handle().spawn(async move {
+            loop {
+                pingora_timeout::sleep(IDLE_SWEEP_INTERVAL).await;
+                let Some(pool) = pool.upgrade() else {
+                    return; // the connector is gone
+                };
+                Self::sweep_idle(&pool, &count);
+            }
+        });
     }
 
     /// Return the [Stream] to the [TransportConnector] for connection reuse.
@@ -321,29 +345,20 @@ impl TransportConnector {
         let id = stream.id();
         let meta = ConnectionMeta::new(key, id);
         debug!("Try to keepalive client session");
-        let stream = Arc::new(Mutex::new(stream));
-        let locked_stream = stream.clone().try_lock_owned().unwrap(); // safe as we just created it
-        let (notify_close, watch_use) = self.connection_pool.put(&meta, stream);
-        let idle_meta = IdleConnection::new(meta);
-        let pool = self.connection_pool.clone(); //clone the arc
-        let keepalive_pool_callback = self.keepalive_pool_callback.clone();
-        let rt = pingora_runtime::current_handle();
-        rt.spawn(async move {
-            if pool
-                .idle_poll(
-                    locked_stream,
-                    &idle_meta.connection,
-                    idle_timeout,
-                    notify_close,
-                    watch_use,
-                )
-                .await
-            {
-                if let Some(callback) = keepalive_pool_callback {
-                    callback(idle_meta.elapsed());
-                }
+        // portcullis patch: no idle-watch task per release (see [IdleStream])
+        let idle = IdleStream {
+            stream,
+            since: Instant::now(),
+            timeout: idle_timeout,
+        };
+        let evicted = self.connection_pool.put_unwatched(&meta, idle);
+        if let Some(callback) = &self.keepalive_pool_callback {
+            for idle in &evicted {
+                callback(idle.since.elapsed());
             }
-        });
+        }
+        drop(evicted);
+        self.start_sweeper();
     }
 
     /// Get a stream to the given server [Peer]
@@ -472,6 +487,37 @@ use futures::future::FutureExt;
 use tokio::io::AsyncReadExt;
 
 /// Test whether a stream is already closed or not reusable (server sent unexpected data)
+/// portcullis patch: whether an idle stream is still connected to `peer`. The address a
+/// stream connected to cannot change while the pool holds it, so the one its socket digest
+/// cached (one `getpeername` per connection) stands in for `Peer::matches_fd`'s
+/// `getpeername` per reuse. Proxied peers and streams without a digest take the old path.
+fn stream_matches_peer<P: Peer>(peer: &P, stream: &Stream) -> bool {
+    use crate::protocols::l4::socket::SocketAddr as PeerAddr;
+    if peer.get_proxy().is_none() {
+        if let PeerAddr::Inet(want) = peer.address() {
+            let digest = stream.get_socket_digest();
+            if let Some(PeerAddr::Inet(got)) = digest.as_ref().and_then(|d| d.peer_addr()) {
+                // as in `check_fd_match`: 0.0.0.0 may have been mapped to 127.0.0.1
+                let zero = want.ip() == std::net::IpAddr::from([0u8, 0, 0, 0]);
+                return zero || got == want;
+            }
+        }
+    }
+    #[cfg(unix)]
+    return peer.matches_fd(stream.id());
+    #[cfg(windows)]
+    {
+        use std::os::windows::io::{AsRawSocket, RawSocket};
+        struct WrappedRawSocket(RawSocket);
+        impl AsRawSocket for WrappedRawSocket {
+            fn as_raw_socket(&self) -> RawSocket {
+                self.0
+            }
+        }
+        peer.matches_sock(WrappedRawSocket(stream.id() as RawSocket))
+    }
+}
+
 fn test_reusable_stream(stream: &mut Stream, unexpected_data_conn_count: &AtomicU64) -> bool {
     let mut buf = [0; 1];
     // tokio::task::unconstrained because now_or_never may yield None when the future is ready

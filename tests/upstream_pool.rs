@@ -1,0 +1,99 @@
+//! The upstream keep-alive pool (the pingora-core/pingora-pool patch, vendor/README.md):
+//! idle connections are reused; one the upstream closed is closed by the proxy, with no
+//! socket left in CLOSE_WAIT, and is never used for a request.
+
+mod support;
+
+use std::thread;
+use support::*;
+
+const ESTABLISHED: u8 = 0x01;
+const CLOSE_WAIT: u8 = 0x08;
+
+/// The TCP states (as in /proc/net/tcp) of this machine's IPv4 sockets whose remote port is
+/// `port`: on loopback, the proxy's side of its connections to the backend on `port`.
+fn states_to(port: u16) -> Vec<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let want = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(2)?.ends_with(&want)).then(|| u8::from_str_radix(f.get(3)?, 16).ok())?
+        })
+        .collect()
+}
+
+fn count(states: &[u8], state: u8) -> usize {
+    states.iter().filter(|s| **s == state).count()
+}
+
+#[test]
+fn idle_connection_is_reused_and_closed_once_the_upstream_closes_it() {
+    let mut b = Backend::start("a");
+    let p = Proxy::start(&one_upstream(&b));
+    for _ in 0..20 {
+        assert_eq!(p.get("/", &[]).status, 200);
+    }
+    assert_eq!(b.connections(), 1, "20 requests over one pooled connection");
+    assert_eq!(count(&states_to(b.port()), ESTABLISHED), 1);
+
+    // the upstream closes the idle connection: the proxy closes its side (no CLOSE_WAIT)
+    b.stop();
+    b.restart();
+    eventually(
+        DEADLINE,
+        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
+        || states_to(b.port()).is_empty(),
+    );
+    assert_eq!(p.get("/", &[]).status, 200);
+    assert_eq!(b.connections(), 2, "a new connection, not the closed one");
+    assert_eq!(count(&states_to(b.port()), ESTABLISHED), 1);
+}
+
+#[test]
+fn pooled_connections_the_upstream_closed_cost_no_request() {
+    let mut b = Backend::start("a");
+    let p = Proxy::start(&one_upstream(&b));
+    // six requests in flight at once leave six idle connections in the pool
+    b.set_mode(Mode::Hold);
+    let addr = p.addr();
+    let held: Vec<_> = (0..6)
+        .map(|_| {
+            let addr = addr.clone();
+            thread::spawn(move || get(&addr, "/", &[]).status)
+        })
+        .collect();
+    eventually(
+        DEADLINE,
+        || format!("{} held", b.in_flight()),
+        || b.in_flight() == 6,
+    );
+    b.set_mode(Mode::Ok);
+    b.release_all();
+    for h in held {
+        assert_eq!(h.join().expect("client thread"), 200);
+    }
+    eventually(
+        DEADLINE,
+        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
+        || count(&states_to(b.port()), ESTABLISHED) == 6,
+    );
+
+    // the upstream closes all six; the next requests, sent at once, all succeed
+    b.stop();
+    b.restart();
+    for i in 0..6 {
+        let r = p.get("/", &[]);
+        assert_eq!(
+            r.status, 200,
+            "request {i} after the upstream closed the pool"
+        );
+    }
+    eventually(
+        DEADLINE,
+        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
+        || count(&states_to(b.port()), CLOSE_WAIT) == 0,
+    );
+}
