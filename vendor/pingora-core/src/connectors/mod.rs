@@ -71,9 +71,20 @@ struct IdleStream {
 }
 
 impl IdleStream {
-    fn expired(&self, now: Instant) -> bool {
-        self.timeout
+    /// Whether the stream can carry another request: within its idle timeout, and neither
+    /// closed by the upstream, broken nor holding unexpected data. The one check both the
+    /// reuse and the sweeper make.
+    fn usable(&mut self, now: Instant, unexpected_data_conn_count: &AtomicU64) -> bool {
+        if self
+            .timeout
             .is_some_and(|t| now.saturating_duration_since(self.since) >= t)
+        {
+            debug!("idle connection passed its idle timeout");
+            return false;
+        }
+        // test_reusable_stream: we assume server would never actively send data
+        // first on an idle stream.
+        test_reusable_stream(&mut self.stream, unexpected_data_conn_count)
     }
 }
 
@@ -282,14 +293,8 @@ impl TransportConnector {
                 debug!("No reusable connection found for {peer}");
                 return None;
             };
-            if idle.expired(Instant::now()) {
-                debug!("idle connection to {peer} passed its idle timeout");
-                continue;
-            }
-            // test_reusable_stream: we assume server would never actively send data
-            // first on an idle stream.
             if stream_matches_peer(peer, &idle.stream)
-                && test_reusable_stream(&mut idle.stream, &self.unexpected_data_conn_count)
+                && idle.usable(Instant::now(), &self.unexpected_data_conn_count)
             {
                 return Some(idle.stream);
             }
@@ -301,9 +306,7 @@ impl TransportConnector {
     /// sweeper task while the connector lives.
     fn sweep_idle(pool: &ConnectionPool<IdleStream>, unexpected_data_conn_count: &AtomicU64) {
         let now = Instant::now();
-        let closed = pool.retain(|idle| {
-            !idle.expired(now) && test_reusable_stream(&mut idle.stream, unexpected_data_conn_count)
-        });
+        let closed = pool.retain(|idle| idle.usable(now, unexpected_data_conn_count));
         if !closed.is_empty() {
             debug!("closed {} idle upstream connections", closed.len());
         }
