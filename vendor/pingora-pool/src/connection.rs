@@ -34,6 +34,21 @@ type ID = i32;
 #[cfg(windows)]
 type ID = usize;
 
+/// portcullis patch: `key` made specific to the calling thread, for a pool whose
+/// connections must stay on the thread that opened them (each thread a runtime of its own,
+/// Pingora's `work_stealing = false`): a connection released on a thread is then only taken
+/// back on that thread, whose I/O driver it is registered with, so reusing it wakes no
+/// other thread. Stable for the life of a thread; distinct between live threads.
+pub fn per_thread_key(key: GroupKey) -> GroupKey {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        // odd multiplier: distinct threads give distinct masks
+        static MASK: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    MASK.with(|mask| key ^ mask)
+}
+
 /// the metadata of a connection
 #[derive(Clone, Debug)]
 pub struct ConnectionMeta {
@@ -578,6 +593,28 @@ mod tests {
         assert!(!pool_contains(&cp, 101), "an emptied node is removed");
         assert_eq!(cp.get(&102).as_deref(), Some("v3"));
         assert_eq!(pool_len(&cp), 0);
+    }
+
+    #[test]
+    fn test_per_thread_key_stays_on_its_thread() {
+        let here = per_thread_key(42);
+        assert_eq!(here, per_thread_key(42), "stable on one thread");
+        assert_ne!(here, per_thread_key(43));
+        let cp: Arc<ConnectionPool<String>> = Arc::new(ConnectionPool::new(8));
+        cp.put_unwatched(&ConnectionMeta::new(here, 1), "mine".into());
+        let other = {
+            let cp = cp.clone();
+            std::thread::spawn(move || {
+                let key = per_thread_key(42);
+                // another thread neither sees this thread's connection nor shares its key
+                (key, cp.get(&key))
+            })
+            .join()
+            .unwrap()
+        };
+        assert_ne!(other.0, here);
+        assert_eq!(other.1, None);
+        assert_eq!(cp.get(&per_thread_key(42)).as_deref(), Some("mine"));
     }
 
     #[test]

@@ -25,4 +25,4 @@
 mod connection;
 mod lru;
 
-pub use connection::{ConnectionMeta, ConnectionPool, PoolNode};
+pub use connection::{per_thread_key, ConnectionMeta, ConnectionPool, PoolNode};

@@ -141,6 +141,11 @@ pub struct ConnectorOptions {
     /// Optional callback for observing how long upstream connections stayed idle
     /// before leaving the keep-alive pool without reuse.
     pub keepalive_pool_callback: Option<PoolCallback>,
+    /// portcullis patch: keep idle connections per thread ([pingora_pool::per_thread_key]):
+    /// one released on a thread is reused only on that thread. Set by
+    /// [Self::from_server_conf] when each of several threads runs a runtime of its own
+    /// (`work_stealing = false`), so reusing a connection never wakes another thread.
+    pub per_thread_pool: bool,
 }
 
 impl ConnectorOptions {
@@ -178,6 +183,7 @@ impl ConnectorOptions {
             bind_to_v4,
             bind_to_v6,
             keepalive_pool_callback: None,
+            per_thread_pool: !server_conf.work_stealing && server_conf.threads > 1,
         }
     }
 
@@ -194,6 +200,7 @@ impl ConnectorOptions {
             bind_to_v4: vec![],
             bind_to_v6: vec![],
             keepalive_pool_callback: None,
+            per_thread_pool: false,
         }
     }
 }
@@ -212,6 +219,8 @@ pub struct TransportConnector {
     /// for periodic metric reporting without needing access to the connector itself.
     unexpected_data_conn_count: Arc<AtomicU64>,
     keepalive_pool_callback: Option<PoolCallback>,
+    /// portcullis patch: see [ConnectorOptions::per_thread_pool]
+    per_thread_pool: bool,
 }
 
 const DEFAULT_POOL_SIZE: usize = 128;
@@ -234,6 +243,7 @@ impl TransportConnector {
         let keepalive_pool_callback = options
             .as_ref()
             .and_then(|o| o.keepalive_pool_callback.clone());
+        let per_thread_pool = options.as_ref().is_some_and(|o| o.per_thread_pool);
         TransportConnector {
             tls_ctx: tls::Connector::new(options),
             connection_pool: Arc::new(ConnectionPool::new(pool_size)),
@@ -244,6 +254,7 @@ impl TransportConnector {
             preferred_http_version: PreferredHttpVersion::new(),
             unexpected_data_conn_count: Arc::new(AtomicU64::new(0)),
             keepalive_pool_callback,
+            per_thread_pool,
         }
     }
 
@@ -287,7 +298,7 @@ impl TransportConnector {
     /// here: one past its idle timeout, closed by the upstream, or with unexpected data is
     /// closed, and the next one is tried.
     pub async fn reused_stream<P: Peer + Send + Sync>(&self, peer: &P) -> Option<Stream> {
-        let key = peer.reuse_hash();
+        let key = self.pool_key(peer.reuse_hash());
         loop {
             let Some(mut idle) = self.connection_pool.get(&key) else {
                 debug!("No reusable connection found for {peer}");
@@ -298,6 +309,16 @@ impl TransportConnector {
             {
                 return Some(idle.stream);
             }
+        }
+    }
+
+    /// portcullis patch: the pool's key for `key` (usually `peer.reuse_hash()`): specific to
+    /// this thread with [ConnectorOptions::per_thread_pool].
+    fn pool_key(&self, key: u64) -> u64 {
+        if self.per_thread_pool {
+            pingora_pool::per_thread_key(key)
+        } else {
+            key
         }
     }
 
@@ -346,7 +367,7 @@ impl TransportConnector {
             return;
         }
         let id = stream.id();
-        let meta = ConnectionMeta::new(key, id);
+        let meta = ConnectionMeta::new(self.pool_key(key), id);
         debug!("Try to keepalive client session");
         // portcullis patch: no idle-watch task per release (see [IdleStream])
         let idle = IdleStream {

@@ -313,6 +313,24 @@ pub(crate) struct UninitializedStream {
 }
 
 impl UninitializedStream {
+    /// portcullis patch: when this connection was accepted on another thread and is now
+    /// served by a single-threaded runtime of its own (`work_stealing = false`), register its
+    /// socket with this runtime's I/O driver, so its events do not go through the
+    /// accepting thread. A no-op on the accepting thread and on a work-stealing runtime,
+    /// whose threads share one driver.
+    pub fn register_on_this_thread(&mut self, accepted_on: std::thread::ThreadId) -> Result<()> {
+        use pingora_error::{ErrorType::AcceptError, OrErr};
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if std::thread::current().id() != accepted_on
+            && Handle::current().runtime_flavor() == RuntimeFlavor::CurrentThread
+        {
+            self.l4
+                .register_here()
+                .or_err(AcceptError, "Fail to register the accepted socket")?;
+        }
+        Ok(())
+    }
+
     pub async fn handshake(mut self) -> Result<Stream> {
         self.l4.set_buffer(self.l4_buffer);
         if let Some(tls) = self.tls {

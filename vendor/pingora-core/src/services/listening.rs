@@ -226,10 +226,16 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                 }
             };
             match new_io {
-                Ok(io) => {
+                Ok(mut io) => {
                     let app = app_logic.clone();
                     let shutdown = shutdown.clone();
+                    // portcullis patch: see UninitializedStream::register_on_this_thread
+                    let accepted_on = std::thread::current().id();
                     current_handle().spawn(async move {
+                        if let Err(e) = io.register_on_this_thread(accepted_on) {
+                            error!("{e}");
+                            return;
+                        }
                         let peer_addr = io.peer_addr();
                         match timeout(Duration::from_secs(60), io.handshake()).await {
                             Ok(handshake) => {

@@ -639,6 +639,27 @@ impl Stream {
         });
         let _ = mem::replace(&mut self.stream, stream);
     }
+
+    /// portcullis patch: register the socket with the I/O driver of the runtime this is
+    /// called on, instead of the one it was accepted on. With one runtime per thread
+    /// (`work_stealing = false`) an accepted connection is handed to another thread's
+    /// runtime; left registered with the accepting thread's driver, every readiness event
+    /// of the connection would wake that thread first, and it the other. Call before
+    /// anything is read or buffered.
+    pub(crate) fn register_here(&mut self) -> io::Result<()> {
+        let Some(buffered) = self.stream.take() else {
+            return Ok(());
+        };
+        let mut raw = buffered.into_inner();
+        raw.stream = match raw.stream {
+            RawStream::Tcp(s) => RawStream::Tcp(TcpStream::from_std(s.into_std()?)?),
+            #[cfg(unix)]
+            RawStream::Unix(s) => RawStream::Unix(UnixStream::from_std(s.into_std()?)?),
+            other => other,
+        };
+        self.stream = Some(BufferedStream::with_capacity(0, 0, raw));
+        Ok(())
+    }
 }
 
 impl From<TcpStream> for Stream {
