@@ -151,14 +151,15 @@ fn server_conf(config: &Config) -> ServerConf {
         ..ServerConf::default()
     };
     conf.upstream_keepalive_pool_size = 256;
-    // One thread: a single-threaded runtime, the cheapest scheduler. More
-    // threads: Pingora's work-stealing runtime. With one runtime per thread
-    // (`work_stealing = false`) the upstream connection pool is shared by all
-    // threads while each socket stays registered with the runtime that opened
-    // it, so reusing a pooled connection wakes another thread: at 2 threads
-    // 2.2 eventfd writes and 0.5 more epoll_wait per request, 8.1 system calls
-    // per request instead of 5.2 (`benches/load/syscalls.sh`, issue 16).
-    conf.work_stealing = s.threads > 1;
+    // One single-threaded runtime per thread (Pingora's `work_stealing = false`), as
+    // HAProxy and nginx run a thread per core: a connection and everything it does stay on
+    // the thread that took it. Two patches to the vendored pingora-core make that hold
+    // (vendor/README.md): an accepted connection is registered with the I/O driver of the
+    // thread that serves it, not the accepting one, and idle upstream connections are
+    // pooled per thread, so reusing one wakes no other thread. At 2 threads that is ~10%
+    // less CPU per request and ~12% more requests per second than the work-stealing
+    // runtime (BENCHMARKS.md, issue 16, fourth pass).
+    conf.work_stealing = false;
     conf
 }
 

@@ -1,6 +1,7 @@
 //! The upstream keep-alive pool (the pingora-core/pingora-pool patch, vendor/README.md):
 //! idle connections are reused; one the upstream closed is closed by the proxy, with no
-//! socket left in CLOSE_WAIT, and is never used for a request.
+//! socket left in CLOSE_WAIT, and is never used for a request. With several worker threads
+//! (2 in these tests) each thread pools its own idle connections and still reuses them.
 
 mod support;
 
@@ -113,5 +114,32 @@ fn pooled_connections_the_upstream_closed_cost_no_request() {
         DEADLINE,
         || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
         || count(&states_to(b.port()), CLOSE_WAIT) == 0,
+    );
+}
+
+#[test]
+fn keep_alive_clients_on_both_threads_reuse_their_threads_pooled_connections() {
+    // The proxy runs 2 worker threads, each a runtime of its own with its own idle pool;
+    // 8 client connections land on either thread. 200 requests, one at a time, round the
+    // clients: each reuses a connection its thread pooled, so the backend sees a handful
+    // of connections, not one per request (which a pool keyed inconsistently between the
+    // release and the reuse would give).
+    let b = Backend::start("a");
+    let p = Proxy::start(&one_upstream(&b));
+    let mut clients: Vec<Conn> = (0..8)
+        .map(|_| Conn::open(&p.addr()).expect("connect to the proxy"))
+        .collect();
+    for round in 0..25 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            let r = c
+                .request("GET", "/", &[], b"")
+                .unwrap_or_else(|e| panic!("round {round}, client {i}: {e}"));
+            assert_eq!(r.status, 200, "round {round}, client {i}");
+        }
+    }
+    let opened = b.connections();
+    assert!(
+        (1..=8).contains(&opened),
+        "200 requests over 8 keep-alive clients opened {opened} upstream connections"
     );
 }
