@@ -157,8 +157,8 @@ fn server_conf(config: &Config) -> ServerConf {
     // (vendor/README.md): an accepted connection is registered with the I/O driver of the
     // thread that serves it, not the accepting one, and idle upstream connections are
     // pooled per thread, so reusing one wakes no other thread. At 2 threads that is ~10%
-    // less CPU per request and ~12% more requests per second than the work-stealing
-    // runtime (BENCHMARKS.md, issue 16, fourth pass).
+    // less CPU per request and ~14% more requests per second than the work-stealing
+    // runtime (medians of 10 rounds; BENCHMARKS.md, issue 16, fourth pass).
     conf.work_stealing = false;
     conf
 }
