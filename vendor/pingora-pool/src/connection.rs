@@ -365,7 +365,7 @@ impl<S> ConnectionPool<S> {
     /// checks it when it takes it back ([Self::get()]) and sweeps the pool now and then
     /// ([Self::retain()]). Returns the connections the LRU evicted to make room.
     pub fn put_unwatched(&self, meta: &ConnectionMeta, connection: S) -> Vec<S> {
-        let (_notify_close, evicted) = self.lru.add(meta.id, meta.clone());
+        let evicted = self.lru.add_unwatched(meta.id, meta.clone());
         let evicted = evicted.iter().filter_map(|m| self.pop_evicted(m)).collect();
         let connection = PoolConnection::new(None, connection);
         self.insert_pool_connection(meta.key, meta.id, connection);

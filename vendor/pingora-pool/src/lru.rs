@@ -21,22 +21,25 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 pub struct Node<T> {
-    pub close_notifier: Arc<Notify>,
+    // portcullis patch: None for an entry nobody watches (`Lru::add_unwatched`)
+    pub close_notifier: Option<Arc<Notify>>,
     pub meta: T,
     order: u64,
 }
 
 impl<T> Node<T> {
-    pub fn new(meta: T) -> Self {
+    pub fn new(meta: T, close_notifier: Option<Arc<Notify>>) -> Self {
         Node {
-            close_notifier: Arc::new(Notify::new()),
+            close_notifier,
             meta,
             order: 0,
         }
     }
 
     pub fn notify_close(&self) {
-        self.close_notifier.notify_one();
+        if let Some(n) = &self.close_notifier {
+            n.notify_one();
+        }
     }
 }
 
@@ -156,9 +159,14 @@ where
     }
 
     pub fn add(&self, key: K, meta: T) -> (Arc<Notify>, Vec<T>) {
-        let node = Node::new(meta);
-        let notifier = node.close_notifier.clone();
+        let notifier = Arc::new(Notify::new());
+        let node = Node::new(meta, Some(notifier.clone()));
         (notifier, self.put(key, node))
+    }
+
+    /// portcullis patch: `add` without a close notifier, for an entry nobody watches.
+    pub fn add_unwatched(&self, key: K, meta: T) -> Vec<T> {
+        self.put(key, Node::new(meta, None))
     }
 
     pub fn pop(&self, key: &K) -> Option<Node<T>> {
@@ -252,5 +260,22 @@ mod tests {
             notifier3.notified(),
             notifier4.notified()
         );
+    }
+
+    // portcullis patch: an unwatched entry is evicted and drained like a watched one
+    #[tokio::test]
+    async fn test_add_unwatched_evicts_and_drains() {
+        let pool: Lru<i32, i32> = Lru::new(2);
+        assert!(pool.add_unwatched(1, 10).is_empty());
+        let (notifier2, _) = pool.add(2, 20);
+        assert_eq!(pool.add_unwatched(3, 30), vec![10]);
+        assert!(pool.pop(&1).is_none());
+        let node = pool.pop(&3).expect("entry 3 is in the pool");
+        assert!(node.close_notifier.is_none());
+        assert_eq!(node.meta, 30);
+        pool.add_unwatched(4, 40);
+        pool.drain();
+        notifier2.notified().now_or_never().expect("drain notifies the watched entry");
+        assert!(pool.pop(&4).is_none());
     }
 }
