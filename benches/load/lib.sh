@@ -117,7 +117,8 @@ start_cmd() {
   local common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACKEND" REDIS_PORT="$P_REDIS" ADMIN_PORT="$P_ADMIN" NAME="$t")
   case $t in
     haproxy)
-      render "$CONF/haproxy.cfg" "$TMP/haproxy.cfg" "${common[@]}" PORT="$P_PROXY"
+      # fe503 (run.sh's shed scenario) is not measured here: any free port
+      render "$CONF/haproxy.cfg" "$TMP/haproxy.cfg" "${common[@]}" PORT="$P_PROXY" PORT503="$(free_ports 1)"
       if [ "$MODE" = h2tls ]; then
         sed -i "s|bind 127.0.0.1:$P_PROXY|bind 127.0.0.1:$P_PROXY ssl crt $TMP/haproxy.pem alpn h2,http/1.1|" "$TMP/haproxy.cfg"
       fi

@@ -83,8 +83,16 @@ def ms(us):
 
 def per_round_ratio(groups, a, b, key):
     """median over rounds of a[key] / b[key] (same round = adjacent in time)."""
-    ra = {r["round"]: r[key] for r in groups.get(a, [])}
-    rb = {r["round"]: r[key] for r in groups.get(b, [])}
+    ra = {r["round"]: r[key] for r in groups.get(a, []) if key in r}
+    rb = {r["round"]: r[key] for r in groups.get(b, []) if key in r}
+    ratios = [ra[k] / rb[k] for k in ra if k in rb and rb[k]]
+    return med(ratios), ratios
+
+
+def per_round_ratio_keys(groups, a, key_a, b, key_b):
+    """median over rounds of a[key_a] / b[key_b]: one part of a run against the whole of another."""
+    ra = {r["round"]: r[key_a] for r in groups.get(a, []) if key_a in r}
+    rb = {r["round"]: r[key_b] for r in groups.get(b, []) if key_b in r}
     ratios = [ra[k] / rb[k] for k in ra if k in rb and rb[k]]
     return med(ratios), ratios
 
@@ -193,7 +201,7 @@ def main():
         w("| run | rps | p50 ms | p99 ms | non-2xx share | proxy CPU µs/req | ÷ shed |")
         w("|---|---:|---:|---:|---:|---:|---:|")
         base = med([r["proxy_cpu_us_per_req"] for r in sg.get("shed503", [])])
-        for t in ["shed503", "proxied200_gates_on", "proxied200_gates_off"]:
+        for t in ["shed503", "proxied200_gates_on", "proxied200_gates_off", "haproxy_503", "haproxy_200"]:
             rs = sg.get(t)
             if not rs:
                 continue
@@ -259,18 +267,32 @@ def main():
     # ---- CPU/request ratios within a round (the figures the performance issue tracks)
     sg_all = by_target(shed_rows)
     ratio_rows = []
-    for label, grp, a, b in [
-        ("HAProxy ÷ portcullis gates on", g, "haproxy", "pc_on"),
-        ("HAProxy ÷ portcullis gates off", g, "haproxy", "pc_off"),
-        ("HAProxy ÷ bare Pingora", g, "haproxy", "bare"),
-        ("gates off ÷ bare Pingora", g, "pc_off", "bare"),
-        ("gates on ÷ gates off", g, "pc_on", "pc_off"),
-        ("shed 503 ÷ proxied 200 (gates on)", sg_all, "shed503", "proxied200_gates_on"),
+    cpu, user, sys_ = "proxy_cpu_us_per_req", "proxy_user_us_per_req", "proxy_sys_us_per_req"
+    for label, grp, a, b, key in [
+        ("HAProxy ÷ portcullis gates on", g, "haproxy", "pc_on", cpu),
+        ("HAProxy ÷ portcullis gates on, user space only", g, "haproxy", "pc_on", user),
+        ("HAProxy ÷ portcullis gates on, kernel only", g, "haproxy", "pc_on", sys_),
+        ("HAProxy ÷ portcullis gates off", g, "haproxy", "pc_off", cpu),
+        ("HAProxy ÷ bare Pingora", g, "haproxy", "bare", cpu),
+        ("gates off ÷ bare Pingora", g, "pc_off", "bare", cpu),
+        ("gates on ÷ gates off", g, "pc_on", "pc_off", cpu),
+        ("shed 503 ÷ proxied 200 (gates on)", sg_all, "shed503", "proxied200_gates_on", cpu),
+        ("shed 503 ÷ proxied 200 (gates on), kernel only", sg_all, "shed503", "proxied200_gates_on", sys_),
+        ("HAProxy's own 503 ÷ its proxied 200", sg_all, "haproxy_503", "haproxy_200", cpu),
+        ("HAProxy's own 503 ÷ its proxied 200, kernel only", sg_all, "haproxy_503", "haproxy_200", sys_),
     ]:
         if a in grp and b in grp:
-            m, rs = per_round_ratio(grp, a, b, "proxy_cpu_us_per_req")
+            m, rs = per_round_ratio(grp, a, b, key)
             if rs:
                 ratio_rows.append((label, m, rs))
+    # The floor a refusal cannot go under in user space: its system calls alone.
+    for label, a, b in [
+        ("shed 503's kernel time ÷ proxied 200's whole CPU", "shed503", "proxied200_gates_on"),
+        ("HAProxy 503's kernel time ÷ its proxied 200's whole CPU", "haproxy_503", "haproxy_200"),
+    ]:
+        m, rs = per_round_ratio_keys(sg_all, a, sys_, b, cpu)
+        if rs:
+            ratio_rows.append((label, m, rs))
     if ratio_rows:
         heading("CPU per request as ratios within each round",
                 "Each ratio is taken between runs of the same round (adjacent in time), then the "

@@ -181,13 +181,14 @@ wait_http() { # wait_http URL NAME [SECONDS]: until any HTTP answer
 }
 
 # ------------------------------------------------------------ measurement
-proc_ticks() { # sum of utime+stime (clock ticks) of the given PIDs
-  local t=0 p v
+proc_ticks() { # "user system" clock ticks (utime, stime) summed over the given PIDs
+  local u=0 k=0 p v
   for p in "$@"; do
-    v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || echo 0)
-    t=$((t + v))
+    v=$(awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$p/stat" 2>/dev/null || echo 0 0)
+    u=$((u + ${v% *}))
+    k=$((k + ${v#* }))
   done
-  echo "$t"
+  echo "$u $k"
 }
 machine_ticks() { # "busy total" ticks of all CPUs from /proc/stat
   awk '/^cpu /{ b = $2 + $3 + $4 + $7 + $8 + $9; t = b + $5 + $6; print b, t }' /proc/stat
@@ -241,13 +242,17 @@ kv = {k: int(v) for k, v in kv.items()}
 n = kv["requests"]
 secs = kv["duration_us"] / 1e6
 us = 1e6 / hz
-proxy_us = (int(p1) - int(p0)) * us
-backend_us = (int(b1) - int(b0)) * us
+pu0, ps0 = map(int, p0.split()); pu1, ps1 = map(int, p1.split())
+bu0, bs0 = map(int, b0.split()); bu1, bs1 = map(int, b1.split())
+proxy_user_us = (pu1 - pu0) * us
+proxy_sys_us = (ps1 - ps0) * us
+proxy_us = proxy_user_us + proxy_sys_us
+backend_us = ((bu1 - bu0) + (bs1 - bs0)) * us
 mb0, mt0 = map(int, m0.split()); mb1, mt1 = map(int, m1.split())
 busy = (mb1 - mb0) / max(1, mt1 - mt0) * 100
 ncpu = os.cpu_count() or 1
 wall_ticks_all = (mt1 - mt0)
-known = (int(p1) - int(p0)) + (int(b1) - int(b0)) + float(wt) * hz
+known = (pu1 - pu0) + (ps1 - ps0) + (bu1 - bu0) + (bs1 - bs0) + float(wt) * hz
 other = max(0.0, (mb1 - mb0) - known) / max(1, wall_ticks_all) * 100
 row = {
     "label": label,
@@ -267,6 +272,8 @@ row = {
     "fail_p99_us": kv.get("fail_p99_us", kv.get("fail_max_us", 0)),
     "proxy_cpu_s": round(proxy_us / 1e6, 2),
     "proxy_cpu_us_per_req": round(proxy_us / n, 2) if n else 0,
+    "proxy_user_us_per_req": round(proxy_user_us / n, 2) if n else 0,
+    "proxy_sys_us_per_req": round(proxy_sys_us / n, 2) if n else 0,
     "backend_cpu_us_per_req": round(backend_us / n, 2) if n else 0,
     "wrk_cpu_s": float(wt),
     "machine_busy_pct": round(busy, 1),
@@ -281,7 +288,7 @@ with open(path, "a", newline="") as f:
         w.writeheader()
     w.writerow(row)
 print(f"{label:28s} rps={row['rps']:>9} p50={row['p50_us']:>6}us p99={row['p99_us']:>7}us "
-      f"cpu/req={row['proxy_cpu_us_per_req']:>6}us non2xx={row['non2xx']} err={row['sock_errors']} "
+      f"cpu/req={row['proxy_cpu_us_per_req']:>6}us (user {row['proxy_user_us_per_req']}) non2xx={row['non2xx']} err={row['sock_errors']} "
       f"busy={row['machine_busy_pct']}% other={row['other_busy_pct']}%", file=sys.stderr)
 EOF
 }
@@ -386,13 +393,13 @@ cat "$RESULTS/env.txt" >&2
 # Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
-  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV < <(free_ports 38)
+  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 < <(free_ports 39)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
 common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
 render "$CONF/backend.nginx.conf" "$TMP/backend.conf" "${common[@]}"
 render "$CONF/nginx-proxy.conf" "$TMP/nginx-proxy.conf" "${common[@]}" PORT="$P_NGX"
-render "$CONF/haproxy.cfg" "$TMP/haproxy.cfg" "${common[@]}" PORT="$P_HAP"
+render "$CONF/haproxy.cfg" "$TMP/haproxy.cfg" "${common[@]}" PORT="$P_HAP" PORT503="$P_HAP503"
 render "$CONF/envoy.yaml" "$TMP/envoy.yaml" "${common[@]}" PORT="$P_ENV" ADMIN_PORT="$A_ENV"
 
 # The arguments of examples/bare_pingora.rs (default runtime; work stealing off).
@@ -580,6 +587,13 @@ for ((r = 1; r <= SCEN_ROUNDS; r++)); do
   sleep 1
   measure shed "r${r}_proxied200_gates_off" "${PID[pc_off]}" "${TURL[pc_off]}" "$WRK_THREADS" "$WRK_CONNS"
   sleep 1
+  if [ -n "${PID[haproxy]:-}" ]; then
+    # HAProxy's own refusal against its own proxied 200, in the same round.
+    measure shed "r${r}_haproxy_503" "${PID[haproxy]}" "http://127.0.0.1:$P_HAP503/" "$WRK_THREADS" "$WRK_CONNS"
+    sleep 1
+    measure shed "r${r}_haproxy_200" "${PID[haproxy]}" "${TURL[haproxy]}" "$WRK_THREADS" "$WRK_CONNS"
+    sleep 1
+  fi
 done
 stop hold
 stop pc_shed
