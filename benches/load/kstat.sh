@@ -7,13 +7,23 @@
 # (µs), context switches, CPU migrations, page faults, epoll_wait calls, packets the
 # proxy put on the loopback device and softirqs run in its context.
 #
+#
+# KIND=record instead samples the proxy's CPU (`perf record -e cpu-clock`, a timer, no
+# hardware counters) over the same N requests and prints where its time goes, per
+# request: microseconds in each kernel and user-space symbol (the TOP largest), from
+# samples × sampling period ÷ N, then the utime and stime of the same requests from /proc.
+# CALLGRAPH=1 records call chains too (read them with `perf report -G` on OUT/TARGET.perf.data).
+#
 #   bash benches/load/kstat.sh                        # HTTP/1.1 keep-alive, 1 thread
 #   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/kstat.sh
+#   KIND=record TARGETS="haproxy bare" bash benches/load/kstat.sh
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"), N (100000), CONNS (32),
-# PROXY_THREADS (1), OUT (benches/load/out/kstat, ignored by git), SKIP_BUILD=1,
+# PROXY_THREADS (1), KIND (stat | record), FREQ (record: samples/s, 10000), TOP (40),
+# OUT (benches/load/out/kstat, ignored by git), SKIP_BUILD=1,
 # PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
-# Output on stdout: CSV rows target,threads,event,per_req.
+# Output on stdout: CSV rows target,threads,event,per_req (stat) or
+# target,threads,ring,symbol,us_per_req (record; ring is k for kernel, u for user).
 # Every process this script starts is stopped by PID on exit.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,7 +36,16 @@ N=${N:-100000}
 CONNS=${CONNS:-32}
 PROXY_THREADS=${PROXY_THREADS:-1}
 OUT=${OUT:-$HERE/out/kstat}
-EVENTS=context-switches,cpu-migrations,page-faults,syscalls:sys_enter_epoll_wait,net:net_dev_xmit,irq:softirq_entry
+KIND=${KIND:-stat}
+FREQ=${FREQ:-10000}
+# REC_EVENT: a tracepoint to record every occurrence of instead of sampling the CPU
+# (read it with `perf script -i OUT/TARGET.perf.data`); the summary below then counts
+# occurrences, not microseconds.
+REC_EVENT=${REC_EVENT:-cpu-clock}
+REC_RATE="-F $FREQ"
+[ "$REC_EVENT" = cpu-clock ] || REC_RATE="-c 1"
+TOP=${TOP:-40}
+EVENTS=context-switches,cpu-migrations,page-faults,syscalls:sys_enter_epoll_wait,net:net_dev_xmit,irq:softirq_entry,sched:sched_waking,ipi:ipi_send_cpu,sched:sched_wake_idle_without_ipi,csd:csd_queue_cpu
 mkdir -p "$OUT"
 
 need perf h2load nginx haproxy redis-server
@@ -34,7 +53,11 @@ proxy_fixture
 HZ=$(getconf CLK_TCK)
 ticks() { awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"; }
 
-echo "target,threads,event,per_req"
+case $KIND in
+  stat) echo "target,threads,event,per_req" ;;
+  record) echo "target,threads,ring,symbol,us_per_req" ;;
+  *) die "KIND is stat or record, not $KIND" ;;
+esac
 for t in $TARGETS; do
   cmd=$(start_cmd "$t")
   # shellcheck disable=SC2086
@@ -43,7 +66,11 @@ for t in $TARGETS; do
   PIDS+=("$pid")
   wait_port "$P_PROXY"
   requests 5000 # warm-up
-  perf stat -x, -e "$EVENTS" -p "$pid" -o "$OUT/$t.perf.txt" &
+  if [ "$KIND" = stat ]; then
+    perf stat -x, -e "$EVENTS" -p "$pid" -o "$OUT/$t.perf.txt" &
+  else
+    perf record -q -e "$REC_EVENT" $REC_RATE ${CALLGRAPH:+-g} -p "$pid" -o "$OUT/$t.perf.data" 2>"$OUT/$t.record.log" &
+  fi
   ppid=$!
   sleep 1 # perf attaches to every thread
   read -r u0 s0 < <(ticks "$pid")
@@ -52,9 +79,27 @@ for t in $TARGETS; do
   kill -INT "$ppid"
   wait "$ppid" 2>/dev/null || true
   stop_pid "$pid"
-  awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" \
-    -v u=$((u1 - u0)) -v s=$((s1 - s0)) -F, '
-    BEGIN { printf "%s,%s,user_us,%.2f\n%s,%s,sys_us,%.2f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }
-    $1 ~ /^[0-9]+$/ { printf "%s,%s,%s,%.3f\n", t, th, $3, $1 / n }' "$OUT/$t.perf.txt"
-  log "$t done ($OUT/$t.perf.txt)"
+  if [ "$KIND" = stat ]; then
+    awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" \
+      -v u=$((u1 - u0)) -v s=$((s1 - s0)) -F, '
+      BEGIN { printf "%s,%s,user_us,%.2f\n%s,%s,sys_us,%.2f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }
+      $1 ~ /^[0-9]+$/ { printf "%s,%s,%s,%.3f\n", t, th, $3, $1 / n }' "$OUT/$t.perf.txt"
+  else
+    # One line per symbol: samples, [k] or [.], name. The idle second before the
+    # requests holds no samples (a cpu-clock sample needs the task on a CPU).
+    perf report -i "$OUT/$t.perf.data" --stdio -q -n --no-children -g none --sort sym 2>/dev/null |
+      awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v f="$FREQ" -v top="$TOP" '
+        $2 ~ /^[0-9]+$/ && ($3 == "[k]" || $3 == "[.]") {
+          ring = ($3 == "[k]") ? "k" : "u"; name = $4
+          for (i = 5; i <= NF; i++) name = name " " $i
+          gsub(/,/, ";", name)
+          tot[ring] += $2
+          if (++rows <= top) printf "%s,%s,%s,%s,%.3f\n", t, th, ring, name, $2 / f * 1e6 / n
+        }
+        END { for (r in tot) printf "%s,%s,%s,(all),%.3f\n", t, th, r, tot[r] / f * 1e6 / n }'
+    # The same requests' CPU from /proc (sampling adds its own interrupts to the above)
+    awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" -v u=$((u1 - u0)) -v s=$((s1 - s0)) \
+      'BEGIN { printf "%s,%s,u,(proc utime),%.3f\n%s,%s,k,(proc stime),%.3f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }'
+  fi
+  log "$t done ($OUT/$t.perf.*)"
 done
