@@ -5,8 +5,9 @@
 # sent with h2load (CONNS keep-alive connections), and utime/stime are read from
 # /proc/PID/stat around the same N requests. Prints per request: user and system CPU
 # (µs), context switches, CPU migrations, page faults, epoll_wait calls, packets the
-# proxy put on the loopback device and softirqs run in its context.
-#
+# proxy put on the loopback device, softirqs run in its context, and the tasks it woke
+# (sched_waking: a peer, client or backend, that was asleep) with the inter-processor
+# interrupts it sent to do so (ipi_send_cpu, csd_queue_cpu).
 #
 # KIND=record instead samples the proxy's CPU (`perf record -e cpu-clock`, a timer, no
 # hardware counters) over the same N requests and prints where its time goes, per
