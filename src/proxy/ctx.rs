@@ -52,6 +52,8 @@ pub struct Ctx {
     pub(super) route: Option<usize>,
     /// Request body bytes seen (`max_request_body_bytes`).
     pub(super) body: edge::limits::BodyCount,
+    /// Counts the request as in flight on its thread (send coalescing, `batch.rs`).
+    pub(super) _in_flight: super::batch::InFlight,
 }
 
 impl Ctx {
@@ -79,6 +81,7 @@ impl Ctx {
             routed: false,
             route: None,
             body: edge::limits::BodyCount::default(),
+            _in_flight: super::batch::InFlight::new(),
         }
     }
 }

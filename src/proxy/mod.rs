@@ -13,11 +13,15 @@
 //! 5. `upstream_request_filter`: X-Forwarded-For/-Proto, X-Request-Id.
 //! 6. `response_filter`: RateLimit fields, X-Request-Id, `Connection: close`
 //!    while draining.
+//!
+//! Before the sends that follow 5 and 6, a request yields once while others are in
+//! flight on its thread, so one turn's sends go out together ([`batch`]).
 //! 7. `fail_to_proxy`: the refusal for an error (`failure.rs`), logged once.
 //! 8. `logging`: metrics and the backend's error window, which culling reads.
 //!
 //! [`respond`]: crate::respond
 
+mod batch;
 mod ctx;
 mod failure;
 mod request;
@@ -383,6 +387,8 @@ impl ProxyHttp for Proxy {
         req: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // The request header is sent upstream right after this phase.
+        batch::before_send().await;
         // The gate's key header stays as the client sent it, whatever its
         // `Connection` field nominated.
         if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
@@ -418,6 +424,8 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // The response is sent to the client right after this phase.
+        batch::before_send().await;
         edge::headers::strip_response_hop_by_hop(resp);
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
