@@ -61,6 +61,8 @@ impl Proxy {
         // Never read a body we are refusing: close instead of draining it.
         // While draining, ask keep-alive clients to reconnect elsewhere.
         let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
+        // A refusal is a send like a response: coalesced with the turn's others.
+        batch::before_send().await;
         respond::send(session, &refusal, close).await?;
         Ok(true)
     }
