@@ -67,16 +67,7 @@ hold_shed_slot() {
   die "pc_shed: the slot was not held (last status $code; parked requests answered: $(cat "$TMP/hold.status" 2>/dev/null))"
 }
 
-SCHEME=http
-H2LOAD_ARGS=(--h1)
-if [ "$MODE" = h2tls ]; then
-  SCHEME=https
-  H2LOAD_ARGS=(-m "$STREAMS")
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj /CN=bench.test -addext subjectAltName=DNS:bench.test \
-    -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
-  cat "$TMP/cert.pem" "$TMP/key.pem" >"$TMP/haproxy.pem"
-fi
+client_mode
 
 # counters FILE: "<instructions> <allocs> <frees>" of one callgrind dump.
 counters() {

@@ -18,9 +18,11 @@
 #   bash benches/load/kstat.sh                        # HTTP/1.1 keep-alive, 1 thread
 #   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/kstat.sh
 #   KIND=record TARGETS="haproxy bare" bash benches/load/kstat.sh
+#   MODE=h2tls bash benches/load/kstat.sh            # HTTP/2 over TLS, 10 streams/conn
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"), N (100000), CONNS (32),
-# PROXY_THREADS (1), KIND (stat | record), FREQ (record: samples/s, 10000), TOP (40),
+# PROXY_THREADS (1), MODE (h1 | h2tls: "haproxy pc_off pc_on", bare Pingora has no TLS
+# listener here), STREAMS (h2tls: 10), KIND (stat | record), FREQ (record: samples/s, 10000), TOP (40),
 # OUT (benches/load/out/kstat, ignored by git), SKIP_BUILD=1,
 # PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
 # Output on stdout: CSV rows target,threads,event,per_req (stat) or
@@ -31,7 +33,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC1091
 . "$HERE/lib.sh"
 bench_init kstat
-MODE=h1
+MODE=${MODE:-h1}
+[ "$MODE" != h2tls ] || [ -n "${TARGETS:-}" ] || TARGETS="haproxy pc_off pc_on"
 TARGETS=${TARGETS:-haproxy bare pc_off pc_on}
 N=${N:-100000}
 CONNS=${CONNS:-32}
@@ -49,8 +52,9 @@ TOP=${TOP:-40}
 EVENTS=context-switches,cpu-migrations,page-faults,syscalls:sys_enter_epoll_wait,net:net_dev_xmit,irq:softirq_entry,sched:sched_waking,ipi:ipi_send_cpu,sched:sched_wake_idle_without_ipi,csd:csd_queue_cpu
 mkdir -p "$OUT"
 
-need perf h2load nginx haproxy redis-server
+need perf h2load nginx haproxy redis-server openssl
 proxy_fixture
+client_mode
 HZ=$(getconf CLK_TCK)
 ticks() { awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"; }
 

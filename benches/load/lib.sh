@@ -195,6 +195,23 @@ proxy_fixture() {
   start_redis "$P_REDIS"
 }
 
+# client_mode: h2load's SCHEME and H2LOAD_ARGS for MODE: HTTP/1.1 keep-alive (h1), or
+# HTTP/2 over TLS with STREAMS (10) concurrent streams per connection (h2tls), for which
+# it also writes the proxies' self-signed certificate ($TMP/cert.pem, key.pem,
+# haproxy.pem).
+client_mode() {
+  SCHEME=http
+  H2LOAD_ARGS=(--h1)
+  if [ "$MODE" = h2tls ]; then
+    SCHEME=https
+    H2LOAD_ARGS=(-m "${STREAMS:-10}")
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+      -subj /CN=bench.test -addext subjectAltName=DNS:bench.test \
+      -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
+    cat "$TMP/cert.pem" "$TMP/key.pem" >"$TMP/haproxy.pem"
+  fi
+}
+
 # accesslog_fixture: for the *_accesslog.sh scripts: defaults of BIN (the release
 # portcullis, which must exist), WARM (200) and SETTINGS ("off:1.0 on:1.0 on:0.01"),
 # TMP (bench_tmp), the ports P_BACKEND P_PROXY P_ADMIN, and the nginx backend.

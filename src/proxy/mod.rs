@@ -62,7 +62,7 @@ impl Proxy {
         // While draining, ask keep-alive clients to reconnect elsewhere.
         let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
         // A refusal is a send like a response: coalesced with the turn's others.
-        batch::before_send().await;
+        batch::coalesce(session).await;
         respond::send(session, &refusal, close).await?;
         Ok(true)
     }
@@ -390,7 +390,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         // The request header is sent upstream right after this phase.
-        batch::before_send().await;
+        batch::coalesce(session).await;
         // The gate's key header stays as the client sent it, whatever its
         // `Connection` field nominated.
         if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
@@ -427,7 +427,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         // The response is sent to the client right after this phase.
-        batch::before_send().await;
+        batch::coalesce(session).await;
         edge::headers::strip_response_hop_by_hop(resp);
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
