@@ -52,8 +52,9 @@ pub struct Ctx {
     pub(super) route: Option<usize>,
     /// Request body bytes seen (`max_request_body_bytes`).
     pub(super) body: edge::limits::BodyCount,
-    /// Counts the request as in flight on its thread (send coalescing, `batch.rs`).
-    pub(super) _in_flight: super::batch::InFlight,
+    /// Counts the request as in flight on its thread (send coalescing, `batch.rs`);
+    /// an open tunnel is no longer counted.
+    pub(super) _in_flight: Option<super::batch::InFlight>,
 }
 
 impl Ctx {
@@ -81,7 +82,7 @@ impl Ctx {
             routed: false,
             route: None,
             body: edge::limits::BodyCount::default(),
-            _in_flight: super::batch::InFlight::new(),
+            _in_flight: Some(super::batch::InFlight::new()),
         }
     }
 }

@@ -447,6 +447,7 @@ impl ProxyHttp for Proxy {
                     t.mark_open();
                 }
                 ctx._guard = None;
+                ctx._in_flight = None;
             } else {
                 ctx.tunnel = None;
             }
