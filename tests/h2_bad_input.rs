@@ -69,10 +69,14 @@ fn rapid_reset_flood_is_cut_off() {
     drop(c);
     backend.set_mode(Mode::Ok);
     still_serves(&proxy);
+    // `base_fds` holds one idle upstream connection, pooled by the thread that served the
+    // first `still_serves`. Upstream pools are per thread (2 here), so the second may be
+    // served by the other thread, which pools a connection of its own: one more fd, not a
+    // leak (seen once in CI as 55 vs 54).
     eventually(
         DEADLINE,
-        || format!("fds {} vs {base_fds}", fds(proxy.pid())),
-        || fds(proxy.pid()) <= base_fds,
+        || format!("fds {} vs {base_fds} (+1 pooled)", fds(proxy.pid())),
+        || fds(proxy.pid()) <= base_fds + 1,
     );
 }
 
