@@ -64,13 +64,8 @@ case $KIND in
   *) die "KIND is stat or record, not $KIND" ;;
 esac
 for t in $TARGETS; do
-  cmd=$(start_cmd "$t")
-  # shellcheck disable=SC2086
-  $cmd >"$TMP/$t.log" 2>&1 &
-  pid=$!
-  PIDS+=("$pid")
-  wait_port "$P_PROXY"
-  requests 5000 # warm-up
+  start_target "$t" 5000 # after a warm-up of 5000 requests
+  pid=$TARGET_PID
   if [ "$KIND" = stat ]; then
     perf stat -x, -e "$EVENTS" -p "$pid" -o "$OUT/$t.perf.txt" &
   else

@@ -195,6 +195,20 @@ proxy_fixture() {
   start_redis "$P_REDIS"
 }
 
+# start_target T WARM: starts target T (start_cmd) in the background, its output in
+# $TMP/T.log, waits for its port and sends WARM requests; its PID goes in PIDS and
+# TARGET_PID.
+start_target() {
+  local cmd
+  cmd=$(start_cmd "$1")
+  # shellcheck disable=SC2086
+  $cmd >"$TMP/$1.log" 2>&1 &
+  TARGET_PID=$!
+  PIDS+=("$TARGET_PID")
+  wait_port "$P_PROXY"
+  requests "$2"
+}
+
 # client_mode: h2load's SCHEME and H2LOAD_ARGS for MODE: HTTP/1.1 keep-alive (h1), or
 # HTTP/2 over TLS with STREAMS (10) concurrent streams per connection (h2tls), for which
 # it also writes the proxies' self-signed certificate ($TMP/cert.pem, key.pem,

@@ -29,13 +29,8 @@ need strace h2load nginx haproxy redis-server
 proxy_fixture
 
 for t in $TARGETS; do
-  cmd=$(start_cmd "$t")
-  # shellcheck disable=SC2086
-  $cmd >"$TMP/$t.log" 2>&1 &
-  pid=$!
-  PIDS+=("$pid")
-  wait_port "$P_PROXY"
-  requests 2000 # warm-up
+  start_target "$t" 2000 # after a warm-up of 2000 requests
+  pid=$TARGET_PID
   strace -c -f -p "$pid" -o "$OUT/$t.strace.txt" &
   spid=$!
   sleep 1 # strace attaches to every thread
