@@ -139,7 +139,14 @@ fn redis_section(url: &str, prefix: &str) -> String {
     )
 }
 
-/// Two instances on one Redis, with "default" 40 per 300 s and "burst" 20 per 10 s on /b.
+/// Two instances on one Redis, with "default" 40 per 3600 s and "burst" 20 per 10 s on /b.
+///
+/// The test tells a refusal for the fleet share (`Retry-After: 1`, retried) from a refusal
+/// for good by its `Retry-After` (> 20 s). That holds only away from the end of "default"'s
+/// window: in the last seconds of a window a refusal for good says "retry when the window
+/// rolls", a few seconds. So "default" gets a one-hour window and the test starts at least
+/// a minute before its end (with 300 s it failed once in CI: about 1 run in 20 starts that
+/// close to the end).
 #[test]
 fn policies_hold_across_two_instances_on_redis() {
     let Some(redis) = RedisServer::try_start() else {
@@ -152,14 +159,19 @@ fn policies_hold_across_two_instances_on_redis() {
         one_upstream(&b),
         redis_section(&redis.url(), prefix),
         POLICIES
-            .replace("limit = 5", "limit = 40")
+            .replace(
+                "window_seconds = 300\nlimit = 5",
+                "window_seconds = 3600\nlimit = 40"
+            )
             .replace("limit = 3", "limit = 20")
     );
     let (pa, pb) = (Proxy::start(&cfg), Proxy::start(&cfg));
     let both = [&pa, &pb];
     // Both instances registered in the store (each sees the fleet of 2).
     Proxy::wait_fleet(&both);
-    wait_window_phase(10_000, 0, 1_000);
+    wait_window_phase(3_600_000, 0, 3_540_000);
+    let burst_window = wait_window_phase(10_000, 0, 1_000);
+    let started = Instant::now();
     let key = [("x-api-key", "shared-key")];
 
     // 60 requests on /b through both instances: "burst" admits at most its 20 (refusals
@@ -178,8 +190,27 @@ fn policies_hold_across_two_instances_on_redis() {
             s => panic!("status {s}"),
         }
     }
-    eprintln!("burst: {admitted_b} of 60 admitted (limit 20)");
-    assert!((10..=21).contains(&admitted_b), "{admitted_b}");
+    // Shares are rounded up (at most n - 1 = 1 over) while Redis answers within the flush
+    // interval; a store answer later than that (a loaded machine) can let 2 more through
+    // (`ratelimit::limiter::tests::fleet_share_alternating_requests_with_slow_answers`
+    // measures it on paused time: up to 23 of 20). If a loaded machine took the burst
+    // past the end of its 10 s window, the sliding window has admitted what the previous
+    // window's decay frees: 20 x the elapsed fraction of the new one.
+    let end = now_ms();
+    let decayed = if end / 10_000 > burst_window {
+        (20 * (end % 10_000)).div_ceil(10_000)
+    } else {
+        0
+    };
+    eprintln!(
+        "burst: {admitted_b} of 60 admitted (limit 20) in {:?}, {decayed} freed by a window roll",
+        started.elapsed()
+    );
+    assert!(
+        (10..=23 + decayed).contains(&admitted_b),
+        "{admitted_b} admitted in {:?} (window roll frees {decayed})",
+        started.elapsed()
+    );
 
     // In Redis: "burst" and "default" each hold exactly the admitted requests (the
     // refusals counted against neither), once every instance flushed.
@@ -221,7 +252,7 @@ fn policies_hold_across_two_instances_on_redis() {
         }
         assert_eq!(r.status, 429);
         let (policy, _, retry) = fields(&r);
-        assert_eq!(policy, "\"default\";q=40;w=300");
+        assert_eq!(policy, "\"default\";q=40;w=3600");
         let retry = retry.expect("Retry-After");
         last_retry = Some(retry);
         if retry > 20 {
@@ -232,7 +263,8 @@ fn policies_hold_across_two_instances_on_redis() {
     }
     let total = admitted_b + admitted_root;
     eprintln!("default: {admitted_b} on /b + {admitted_root} on / = {total} (limit 40)");
-    assert!((38..=41).contains(&total), "{total}");
+    // (As for "burst": at most n - 1 over with timely answers, 2 more with late ones.)
+    assert!((38..=43).contains(&total), "{total}");
     assert!(
         decisions(&pa, "default", "refused_by_other")
             + decisions(&pb, "default", "refused_by_other")

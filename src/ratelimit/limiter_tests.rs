@@ -991,3 +991,133 @@ fn near_limit_and_estimates() {
     // A clock behind the key's window: as of its start.
     assert_eq!(estimate_at(6, 10, 20, 5, wms, 9_000), 30);
 }
+
+/// A shared store (n = 2) whose answers come back only when `open[instance]`: the script
+/// runs on arrival, its answer is applied later (a slow round trip), while both instances
+/// go on deciding.
+struct SlowFleet {
+    inner: Fleet,
+    open: [std::sync::atomic::AtomicBool; 2],
+}
+
+/// Instance `.1`'s connection to a [`SlowFleet`].
+struct SlowLink<'a>(&'a SlowFleet, usize);
+
+#[async_trait::async_trait]
+impl CounterStore for SlowLink<'_> {
+    async fn sync(&self, batch: Batch<'_>) -> SyncResult {
+        let r = self.0.inner.sync(batch).await;
+        let open = &self.0.open[self.1];
+        std::future::poll_fn(|_| {
+            if open.load(Ordering::Relaxed) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        r
+    }
+    fn kind(&self) -> &'static str {
+        "test"
+    }
+    fn instances(&self) -> Option<u64> {
+        Some(2)
+    }
+}
+
+/// Polls `f` once (the test drives time itself); true when it completed.
+async fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> bool {
+    let mut f = Some(f);
+    std::future::poll_fn(|cx| {
+        let done = f.as_mut().is_some_and(|f| f.as_mut().poll(cx).is_ready());
+        std::task::Poll::Ready(done)
+    })
+    .await
+}
+
+/// One run of [`fleet_share_alternating_requests_with_slow_answers`]: 60 requests for one
+/// key (limit 20 per 10 s) alternating between two instances, a random gap of 1 to
+/// `gap_max` ms apart; each instance flushes every 50 ms (its own phase) unless its last
+/// flush is still waiting for its answer, which takes up to `lat` ms. Returns the
+/// admissions.
+async fn alternating_run(seed: u64, lat: u64) -> u64 {
+    use std::future::Future;
+    use std::pin::Pin;
+    type Flush<'a> =
+        Pin<Box<dyn Future<Output = Result<crate::ratelimit::FlushOutcome, StoreError>> + 'a>>;
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d);
+    let mut next = |m: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % m
+    };
+    let store = SlowFleet {
+        inner: Fleet::new(2),
+        open: Default::default(),
+    };
+    let links = [SlowLink(&store, 0), SlowLink(&store, 1)];
+    let ls = [lim(20, 10), lim(20, 10)];
+    for (k, open) in store.open.iter().enumerate() {
+        open.store(true, Ordering::Relaxed);
+        ls[k].flush_once(&links[k], T0 + k as u64).await.unwrap();
+    }
+    let gap_max = 1 + next(12);
+    let lat_max = 1 + next(lat);
+    let phase = [next(50), next(50)];
+    let mut inflight: [Option<(u64, Flush<'_>)>; 2] = [None, None];
+    let (mut total, mut i) = (0, 0);
+    let (mut t, mut next_req) = (T0 + 100, T0 + 100);
+    while i < 60 {
+        for k in 0..2 {
+            if let Some((done, f)) = inflight[k].as_mut() {
+                store.open[k].store(t >= *done, Ordering::Relaxed);
+                if poll_once(f.as_mut()).await {
+                    inflight[k] = None;
+                }
+            }
+            if inflight[k].is_none() && t % 50 == phase[k] {
+                store.open[k].store(false, Ordering::Relaxed);
+                let done = t + next(lat_max);
+                let mut f: Flush<'_> = Box::pin(ls[k].flush_once(&links[k], t));
+                if !poll_once(f.as_mut()).await {
+                    inflight[k] = Some((done, f));
+                }
+            }
+        }
+        if t == next_req {
+            if ls[i % 2].check("k", t).is_allowed() {
+                total += 1;
+            }
+            i += 1;
+            next_req = t + 1 + next(gap_max);
+        }
+        t += 1;
+    }
+    total
+}
+
+#[tokio::test]
+async fn fleet_share_alternating_requests_with_slow_answers() {
+    // The e2e policies test's burst (60 requests alternating between two instances, limit
+    // 20, 50 ms flushes), on paused time, 2,000 random timings per answer latency bound.
+    // While answers come back within the flush interval, the two admit at most the limit
+    // plus n - 1 (shares are rounded up). An answer later than the interval is older than
+    // the other instance's next sync, and the estimate of its unsynced admissions misses
+    // them: a few runs admit 2 or 3 more (measured: 15 of 2,000 at answers of 50 to 60 ms).
+    for lat in [5u64, 20, 49, 60] {
+        let mut hist = std::collections::BTreeMap::new();
+        for seed in 0..2_000u64 {
+            *hist.entry(alternating_run(seed, lat).await).or_insert(0u32) += 1;
+        }
+        eprintln!("answers within {lat} ms: admitted (runs) {hist:?}");
+        let worst = hist.keys().max().copied().unwrap_or(0);
+        let bound = if lat < 50 { 21 } else { 23 };
+        assert!(
+            worst <= bound,
+            "answers within {lat} ms: {worst} admitted: {hist:?}"
+        );
+        assert!(hist.keys().min().is_some_and(|&m| m >= 15), "{hist:?}");
+    }
+}
