@@ -76,7 +76,18 @@ impl Limiter {
         store: &dyn CounterStore,
         now_ms: u64,
     ) -> Result<FlushOutcome, StoreError> {
-        flush(&[self], store, now_ms, false).await
+        flush(&[self], store, &|| now_ms, false).await
+    }
+
+    /// As [`Limiter::flush_once`], reading the time from `clock` when it starts and again
+    /// when the store answers (a test driving a slow store on its own clock).
+    #[cfg(test)]
+    pub(crate) async fn flush_once_clocked(
+        &self,
+        store: &dyn CounterStore,
+        clock: &(dyn Fn() -> u64 + Sync),
+    ) -> Result<FlushOutcome, StoreError> {
+        flush(&[self], store, clock, false).await
     }
 
     /// As [`Limiter::flush_once`], but sends every queued key (used for the final flush at
@@ -86,7 +97,7 @@ impl Limiter {
         store: &dyn CounterStore,
         now_ms: u64,
     ) -> Result<FlushOutcome, StoreError> {
-        flush(&[self], store, now_ms, true).await
+        flush(&[self], store, &|| now_ms, true).await
     }
 
     /// Moves the unsent admissions of the keys this flush sends into `take` (deferred keys
@@ -193,12 +204,14 @@ impl Limiter {
 /// is kept (its admissions keep counting locally) and retried unchanged, with the same batch
 /// id, before anything new is sent; the deltas of a policy removed meanwhile are still
 /// delivered. Also collects idle keys incrementally. Concurrent calls are serialized.
+/// `clock` gives the time in ms: read when the flush starts and when the store answers.
 pub async fn flush(
     set: &[&Limiter],
     store: &dyn CounterStore,
-    now_ms: u64,
+    clock: &(dyn Fn() -> u64 + Sync),
     force: bool,
 ) -> Result<FlushOutcome, StoreError> {
+    let now_ms = clock();
     let Some(&anchor) = set.first() else {
         return Ok(FlushOutcome::default());
     };
@@ -219,7 +232,7 @@ pub async fn flush(
     if let Some(pb) = fs.pending.take() {
         anchor.last_store_call_ms.store(now_ms, Ordering::Relaxed);
         out.called_store = true;
-        match send(set, store, &pb, now_ms).await {
+        match send(set, store, &pb, now_ms, interval, clock).await {
             Ok(()) => {
                 out.keys += pb.batch.len();
                 out.admissions += pb.admissions;
@@ -256,7 +269,7 @@ pub async fn flush(
         admissions: take.admissions,
     };
     out.called_store = true;
-    match send(set, store, &pb, now_ms).await {
+    match send(set, store, &pb, now_ms, interval, clock).await {
         Ok(()) => {
             out.keys += pb.batch.len();
             out.admissions += pb.admissions;
@@ -272,12 +285,16 @@ pub async fn flush(
 }
 
 /// Sends one batch; applies the counts on success; keeps health and error counters (the
-/// error count on `set[0]`, health and the fleet size on every limiter).
+/// error count on `set[0]`, health and the fleet size on every limiter). An answer that
+/// comes back `interval` (the time since the previous flush) or more after `now_ms` is
+/// late: the other instances may have synced meanwhile (see [`apply`]).
 async fn send(
     set: &[&Limiter],
     store: &dyn CounterStore,
     pb: &PendingBatch,
     now_ms: u64,
+    interval: u64,
+    clock: &(dyn Fn() -> u64 + Sync),
 ) -> Result<(), StoreError> {
     let Some(&anchor) = set.first() else {
         return Ok(());
@@ -298,6 +315,7 @@ async fn send(
     };
     match res {
         Ok(counts) => {
+            let late = interval > 0 && clock().saturating_sub(now_ms) >= interval;
             let n = store
                 .instances()
                 .map(|n| n.max(1))
@@ -307,7 +325,7 @@ async fn send(
                 l.instances.store(n, Ordering::Relaxed);
                 l.share_n.store(n, Ordering::Relaxed);
                 l.for_each_taken(&pb.taken, |s, k| {
-                    apply(s, &pb.batch[k], counts[k], n, pb.taken[k].prev_final);
+                    apply(s, &pb.batch[k], counts[k], n, pb.taken[k].prev_final, late);
                 });
                 l.healthy.store(true, Ordering::Relaxed);
             }

@@ -47,7 +47,7 @@ pub async fn run_flusher<F>(
         let store = Arc::clone(&store);
         async move {
             let refs: Vec<&Limiter> = set.iter().map(|l| &**l).collect();
-            flush(&refs, store.as_ref(), now_ms(), force).await
+            flush(&refs, store.as_ref(), &now_ms, force).await
         }
     };
     let every = |n: u64| flush_interval_for(flush_interval, n);

@@ -81,8 +81,10 @@
 //! older than another instance's next sync; the estimate of that instance's unsynced
 //! admissions can then miss some, and the fleet can admit a few more (on paused time, 60
 //! requests alternating between 2 instances, limit 20: at most 21 with answers within the
-//! 50 ms interval, up to 23 in 15 of 2,000 runs with answers of 50 to 60 ms; see
-//! `fleet_share_alternating_requests_with_slow_answers`).
+//! 50 ms interval, 22 or 23 in 12 of 2,000 runs with answers of 50 to 60 ms; see
+//! `fleet_share_alternating_requests_with_slow_answers`). An answer that comes back a flush
+//! interval or more after it was sent does not lower the estimate of the other instances'
+//! unsynced admissions ([`slot::apply`]).
 //!
 //! Refusing rather than admitting is deliberate: the contract prefers accuracy (never far
 //! above the limit) and a refused client is told to retry in a second, when the fleet view is

@@ -405,7 +405,7 @@ mod tests {
         }
         let set = ps.limiters();
         let refs: Vec<&Limiter> = set.iter().map(|l| &**l).collect();
-        let o = super::super::flush(&refs, &store, T0 + 1, false)
+        let o = super::super::flush(&refs, &store, &|| T0 + 1, false)
             .await
             .unwrap();
         assert_eq!((o.keys, o.admissions), (2, 4));

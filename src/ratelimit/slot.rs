@@ -248,7 +248,20 @@ impl Ghost {
 /// of those admissions) only grows and a cached refusal stays, until a sync brings news
 /// ([`RESTORED`]). Without this an instance whose view was one flush old, refusing on its
 /// estimate, restored its own older total first, dropped the estimate and admitted again.
-pub(super) fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final: bool) {
+///
+/// A `late` answer (it came back a flush interval or more after it was sent) is older than
+/// the other instances' next syncs, and the admissions they sent meanwhile are missing
+/// from it: `est` is not lowered by it (the estimate it held still stands for them).
+/// Without this, two instances alternating requests over a slow store admitted up to
+/// 23 of 20 (`fleet_share_alternating_requests_with_slow_answers`).
+pub(super) fn apply(
+    s: &mut Slot,
+    d: &Delta,
+    c: GlobalCounts,
+    n: u64,
+    prev_final: bool,
+    late: bool,
+) {
     let sat = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     let known = d.floor_cur.saturating_add(d.cur);
     if c.restored || c.cur < known {
@@ -260,7 +273,7 @@ pub(super) fn apply(s: &mut Slot, d: &Delta, c: GlobalCounts, n: u64, prev_final
     // The other instances are assumed to hold as many admissions not yet synced as we just
     // sent (they see the same traffic); replaced at every sync (only raised after a loss).
     let mut est = sat(n.saturating_sub(1).saturating_mul(d.cur));
-    if restored {
+    if restored || late {
         est = est.max(s.est);
     }
     let cur = c.cur.max(known);
