@@ -145,9 +145,31 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     // The baseline is the lowest recent latency: on a busy machine the proxy's
     // own latency may have risen meanwhile; the baseline forgets that within
     // two epochs (20 s).
+    // (On failure, say what the clients saw over the last 2 s: the limit holds where a
+    // window's median latency stays over ~2.3x the baseline, see `shed/adaptive.rs`.)
+    let recent = || {
+        let since = Instant::now() - Duration::from_secs(2);
+        let hits = hits.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ok: Vec<Duration> = hits
+            .iter()
+            .filter(|h| h.at >= since && h.status == 200)
+            .map(|h| h.took)
+            .collect();
+        ok.sort();
+        let shed = hits
+            .iter()
+            .filter(|h| h.at >= since && h.status == 503)
+            .count();
+        format!(
+            "last 2 s: {} admitted (median {:?}, p90 {:?}), {shed} shed",
+            ok.len(),
+            ok.get(ok.len() / 2),
+            ok.get(ok.len() * 9 / 10)
+        )
+    };
     eventually(
         PHASE,
-        || format!("recovered: limit {}", limit()),
+        || format!("recovered: limit {}; {}", limit(), recent()),
         || limit() >= NEAR_CEILING,
     );
 
