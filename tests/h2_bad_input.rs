@@ -18,16 +18,7 @@ fn fds(pid: u32) -> usize {
 /// ESTABLISHED IPv4 sockets whose remote port is `port`: on loopback, the proxy's
 /// connections to the test's backend on `port`.
 fn established_to(port: u16) -> usize {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    let want = format!(":{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            f.get(2).is_some_and(|r| r.ends_with(&want)) && f.get(3) == Some(&"01")
-        })
-        .count()
+    count_state(&tcp_states_to(port), TCP_ESTABLISHED)
 }
 
 fn start(backend: &Backend) -> Proxy {

@@ -8,28 +8,6 @@ mod support;
 use std::thread;
 use support::*;
 
-const ESTABLISHED: u8 = 0x01;
-const CLOSE_WAIT: u8 = 0x08;
-
-/// The TCP states (as in /proc/net/tcp) of this machine's IPv4 sockets whose remote port is
-/// `port`: on loopback, the proxy's side of its connections to the backend on `port`.
-fn states_to(port: u16) -> Vec<u8> {
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
-    let want = format!(":{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f.get(2)?.ends_with(&want)).then(|| u8::from_str_radix(f.get(3)?, 16).ok())?
-        })
-        .collect()
-}
-
-fn count(states: &[u8], state: u8) -> usize {
-    states.iter().filter(|s| **s == state).count()
-}
-
 #[test]
 fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
     let mut b = Backend::start("a");
@@ -46,8 +24,13 @@ fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
     );
     eventually(
         DEADLINE,
-        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
-        || count(&states_to(b.port()), ESTABLISHED) == opened as usize,
+        || {
+            format!(
+                "proxy's sockets to the backend: {:?}",
+                tcp_states_to(b.port())
+            )
+        },
+        || count_state(&tcp_states_to(b.port()), TCP_ESTABLISHED) == opened as usize,
     );
 
     // the upstream closes the idle connections: the proxy closes its side (none left
@@ -56,10 +39,15 @@ fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
     b.restart();
     eventually(
         DEADLINE,
-        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
         || {
-            let s = states_to(b.port());
-            count(&s, ESTABLISHED) == 0 && count(&s, CLOSE_WAIT) == 0
+            format!(
+                "proxy's sockets to the backend: {:?}",
+                tcp_states_to(b.port())
+            )
+        },
+        || {
+            let s = tcp_states_to(b.port());
+            count_state(&s, TCP_ESTABLISHED) == 0 && count_state(&s, TCP_CLOSE_WAIT) == 0
         },
     );
     assert_eq!(p.get("/", &[]).status, 200);
@@ -68,7 +56,7 @@ fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
         opened + 1,
         "a new connection, not a closed one"
     );
-    assert_eq!(count(&states_to(b.port()), ESTABLISHED), 1);
+    assert_eq!(count_state(&tcp_states_to(b.port()), TCP_ESTABLISHED), 1);
 }
 
 #[test]
@@ -96,8 +84,13 @@ fn pooled_connections_the_upstream_closed_cost_no_request() {
     }
     eventually(
         DEADLINE,
-        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
-        || count(&states_to(b.port()), ESTABLISHED) == 6,
+        || {
+            format!(
+                "proxy's sockets to the backend: {:?}",
+                tcp_states_to(b.port())
+            )
+        },
+        || count_state(&tcp_states_to(b.port()), TCP_ESTABLISHED) == 6,
     );
 
     // the upstream closes all six; the next requests, sent at once, all succeed
@@ -112,8 +105,13 @@ fn pooled_connections_the_upstream_closed_cost_no_request() {
     }
     eventually(
         DEADLINE,
-        || format!("proxy's sockets to the backend: {:?}", states_to(b.port())),
-        || count(&states_to(b.port()), CLOSE_WAIT) == 0,
+        || {
+            format!(
+                "proxy's sockets to the backend: {:?}",
+                tcp_states_to(b.port())
+            )
+        },
+        || count_state(&tcp_states_to(b.port()), TCP_CLOSE_WAIT) == 0,
     );
 }
 

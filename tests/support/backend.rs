@@ -479,3 +479,28 @@ pub fn fixed_response_backend(response: &'static [u8]) -> String {
     });
     addr
 }
+
+/// TCP state `ESTABLISHED` as /proc/net/tcp writes it.
+pub const TCP_ESTABLISHED: u8 = 0x01;
+/// TCP state `CLOSE_WAIT` as /proc/net/tcp writes it.
+pub const TCP_CLOSE_WAIT: u8 = 0x08;
+
+/// The TCP states (as in /proc/net/tcp) of this machine's IPv4 sockets whose remote port is
+/// `port`: on loopback, the proxy's side of its connections to the backend on `port`.
+pub fn tcp_states_to(port: u16) -> Vec<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let want = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(2)?.ends_with(&want)).then(|| u8::from_str_radix(f.get(3)?, 16).ok())?
+        })
+        .collect()
+}
+
+/// How many of `states` are `state`.
+pub fn count_state(states: &[u8], state: u8) -> usize {
+    states.iter().filter(|s| **s == state).count()
+}
