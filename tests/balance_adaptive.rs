@@ -82,6 +82,18 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
             .filter(|h| h.at >= from && f(h))
             .count()
     };
+    // The answer times of the requests from `from` on with `status`, sorted.
+    let sorted_took = |from: Instant, status: u16| {
+        let mut took: Vec<Duration> = hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|h| h.at >= from && h.status == status)
+            .map(|h| h.took)
+            .collect();
+        took.sort();
+        took
+    };
 
     // Fast backend: the limit stays at (or returns to) the ceiling.
     let t_fast = Instant::now();
@@ -119,14 +131,7 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     // is far faster than the median admitted one, both timed by the same clients (so a
     // stalled machine slows both alike; a queueing proxy makes them alike).
     let median_took = |status: u16| {
-        let mut took: Vec<Duration> = hits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|h| h.at >= t_slow && h.status == status)
-            .map(|h| h.took)
-            .collect();
-        took.sort();
+        let took = sorted_took(t_slow, status);
         took.get(took.len() / 2).copied()
     };
     let (shed, admitted) = (median_took(503), median_took(200));
@@ -149,17 +154,8 @@ fn the_limit_shrinks_when_latency_rises_sheds_instead_of_queueing_and_grows_back
     // window's median latency stays over ~2.3x the baseline, see `shed/adaptive.rs`.)
     let recent = || {
         let since = Instant::now() - Duration::from_secs(2);
-        let hits = hits.lock().unwrap_or_else(|p| p.into_inner());
-        let mut ok: Vec<Duration> = hits
-            .iter()
-            .filter(|h| h.at >= since && h.status == 200)
-            .map(|h| h.took)
-            .collect();
-        ok.sort();
-        let shed = hits
-            .iter()
-            .filter(|h| h.at >= since && h.status == 503)
-            .count();
+        let ok = sorted_took(since, 200);
+        let shed = count(since, &|h| h.status == 503);
         format!(
             "last 2 s: {} admitted (median {:?}, p90 {:?}), {shed} shed",
             ok.len(),
