@@ -13,11 +13,12 @@
 //! 5. `upstream_request_filter`: X-Forwarded-For/-Proto, X-Request-Id.
 //! 6. `response_filter`: RateLimit fields, X-Request-Id, `Connection: close`
 //!    while draining.
-//!
-//! Before the sends that follow 5 and 6, a request yields once while others are in
-//! flight on its thread, so one turn's sends go out together ([`batch`]).
 //! 7. `fail_to_proxy`: the refusal for an error (`failure.rs`), logged once.
 //! 8. `logging`: metrics and the backend's error window, which culling reads.
+//!
+//! Before the sends that follow 5 and 6 (and a gate's refusal), a request yields once
+//! while others are in flight on its thread, so one turn's sends go out together
+//! ([`batch`]).
 //!
 //! [`respond`]: crate::respond
 

@@ -1022,7 +1022,7 @@ impl CounterStore for SlowLink<'_> {
         "test"
     }
     fn instances(&self) -> Option<u64> {
-        Some(2)
+        self.0.inner.instances()
     }
 }
 
