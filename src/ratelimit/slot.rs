@@ -252,8 +252,9 @@ impl Ghost {
 /// A `late` answer (it came back a flush interval or more after it was sent) is older than
 /// the other instances' next syncs, and the admissions they sent meanwhile are missing
 /// from it: `est` is not lowered by it (the estimate it held still stands for them).
-/// Without this, two instances alternating requests over a slow store admitted up to
-/// 23 of 20 (`fleet_share_alternating_requests_with_slow_answers`).
+/// On paused time, two instances alternating requests over a store answering in 50 to
+/// 60 ms went over `limit + 1` in 15 of 2,000 runs without this, 12 with it
+/// (`fleet_share_alternating_requests_with_slow_answers`).
 pub(super) fn apply(
     s: &mut Slot,
     d: &Delta,
@@ -271,7 +272,8 @@ pub(super) fn apply(
     }
     let restored = s.flags & RESTORED != 0;
     // The other instances are assumed to hold as many admissions not yet synced as we just
-    // sent (they see the same traffic); replaced at every sync (only raised after a loss).
+    // sent (they see the same traffic); replaced at every sync (only raised after a loss
+    // or by a late answer).
     let mut est = sat(n.saturating_sub(1).saturating_mul(d.cur));
     if restored || late {
         est = est.max(s.est);
