@@ -45,6 +45,7 @@ use once_cell::sync::Lazy;
 use pingora_http::{RequestHeader, ResponseHeader};
 use std::fmt::Debug;
 use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::str;
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering},
@@ -1550,14 +1551,25 @@ impl SubrequestSpawner {
     }
 }
 
-#[async_trait]
-impl<SV, C> HttpServerApp for HttpProxy<SV, C>
+/// portcullis patch: build `make`'s future straight into its box (see `process_new_http`).
+fn boxed_in_place<'a, O, F>(make: impl FnOnce() -> F) -> Pin<Box<dyn Future<Output = O> + Send + 'a>>
+where
+    F: Future<Output = O> + Send + 'a,
+{
+    let mut slot = Box::<F>::new_uninit();
+    slot.write(make());
+    // SAFETY: the slot was written on the line above.
+    Box::into_pin(unsafe { slot.assume_init() })
+}
+
+impl<SV, C> HttpProxy<SV, C>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    async fn process_new_http(
+    // portcullis patch: the body of `HttpServerApp::process_new_http`, unchanged.
+    async fn process_new_http_in_place(
         self: &Arc<Self>,
         mut session: HttpSession,
         shutdown: &ShutdownWatch,
@@ -1594,7 +1606,32 @@ where
 
         self.process_request(session, ctx).await
     }
+}
 
+#[async_trait]
+impl<SV, C> HttpServerApp for HttpProxy<SV, C>
+where
+    SV: ProxyHttp + Send + Sync + 'static,
+    <SV as ProxyHttp>::CTX: Send + Sync,
+    C: custom::Connector,
+{
+    // portcullis patch: `#[async_trait]` boxes this method's future with `Box::pin(async move
+    // { .. })`, which builds the whole future on the stack and then copies it into the box:
+    // 10 KB per request for `HttpProxy<_>` (the future holds every state of
+    // `process_request`). Allocating the box first and writing the future into it copies only
+    // the arguments. Same signature as the one `#[async_trait]` derives from the trait.
+    fn process_new_http<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
+        session: HttpSession,
+        shutdown: &'life1 ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = Option<ReusedHttpStream>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        boxed_in_place(move || self.process_new_http_in_place(session, shutdown))
+    }
     async fn http_cleanup(&self) {
         self.shutdown_flag.store(true, Ordering::Release);
         // Notify all keepalived requests blocking on read_request() to abort

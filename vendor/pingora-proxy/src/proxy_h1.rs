@@ -45,7 +45,12 @@ where
 
         // phase 2 send to upstream
 
-        let mut req = session.req_header().clone();
+        // portcullis patch: the upstream request is the parsed header, which the parser sized
+        // with room for the fields a proxy adds (upstream_request_filter), and the session keeps
+        // an equal copy. A copy's maps have no room, so every field added to it grew and
+        // reallocated them.
+        let copy = session.req_header().clone();
+        let mut req = std::mem::replace(session.req_header_mut(), copy);
         let authority_policy = AuthorityPolicy::from(session.downstream_session.is_custom());
         let downstream_had_host = req.headers.contains_key(http::header::HOST);
         req.set_version(Version::HTTP_11);

@@ -437,8 +437,13 @@ impl HttpSession {
     /// Similar to [`Self::read_response()`], read the response header and then return a copy of it.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
+        // portcullis patch: hand out the parsed header, which the parser sized with room for
+        // the fields a proxy adds, and keep the copy (whose maps have no room) for this
+        // session's own reads. The other way round, every field added to the returned header
+        // grew and reallocated its maps. The two are equal either way.
         // safe to unwrap because it is just read
-        Ok(Box::new(self.resp_header().unwrap().clone()))
+        let copy = Box::new(self.resp_header().unwrap().clone());
+        Ok(self.response_header.replace(copy).unwrap())
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
