@@ -86,6 +86,10 @@ impl ProxyHttp for Proxy {
         Ctx::new(self.shared.runtime.load_full())
     }
 
+    /// None: Pingora's default is a disabled compression module, set up and called on every
+    /// request (4 allocations). portcullis compresses nothing.
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
+
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         self.shared.note_proxy_runtime();
         if let Some(conn) = edge::conn(session) {

@@ -205,18 +205,31 @@ pub fn ratelimit_header(name: &str, remaining: u64, t: u64) -> http::HeaderValue
     field(name, b";r=", remaining, b";t=", t)
 }
 
-/// `<sf-string name><k1><v1><k2><v2>`, written in one buffer that becomes the value without
-/// a copy (these two fields go on every admitted response: no `format!`, one allocation).
+/// `<sf-string name><k1><v1><k2><v2>`, written in one buffer of exactly its length, which
+/// becomes the value without a copy (these two fields go on every admitted response: no
+/// `format!`, one allocation). A buffer with spare capacity would cost `Bytes` a second.
 fn field(name: &str, k1: &[u8], v1: u64, k2: &[u8], v2: u64) -> http::HeaderValue {
-    let mut out = Vec::with_capacity(2 * name.len() + 2 + k1.len() + k2.len() + 40);
+    let (mut b1, mut b2) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (d1, d2) = (b1.format(v1).as_bytes(), b2.format(v2).as_bytes());
+    let len = sf_string_len(name) + k1.len() + d1.len() + k2.len() + d2.len();
+    let mut out = Vec::with_capacity(len);
     sf_string(name, &mut out);
     out.extend_from_slice(k1);
-    out.extend_from_slice(itoa::Buffer::new().format(v1).as_bytes());
+    out.extend_from_slice(d1);
     out.extend_from_slice(k2);
-    out.extend_from_slice(itoa::Buffer::new().format(v2).as_bytes());
+    out.extend_from_slice(d2);
+    debug_assert_eq!(out.len(), out.capacity());
     // Printable ASCII only (sf_string replaces anything else), so always valid.
     http::HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
         .unwrap_or_else(|_| http::HeaderValue::from_static("\"invalid\""))
+}
+
+/// The length [`sf_string`] writes for `s`.
+fn sf_string_len(s: &str) -> usize {
+    2 + s
+        .chars()
+        .map(|c| if matches!(c, '"' | '\\') { 2 } else { 1 })
+        .sum::<usize>()
 }
 
 /// Structured-field sf-string: printable ASCII only, `"` and `\` escaped; anything else is
