@@ -189,11 +189,10 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let connections = Arc::new(crate::lifecycle::Connections::default());
     let mut http_proxy =
         pingora::proxy::http_proxy(&server.configuration, Proxy::new(Arc::clone(&shared)));
-    if h2c {
-        let mut options = pingora::apps::HttpServerOptions::default();
-        options.h2c = true;
-        http_proxy.server_options = Some(options);
-    }
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2c = h2c;
+    options.h1_discard_header_case = !shared.keep_header_case;
+    http_proxy.server_options = Some(options);
     // Edge first: the connection cap and the PROXY header come before anything else.
     let mut proxy = Service::new(
         "portcullis proxy".into(),

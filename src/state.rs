@@ -174,6 +174,8 @@ pub struct Shared {
     /// "redis" or "local".
     pub store_kind: &'static str,
     pub config_path: std::path::PathBuf,
+    /// `server.preserve_header_case` as started (both directions; restart to change).
+    pub keep_header_case: bool,
     id_prefix: u64,
     id_counter: AtomicU64,
     /// The runtime serving proxy traffic, seen by the first request (the
@@ -195,6 +197,7 @@ impl Shared {
         let observe = crate::observe::Observe::new(&config.access_log, &config.tracing);
         let metrics = Arc::new(Metrics::new());
         observe.register(&metrics.registry);
+        let keep_header_case = config.server.preserve_header_case;
         let runtime = Runtime::build(config, None, &limiter, &metrics);
         Arc::new(Self {
             runtime: ArcSwap::from_pointee(runtime),
@@ -205,6 +208,7 @@ impl Shared {
             lifecycle: Arc::new(Lifecycle::default()),
             store_kind,
             config_path,
+            keep_header_case,
             id_prefix: (unix_ms() ^ (u64::from(std::process::id()) << 40)) & 0xffff_ffff_ffff,
             id_counter: AtomicU64::new(0),
             proxy_runtime: std::sync::OnceLock::new(),

@@ -155,3 +155,61 @@ fn request_ids_are_kept_only_when_valid_and_never_echoed_otherwise() {
         );
     }
 }
+
+/// `server.preserve_header_case`: by default (Pingora's behaviour) HTTP/1 header names
+/// reach the backend and the client in the case they were sent in; `false` writes them in
+/// canonical case, as HAProxy and Envoy do: the few names Pingora title-cases (`Host`,
+/// `Content-Type`, `Server`, ...) that way, all others in lower case. Both directions, on
+/// every request of a keep-alive connection.
+#[test]
+fn header_names_keep_their_case_unless_preserve_header_case_is_false() {
+    let b = Backend::start("app");
+    let raw = fixed_response_backend(
+        b"HTTP/1.1 200 OK\r\ncontent-LENGTH: 2\r\nX-MiXeD-Resp: r\r\nsERVER: s\r\n\r\nok",
+    );
+    let cfg = format!(
+        "{}\n[[upstreams]]\nname = \"raw\"\nbackends = [\"{raw}\"]\n\n\
+         [[routes]]\npath_prefix = \"/resp\"\nupstream = \"raw\"\n\n\
+         [[routes]]\npath_prefix = \"/\"\nupstream = \"app\"\n",
+        one_upstream(&b)
+    );
+    // The names in `hs` that match one of `wanted` but for case, in `wanted`'s order.
+    let names = |hs: &[(String, String)], wanted: &[&str]| -> Vec<String> {
+        wanted
+            .iter()
+            .flat_map(|w| hs.iter().filter(|(k, _)| k.eq_ignore_ascii_case(w)))
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    for (extra, want_req, want_resp) in [
+        ("", ["X-MiXeD-Req", "hoST"], ["X-MiXeD-Resp", "sERVER"]),
+        (
+            "preserve_header_case = false",
+            ["x-mixed-req", "Host"],
+            ["x-mixed-resp", "Server"],
+        ),
+    ] {
+        let p = Proxy::start_with_server(extra, &cfg);
+        let mut c = Conn::open(&p.addr()).expect("connect");
+        for round in 0..2 {
+            let path = format!("/case/{}/{round}", extra.len());
+            let r = c
+                .request(
+                    "GET",
+                    &path,
+                    &[("hoST", "example.test"), ("X-MiXeD-Req", "q")],
+                    b"",
+                )
+                .expect("request");
+            assert_eq!(r.status, 200, "{extra:?}: {}", r.body_str());
+            let got = received(&b, &path);
+            let seen = names(&got.headers, &want_req);
+            assert_eq!(seen, want_req, "{extra:?} round {round}: {:?}", got.headers);
+
+            let r = c.request("GET", "/resp", &[], b"").expect("request");
+            assert_eq!(r.status, 200, "{extra:?}: {}", r.body_str());
+            let seen = names(&r.headers, &want_resp);
+            assert_eq!(seen, want_resp, "{extra:?} round {round}: {:?}", r.headers);
+        }
+    }
+}

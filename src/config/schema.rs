@@ -86,6 +86,9 @@ pub struct ServerSection {
     pub admin_token: Secret,
     /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
     pub h2c: bool,
+    /// HTTP/1 header names keep the case they arrived in; false writes them in
+    /// canonical case, as HAProxy and Envoy do (less work per request).
+    pub preserve_header_case: bool,
     /// CIDRs (or addresses) of the proxies allowed to say who the client is.
     pub trusted_proxies: Vec<String>,
     /// Listeners expect a PROXY v1/v2 header, from `trusted_proxies` only.
@@ -113,6 +116,7 @@ impl Default for ServerSection {
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
             h2c: false,
+            preserve_header_case: true,
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
             max_request_body_bytes: 10 * 1024 * 1024,

@@ -66,6 +66,8 @@ pub struct ServerSettings {
     pub keepalive_seconds: u64,
     /// Cleartext HTTP/2 (prior knowledge) on `listen` too.
     pub h2c: bool,
+    /// HTTP/1 header names keep their case (false: canonical case).
+    pub preserve_header_case: bool,
     /// Bearer token for POST admin endpoints; empty = none.
     pub admin_token: Secret,
     pub trusted_proxies: crate::edge::TrustedProxies,

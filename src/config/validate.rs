@@ -163,6 +163,7 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         max_request_header_bytes: s.max_request_header_bytes,
         keepalive_seconds: s.keepalive_timeout_seconds,
         h2c: s.h2c,
+        preserve_header_case: s.preserve_header_case,
         admin_token: s.admin_token.clone(),
         trusted_proxies: edge.trusted_proxies,
         proxy_protocol: s.proxy_protocol,

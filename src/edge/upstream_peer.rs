@@ -9,8 +9,9 @@ use crate::config::UpstreamTransport;
 
 /// The peer for `addr` under `t`. With `sni = ""` the backend's host (its IP
 /// address, since backends are `host:port` resolved at load) is both the SNI
-/// and the name verified.
-pub fn peer(addr: SocketAddr, t: &UpstreamTransport) -> HttpPeer {
+/// and the name verified. `keep_case`: its HTTP/1 responses keep the case of
+/// their header names (`server.preserve_header_case`).
+pub fn peer(addr: SocketAddr, t: &UpstreamTransport, keep_case: bool) -> HttpPeer {
     let sni = if !t.tls {
         String::new()
     } else if t.sni.is_empty() {
@@ -19,6 +20,7 @@ pub fn peer(addr: SocketAddr, t: &UpstreamTransport) -> HttpPeer {
         t.sni.clone()
     };
     let mut peer = HttpPeer::new(addr, t.tls, sni);
+    peer.options.preserve_h1_header_case = keep_case;
     if t.tls {
         peer.options.verify_cert = t.verify;
         peer.options.verify_hostname = t.verify;

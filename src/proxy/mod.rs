@@ -248,7 +248,8 @@ impl ProxyHttp for Proxy {
         ctx.obs.backend_chosen();
         ctx.attempt = Some(Attempt::new(&backend));
         ctx.attempt_start = Some(Instant::now());
-        let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport);
+        let keep_case = self.shared.keep_header_case;
+        let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = Some(pool.read_timeout);
         peer.options.write_timeout = Some(pool.read_timeout);

@@ -89,6 +89,13 @@ pub struct HttpServerOptions {
     ///
     /// Default: `None`
     pub h2_idle_timeout: Option<Duration>,
+
+    /// portcullis patch: do not keep the case of HTTP/1 request header names. The
+    /// request header is then built without its case map (half the header-map work per
+    /// request) and written upstream in canonical case, as HAProxy and Envoy do.
+    ///
+    /// Default: `false` (case kept)
+    pub h1_discard_header_case: bool,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -356,10 +363,16 @@ where
                 self.server_options()
                     .and_then(|opts| opts.keepalive_request_limit),
             );
+            // portcullis patch
+            let keep_case = !self
+                .server_options()
+                .is_some_and(|opts| opts.h1_discard_header_case);
+            session.set_preserve_header_case(keep_case);
 
             let mut result = self.process_new_http(session, shutdown).await;
             while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
                 let mut session = ServerSession::new_http1(stream);
+                session.set_preserve_header_case(keep_case);
                 if let Some(persistent_settings) = persistent_settings {
                     persistent_settings.apply_to_session(&mut session);
                 }

@@ -541,6 +541,10 @@ pub struct PeerOptions {
     /// **Note:** This field is unstable and may be removed or changed in future versions.
     /// It exists primarily for compatibility with legacy servers that send malformed headers.
     pub allow_h1_response_invalid_content_length: bool,
+    /// portcullis patch: whether an HTTP/1 response read from this peer keeps the case of
+    /// its header names (default true). When false, no case map is built and the names
+    /// are written on in their canonical form.
+    pub preserve_h1_header_case: bool,
     /// Controls automatically forwarded request headers sent to HTTP upstreams.
     pub http_upstream_request_policy: HttpUpstreamRequestPolicy,
     pub extra_proxy_headers: BTreeMap<String, Vec<u8>>,
@@ -600,6 +604,7 @@ impl PeerOptions {
             h2_stream_window_size: None,
             h2_connection_window_size: None,
             allow_h1_response_invalid_content_length: false,
+            preserve_h1_header_case: true,
             http_upstream_request_policy: HttpUpstreamRequestPolicy::default(),
             extra_proxy_headers: BTreeMap::new(),
             curves: None,

@@ -943,6 +943,25 @@ impl Session {
         }
     }
 
+    /// portcullis patch: whether this session's requests keep the case of their header
+    /// names. Always false for H2 (names are lower case on the wire), Subrequest and
+    /// Custom.
+    pub fn preserve_header_case(&self) -> bool {
+        match self {
+            Self::H1(s) => s.preserve_header_case(),
+            _ => false,
+        }
+    }
+
+    /// portcullis patch: keep or drop the case of HTTP/1 header names. No-op for H2,
+    /// Subrequest and Custom. See
+    /// [`HttpSession::set_preserve_header_case`](crate::protocols::http::v1::server::HttpSession::set_preserve_header_case).
+    pub fn set_preserve_header_case(&mut self, preserve: bool) {
+        if let Self::H1(s) = self {
+            s.set_preserve_header_case(preserve);
+        }
+    }
+
     /// Set pipelined bytes to be parsed as the start of this session's request.
     ///
     /// No-op for non-H1 sessions. See

@@ -67,6 +67,9 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    // portcullis patch: whether the parsed response keeps each header name's case
+    // (default true; see `set_preserve_header_case`)
+    preserve_header_case: bool,
 }
 
 /// HTTP 1.x client session
@@ -100,6 +103,7 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            preserve_header_case: true,
         }
     }
 
@@ -110,6 +114,7 @@ impl HttpSession {
             session.set_allow_h1_response_invalid_content_length(
                 options.allow_h1_response_invalid_content_length,
             );
+            session.set_preserve_header_case(options.preserve_h1_header_case);
         }
         session
     }
@@ -284,10 +289,16 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
-                        let mut response_header = match ResponseHeader::build(
-                            resp.code.unwrap(),
-                            Some(resp.headers.len()),
-                        ) {
+                        // portcullis patch: no case map unless the session keeps case
+                        let built = if self.preserve_header_case {
+                            ResponseHeader::build(resp.code.unwrap(), Some(resp.headers.len()))
+                        } else {
+                            ResponseHeader::build_no_case(
+                                resp.code.unwrap(),
+                                Some(resp.headers.len()),
+                            )
+                        };
+                        let mut response_header = match built {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
                         };
@@ -526,6 +537,15 @@ impl HttpSession {
 
     pub fn set_allow_h1_response_invalid_content_length(&mut self, allow: bool) {
         self.allow_h1_response_invalid_content_length = allow;
+    }
+
+    /// portcullis patch: keep (default) or drop the case of the header names of the
+    /// responses read on this session. Dropped, a response header is built without its
+    /// case map ([`ResponseHeader::build_no_case`]) and its names are written downstream
+    /// in their canonical form (title case for the standard names, lower case for the
+    /// others).
+    pub fn set_preserve_header_case(&mut self, preserve: bool) {
+        self.preserve_header_case = preserve;
     }
 
     pub(super) fn get_headers_raw(&self) -> &[u8] {

@@ -144,6 +144,10 @@ pub struct HttpSession {
     /// Defaults to false. Can be enabled via [`set_pipelining_enabled`](Self::set_pipelining_enabled).
     /// See [`Self::set_pipelining_enabled`] for RFC 9112 §9.3.2 semantics.
     pipelining_enabled: bool,
+    /// portcullis patch: whether the parsed request keeps each header name's case
+    /// (a case map beside the value map). Defaults to true. See
+    /// [`Self::set_preserve_header_case`].
+    preserve_header_case: bool,
     /// Pipelined bytes from the previous request on the same keep-alive connection,
     /// to be parsed as the start of this session's request. Consumed on the first
     /// call to [`Self::read_request`]. Set via [`Self::set_pipelined_prefix`] after
@@ -204,6 +208,7 @@ impl HttpSession {
             abort_on_close: true,
             proxy_tasks_enabled: false,
             pipelining_enabled: false,
+            preserve_header_case: true,
             pipelined_prefix: None,
             pipelined_idle_bytes_stashed: false,
         }
@@ -349,12 +354,16 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
 
-                        let mut request_header = Box::new(RequestHeader::build(
-                            req.method.unwrap_or(""),
-                            // we path httparse to allow unsafe bytes in the str
-                            req.path.unwrap_or("").as_bytes(),
-                            Some(req.headers.len()),
-                        )?);
+                        let method = req.method.unwrap_or("");
+                        // we path httparse to allow unsafe bytes in the str
+                        let path = req.path.unwrap_or("").as_bytes();
+                        let size_hint = Some(req.headers.len());
+                        // portcullis patch: no case map unless the session keeps case
+                        let mut request_header = Box::new(if self.preserve_header_case {
+                            RequestHeader::build(method, path, size_hint)?
+                        } else {
+                            RequestHeader::build_no_case(method, path, size_hint)?
+                        });
 
                         request_header.set_version(match req.version {
                             Some(1) => Version::HTTP_11,
@@ -1013,6 +1022,24 @@ impl HttpSession {
     /// request N+1 begins processing. No parallel pipelining.
     pub fn set_pipelining_enabled(&mut self, enabled: bool) {
         self.pipelining_enabled = enabled;
+    }
+
+    /// portcullis patch: whether requests read on this session keep the case of their
+    /// header names.
+    pub fn preserve_header_case(&self) -> bool {
+        self.preserve_header_case
+    }
+
+    /// portcullis patch: keep (default) or drop the case of the header names of the
+    /// requests read on this session.
+    ///
+    /// When dropped, the request header is built without its case map
+    /// ([`RequestHeader::build_no_case`]): half the header-map work and allocations per
+    /// request, and the names are written upstream in their canonical form (title case
+    /// for the standard names, lower case for the others), as HAProxy and Envoy do by
+    /// default. HTTP field names are case-insensitive (RFC 9110 §5.1).
+    pub fn set_preserve_header_case(&mut self, preserve: bool) {
+        self.preserve_header_case = preserve;
     }
 
     /// Set pipelined bytes to be parsed as the start of this session's request.
