@@ -126,9 +126,10 @@ start_cmd() {
     bare)
       [ "$MODE" = h1 ] || die "bare Pingora has no TLS listener here"
       echo "$BARE_BIN 127.0.0.1:$P_PROXY 127.0.0.1:$P_BACKEND $PROXY_THREADS" ;;
-    pc_off | pc_on)
+    pc_off | pc_on | pc_lc)
+      # pc_lc: gates on, server.preserve_header_case = false
       local tpl=portcullis-gates-off.toml
-      [ "$t" = pc_on ] && tpl=portcullis-gates-on.toml
+      [ "$t" != pc_off ] && tpl=portcullis-gates-on.toml
       if [ "$MODE" = h2tls ]; then
         # plain listener on a spare port; the TLS listener is the one measured
         local spare
@@ -138,6 +139,10 @@ start_cmd() {
           "$P_PROXY" "$TMP/cert.pem" "$TMP/key.pem" >>"$TMP/$t.toml"
       else
         render "$CONF/$tpl" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY"
+      fi
+      if [ "$t" = pc_lc ]; then
+        sed -i 's/^\[server\]$/[server]\npreserve_header_case = false/' "$TMP/$t.toml"
+        grep -q '^preserve_header_case = false' "$TMP/$t.toml" || die "pc_lc: no [server] table to set"
       fi
       echo "$PC_BIN -c $TMP/$t.toml" ;;
     pc_shed)
