@@ -8,7 +8,7 @@ use http::HeaderMap;
 /// The `grpc-status` code in `headers`, if any.
 pub fn status_of(headers: &HeaderMap) -> Option<u32> {
     headers
-        .get("grpc-status")
+        .get(&crate::edge::headers::names::lookup::GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
 }

@@ -23,6 +23,17 @@ pub mod names {
     pub static TRACEPARENT: StaticHeaderName = StaticHeaderName::new("traceparent");
     pub static RATELIMIT_POLICY: StaticHeaderName = StaticHeaderName::new("ratelimit-policy");
     pub static RATELIMIT: StaticHeaderName = StaticHeaderName::new("ratelimit");
+
+    /// Names only looked up: a `HeaderName` skips parsing the name on each look-up
+    /// (a `&str` key is parsed every time).
+    pub mod lookup {
+        use http::HeaderName;
+        pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+        pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+        pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+        pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+        pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+    }
 }
 
 /// A header block the rules edit: an `http::HeaderMap`, or Pingora's request
@@ -145,18 +156,39 @@ pub fn restore(original: &HeaderMap, upstream: &mut impl Headers, names: &[&Head
 pub fn strip_response_hop_by_hop(headers: &mut impl Headers) {
     const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
     const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+    // Tokens of `Connection` that name no field to strip.
+    const NOT_NOMINATED: [&str; 5] = [
+        "keep-alive",
+        "close",
+        "content-length",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    // One pass over the names instead of a hashed look-up per name: most responses
+    // carry at most `Connection: keep-alive`.
+    let (mut conn, mut keep_alive, mut proxy_conn) = (false, false, false);
+    for k in headers.map().keys() {
+        if k == CONNECTION {
+            conn = true;
+        } else if k == KEEP_ALIVE {
+            keep_alive = true;
+        } else if k == PROXY_CONNECTION {
+            proxy_conn = true;
+        }
+    }
     let mut nominated: Vec<HeaderName> = Vec::new();
-    for v in headers.map().get_all(CONNECTION) {
-        for token in v.as_bytes().split(|&b| b == b',') {
-            let token = token.trim_ascii();
-            if token.is_empty() {
-                continue;
-            }
-            if let Ok(name) = HeaderName::from_bytes(token) {
-                if !matches!(
-                    name.as_str(),
-                    "content-length" | "transfer-encoding" | "upgrade" | "close" | "keep-alive"
-                ) {
+    if conn {
+        for v in headers.map().get_all(CONNECTION) {
+            for token in v.as_bytes().split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.is_empty()
+                    || NOT_NOMINATED
+                        .iter()
+                        .any(|n| token.eq_ignore_ascii_case(n.as_bytes()))
+                {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token) {
                     nominated.push(name);
                 }
             }
@@ -165,10 +197,11 @@ pub fn strip_response_hop_by_hop(headers: &mut impl Headers) {
     for name in &nominated {
         headers.remove(name);
     }
-    for name in [KEEP_ALIVE, PROXY_CONNECTION] {
-        if headers.map().contains_key(&name) {
-            headers.remove(&name);
-        }
+    if keep_alive {
+        headers.remove(&KEEP_ALIVE);
+    }
+    if proxy_conn {
+        headers.remove(&PROXY_CONNECTION);
     }
 }
 
@@ -289,5 +322,21 @@ mod tests {
         assert!(h.get("proxy-connection").is_none());
         assert_eq!(h["content-length"], "3");
         assert_eq!(h["x-fine"], "f");
+
+        // Without `Connection`; framing tokens in any case are never stripped.
+        let mut h = map(&[("keep-alive", "timeout=5"), ("x-fine", "f")]);
+        strip_response_hop_by_hop(&mut h);
+        assert!(h.get("keep-alive").is_none());
+        assert_eq!(h["x-fine"], "f");
+        let mut h = map(&[
+            ("connection", "Keep-Alive, CONTENT-LENGTH, X-Other"),
+            ("content-length", "3"),
+            ("x-other", "o"),
+            ("proxy-connection", "close"),
+        ]);
+        strip_response_hop_by_hop(&mut h);
+        assert_eq!(h["content-length"], "3");
+        assert!(h.get("x-other").is_none());
+        assert!(h.get("proxy-connection").is_none());
     }
 }

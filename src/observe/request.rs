@@ -48,7 +48,7 @@ impl RequestObs {
         *self.trace.get_or_insert_with(|| {
             let values = req
                 .headers
-                .get_all("traceparent")
+                .get_all(&crate::edge::headers::names::lookup::TRACEPARENT)
                 .iter()
                 .map(|v| v.as_bytes());
             let draw = if new_trace_sample > 0.0 {
@@ -71,7 +71,7 @@ impl RequestObs {
     ) -> pingora::Result<()> {
         let tc = self.trace_for(upstream_req, new_trace_sample);
         if !tc.continued {
-            upstream_req.remove_header("tracestate");
+            upstream_req.remove_header(&crate::edge::headers::names::lookup::TRACESTATE);
         }
         upstream_req.insert_header(&crate::edge::headers::names::TRACEPARENT, tc.header_value())?;
         Ok(())
