@@ -21,6 +21,7 @@ pub struct Admin {
     pub shared: Arc<Shared>,
     /// Store errors already added to the Prometheus counter.
     store_errors_seen: AtomicU64,
+    store_late_seen: AtomicU64,
     /// Backend errors already added, per (upstream, backend).
     backend_errors_seen: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
     /// The admin listener is bound to a loopback address (fixed at start:
@@ -96,6 +97,7 @@ impl Admin {
         Self {
             shared,
             store_errors_seen: AtomicU64::new(0),
+            store_late_seen: AtomicU64::new(0),
             backend_errors_seen: std::sync::Mutex::new(std::collections::HashMap::new()),
             loopback,
         }
@@ -145,6 +147,10 @@ impl Admin {
         let total = s.limiter.store_errors_total();
         let prev = self.store_errors_seen.swap(total, Ordering::AcqRel);
         m.ratelimit_store_errors.inc_by(total.saturating_sub(prev));
+        let late = s.limiter.late_answers_total();
+        let prev = self.store_late_seen.swap(late, Ordering::AcqRel);
+        m.ratelimit_store_late_answers
+            .inc_by(late.saturating_sub(prev));
         let rt = s.runtime.load();
         let mut seen = match self.backend_errors_seen.lock() {
             Ok(g) => g,

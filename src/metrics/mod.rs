@@ -122,6 +122,7 @@ pub struct Metrics {
     pub cull_tokens_available: IntGauge,
     pub upstream_panic_mode: IntGaugeVec,
     pub ratelimit_store_errors: IntCounter,
+    pub ratelimit_store_late_answers: IntCounter,
     pub ratelimit_store_healthy: IntGauge,
     pub ratelimit_tracked_keys: IntGauge,
     /// Per rate-limit policy, by `result` = allowed | limited | refused_by_other (handles
@@ -247,6 +248,11 @@ impl Metrics {
             "Failed or timed-out rate-limit store round trips",
         ));
         reg(Box::new(ratelimit_store_errors.clone()));
+        let ratelimit_store_late_answers = must(IntCounter::new(
+            "portcullis_ratelimit_store_late_answers_total",
+            "Rate-limit store answers that came back a flush interval or more after their batch was sent (the fleet share may then admit past the limit)",
+        ));
+        reg(Box::new(ratelimit_store_late_answers.clone()));
         let ratelimit_store_healthy = must(IntGauge::new(
             "portcullis_ratelimit_store_healthy",
             "1 while the last rate-limit store round trip succeeded",
@@ -352,6 +358,7 @@ impl Metrics {
             cull_tokens_available,
             upstream_panic_mode,
             ratelimit_store_errors,
+            ratelimit_store_late_answers,
             ratelimit_store_healthy,
             ratelimit_policy_decisions,
             ratelimit_tracked_keys,
@@ -515,6 +522,7 @@ mod tests {
             "portcullis_backend_culled",
             "portcullis_cull_decisions_total",
             "portcullis_ratelimit_store_errors_total",
+            "portcullis_ratelimit_store_late_answers_total",
             "portcullis_ratelimit_store_healthy",
             "portcullis_client_aborts_total",
             "portcullis_concurrency_limit",

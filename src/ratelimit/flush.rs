@@ -316,6 +316,9 @@ async fn send(
     match res {
         Ok(counts) => {
             let late = interval > 0 && clock().saturating_sub(now_ms) >= interval;
+            if late {
+                anchor.late_answers.fetch_add(1, Ordering::Relaxed);
+            }
             let n = store
                 .instances()
                 .map(|n| n.max(1))

@@ -65,6 +65,8 @@ pub struct Limiter {
     pub(super) hasher: RandomState,
     pub(super) healthy: AtomicBool,
     pub(super) store_errors: AtomicU64,
+    /// Store answers that came back a flush interval or more after their batch was sent.
+    pub(super) late_answers: AtomicU64,
     /// Keys evicted while holding admissions not yet delivered to the store.
     pub(super) dropped_unsent: AtomicU64,
     pub(super) evictions: AtomicU64,
@@ -98,6 +100,7 @@ impl Limiter {
             hasher: RandomState::new(),
             healthy: AtomicBool::new(true),
             store_errors: AtomicU64::new(0),
+            late_answers: AtomicU64::new(0),
             dropped_unsent: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             last_store_call_ms: AtomicU64::new(0),
@@ -402,6 +405,14 @@ impl Limiter {
     /// Failed store calls (timeouts, connection and command errors).
     pub fn store_errors_total(&self) -> u64 {
         self.store_errors.load(Ordering::Relaxed)
+    }
+
+    /// Store answers that came back a flush interval or more after their batch was sent.
+    /// While answers are that late the fleet share can admit past the limit (by up to
+    /// about a quarter of it for a burst on a new key: `limiter_tests`,
+    /// `burst_on_a_new_key_with_slow_answers`).
+    pub fn late_answers_total(&self) -> u64 {
+        self.late_answers.load(Ordering::Relaxed)
     }
 
     /// Keys evicted (memory cap) so far.
