@@ -807,6 +807,16 @@ fn burst_on_a_new_key_stays_within_the_limit_across_two_instances() {
     eprintln!("burst: warm-up done, {admitted_warm} admitted on the warm-up key");
 
     // The burst.
+    let late_answers = || {
+        [&p1, &p2]
+            .iter()
+            .map(|p| {
+                p.metric("portcullis_ratelimit_store_late_answers_total")
+                    .unwrap_or(0.0)
+            })
+            .sum::<f64>()
+    };
+    let late_before = late_answers();
     let key = format!("burst-new-key-{}", now_ms());
     let addrs = [p1.addr(), p2.addr()];
     let go = Arc::new(std::sync::Barrier::new(8));
@@ -833,6 +843,7 @@ fn burst_on_a_new_key_stays_within_the_limit_across_two_instances() {
         statuses.extend(h.join().expect("burst thread"));
     }
     let elapsed = t0.elapsed();
+    let late = late_answers() - late_before;
     let admitted = statuses.iter().filter(|(s, _)| *s == 200).count() as u64;
     let limited: Vec<Option<u64>> = statuses
         .iter()
@@ -845,7 +856,8 @@ fn burst_on_a_new_key_stays_within_the_limit_across_two_instances() {
     }
     eprintln!(
         "burst on a new key: {} requests through 2 instances in {elapsed:?}: admitted {admitted} \
-         for a limit of {LIMIT} (ratio {:.3}), {} limited; Retry-After counts {retry_afters:?}",
+         for a limit of {LIMIT} (ratio {:.3}), {} limited; Retry-After counts {retry_afters:?}; \
+         {late} store answers came back later than the flush interval",
         statuses.len(),
         admitted as f64 / LIMIT as f64,
         limited.len()
@@ -859,12 +871,60 @@ fn burst_on_a_new_key_stays_within_the_limit_across_two_instances() {
         limited.iter().all(|ra| ra.is_some_and(|s| s >= 1)),
         "every 429 carries Retry-After >= 1: {retry_afters:?}"
     );
+    // Within 1.05 x the limit while Redis answers within the flush interval. A loaded
+    // machine can make answers later than that; the shares then overlap, by up to about a
+    // quarter of the limit (the paused-time model: `limiter_tests`,
+    // `burst_on_a_new_key_with_slow_answers`), and the proxies count each such answer.
+    let bound = if late > 0.0 { 125 } else { 105 };
     assert!(
-        admitted * 100 <= LIMIT * 105,
-        "burst on a new key: {admitted} admitted for a limit of {LIMIT}"
+        admitted * 100 <= LIMIT * bound,
+        "burst on a new key: {admitted} admitted for a limit of {LIMIT} ({late} late answers)"
     );
     assert!(
         admitted >= LIMIT / 2,
         "burst on a new key: only {admitted} admitted for a limit of {LIMIT}"
     );
+}
+
+/// A Redis that answers later than the flush interval (50 ms) but within the store timeout
+/// (200 ms) is not an error: each such answer is counted in
+/// `portcullis_ratelimit_store_late_answers_total`, so an operator can see why a burst may
+/// have gone past the limit (see `burst_on_a_new_key_stays_within_the_limit_...`).
+#[test]
+fn store_answers_later_than_the_flush_interval_are_counted() {
+    const LATE: &str = "portcullis_ratelimit_store_late_answers_total";
+    let redis = RedisServer::start_with_args(&["--enable-debug-command", "yes"]);
+    let b = Backend::start("app");
+    let p = Proxy::start(&redis_config(
+        &b,
+        &redis.url(),
+        "pcx-late",
+        &rate_limit(60, 1_000_000, NO_CULLING),
+    ));
+    let before = p.metric(LATE).unwrap_or(0.0);
+    let errors_before = p
+        .metric("portcullis_ratelimit_store_errors_total")
+        .unwrap_or(0.0);
+    let mut c = Conn::open(&p.addr()).expect("connect");
+    let counted = wait_until(DEADLINE, || {
+        // Admissions to flush, then Redis stalls 120 ms: the flush in flight, or the next
+        // one, is answered late.
+        for _ in 0..3 {
+            let r = c
+                .request("GET", "/", &[("x-api-key", "late-key")], b"")
+                .expect("request");
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+        redis.cmd(&["DEBUG", "SLEEP", "0.12"]);
+        p.metric(LATE).unwrap_or(0.0) > before
+    });
+    assert!(
+        counted,
+        "no late answer counted while Redis stalled 120 ms at a time"
+    );
+    let errors = p
+        .metric("portcullis_ratelimit_store_errors_total")
+        .unwrap_or(0.0);
+    assert_eq!(errors, errors_before, "a late answer is not a store error");
+    assert_eq!(p.metric("portcullis_ratelimit_store_healthy"), Some(1.0));
 }
