@@ -1036,42 +1036,57 @@ async fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) ->
     .await
 }
 
-/// One run of [`fleet_share_alternating_requests_with_slow_answers`]: 60 requests for one
-/// key (limit 20 per 10 s) alternating between two instances, a random gap of 1 to
-/// `gap_max` ms apart; each instance flushes every 50 ms (its own phase) unless its last
-/// flush is still waiting for its answer, which takes up to `lat` ms. Returns the
-/// admissions.
-async fn alternating_run(seed: u64, lat: u64) -> u64 {
+/// The xorshift generator of the slow-fleet runs: every timing of a run comes from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d))
+    }
+
+    /// A number below `m`.
+    fn next(&mut self, m: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % m
+    }
+}
+
+/// Two limiters `ls` on a [`SlowFleet`], on paused time from `T0 + 100`, 1 ms a step: each
+/// flushes every 50 ms (its own phase) unless its last flush is still waiting for its
+/// answer, which takes up to `lat` ms. Each step, after the flushes, `request(t, i, rng)`
+/// is asked until it returns `None` which instance (0 or 1) takes the next request for
+/// `key` (`i`: requests so far); `n` requests in all. Returns the admissions.
+async fn slow_fleet_run(
+    rng: &mut Rng,
+    lat: u64,
+    ls: &[Limiter; 2],
+    key: &str,
+    n: u64,
+    mut request: impl FnMut(u64, u64, &mut Rng) -> Option<usize>,
+) -> u64 {
     use std::future::Future;
     use std::pin::Pin;
     type Flush<'a> =
         Pin<Box<dyn Future<Output = Result<crate::ratelimit::FlushOutcome, StoreError>> + 'a>>;
-    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d);
-    let mut next = |m: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % m
-    };
     let store = SlowFleet {
         inner: Fleet::new(2),
         open: Default::default(),
     };
     let links = [SlowLink(&store, 0), SlowLink(&store, 1)];
-    let ls = [lim(20, 10), lim(20, 10)];
     for (k, open) in store.open.iter().enumerate() {
         open.store(true, Ordering::Relaxed);
         ls[k].flush_once(&links[k], T0 + k as u64).await.unwrap();
     }
-    let gap_max = 1 + next(12);
-    let lat_max = 1 + next(lat);
-    let phase = [next(50), next(50)];
-    let (mut t, mut next_req) = (T0 + 100, T0 + 100);
+    let lat_max = 1 + rng.next(lat);
+    let phase = [rng.next(50), rng.next(50)];
+    let mut t = T0 + 100;
     let now = std::sync::atomic::AtomicU64::new(t);
     let clock = || now.load(Ordering::Relaxed);
     let mut inflight: [Option<(u64, Flush<'_>)>; 2] = [None, None];
     let (mut total, mut i) = (0, 0);
-    while i < 60 {
+    while i < n {
         now.store(t, Ordering::Relaxed);
         for k in 0..2 {
             if let Some((done, f)) = inflight[k].as_mut() {
@@ -1082,23 +1097,40 @@ async fn alternating_run(seed: u64, lat: u64) -> u64 {
             }
             if inflight[k].is_none() && t % 50 == phase[k] {
                 store.open[k].store(false, Ordering::Relaxed);
-                let done = t + next(lat_max);
+                let done = t + rng.next(lat_max);
                 let mut f: Flush<'_> = Box::pin(ls[k].flush_once_clocked(&links[k], &clock));
                 if !poll_once(f.as_mut()).await {
                     inflight[k] = Some((done, f));
                 }
             }
         }
-        if t == next_req {
-            if ls[i % 2].check("k", t).is_allowed() {
+        while i < n {
+            let Some(k) = request(t, i, rng) else { break };
+            if ls[k].check(key, t).is_allowed() {
                 total += 1;
             }
             i += 1;
-            next_req = t + 1 + next(gap_max);
         }
         t += 1;
     }
     total
+}
+
+/// One run of [`fleet_share_alternating_requests_with_slow_answers`]: 60 requests for one
+/// key (limit 20 per 10 s) alternating between two instances, a random gap of 1 to
+/// `gap_max` ms apart, on [`slow_fleet_run`]'s flushes with answers up to `lat` ms late.
+/// Returns the admissions.
+async fn alternating_run(seed: u64, lat: u64) -> u64 {
+    let mut rng = Rng::new(seed);
+    let gap_max = 1 + rng.next(12);
+    let mut next_req = T0 + 100;
+    let request = |t: u64, i: u64, rng: &mut Rng| {
+        (t == next_req).then(|| {
+            next_req = t + 1 + rng.next(gap_max);
+            (i % 2) as usize
+        })
+    };
+    slow_fleet_run(&mut rng, lat, &[lim(20, 10), lim(20, 10)], "k", 60, request).await
 }
 
 #[tokio::test]
@@ -1159,66 +1191,23 @@ async fn a_late_answer_does_not_lower_the_estimate_of_the_others() {
 
 /// One run of [`burst_on_a_new_key_with_slow_answers`]: limit 200 per 60 s, two instances
 /// that know each other, 800 requests for a key neither has seen, 1 to `per_ms` per ms to
-/// either instance at random; each flushes every 50 ms (its own phase) unless its last
-/// flush is still waiting for its answer, which takes up to `lat` ms. Returns the
-/// admissions and the late answers counted by the two.
+/// either instance at random, on [`slow_fleet_run`]'s flushes with answers up to `lat` ms
+/// late. Returns the admissions and the late answers counted by the two.
 async fn burst_run(seed: u64, lat: u64, per_ms: u64) -> (u64, u64) {
-    use std::future::Future;
-    use std::pin::Pin;
-    type Flush<'a> =
-        Pin<Box<dyn Future<Output = Result<crate::ratelimit::FlushOutcome, StoreError>> + 'a>>;
-    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d);
-    let mut next = |m: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % m
-    };
-    let store = SlowFleet {
-        inner: Fleet::new(2),
-        open: Default::default(),
-    };
-    let links = [SlowLink(&store, 0), SlowLink(&store, 1)];
+    let mut rng = Rng::new(seed);
     let ls = [lim(200, 60), lim(200, 60)];
-    for (k, open) in store.open.iter().enumerate() {
-        open.store(true, Ordering::Relaxed);
-        ls[k].flush_once(&links[k], T0 + k as u64).await.unwrap();
-    }
-    let lat_max = 1 + next(lat);
-    let phase = [next(50), next(50)];
-    let mut t = T0 + 100;
-    let now = std::sync::atomic::AtomicU64::new(t);
-    let clock = || now.load(Ordering::Relaxed);
-    let mut inflight: [Option<(u64, Flush<'_>)>; 2] = [None, None];
-    let (mut total, mut i) = (0, 0);
-    while i < 800 {
-        now.store(t, Ordering::Relaxed);
-        for k in 0..2 {
-            if let Some((done, f)) = inflight[k].as_mut() {
-                store.open[k].store(t >= *done, Ordering::Relaxed);
-                if poll_once(f.as_mut()).await {
-                    inflight[k] = None;
-                }
-            }
-            if inflight[k].is_none() && t % 50 == phase[k] {
-                store.open[k].store(false, Ordering::Relaxed);
-                let done = t + next(lat_max);
-                let mut f: Flush<'_> = Box::pin(ls[k].flush_once_clocked(&links[k], &clock));
-                if !poll_once(f.as_mut()).await {
-                    inflight[k] = Some((done, f));
-                }
-            }
+    // (the step, requests it still has to send)
+    let mut this_ms = (0, 0);
+    let request = |t: u64, _: u64, rng: &mut Rng| {
+        if this_ms.0 != t {
+            this_ms = (t, 1 + rng.next(per_ms));
         }
-        for _ in 0..1 + next(per_ms) {
-            if i < 800 {
-                if ls[next(2) as usize].check("new", t).is_allowed() {
-                    total += 1;
-                }
-                i += 1;
-            }
-        }
-        t += 1;
-    }
+        (this_ms.1 > 0).then(|| {
+            this_ms.1 -= 1;
+            rng.next(2) as usize
+        })
+    };
+    let total = slow_fleet_run(&mut rng, lat, &ls, "new", 800, request).await;
     let late = ls.iter().map(Limiter::late_answers_total).sum();
     (total, late)
 }
