@@ -21,6 +21,7 @@ pub struct Admin {
     pub shared: Arc<Shared>,
     /// Store errors already added to the Prometheus counter.
     store_errors_seen: AtomicU64,
+    /// Late store answers already added.
     store_late_seen: AtomicU64,
     /// Backend errors already added, per (upstream, backend).
     backend_errors_seen: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
@@ -74,6 +75,13 @@ fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
         diff |= presented.get(i).copied().unwrap_or(0) ^ e;
     }
     std::hint::black_box(diff) == 0
+}
+
+/// Adds to `counter` what the limiter's running `total` gained since the last scrape
+/// (`seen` keeps the total already added).
+fn add_since(counter: &prometheus::IntCounter, seen: &AtomicU64, total: u64) {
+    let prev = seen.swap(total, Ordering::AcqRel);
+    counter.inc_by(total.saturating_sub(prev));
 }
 
 impl Admin {
@@ -144,13 +152,16 @@ impl Admin {
             .set(i64::from(s.limiter.store_healthy()));
         m.ratelimit_tracked_keys
             .set(s.limiter.tracked_keys() as i64);
-        let total = s.limiter.store_errors_total();
-        let prev = self.store_errors_seen.swap(total, Ordering::AcqRel);
-        m.ratelimit_store_errors.inc_by(total.saturating_sub(prev));
-        let late = s.limiter.late_answers_total();
-        let prev = self.store_late_seen.swap(late, Ordering::AcqRel);
-        m.ratelimit_store_late_answers
-            .inc_by(late.saturating_sub(prev));
+        add_since(
+            &m.ratelimit_store_errors,
+            &self.store_errors_seen,
+            s.limiter.store_errors_total(),
+        );
+        add_since(
+            &m.ratelimit_store_late_answers,
+            &self.store_late_seen,
+            s.limiter.late_answers_total(),
+        );
         let rt = s.runtime.load();
         let mut seen = match self.backend_errors_seen.lock() {
             Ok(g) => g,
