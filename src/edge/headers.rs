@@ -24,13 +24,11 @@ pub mod names {
     pub static RATELIMIT_POLICY: StaticHeaderName = StaticHeaderName::new("ratelimit-policy");
     pub static RATELIMIT: StaticHeaderName = StaticHeaderName::new("ratelimit");
 
-    /// Names only looked up: a `HeaderName` skips parsing the name on each look-up
-    /// (a `&str` key is parsed every time).
+    /// Names only looked up, never added: a `HeaderName` skips parsing the name on each
+    /// look-up (a `&str` key is parsed every time). The names above serve look-ups too,
+    /// through `StaticHeaderName::name`.
     pub mod lookup {
         use http::HeaderName;
-        pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-        pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-        pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
         pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
         pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
     }

@@ -91,7 +91,7 @@ pub fn client_ip(session: &Session, trusted: &TrustedProxies) -> Option<IpAddr> 
     let xff = session
         .req_header()
         .headers
-        .get_all(&headers::names::lookup::X_FORWARDED_FOR)
+        .get_all(headers::names::X_FORWARDED_FOR.name())
         .into_iter()
         .map(|v| v.as_bytes());
     Some(identity::client_address(trusted, peer, proxied, xff))

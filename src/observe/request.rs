@@ -48,7 +48,7 @@ impl RequestObs {
         *self.trace.get_or_insert_with(|| {
             let values = req
                 .headers
-                .get_all(&crate::edge::headers::names::lookup::TRACEPARENT)
+                .get_all(crate::edge::headers::names::TRACEPARENT.name())
                 .iter()
                 .map(|v| v.as_bytes());
             let draw = if new_trace_sample > 0.0 {

@@ -409,7 +409,7 @@ impl ProxyHttp for Proxy {
         }
         let id = match req
             .headers
-            .get(&edge::headers::names::lookup::X_REQUEST_ID)
+            .get(edge::headers::names::X_REQUEST_ID.name())
             .filter(|v| edge::headers::valid_request_id(v.as_bytes()) && v.to_str().is_ok())
         {
             // A shared reference to the parsed header's bytes, not a copy.
