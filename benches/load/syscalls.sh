@@ -6,40 +6,46 @@
 #
 #   bash benches/load/syscalls.sh                     # HTTP/1.1 keep-alive, 1 thread
 #   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/syscalls.sh
+#   MODE=h2tls TARGETS="haproxy pc_on" bash benches/load/syscalls.sh   # HTTP/2 over TLS
 #
-# Environment: TARGETS ("haproxy bare pc_off pc_on"), N (20000), CONNS (32),
+# Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_on"),
+# MODE (h1 | h2tls: ALPN h2 with STREAMS, 10, concurrent streams per connection), N (20000), CONNS (32),
 # PROXY_THREADS (1), OUT (benches/load/out/syscalls, ignored by git), SKIP_BUILD=1,
 # PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
-# Output on stdout: CSV rows target,threads,syscall,calls_per_req (and a total row).
+# Output on stdout: CSV rows target,threads,syscall,calls_per_req (and a total row);
+# with MODE=h2tls the target is named TARGET.h2tls.
 # Every process this script starts is stopped by PID on exit.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC1091
 . "$HERE/lib.sh"
 bench_init syscalls
-MODE=h1
-TARGETS=${TARGETS:-haproxy bare pc_off pc_on}
+MODE=${MODE:-h1}
+if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-haproxy pc_on}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
 N=${N:-20000}
 CONNS=${CONNS:-32}
 PROXY_THREADS=${PROXY_THREADS:-1}
 OUT=${OUT:-$HERE/out/syscalls}
 mkdir -p "$OUT"
 
-need strace h2load nginx haproxy redis-server
+need strace h2load nginx haproxy redis-server openssl
 proxy_fixture
+client_mode
 
 for t in $TARGETS; do
   start_target "$t" 2000 # after a warm-up of 2000 requests
   pid=$TARGET_PID
-  strace -c -f -p "$pid" -o "$OUT/$t.strace.txt" &
+  label=$t
+  [ "$MODE" = h1 ] || label=$t.$MODE
+  strace -c -f -p "$pid" -o "$OUT/$label.strace.txt" &
   spid=$!
   sleep 1 # strace attaches to every thread
   requests "$N"
   kill -INT "$spid"
   wait "$spid" 2>/dev/null || true
   stop_pid "$pid"
-  awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" '
+  awk -v t="$label" -v th="$PROXY_THREADS" -v n="$N" '
     $1 ~ /^[0-9.]+$/ && NF >= 5 { name = $NF; calls = $4; if (calls !~ /^[0-9]+$/) next
-      if (calls / n >= 0.01) printf "%s,%s,%s,%.2f\n", t, th, name, calls / n }' "$OUT/$t.strace.txt"
-  log "$t done ($OUT/$t.strace.txt)"
+      if (calls / n >= 0.01) printf "%s,%s,%s,%.2f\n", t, th, name, calls / n }' "$OUT/$label.strace.txt"
+  log "$t done ($OUT/$label.strace.txt)"
 done
