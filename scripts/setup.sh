@@ -3,8 +3,8 @@
 # cmake (Pingora's zlib-ng build), libssl-dev + pkg-config (Pingora's openssl feature,
 # linked against the system libssl: see .cargo/config.toml), redis-server (tests start
 # their own on a free port), the real TLS/HTTP/2 parts of the edge tests: openssl
-# (certificates, s_client), curl, nghttp2-client (nghttp, h2load), nginx and python3-grpcio
-# (a real gRPC client and server); chromium
+# (certificates, s_client), curl, nghttp2-client (nghttp, h2load), nginx, python3-grpcio
+# (a real gRPC client and server) and python3-h2 (a real HPACK decoder); chromium
 # (the status page is rendered in a real headless browser) and prometheus with promtool
 # (the shipped dashboard and alert rules are checked against a real Prometheus).
 # Needs root, or run the printed command yourself.
@@ -20,6 +20,7 @@ command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v nghttp >/dev/null 2>&1 || need+=(nghttp2-client)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || need+=(python3-grpcio)
+/usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3-h2)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then

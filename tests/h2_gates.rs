@@ -306,3 +306,75 @@ fn a_tls_listener_serves_without_a_proxy_header_when_proxy_protocol_is_on() {
     let r = send_raw(&proxy.addr(), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(r.status(), None, "{r:?}");
 }
+
+/// One response's header block as `h2_fields.py` decoded it.
+#[derive(serde::Deserialize, Debug)]
+struct Block {
+    block_len: usize,
+    /// name, value, sent as an HPACK literal "never indexed"
+    fields: Vec<(String, String, bool)>,
+}
+
+/// Values unique to one response (the request id, the `RateLimit` remaining count) go out
+/// as HPACK literals never indexed, so they do not fill the connection's dynamic table:
+/// the fields that repeat stay indexed, and no later response's header block has to send
+/// them again. Read by a real HPACK decoder (Debian's python3-h2 stack).
+#[test]
+fn per_response_values_stay_out_of_the_hpack_table() {
+    let backend = Backend::start("hpack-app");
+    // The test backend echoes the request id it got: a unique value of the backend's own,
+    // which the proxy forwards as the backend sent it (indexed). Removed here, so that the
+    // block sizes show the proxy's encoding alone.
+    let cfg = format!(
+        "{}[[routes]]\npath_prefix = \"/\"\nupstream = \"app\"\n\
+         response_headers_remove = [\"x-echo-request-id\"]\n\n\
+         [rate_limit]\nwindow_seconds = 3600\nlimit = 1000\nkey = \"header:x-api-key\"\n",
+        one_upstream(&backend)
+    );
+    let proxy = Proxy::start_with_server("h2c = true\n", &cfg);
+    let script = format!("{}/tests/support/h2_fields.py", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args([&script, &proxy.addr(), "/hpack", "80", "x-api-key:k1"])
+        .output()
+        .expect("run h2_fields.py (needs python3-h2)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let blocks: Vec<Block> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(
+        blocks.len(),
+        80,
+        "{text}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let field = |b: &Block, name: &str| {
+        b.fields
+            .iter()
+            .find(|f| f.0 == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {b:?}"))
+    };
+    let mut ids = std::collections::BTreeSet::new();
+    for b in &blocks {
+        assert_eq!(field(b, ":status").1, "200", "{b:?}");
+        let id = field(b, "x-request-id");
+        assert!(id.2, "x-request-id indexed: {b:?}");
+        ids.insert(id.1);
+        assert!(field(b, "ratelimit").2, "ratelimit indexed: {b:?}");
+        // the fields that repeat are left to the table
+        assert!(!field(b, "ratelimit-policy").2, "{b:?}");
+        assert!(!field(b, "x-backend").2, "{b:?}");
+    }
+    assert_eq!(ids.len(), 80, "request ids repeat");
+    // The same fields each time; the unique values' Huffman codes vary by a byte or two.
+    // Indexed, the request ids filled the 4 KB table and evicted the fields that repeat, so
+    // every 27th block sent them all again: 249 bytes among blocks of 58.
+    let second = blocks[1].block_len;
+    let largest = blocks[1..].iter().map(|b| b.block_len).max().unwrap_or(0);
+    assert!(
+        largest <= second + 4,
+        "a header block of {largest} bytes among blocks of {second}: {:?}",
+        blocks.iter().map(|b| b.block_len).collect::<Vec<_>>()
+    );
+}

@@ -34,6 +34,19 @@ pub mod names {
     }
 }
 
+/// `v` marked as a value unique to one request or response (a request id, a
+/// `traceparent`, the `RateLimit` remaining count): HTTP/2 then sends it as an HPACK
+/// literal that is never indexed, as HAProxy and nginx send every field. Indexed, each
+/// such value entered the connection's 4 KB dynamic table, made the `h2` encoder compare
+/// it with every entry already held under its name (about 50 per response once the table
+/// was full of old request ids), and evicted the fields that repeat, which every 27th
+/// response then sent again in full. The literal costs its name (about 15 bytes per
+/// response here). HTTP/1 ignores the mark.
+pub fn unique(mut v: HeaderValue) -> HeaderValue {
+    v.set_sensitive(true);
+    v
+}
+
 /// A header block the rules edit: an `http::HeaderMap`, or Pingora's request
 /// and response headers (which must be edited through their own methods to
 /// keep their case map in step).

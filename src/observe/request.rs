@@ -73,7 +73,8 @@ impl RequestObs {
         if !tc.continued {
             upstream_req.remove_header(&crate::edge::headers::names::lookup::TRACESTATE);
         }
-        upstream_req.insert_header(&crate::edge::headers::names::TRACEPARENT, tc.header_value())?;
+        let value = crate::edge::headers::unique(tc.header_value());
+        upstream_req.insert_header(&crate::edge::headers::names::TRACEPARENT, value)?;
         Ok(())
     }
 }

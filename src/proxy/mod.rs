@@ -415,12 +415,12 @@ impl ProxyHttp for Proxy {
             // A shared reference to the parsed header's bytes, not a copy.
             Some(id) => id.clone(),
             None => {
-                let id = self.shared.next_request_id_value();
+                let id = edge::headers::unique(self.shared.next_request_id_value());
                 req.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
                 id
             }
         };
-        ctx.request_id = Some(id);
+        ctx.request_id = Some(edge::headers::unique(id));
         ctx.obs
             .propagate(req, self.shared.observe.new_trace_sample(&ctx.runtime))?;
         Ok(())

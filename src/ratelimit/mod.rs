@@ -200,9 +200,11 @@ pub fn policy_header(name: &str, limit: u64, window: u64) -> http::HeaderValue {
     field(name, b";q=", limit, b";w=", window)
 }
 
-/// `RateLimit` field value: `"<name>";r=<remaining>;t=<seconds>`.
+/// `RateLimit` field value: `"<name>";r=<remaining>;t=<seconds>`. Its remaining count
+/// changes with every response, so HTTP/2 sends it unindexed
+/// ([`crate::edge::headers::unique`]).
 pub fn ratelimit_header(name: &str, remaining: u64, t: u64) -> http::HeaderValue {
-    field(name, b";r=", remaining, b";t=", t)
+    crate::edge::headers::unique(field(name, b";r=", remaining, b";t=", t))
 }
 
 /// `<sf-string name><k1><v1><k2><v2>`, written in one buffer of exactly its length, which
@@ -268,5 +270,8 @@ mod tests {
             ratelimit_header("", u64::MAX, 0),
             "\"\";r=18446744073709551615;t=0"
         );
+        // HTTP/2 indexes the policy (it repeats), not the remaining count (it changes)
+        assert!(ratelimit_header("default", 0, 7).is_sensitive());
+        assert!(!policy_header("default", 600, 60).is_sensitive());
     }
 }

@@ -19,6 +19,8 @@
 //! * `websocket` — [`WsEchoServer`] (a real RFC 6455 echo server) and [`WsClient`].
 //! * `h2raw` — [`H2Raw`]: hand-written HTTP/2 frames for attacks (rapid reset, too many
 //!   streams, oversized header blocks).
+//! * `h2_fields.py` — how the proxy's HTTP/2 response fields are HPACK-encoded, read by
+//!   Debian's python3-h2 (tests/h2_gates.rs).
 //! * `browser` — headless Chromium: [`dump_dom`], [`screenshot`].
 //! * `otlp` — [`OtlpReceiver`]: a real OTLP/HTTP trace receiver decoding the protobuf
 //!   bodies with `opentelemetry-proto`.
