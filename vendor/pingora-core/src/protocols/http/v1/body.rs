@@ -245,6 +245,13 @@ impl BodyReader {
                     self.body_buf_overread = Some(overread);
                 }
             }
+            _ if buf_to_rewind.len() >= cl => {
+                // portcullis: the whole body came with the header. A buffer of its size
+                // will do: no read follows, so the 64 KB one of `prepare_buf` is not needed.
+                self.rewind_buf_len = buf_to_rewind.len();
+                self.body_buf = Some(BytesMut::from(buf_to_rewind));
+                self.body_state = PS::Partial(0, cl);
+            }
             _ => {
                 self.prepare_buf(buf_to_rewind);
                 self.body_state = PS::Partial(0, cl);
@@ -2059,6 +2066,21 @@ mod tests {
         let second = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
         assert_eq!(body_reader.get_body(&second), b"bc");
         assert!(body_reader.body_buf.as_ref().unwrap().capacity() < BODY_BUFFER_SIZE);
+    }
+
+    // portcullis: a body that came whole with the header gets a buffer of its size
+    #[tokio::test]
+    async fn body_read_with_its_header_gets_a_buffer_of_its_size() {
+        let mut mock_io = Builder::new().build();
+        let mut body_reader = BodyReader::new(false);
+        body_reader.init_content_length(3, b"abcXY");
+        let res = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(res, BufRef::new(0, 3));
+        assert_eq!(body_reader.body_state, ParseState::Complete(3));
+        assert_eq!(body_reader.get_body(&res), b"abc");
+        assert_eq!(body_reader.get_body_overread().unwrap(), b"XY");
+        assert!(body_reader.body_buf.as_ref().unwrap().capacity() <= 5);
+        assert_eq!(body_reader.read_body(&mut mock_io).await.unwrap(), None);
     }
 
     #[tokio::test]
