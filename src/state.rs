@@ -220,10 +220,13 @@ impl Shared {
         String::from_utf8_lossy(&self.next_request_id_bytes()).into_owned()
     }
 
-    /// [`Shared::next_request_id`] as a header value (hex: always valid).
+    /// [`Shared::next_request_id`] as a header value (hex: always valid), marked unique
+    /// (`edge::headers::unique`: HTTP/2 sends it unindexed).
     pub fn next_request_id_value(&self) -> http::HeaderValue {
-        http::HeaderValue::from_bytes(&self.next_request_id_bytes())
-            .unwrap_or_else(|_| http::HeaderValue::from_static(""))
+        crate::edge::headers::unique(
+            http::HeaderValue::from_bytes(&self.next_request_id_bytes())
+                .unwrap_or_else(|_| http::HeaderValue::from_static("")),
+        )
     }
 
     fn next_request_id_bytes(&self) -> [u8; 28] {

@@ -413,14 +413,14 @@ impl ProxyHttp for Proxy {
             .filter(|v| edge::headers::valid_request_id(v.as_bytes()) && v.to_str().is_ok())
         {
             // A shared reference to the parsed header's bytes, not a copy.
-            Some(id) => id.clone(),
+            Some(id) => edge::headers::unique(id.clone()),
             None => {
-                let id = edge::headers::unique(self.shared.next_request_id_value());
+                let id = self.shared.next_request_id_value();
                 req.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
                 id
             }
         };
-        ctx.request_id = Some(edge::headers::unique(id));
+        ctx.request_id = Some(id);
         ctx.obs
             .propagate(req, self.shared.observe.new_trace_sample(&ctx.runtime))?;
         Ok(())
