@@ -10,21 +10,31 @@ use pingora::{Error, ErrorSource, ErrorType};
 use super::Ctx;
 use crate::respond::Refusal;
 
-/// A client that went away (hang-up, reset) before its response was complete.
+/// A client that went away (hang-up, reset) before its response was complete. Over
+/// HTTP/2 that includes a client that reset its stream (RST_STREAM, e.g. CANCEL): Pingora
+/// reports it as a downstream `H2Error`, and there is no stream left to answer on.
 pub fn is_client_abort(e: &Error) -> bool {
     matches!(e.esource(), ErrorSource::Downstream)
         && matches!(
             e.etype(),
-            ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed
+            ErrorType::ReadError
+                | ErrorType::WriteError
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error
         )
 }
 
 /// The refusal that answers `e`, or `None` when there is nobody to answer (the
 /// client went away). A refusal a gate already chose (`ctx.refusal`) wins.
 pub fn refusal_for(e: &Error, ctx: &Ctx) -> Option<Refusal> {
-    if let Some(r) = &ctx.refusal {
-        return Some(r.clone());
+    match &ctx.refusal {
+        Some(r) => Some(r.clone()),
+        None => error_refusal(e),
     }
+}
+
+/// The refusal that answers `e` when no gate chose one.
+fn error_refusal(e: &Error) -> Option<Refusal> {
     Some(match e.etype() {
         ErrorType::HTTPStatus(431) => Refusal::HeaderTooLarge,
         ErrorType::HTTPStatus(400) => Refusal::BadRequest("portcullis: bad request\n"),
@@ -95,5 +105,39 @@ pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
             cause,
             "request failed"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(etype: ErrorType, source: ErrorSource) -> Box<Error> {
+        Error::create(etype, source, None, None)
+    }
+
+    #[test]
+    fn a_client_that_left_is_an_abort_and_gets_no_answer() {
+        for etype in [
+            ErrorType::ReadError,
+            ErrorType::WriteError,
+            ErrorType::ConnectionClosed,
+            ErrorType::H2Error, // the client reset its HTTP/2 stream
+        ] {
+            let e = err(etype.clone(), ErrorSource::Downstream);
+            assert!(is_client_abort(&e), "{etype:?}");
+            assert!(error_refusal(&e).is_none(), "{etype:?}");
+            // the same kinds from the backend are the backend's failures
+            let e = err(etype.clone(), ErrorSource::Upstream);
+            assert!(!is_client_abort(&e), "{etype:?} upstream");
+            assert!(
+                matches!(error_refusal(&e), Some(Refusal::UpstreamError)),
+                "{etype:?} upstream"
+            );
+        }
+        // a malformed request is not an abort: it is answered
+        let e = err(ErrorType::InvalidHTTPHeader, ErrorSource::Downstream);
+        assert!(!is_client_abort(&e));
+        assert!(matches!(error_refusal(&e), Some(Refusal::BadRequest(_))));
     }
 }
