@@ -118,7 +118,8 @@ where
             return (false, true, Some(e));
         }
 
-        session.set_upstream_h1_upgrade_request_status(is_h1_upgrade_req(&req));
+        let upstream_upgrade_req = is_h1_upgrade_req(&req);
+        session.set_upstream_h1_upgrade_request_status(upstream_upgrade_req);
 
         session.upstream_compression.request_filter(&req);
 
@@ -144,10 +145,36 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
+        session.as_mut().enable_retry_buffering();
+
+        // portcullis patch: a request with no body, no upgrade, no cache and no custom
+        // messages has nothing to stream towards the upstream once its header is sent, so
+        // its response is read and written in order, in this task, without the two task
+        // pipes and the duplex loops below (`proxy_1to1_sequential`).
+        if !upstream_upgrade_req
+            && !session.is_upgrade_req()
+            && !session.cache.enabled()
+            && !session.cache.bypassing()
+            && !session.downstream_session.is_custom()
+            && !session.downstream_session.is_subrequest()
+            && downstream_custom_message_writer.is_none()
+            && downstream_custom_message_reader.is_none()
+            && session.as_mut().is_body_empty()
+            && session.as_mut().is_body_done()
+        {
+            return match self
+                .proxy_1to1_sequential(session, client_session, ctx)
+                .await
+            {
+                Ok((downstream_can_reuse, upstream_can_reuse)) => {
+                    (downstream_can_reuse, upstream_can_reuse, None)
+                }
+                Err(e) => (false, false, Some(e)),
+            };
+        }
+
         let (tx_upstream, rx_upstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
         let (tx_downstream, rx_downstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
-
-        session.as_mut().enable_retry_buffering();
 
         // Shared signal so the upstream half can distinguish an expected task-pipe
         // closure (the downstream half finished and dropped rx) from an unexpected one.
@@ -194,6 +221,134 @@ where
             }
             Err(e) => (false, false, Some(e)),
         }
+    }
+
+    /// portcullis patch: `proxy_1to1` for a request that has nothing to stream upstream
+    /// after its header (no body, no upgrade, no cache, no custom messages; the caller
+    /// checks). It does in one task and in order what the duplex halves do for such a
+    /// request:
+    /// - the request's end of body goes through the request body filters and to the
+    ///   upstream, as `send_body_to_pipe` and `send_body_to1` would send it;
+    /// - each upstream response task, with the ones that are ready with it, goes through
+    ///   `filter_and_write_upstream_tasks`, as `process_upstream_tasks` batches them;
+    /// - while it waits on the upstream, the downstream is watched as the duplex loop
+    ///   watches it (`read_body_or_idle(true)`: a client that goes away aborts the request).
+    ///
+    /// Errors and reuse are decided as the two halves decide them. What it saves is the
+    /// two task pipes, the shared pipe state, the `try_join!` of the halves and their
+    /// `select!` loops: ~5k instructions and 7 allocations per request.
+    async fn proxy_1to1_sequential(
+        &self,
+        session: &mut Session,
+        client_session: &mut HttpSessionV1,
+        ctx: &mut SV::CTX,
+    ) -> Result<(bool, bool)>
+    where
+        SV: ProxyHttp + Send + Sync,
+        SV::CTX: Send + Sync,
+    {
+        let mut upstream_can_reuse = true;
+        let mut send_error = None;
+
+        // the request side: its end of body (or the retry buffer), filtered, then sent
+        let buffer = session.as_ref().get_retry_buffer();
+        let (task, _) = self.filter_request_body(session, buffer, true, ctx).await?;
+        if let Some(task) = task {
+            if let Err(e) = send_body_to1(client_session, Some(task)).await {
+                // as the upstream half does: the response may still come; the
+                // connection, with a partly written request, is not reused
+                warn!("send error, draining read buf: {e}");
+                upstream_can_reuse = false;
+                send_error = Some(e);
+            }
+        }
+
+        // the response side
+        let mut serve_from_cache = ServeFromCache::new();
+        let mut range_body_filter = RangeBodyFilter::new();
+        let mut response_state = ResponseStateMachine::new();
+        let mut upstream_done = false;
+        let mut watch_downstream = true;
+        loop {
+            let first = tokio::select! {
+                biased;
+                res = client_session.read_response_task() => res,
+                res = session.downstream_session.read_body_or_idle(true), if watch_downstream => {
+                    match res {
+                        // the client went away or sent bytes it may not send here
+                        Err(e) => return Err(e.into_down()),
+                        // H1 and H2 sessions never return a body when none is expected;
+                        // stop watching rather than spin on one that does
+                        Ok(_) => {
+                            watch_downstream = false;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let mut tasks = Vec::with_capacity(2);
+            let mut next = Some(first);
+            while let Some(res) = next.take() {
+                match res {
+                    Ok(task) => {
+                        upstream_done = task.is_end();
+                        tasks.push(task);
+                    }
+                    Err(e) => {
+                        // a response read error: the message boundary is lost, and the
+                        // error is written downstream as the upstream half sends it
+                        upstream_done = true;
+                        upstream_can_reuse = false;
+                        tasks.push(HttpTask::Failed(send_error.take().unwrap_or(e).into_up()));
+                    }
+                }
+                if !upstream_done {
+                    // batch what is ready already (the body read with the header)
+                    next = tokio::task::unconstrained(client_session.read_response_task())
+                        .now_or_never();
+                }
+            }
+            if serve_from_cache.should_discard_upstream() {
+                // unreachable without a cache; as `process_upstream_tasks`, write nothing
+                if upstream_done {
+                    break;
+                }
+                continue;
+            }
+            let written = self
+                .filter_and_write_upstream_tasks(
+                    session,
+                    ctx,
+                    tasks,
+                    &mut serve_from_cache,
+                    &mut range_body_filter,
+                    &mut response_state,
+                )
+                .await?;
+            if written == Some(true) {
+                if !upstream_done {
+                    // the response ended by its own framing before the upstream's
+                    // did: unread bytes are left on the upstream connection
+                    upstream_can_reuse = false;
+                }
+                break;
+            }
+            if upstream_done {
+                break;
+            }
+        }
+
+        let mut reuse_downstream = true;
+        match session.as_mut().finish_body().await {
+            Ok(_) => {
+                debug!("finished sending body to downstream");
+            }
+            Err(e) => {
+                error!("Error finish sending body to downstream: {}", e);
+                reuse_downstream = false;
+            }
+        }
+        Ok((reuse_downstream, upstream_can_reuse))
     }
 
     pub(crate) async fn proxy_to_h1_upstream(
@@ -403,8 +558,35 @@ where
             }
         }
 
+        self.filter_and_write_upstream_tasks(
+            session,
+            ctx,
+            tasks,
+            serve_from_cache,
+            range_body_filter,
+            response_state,
+        )
+        .await
+    }
+
+    /// The filters and the downstream write of a batch of upstream tasks: the body of
+    /// `process_upstream_tasks` after its batching (portcullis patch: shared with
+    /// `proxy_1to1_sequential`, which batches from the upstream session instead of a pipe).
+    async fn filter_and_write_upstream_tasks(
+        &self,
+        session: &mut Session,
+        ctx: &mut SV::CTX,
+        tasks: Vec<HttpTask>,
+        serve_from_cache: &mut ServeFromCache,
+        range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
+        response_state: &mut ResponseStateMachine,
+    ) -> Result<Option<bool>>
+    where
+        SV: ProxyHttp + Send + Sync,
+        SV::CTX: Send + Sync,
+    {
         /* run filters before sending to downstream */
-        let mut filtered_tasks = Vec::with_capacity(TASK_BUFFER_SIZE);
+        let mut filtered_tasks = Vec::with_capacity(tasks.len());
         for mut t in tasks {
             if self.revalidate_or_stale(session, &mut t, ctx).await {
                 serve_from_cache.enable();
@@ -1029,11 +1211,34 @@ where
     async fn send_body_to_pipe(
         &self,
         session: &mut Session,
-        mut data: Option<Bytes>,
+        data: Option<Bytes>,
         end_of_body: bool,
         tx: mpsc::Permit<'_, HttpTask>,
         ctx: &mut SV::CTX,
     ) -> Result<bool>
+    where
+        SV: ProxyHttp + Send + Sync,
+        SV::CTX: Send + Sync,
+    {
+        let (task, end_of_body) = self
+            .filter_request_body(session, data, end_of_body, ctx)
+            .await?;
+        if let Some(task) = task {
+            tx.send(task);
+        }
+        Ok(end_of_body)
+    }
+
+    /// The request body filters of `send_body_to_pipe`, returning the task to send upstream
+    /// (`None` when there is nothing to send) and whether the downstream body is done
+    /// (portcullis patch: shared with `proxy_1to1_sequential`, which has no pipe).
+    async fn filter_request_body(
+        &self,
+        session: &mut Session,
+        mut data: Option<Bytes>,
+        end_of_body: bool,
+        ctx: &mut SV::CTX,
+    ) -> Result<(Option<HttpTask>, bool)>
     where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
@@ -1062,7 +1267,7 @@ where
          * Don't write 0 bytes to the network since it will be
          * treated as the terminating chunk */
         if !upstream_end_of_body && data.as_ref().is_some_and(|d| d.is_empty()) {
-            return Ok(false);
+            return Ok((None, false));
         }
 
         debug!(
@@ -1071,13 +1276,13 @@ where
         );
 
         // upgraded body needs to be marked
-        if session.was_upgraded() {
-            tx.send(HttpTask::UpgradedBody(data, upstream_end_of_body));
+        let task = if session.was_upgraded() {
+            HttpTask::UpgradedBody(data, upstream_end_of_body)
         } else {
-            tx.send(HttpTask::Body(data, upstream_end_of_body));
-        }
+            HttpTask::Body(data, upstream_end_of_body)
+        };
 
-        Ok(end_of_body)
+        Ok((Some(task), end_of_body))
     }
 }
 
