@@ -117,6 +117,39 @@ fn hop_by_hop_fields_are_never_forwarded_and_cannot_strip_the_key() {
     }
 }
 
+/// Each hop-by-hop field the proxy strips is stripped when it is the only one in the
+/// request: the proxy looks for them in one pass and removes them only when one is there
+/// (vendor/pingora-proxy, `sanitize_h1_upstream_request`).
+#[test]
+fn each_hop_by_hop_field_is_stripped_when_it_comes_alone() {
+    let b = Backend::start("app");
+    let p = Proxy::start(&config(&b));
+    for (i, (name, value)) in [
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("proxy-authenticate", "Basic"),
+        ("proxy-authorization", "Basic c2VjcmV0"),
+        ("te", "trailers"),
+        ("trailer", "x-checksum"),
+        ("upgrade", "h2c"),
+        ("http2-settings", "AAMAAABkAAQAoAAAAAIAAAAA"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = format!("/alone-{i}");
+        let r = p.get(&path, &[(name, value), ("x-kept", "1")]);
+        assert_eq!(r.status, 200, "{name}: {}", r.body_str());
+        let got = received(&b, &path);
+        assert!(
+            got.header(name).is_none(),
+            "{name} was forwarded: {:?}",
+            got.headers
+        );
+        assert_eq!(got.header("x-kept"), Some("1"), "{name}: {:?}", got.headers);
+    }
+}
+
 #[test]
 fn request_ids_are_kept_only_when_valid_and_never_echoed_otherwise() {
     let b = Backend::start("app");

@@ -175,6 +175,19 @@ impl ConnectionNominations {
     }
 }
 
+/// Whether `name` is one of the fields `sanitize_h1_upstream_request` removes by name
+/// (the standard hop-by-hop fields, `Upgrade` and `HTTP2-Settings`).
+fn is_stripped_hop_by_hop_name(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || matches!(name.as_str(), KEEP_ALIVE | PROXY_CONNECTION | HTTP2_SETTINGS)
+}
+
 fn strip_standard_hop_by_hop_headers(req: &mut RequestHeader) {
     req.remove_header(KEEP_ALIVE);
     req.remove_header(PROXY_CONNECTION);
@@ -354,24 +367,33 @@ pub(crate) fn sanitize_h1_upstream_request(
         nominations.remove_from(req);
     }
 
-    if policy.strip_hop_by_hop {
+    // portcullis patch: one pass over the names instead of 13 hashed removes that find
+    // nothing, when the request carries none of the fields removed below (most requests).
+    // The removes below only take these names away, so without one they change nothing.
+    let any_hop_by_hop = req.headers.keys().any(is_stripped_hop_by_hop_name);
+
+    if policy.strip_hop_by_hop && any_hop_by_hop {
         strip_standard_hop_by_hop_headers(req);
     }
 
     match policy.h1_upgrade {
         H1UpgradePolicy::WebSocketOnly => {
-            req.remove_header(&header::CONNECTION);
-            req.remove_header(&header::UPGRADE);
-            req.remove_header(HTTP2_SETTINGS);
+            if any_hop_by_hop {
+                req.remove_header(&header::CONNECTION);
+                req.remove_header(&header::UPGRADE);
+                req.remove_header(HTTP2_SETTINGS);
+            }
             if websocket_upgrade {
                 req.insert_header(header::CONNECTION, "Upgrade")?;
                 req.insert_header(header::UPGRADE, "websocket")?;
             }
         }
         H1UpgradePolicy::Deny => {
-            req.remove_header(&header::CONNECTION);
-            req.remove_header(&header::UPGRADE);
-            req.remove_header(HTTP2_SETTINGS);
+            if any_hop_by_hop {
+                req.remove_header(&header::CONNECTION);
+                req.remove_header(&header::UPGRADE);
+                req.remove_header(HTTP2_SETTINGS);
+            }
         }
         H1UpgradePolicy::Preserve => {}
     }
