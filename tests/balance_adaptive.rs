@@ -16,7 +16,7 @@ struct Hit {
     took: Duration,
 }
 
-/// `n` closed-loop clients until `stop`; a shed client waits 20 ms (as a
+/// `n` closed-loop clients until `stop`; a shed client waits [`SHED_BACKOFF`] (as a
 /// client honouring back-pressure would) before its next request.
 fn load(
     addr: String,
@@ -38,7 +38,7 @@ fn load(
                         took,
                     });
                     if status != 200 {
-                        thread::sleep(Duration::from_millis(20));
+                        thread::sleep(SHED_BACKOFF);
                     }
                 }
             })
@@ -46,6 +46,14 @@ fn load(
         .collect()
 }
 
+/// How long a shed client waits before it asks again. With 20 ms, the 30-odd clients
+/// a shrunk limit sheds asked ~700 times a second: on a loaded CI machine those 503s took
+/// the debug-build proxy's CPU, admitted requests took 5x the backend's 10 ms, and the
+/// limit, which reads that as congestion, stayed low (seen twice as a first-try failure
+/// in full-suite runs: "recovered: limit 7; last 2 s: 379 admitted (median 48 ms), 1390
+/// shed"). 100 ms keeps the shedding obvious (hundreds of 503s a second) without the
+/// clients themselves starving the proxy.
+const SHED_BACKOFF: Duration = Duration::from_millis(100);
 /// `max_concurrency`, the ceiling of the adaptive limit.
 const CEILING: f64 = 40.0;
 /// The limit counts as "at the ceiling" from here: three quarters of it, far above where
