@@ -308,13 +308,7 @@ where
                         .now_or_never();
                 }
             }
-            if serve_from_cache.should_discard_upstream() {
-                // unreachable without a cache; as `process_upstream_tasks`, write nothing
-                if upstream_done {
-                    break;
-                }
-                continue;
-            }
+            // (no cache here, so `serve_from_cache` stays off and nothing is discarded)
             let written = self
                 .filter_and_write_upstream_tasks(
                     session,
@@ -338,16 +332,7 @@ where
             }
         }
 
-        let mut reuse_downstream = true;
-        match session.as_mut().finish_body().await {
-            Ok(_) => {
-                debug!("finished sending body to downstream");
-            }
-            Err(e) => {
-                error!("Error finish sending body to downstream: {}", e);
-                reuse_downstream = false;
-            }
-        }
+        let reuse_downstream = finish_downstream_body(session).await;
         Ok((reuse_downstream, upstream_can_reuse))
     }
 
@@ -1024,18 +1009,8 @@ where
             }
         }
 
-        let mut reuse_downstream = !downstream_state.is_errored();
-        if reuse_downstream {
-            match session.as_mut().finish_body().await {
-                Ok(_) => {
-                    debug!("finished sending body to downstream");
-                }
-                Err(e) => {
-                    error!("Error finish sending body to downstream: {}", e);
-                    reuse_downstream = false;
-                }
-            }
-        }
+        let reuse_downstream =
+            !downstream_state.is_errored() && finish_downstream_body(session).await;
         // Signal the upstream half that the downstream half completed cleanly before
         // dropping rx, so a resulting task-pipe closure is treated as benign.
         pipe_state.store(PipeState::DownstreamComplete as u8, Ordering::Release);
@@ -1283,6 +1258,21 @@ where
         };
 
         Ok((Some(task), end_of_body))
+    }
+}
+
+/// Finish the response body downstream; whether the downstream connection can be reused
+/// (portcullis patch: shared by `proxy_handle_downstream` and `proxy_1to1_sequential`).
+async fn finish_downstream_body(session: &mut Session) -> bool {
+    match session.as_mut().finish_body().await {
+        Ok(_) => {
+            debug!("finished sending body to downstream");
+            true
+        }
+        Err(e) => {
+            error!("Error finish sending body to downstream: {}", e);
+            false
+        }
     }
 }
 
