@@ -14,12 +14,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use support::*;
 
-/// ESTABLISHED IPv4 sockets whose remote port is `port`: on loopback, the proxy's
-/// connections to the test's backend on `port`.
-fn established_to(port: u16) -> usize {
-    count_state(&tcp_states_to(port), TCP_ESTABLISHED)
-}
-
 fn config(upstream: &str) -> String {
     format!("{upstream}[shedding]\nmax_concurrency = 0\n\n[rate_limit]\nenabled = false\n")
 }

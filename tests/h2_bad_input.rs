@@ -15,12 +15,6 @@ fn fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// ESTABLISHED IPv4 sockets whose remote port is `port`: on loopback, the proxy's
-/// connections to the test's backend on `port`.
-fn established_to(port: u16) -> usize {
-    count_state(&tcp_states_to(port), TCP_ESTABLISHED)
-}
-
 fn start(backend: &Backend) -> Proxy {
     let cfg = format!(
         "{}[shedding]\nmax_concurrency = 0\n\n[rate_limit]\nenabled = false\n",

@@ -504,3 +504,9 @@ pub fn tcp_states_to(port: u16) -> Vec<u8> {
 pub fn count_state(states: &[u8], state: u8) -> usize {
     states.iter().filter(|s| **s == state).count()
 }
+
+/// ESTABLISHED IPv4 sockets whose remote port is `port`: on loopback, the proxy's
+/// connections to the test's backend on `port`.
+pub fn established_to(port: u16) -> usize {
+    count_state(&tcp_states_to(port), TCP_ESTABLISHED)
+}
