@@ -11,11 +11,11 @@ use pingora::proxy::Session;
 use pingora::Result;
 
 use crate::metrics::Outcome;
-use crate::ratelimit::{policy_header, ratelimit_header};
+use crate::ratelimit::FieldParts;
 
 /// The numbers of the `RateLimit-Policy` and `RateLimit` fields (IETF draft), for a
 /// 429 and for admitted responses alike; the policy name comes with them at
-/// [`RateFields::apply`] so the request path copies no string.
+/// [`RateFields::apply`], made once per config ([`FieldParts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateFields {
     /// Which policy these are of: an index in [`crate::ratelimit::Policies::list`] (0 is
@@ -29,15 +29,15 @@ pub struct RateFields {
 }
 
 impl RateFields {
-    /// Add both fields, for the policy named `policy`, to `resp`.
-    pub fn apply(&self, policy: &str, resp: &mut ResponseHeader) -> Result<()> {
+    /// Add both fields, of the policy whose parts are `policy`, to `resp`.
+    pub fn apply(&self, policy: &FieldParts, resp: &mut ResponseHeader) -> Result<()> {
         resp.insert_header(
             &crate::edge::headers::names::RATELIMIT_POLICY,
-            policy_header(policy, self.limit, self.window_secs),
+            policy.policy_value(self.limit, self.window_secs),
         )?;
         resp.insert_header(
             &crate::edge::headers::names::RATELIMIT,
-            ratelimit_header(policy, self.remaining, self.reset_secs),
+            policy.ratelimit_value(self.remaining, self.reset_secs),
         )?;
         Ok(())
     }
@@ -53,7 +53,8 @@ pub enum Refusal {
     /// The key is over its limit (429); `fields.remaining` is 0.
     RateLimited {
         retry_after: u64,
-        policy: Arc<str>,
+        /// The refusing policy's field parts.
+        policy: Arc<FieldParts>,
         fields: RateFields,
     },
     /// No key and `missing_key = "reject"` (401).
@@ -231,7 +232,7 @@ mod tests {
     fn limited() -> Refusal {
         Refusal::RateLimited {
             retry_after: 0,
-            policy: "default".into(),
+            policy: Arc::new(FieldParts::new("default", 10, 60)),
             fields: RateFields {
                 policy: 0,
                 limit: 10,

@@ -5,7 +5,7 @@
 use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RouteSeries};
-use crate::ratelimit::{DecisionCounters, Limiter, Policies, Policy, PolicyKey};
+use crate::ratelimit::{DecisionCounters, FieldParts, Limiter, Policies, Policy, PolicyKey};
 use crate::shed::Shedder;
 use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
@@ -44,6 +44,11 @@ fn build_policies(
         window_secs: rl.params.window_secs,
         limiter: Arc::clone(default),
         counters: DecisionCounters::of(vec, &rl.policy_name),
+        fields: Arc::new(FieldParts::new(
+            &rl.policy_name,
+            rl.params.limit,
+            rl.params.window_secs,
+        )),
     }];
     for p in &rl.policies {
         let kept = previous
@@ -63,6 +68,11 @@ fn build_policies(
             window_secs: p.params.window_secs,
             limiter,
             counters: DecisionCounters::of(vec, &p.name),
+            fields: Arc::new(FieldParts::new(
+                &p.name,
+                p.params.limit,
+                p.params.window_secs,
+            )),
         });
     }
     Policies {

@@ -459,7 +459,9 @@ impl ProxyHttp for Proxy {
             }
         }
         if let Some(fields) = ctx.rate {
-            fields.apply(ctx.runtime.rate.name(fields.policy), resp)?;
+            if let Some(parts) = ctx.runtime.rate.fields(fields.policy) {
+                fields.apply(parts, resp)?;
+            }
         }
         if self.shared.lifecycle.is_draining() {
             // Draining: ask keep-alive clients to reconnect (to another instance).

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
 use crate::config::RateLimitSettings;
@@ -129,7 +130,7 @@ fn verdict(
             let p = &policies.list[policy];
             Err(Refusal::RateLimited {
                 retry_after: retry_after_secs,
-                policy: p.name.clone(),
+                policy: Arc::clone(&p.fields),
                 fields: RateFields {
                     policy,
                     limit,

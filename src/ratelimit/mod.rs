@@ -104,6 +104,7 @@
 //! [`crate::store::RedisClient`]) in `redis_store.rs`. Window math: see [`window`]. Key
 //! hashing for the store: see [`hash`].
 
+pub mod fields;
 mod flush;
 mod flusher;
 pub mod gate;
@@ -124,6 +125,7 @@ mod redis_tests;
 
 use std::collections::HashMap;
 
+pub use fields::FieldParts;
 pub use flush::{flush, FlushOutcome};
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
@@ -192,86 +194,5 @@ impl Decision {
     /// Whether the request was admitted.
     pub fn is_allowed(&self) -> bool {
         matches!(self, Decision::Allowed { .. })
-    }
-}
-
-/// `RateLimit-Policy` field value: `"<name>";q=<limit>;w=<window>`.
-pub fn policy_header(name: &str, limit: u64, window: u64) -> http::HeaderValue {
-    field(name, b";q=", limit, b";w=", window)
-}
-
-/// `RateLimit` field value: `"<name>";r=<remaining>;t=<seconds>`. Its remaining count
-/// changes with every response, so HTTP/2 sends it unindexed
-/// ([`crate::edge::headers::unique`]).
-pub fn ratelimit_header(name: &str, remaining: u64, t: u64) -> http::HeaderValue {
-    crate::edge::headers::unique(field(name, b";r=", remaining, b";t=", t))
-}
-
-/// `<sf-string name><k1><v1><k2><v2>`, written in one buffer of exactly its length, which
-/// becomes the value without a copy (these two fields go on every admitted response: no
-/// `format!`, one allocation). A buffer with spare capacity would cost `Bytes` a second.
-fn field(name: &str, k1: &[u8], v1: u64, k2: &[u8], v2: u64) -> http::HeaderValue {
-    let (mut b1, mut b2) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let (d1, d2) = (b1.format(v1).as_bytes(), b2.format(v2).as_bytes());
-    let len = sf_string_len(name) + k1.len() + d1.len() + k2.len() + d2.len();
-    let mut out = Vec::with_capacity(len);
-    sf_string(name, &mut out);
-    out.extend_from_slice(k1);
-    out.extend_from_slice(d1);
-    out.extend_from_slice(k2);
-    out.extend_from_slice(d2);
-    debug_assert_eq!(out.len(), out.capacity());
-    // Printable ASCII only (sf_string replaces anything else), so always valid.
-    http::HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
-        .unwrap_or_else(|_| http::HeaderValue::from_static("\"invalid\""))
-}
-
-/// The length [`sf_string`] writes for `s`.
-fn sf_string_len(s: &str) -> usize {
-    2 + s
-        .chars()
-        .map(|c| if matches!(c, '"' | '\\') { 2 } else { 1 })
-        .sum::<usize>()
-}
-
-/// Structured-field sf-string: printable ASCII only, `"` and `\` escaped; anything else is
-/// replaced by `_` so the header is always valid.
-fn sf_string(s: &str, out: &mut Vec<u8>) {
-    out.push(b'"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push(b'\\');
-                out.push(c as u8);
-            }
-            ' '..='~' => out.push(c as u8),
-            _ => out.push(b'_'),
-        }
-    }
-    out.push(b'"');
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn header_formatting() {
-        assert_eq!(policy_header("default", 600, 60), "\"default\";q=600;w=60");
-        assert_eq!(ratelimit_header("default", 0, 7), "\"default\";r=0;t=7");
-        assert_eq!(
-            ratelimit_header("a\"b\\c\u{e9}", 3, 1),
-            "\"a\\\"b\\\\c_\";r=3;t=1"
-        );
-        // Valid HTTP header values.
-        assert_eq!(policy_header("x y", 1, 2), "\"x y\";q=1;w=2");
-        assert_eq!(
-            ratelimit_header("", u64::MAX, 0),
-            "\"\";r=18446744073709551615;t=0"
-        );
-        // HTTP/2 indexes the policy (it repeats), not the remaining count (it changes)
-        assert!(ratelimit_header("default", 0, 7).is_sensitive());
-        assert!(!policy_header("default", 600, 60).is_sensitive());
     }
 }

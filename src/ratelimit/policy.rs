@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use prometheus::{IntCounter, IntCounterVec};
 
-use super::{Decision, KeySource, Limiter};
+use super::{Decision, FieldParts, KeySource, Limiter};
 
 /// What a policy limits by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +69,8 @@ pub struct Policy {
     pub window_secs: u64,
     pub limiter: Arc<Limiter>,
     pub counters: DecisionCounters,
+    /// Its `RateLimit-Policy` and `RateLimit` field parts, made once per config.
+    pub fields: Arc<FieldParts>,
 }
 
 impl Policy {
@@ -138,12 +140,9 @@ impl Combined {
 }
 
 impl Policies {
-    /// The name of policy `i` (the `[rate_limit]` one for an index out of range).
-    pub fn name(&self, i: usize) -> &str {
-        self.list
-            .get(i)
-            .or(self.list.first())
-            .map_or("", |p| &p.name)
+    /// The field parts of policy `i` (the `[rate_limit]` one for an index out of range).
+    pub fn fields(&self, i: usize) -> Option<&FieldParts> {
+        self.list.get(i).or(self.list.first()).map(|p| &*p.fields)
     }
 
     /// Every policy's limiter, `[rate_limit]`'s first (the flush set).
@@ -268,6 +267,7 @@ mod tests {
                 Limiter::for_policy(params, name)
             }),
             counters: counters(name),
+            fields: Arc::new(FieldParts::new(name, limit, window_secs)),
         }
     }
 
@@ -300,7 +300,7 @@ mod tests {
         // "burst" is full: refused by it, with its own Retry-After (its 10 s window: the 3
         // admissions at the start of a window have decayed to 2 a third into the next one).
         let (p, retry) = refused_by(ps.decide(&keys, T0 + 1)).unwrap();
-        assert_eq!(ps.name(p), "burst");
+        assert_eq!(&*ps.list[p].name, "burst");
         assert_eq!(retry, 14);
         assert_eq!(ps.list[1].counters.limited.get(), 1);
         assert_eq!(ps.list[0].counters.refused_by_other.get(), 1);
@@ -344,7 +344,7 @@ mod tests {
         }
         let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"fresh")];
         let (p, retry) = refused_by(ps.decide(&keys, T0 + 1_000)).unwrap();
-        assert_eq!(ps.name(p), "default");
+        assert_eq!(&*ps.list[p].name, "default");
         // The default's 60 s window: the first admissions leave it after the window.
         assert!(retry > 10, "{retry}");
         // "fresh" was not counted against "burst": it still has its 3.
@@ -369,7 +369,7 @@ mod tests {
         }
         // Both are full now: "burst" for about 10 s, "default" for about 40 s.
         let (p, retry) = refused_by(ps.decide(&keys, T0 + 20_000)).unwrap();
-        assert_eq!(ps.name(p), "default");
+        assert_eq!(&*ps.list[p].name, "default");
         assert!(retry > 10, "{retry}");
         assert_eq!(ps.list[0].counters.limited.get(), 1);
         assert_eq!(ps.list[1].counters.limited.get(), 1);
@@ -387,7 +387,7 @@ mod tests {
                 remaining,
                 ..
             } => {
-                assert_eq!(ps.name(policy), "burst");
+                assert_eq!(&*ps.list[policy].name, "burst");
                 assert_eq!((limit, remaining), (3, 2));
             }
             c => panic!("{c:?}"),
