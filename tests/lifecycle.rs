@@ -668,6 +668,16 @@ fn reload_applies_new_rate_limit_by_sighup_and_post() {
     let a = Backend::start("A");
     let p = Proxy::start(&rl_config(&a, 1000, ""));
     assert!(statuses(&p, "alpha", 10).iter().all(|s| *s == 200));
+    // The RateLimit-Policy value is made once per config: a reload must make it anew.
+    let policy_field = |key: &str| {
+        p.get("/k", &[("x-api-key", key)])
+            .header("ratelimit-policy")
+            .map(String::from)
+    };
+    assert_eq!(
+        policy_field("omega").as_deref(),
+        Some("\"default\";q=1000;w=60")
+    );
 
     // SIGHUP: limit 1000 -> 2
     p.rewrite_config(&rl_config(&a, 2, ""));
@@ -687,6 +697,10 @@ fn reload_applies_new_rate_limit_by_sighup_and_post() {
     );
     // the key that had 10 requests is over the new limit at once
     assert_eq!(p.get("/k", &[("x-api-key", "alpha")]).status, 429);
+    assert_eq!(
+        policy_field("epsilon").as_deref(),
+        Some("\"default\";q=2;w=60")
+    );
 
     // POST /reload: a per-key override of 4 for "gamma"
     p.rewrite_config(&rl_config(&a, 2, "[rate_limit.keys]\n\"gamma\" = 4\n"));
@@ -698,6 +712,22 @@ fn reload_applies_new_rate_limit_by_sighup_and_post() {
         "override 4 after POST /reload"
     );
     assert_eq!(statuses(&p, "delta", 3), vec![200, 200, 429]);
+    // an admitted request of the override key carries its own limit, the others the policy's
+    assert_eq!(
+        policy_field("gamma2").as_deref(),
+        Some("\"default\";q=2;w=60")
+    );
+    p.rewrite_config(&rl_config(
+        &a,
+        2,
+        "[rate_limit.keys]\n\"gamma\" = 4\n\"zeta\" = 9\n",
+    ));
+    let r = post(&p.admin_addr(), "/reload", &[], b"");
+    assert_eq!(r.status, 200, "POST /reload: {}", r.body_str());
+    assert_eq!(
+        policy_field("zeta").as_deref(),
+        Some("\"default\";q=9;w=60")
+    );
     eprintln!("[lifecycle] reload: SIGHUP -> reload counted: {hup_ms} ms");
 }
 
