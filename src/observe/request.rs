@@ -29,9 +29,9 @@ fn millis(d: Duration) -> f64 {
 }
 
 impl RequestObs {
-    /// A backend was chosen: the upstream time starts now (again on a retry).
-    pub fn backend_chosen(&mut self) {
-        self.upstream_start = Some(Instant::now());
+    /// A backend was chosen at `now`: the upstream time starts (again on a retry).
+    pub fn backend_chosen(&mut self, now: Instant) {
+        self.upstream_start = Some(now);
         self.upstream_status = None;
         self.upstream_ms = None;
     }
@@ -280,7 +280,7 @@ mod tests {
         let mut o = RequestObs::default();
         o.upstream_answered(200);
         assert_eq!(o.upstream_ms, None, "no backend chosen");
-        o.backend_chosen();
+        o.backend_chosen(Instant::now());
         o.upstream_answered(502);
         assert!(o.upstream_ms.is_some_and(|ms| ms >= 0.0));
         assert_eq!(o.upstream_status, Some(502));

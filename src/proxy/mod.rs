@@ -245,9 +245,10 @@ impl ProxyHttp for Proxy {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
         ctx.tried.push(backend.addr);
-        ctx.obs.backend_chosen();
+        let now = Instant::now();
+        ctx.obs.backend_chosen(now);
         ctx.attempt = Some(Attempt::new(&backend));
-        ctx.attempt_start = Some(Instant::now());
+        ctx.attempt_start = Some(now);
         let keep_case = self.shared.keep_header_case;
         let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
@@ -559,10 +560,15 @@ impl ProxyHttp for Proxy {
         } else {
             Outcome::Proxied
         });
+        // One clock read for the latency sample and the request's duration.
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(ctx.start);
         if let (Some(_), Some(t0), None) = (&ctx.backend, ctx.attempt_start, e) {
             if status > 0 && status < 500 {
                 // The adaptive limit learns from answered requests only.
-                self.shared.shedder.on_latency(Instant::now(), t0.elapsed());
+                self.shared
+                    .shedder
+                    .on_latency(now, now.saturating_duration_since(t0));
             }
         }
         let backend = ctx.backend.take();
@@ -587,7 +593,7 @@ impl ProxyHttp for Proxy {
                 backend: backend.as_deref(),
                 request_id: ctx.request_id.as_ref().and_then(|v| v.to_str().ok()),
                 client: ctx.client,
-                elapsed: ctx.start.elapsed(),
+                elapsed,
             },
         );
         tracing::debug!(
@@ -596,7 +602,7 @@ impl ProxyHttp for Proxy {
             outcome = outcome.as_str(),
             client = ?ctx.client,
             upstream = ctx.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
-            elapsed_us = ctx.start.elapsed().as_micros() as u64,
+            elapsed_us = elapsed.as_micros() as u64,
         );
     }
 }
