@@ -357,6 +357,7 @@ fi
 WATCHDOG=$!
 
 # Run private copies: a concurrent rebuild must not swap the binary mid-run.
+stale_check "$TARGET_DIR/release/portcullis" "$TARGET_DIR/release/examples/bare_pingora"
 cp "$TARGET_DIR/release/portcullis" "$TMP/portcullis"
 cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
 
