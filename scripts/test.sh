@@ -16,5 +16,7 @@ fi
 # run given a filter or other arguments is asking for part of the workspace's tests.
 if [ "$#" -eq 0 ]; then
   CARGO_TARGET_DIR=target/vendor-tests cargo test --manifest-path vendor/pingora-pool/Cargo.toml || status=$?
+  # pingora-proxy's own unit tests over the patched pingora crates (~2 min).
+  scripts/test-vendored-proxy.sh || status=$?
 fi
 exit "$status"
