@@ -372,6 +372,18 @@ impl<S> ConnectionPool<S> {
         evicted
     }
 
+    /// portcullis patch: [Self::get()] for a pool filled with [Self::put_unwatched()]. A node
+    /// left empty is kept for the connection's return (the usual case: taken for one
+    /// request, put back after it) instead of being removed now and made again at the put;
+    /// [Self::retain()], which the owner runs now and then, removes the nodes that stay
+    /// empty, so the map still does not grow with keys no longer used.
+    pub fn get_unwatched(&self, key: &GroupKey) -> Option<S> {
+        let pool_node = self.pools.get(key)?.value().clone();
+        let (id, connection) = pool_node.get_any()?;
+        self.lru.pop(&id);
+        Some(connection.release())
+    }
+
     /// portcullis patch: visit every idle connection once and take out, with its LRU entry,
     /// each one `keep` rejects. Returns them (the caller drops them, which closes them).
     pub fn retain(&self, mut keep: impl FnMut(&mut S) -> bool) -> Vec<S> {
@@ -593,6 +605,24 @@ mod tests {
         assert!(!pool_contains(&cp, 101), "an emptied node is removed");
         assert_eq!(cp.get(&102).as_deref(), Some("v3"));
         assert_eq!(pool_len(&cp), 0);
+    }
+
+    #[test]
+    fn test_get_unwatched_keeps_the_emptied_node_until_retain() {
+        let cp: ConnectionPool<String> = ConnectionPool::new(4);
+        cp.put_unwatched(&ConnectionMeta::new(101, 1), "v1".into());
+        assert_eq!(cp.get_unwatched(&101).as_deref(), Some("v1"));
+        assert!(cp.lru.pop(&1).is_none(), "taken out of the LRU too");
+        assert!(pool_contains(&cp, 101), "kept for the connection's return");
+        assert_eq!(cp.get_unwatched(&101), None);
+        // put back into the node that was kept
+        cp.put_unwatched(&ConnectionMeta::new(101, 1), "v1".into());
+        assert_eq!(pool_len(&cp), 1);
+        assert_eq!(cp.get_unwatched(&101).as_deref(), Some("v1"));
+        // a node that stays empty goes at the next sweep
+        assert!(cp.retain(|_| true).is_empty());
+        assert!(!pool_contains(&cp, 101), "the sweep removes an empty node");
+        assert_eq!(cp.get_unwatched(&101), None);
     }
 
     #[test]

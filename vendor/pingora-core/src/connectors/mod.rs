@@ -300,7 +300,8 @@ impl TransportConnector {
     pub async fn reused_stream<P: Peer + Send + Sync>(&self, peer: &P) -> Option<Stream> {
         let key = self.pool_key(peer.reuse_hash());
         loop {
-            let Some(mut idle) = self.connection_pool.get(&key) else {
+            // portcullis patch: the pool is filled with `put_unwatched`, and swept
+            let Some(mut idle) = self.connection_pool.get_unwatched(&key) else {
                 debug!("No reusable connection found for {peer}");
                 return None;
             };
