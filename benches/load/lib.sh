@@ -212,8 +212,9 @@ accesslog_conf() {
 # starts the nginx backend and redis.
 proxy_fixture() {
   build_release
-  [ -n "${PC_BIN:-}" ] || stale_check "$TARGET_DIR/release/portcullis"
-  [ -n "${BARE_BIN:-}" ] || stale_check "$TARGET_DIR/release/examples/bare_pingora"
+  # only the binaries the run measures (TARGETS is set by every caller)
+  case " $TARGETS " in *" pc_"*) [ -n "${PC_BIN:-}" ] || stale_check "$TARGET_DIR/release/portcullis" ;; esac
+  case " $TARGETS " in *" bare "*) [ -n "${BARE_BIN:-}" ] || stale_check "$TARGET_DIR/release/examples/bare_pingora" ;; esac
   PC_BIN=${PC_BIN:-$TARGET_DIR/release/portcullis}
   BARE_BIN=${BARE_BIN:-$TARGET_DIR/release/examples/bare_pingora}
   bench_tmp "$BENCH"

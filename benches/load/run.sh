@@ -357,7 +357,9 @@ fi
 WATCHDOG=$!
 
 # Run private copies: a concurrent rebuild must not swap the binary mid-run.
-stale_check "$TARGET_DIR/release/portcullis" "$TARGET_DIR/release/examples/bare_pingora"
+# (portcullis runs in every part; bare Pingora only when it is a target)
+stale_check "$TARGET_DIR/release/portcullis"
+case " $TARGETS " in *" bare "*) stale_check "$TARGET_DIR/release/examples/bare_pingora" ;; esac
 cp "$TARGET_DIR/release/portcullis" "$TMP/portcullis"
 cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
 
