@@ -26,7 +26,8 @@ pingora-http = { path = "$ROOT/vendor/pingora-http" }
 pingora-core = { path = "$ROOT/vendor/pingora-core" }
 pingora-pool = { path = "$ROOT/vendor/pingora-pool" }
 TOML
-# Start from portcullis's lock file, so the shared dependencies are the versions it runs.
-[ -f "$WS/Cargo.lock" ] || cp "$ROOT/Cargo.lock" "$WS/Cargo.lock"
+# Start from portcullis's lock file on every run, so the shared dependencies are the
+# versions it runs now (cargo adds pingora-proxy's dev-dependencies to it).
+cp "$ROOT/Cargo.lock" "$WS/Cargo.lock"
 cd "$WS"
 exec cargo test --lib -p pingora-proxy "$@"
