@@ -14,7 +14,8 @@
 #   TARGETS="bare pc_off" N1=500 N2=2500 bash benches/load/callgrind.sh
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_off";
-# pc_lc: pc_on with server.preserve_header_case = false;
+# pc_lc: pc_on with server.preserve_header_case = false (the default) set explicitly;
+# pc_case: pc_on with server.preserve_header_case = true;
 # pc_shed: every request answered 503 by the shedder, cap 1 held by a parked request),
 # MODE (h1 | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),
 # STREAMS (h2: concurrent streams per connection, 10), PROXY_THREADS (1),

@@ -109,6 +109,13 @@ start_redis() {
   wait_port "$1"
 }
 
+# set_header_case FILE true|false: server.preserve_header_case in a rendered config
+# (the pc_lc and pc_case targets).
+set_header_case() {
+  sed -i "s/^\\[server\\]\$/[server]\\npreserve_header_case = $2/" "$1"
+  grep -q "^preserve_header_case = $2\$" "$1" || die "$1: no [server] table to set preserve_header_case in"
+}
+
 # start_cmd TARGET: the command line of the proxy under test (config rendered into
 # $TMP). Uses MODE (h1 | h2tls), PROXY_THREADS, P_PROXY, P_BACKEND, P_REDIS,
 # P_ADMIN, PC_BIN, BARE_BIN; h2tls needs $TMP/cert.pem, key.pem, haproxy.pem.
@@ -126,8 +133,9 @@ start_cmd() {
     bare)
       [ "$MODE" = h1 ] || die "bare Pingora has no TLS listener here"
       echo "$BARE_BIN 127.0.0.1:$P_PROXY 127.0.0.1:$P_BACKEND $PROXY_THREADS" ;;
-    pc_off | pc_on | pc_lc)
-      # pc_lc: gates on, server.preserve_header_case = false
+    pc_off | pc_on | pc_lc | pc_case)
+      # pc_lc: gates on, server.preserve_header_case = false (the default, set explicitly);
+      # pc_case: gates on, server.preserve_header_case = true
       local tpl=portcullis-gates-off.toml
       [ "$t" != pc_off ] && tpl=portcullis-gates-on.toml
       if [ "$MODE" = h2tls ]; then
@@ -140,10 +148,10 @@ start_cmd() {
       else
         render "$CONF/$tpl" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY"
       fi
-      if [ "$t" = pc_lc ]; then
-        sed -i 's/^\[server\]$/[server]\npreserve_header_case = false/' "$TMP/$t.toml"
-        grep -q '^preserve_header_case = false' "$TMP/$t.toml" || die "pc_lc: no [server] table to set"
-      fi
+      case $t in
+        pc_lc) set_header_case "$TMP/$t.toml" false ;;
+        pc_case) set_header_case "$TMP/$t.toml" true ;;
+      esac
       echo "$PC_BIN -c $TMP/$t.toml" ;;
     pc_shed)
       # cap 1, held by one request parked on HANG_PORT (see hold_shed_slot)

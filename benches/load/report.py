@@ -17,7 +17,8 @@ END = "<!-- END GENERATED -->"
 NAMES = {
     "pc_off": "portcullis, gates off",
     "pc_on": "portcullis, gates on",
-    "pc_lc": "portcullis, gates on, header case not kept",
+    "pc_lc": "portcullis, gates on, header case not kept (set explicitly)",
+    "pc_case": "portcullis, gates on, header case kept",
     "pc_prev": "portcullis (previous build), gates off",
     "bare": "bare Pingora 0.9",
     "haproxy": "HAProxy",
@@ -28,14 +29,15 @@ NAMES = {
 DETAIL = {
     "pc_off": "`max_concurrency = 0`, rate limit off, culling off, threads = {n}",
     "pc_on": "shed cap 4096, Redis-backed rate limit (limit 10^9, 8 keys), culling on, threads = {n}",
-    "pc_lc": "as gates on, with `server.preserve_header_case = false`",
+    "pc_lc": "as gates on, with `server.preserve_header_case = false` (the default) set explicitly",
+    "pc_case": "as gates on, with `server.preserve_header_case = true`",
     "pc_prev": "as gates off, run by the binary in `PC_PREV_BIN`",
     "bare": "`examples/bare_pingora.rs`: one peer, threads = {n}, no filters",
     "haproxy": "nbthread {n}, maxconn 4096, stick table `http_req_rate` on `x-api-key`, deny 429",
     "nginx": "{n} workers, `limit_req` on `$http_x_api_key`, upstream keepalive 256",
     "envoy": "--concurrency {n}, `local_ratelimit` with one descriptor per key, circuit breakers 4096",
 }
-ORDER = ["pc_off", "pc_on", "pc_lc", "pc_prev", "bare", "haproxy", "nginx", "envoy"]
+ORDER = ["pc_off", "pc_on", "pc_lc", "pc_case", "pc_prev", "bare", "haproxy", "nginx", "envoy"]
 
 
 def load(path):
@@ -280,8 +282,9 @@ def main():
         ("HAProxy ÷ bare Pingora", g, "haproxy", "bare", cpu),
         ("gates off ÷ bare Pingora", g, "pc_off", "bare", cpu),
         ("gates on ÷ gates off", g, "pc_on", "pc_off", cpu),
-        ("HAProxy ÷ portcullis gates on, header case not kept", g, "haproxy", "pc_lc", cpu),
-        ("header case not kept ÷ kept (gates on)", g, "pc_lc", "pc_on", cpu),
+        ("HAProxy ÷ portcullis gates on, header case not kept (set explicitly)", g, "haproxy", "pc_lc", cpu),
+        ("HAProxy ÷ portcullis gates on, header case kept", g, "haproxy", "pc_case", cpu),
+        ("header case kept ÷ not kept (gates on)", g, "pc_case", "pc_on", cpu),
         ("gates off ÷ the previous build, gates off", g, "pc_off", "pc_prev", cpu),
         ("shed 503 ÷ proxied 200 (gates on)", sg_all, "shed503", "proxied200_gates_on", cpu),
         ("shed 503 ÷ proxied 200 (gates on), kernel only", sg_all, "shed503", "proxied200_gates_on", sys_),

@@ -45,8 +45,9 @@
 #   PC_PREV_BIN=path  another portcullis build (e.g. before a change) as target
 #                     pc_prev, gates off: add pc_prev to TARGETS for a before/after
 #                     comparison in the same rounds
-#                     (pc_lc: gates on with server.preserve_header_case = false,
-#                     add it to TARGETS to measure that setting)
+#                     (pc_lc: gates on with server.preserve_header_case = false, the
+#                     default, set explicitly; pc_case: gates on with it true; add
+#                     either to TARGETS to measure that setting)
 #   SKIP_INSTALL=1    do not apt-get anything
 #   SKIP_BUILD=1      use the binaries already in target/release
 #   MAX_RUNTIME=1800 [300]  the script stops itself this many seconds after the build
@@ -398,7 +399,7 @@ cat "$RESULTS/env.txt" >&2
 # Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
-  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 P_LC A_LC < <(free_ports 41)
+  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 P_LC A_LC P_CASE A_CASE < <(free_ports 43)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
 common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
@@ -448,8 +449,11 @@ if has_target pc_prev; then
 fi
 if has_target pc_lc; then
   pc_conf pc_lc gates-on "$P_LC" "$A_LC"
-  sed -i 's/^\[server\]$/[server]\npreserve_header_case = false/' "$TMP/pc_lc.toml"
-  grep -q '^preserve_header_case = false' "$TMP/pc_lc.toml" || die "pc_lc: no [server] table to set"
+  set_header_case "$TMP/pc_lc.toml" false
+fi
+if has_target pc_case; then
+  pc_conf pc_case gates-on "$P_CASE" "$A_CASE"
+  set_header_case "$TMP/pc_case.toml" true
 fi
 pc_conf pc_shed shed "$P_SHED" "$A_SHED" HANG_PORT="$P_HANG"
 # Overload: the slow backend (8 slots x 10 ms), cap 8 / 12 / none.
@@ -474,6 +478,7 @@ declare -A TURL=(
   [bare]="http://127.0.0.1:$P_BARE/" [haproxy]="http://127.0.0.1:$P_HAP/"
   [nginx]="http://127.0.0.1:$P_NGX/" [envoy]="http://127.0.0.1:$P_ENV/"
   [pc_prev]="http://127.0.0.1:$P_PREV/" [pc_lc]="http://127.0.0.1:$P_LC/"
+  [pc_case]="http://127.0.0.1:$P_CASE/"
 )
 for t in $TARGETS; do
   [ -n "${TURL[$t]:-}" ] || die "unknown target $t in TARGETS (known: ${!TURL[*]})"
@@ -485,6 +490,7 @@ start pc_off "$TMP/portcullis" -c "$TMP/pc_off.toml"
 start pc_on "$TMP/portcullis" -c "$TMP/pc_on.toml"
 has_target pc_prev && start pc_prev "$PC_PREV_BIN" -c "$TMP/pc_prev.toml"
 has_target pc_lc && start pc_lc "$TMP/portcullis" -c "$TMP/pc_lc.toml"
+has_target pc_case && start pc_case "$TMP/portcullis" -c "$TMP/pc_case.toml"
 if has_target bare || has_part variants; then
   start bare "$TMP/bare_pingora" "${BARE_ARGS[@]}"
 fi
@@ -500,6 +506,7 @@ wait_http "http://127.0.0.1:$A_OFF/readyz" pc_off
 wait_http "http://127.0.0.1:$A_ON/readyz" pc_on
 [ -n "${PID[pc_prev]:-}" ] && wait_http "http://127.0.0.1:$A_PREV/readyz" pc_prev
 [ -n "${PID[pc_lc]:-}" ] && wait_http "http://127.0.0.1:$A_LC/readyz" pc_lc
+[ -n "${PID[pc_case]:-}" ] && wait_http "http://127.0.0.1:$A_CASE/readyz" pc_case
 [ -n "${PID[bare]:-}" ] && wait_http "${TURL[bare]}" bare
 [ -n "${PID[haproxy]:-}" ] && wait_http "${TURL[haproxy]}" haproxy
 [ -n "${PID[nginx_proxy]:-}" ] && wait_http "${TURL[nginx]}" nginx_proxy
@@ -518,6 +525,7 @@ declare -A TPIDS=([pc_off]=${PID[pc_off]} [pc_on]=${PID[pc_on]})
 [ -n "${PID[bare]:-}" ] && TPIDS[bare]=${PID[bare]}
 [ -n "${PID[pc_prev]:-}" ] && TPIDS[pc_prev]=${PID[pc_prev]}
 [ -n "${PID[pc_lc]:-}" ] && TPIDS[pc_lc]=${PID[pc_lc]}
+[ -n "${PID[pc_case]:-}" ] && TPIDS[pc_case]=${PID[pc_case]}
 [ -n "${PID[haproxy]:-}" ] && TPIDS[haproxy]=${PID[haproxy]}
 [ -n "${PID[nginx_proxy]:-}" ] && TPIDS[nginx]=$(pids_of nginx_proxy)
 [ -n "${PID[envoy]:-}" ] && TPIDS[envoy]=${PID[envoy]}

@@ -13,7 +13,7 @@
 # the ratio portcullis / HAProxy. portcullis runs with its gates present but idle
 # (rate limit off, no concurrency cap), like HAProxy without rules. Every process this
 # script starts is stopped by PID on exit.
-#   PRESERVE_HEADER_CASE=false  run portcullis with server.preserve_header_case = false
+#   PRESERVE_HEADER_CASE=true   run portcullis with server.preserve_header_case = true (default false)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -60,7 +60,7 @@ listen = ["127.0.0.1:$(free_port)"]
 admin_listen = "127.0.0.1:$PA"
 threads = 2
 upgrade_sock = "$TMP/upgrade.sock"
-preserve_header_case = ${PRESERVE_HEADER_CASE:-true}
+preserve_header_case = ${PRESERVE_HEADER_CASE:-false}
 [[upstreams]]
 name = "app"
 backends = ["127.0.0.1:$BP"]

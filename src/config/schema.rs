@@ -86,8 +86,9 @@ pub struct ServerSection {
     pub admin_token: Secret,
     /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
     pub h2c: bool,
-    /// HTTP/1 header names keep the case they arrived in; false writes them in
-    /// canonical case, as HAProxy and Envoy do (less work per request).
+    /// false (the default): HTTP/1 header names are written in canonical case, as
+    /// HAProxy and Envoy write them (less work per request); true: they keep the case
+    /// they arrived in (Pingora's behaviour).
     pub preserve_header_case: bool,
     /// CIDRs (or addresses) of the proxies allowed to say who the client is.
     pub trusted_proxies: Vec<String>,
@@ -116,7 +117,7 @@ impl Default for ServerSection {
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
             h2c: false,
-            preserve_header_case: true,
+            preserve_header_case: false,
             trusted_proxies: Vec::new(),
             proxy_protocol: false,
             max_request_body_bytes: 10 * 1024 * 1024,
