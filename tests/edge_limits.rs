@@ -117,6 +117,90 @@ fn slowloris_headers_get_408_at_the_deadline() {
     assert_eq!(refusals(&p, "header_timeout"), 1.0);
 }
 
+/// What the peer sent before it closed the connection, or None if it had not closed
+/// within `timeout`.
+fn bytes_until_closed(c: &Conn, timeout: Duration) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut stream = c.stream();
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while Instant::now() < deadline {
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(got),
+        }
+    }
+    None
+}
+
+/// `keepalive_timeout_seconds`: a keep-alive connection idle that long between requests
+/// is closed without a response (no 408: no request was begun), as Pingora's own
+/// keep-alive timeout did; each request starts the wait again, so a client that keeps
+/// coming back within the timeout keeps its connection however long it lives. The edge
+/// stream times this wait (one timer per connection) instead of Pingora (a timer
+/// registered per wait).
+#[test]
+fn an_idle_keep_alive_connection_is_closed_quietly_at_the_timeout() {
+    let b = Backend::start("app");
+    let p = Proxy::start_with_server("keepalive_timeout_seconds = 1", &one_upstream(&b));
+    let mut c = Conn::open(&p.addr()).expect("connect");
+    // Requests 0.6 s apart: 2.4 s in all on one connection, never 1 s idle.
+    for i in 0..4 {
+        let r = c
+            .request("GET", &format!("/ka/{i}"), &[], b"")
+            .expect("response");
+        assert_eq!(r.status, 200, "request {i} on the kept connection");
+        assert!(
+            !closed_within(&mut c, Duration::from_millis(600)),
+            "closed after request {i}, idle for less than the timeout"
+        );
+    }
+    // Then idle: closed soon after 1 s (0.6 s of it already gone), with nothing sent.
+    let start = Instant::now();
+    let sent = bytes_until_closed(&c, Duration::from_secs(10)).expect("closed when idle");
+    assert!(
+        sent.is_empty(),
+        "the idle close sent {:?}",
+        String::from_utf8_lossy(&sent)
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "closed {:?} into the wait, before the timeout",
+        start.elapsed()
+    );
+    assert_eq!(
+        refusals(&p, "header_timeout"),
+        0.0,
+        "an idle wait is not a slow header"
+    );
+    assert_eq!(b.received_paths().len(), 4, "{:?}", b.received_paths());
+
+    // A header begun just before the idle timeout is under the header deadline
+    // instead (10 s by default), and is answered.
+    let mut c = Conn::open(&p.addr()).expect("connect");
+    assert_eq!(
+        c.request("GET", "/first", &[], b"").expect("first").status,
+        200
+    );
+    assert!(!closed_within(&mut c, Duration::from_millis(700)));
+    c.write_raw(b"GET /late HTTP/1.1\r\n").expect("write");
+    assert!(
+        !closed_within(&mut c, Duration::from_millis(800)),
+        "a begun header was cut by the idle timeout"
+    );
+    c.write_raw(b"Host: x\r\n\r\n").expect("write");
+    let r = c.read_response().expect("the late request's response");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+}
+
 #[test]
 fn a_stalled_body_gets_408_and_the_request_fails() {
     let b = Backend::start("app");

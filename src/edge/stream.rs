@@ -1,14 +1,20 @@
 //! [`EdgeStream`]: a client connection as the edge sees it. It carries the
 //! connection's identity ([`Conn`]), replays the bytes read past a PROXY
-//! header, and enforces `client_header_timeout_ms` across a whole header block
-//! (Pingora's own read timeout restarts on every byte, which a slowloris
-//! sending one byte at a time never trips).
+//! header, and enforces two deadlines with one timer per connection:
+//! - `client_header_timeout_ms` across a whole header block (Pingora's own read
+//!   timeout restarts on every byte, which a slowloris sending one byte at a time
+//!   never trips);
+//! - `keepalive_timeout_seconds` between requests, when the proxy hands it over
+//!   ([`Conn::keep_alive_for`]). Pingora's own keep-alive timeout registers a timer
+//!   for every wait (two allocations, a lock and a notifier: ~1.2k instructions per
+//!   request, BENCHMARKS.md, issue 16, twelfth pass); this one resets the
+//!   connection's timer, which only moves a deadline.
 
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -37,6 +43,9 @@ pub struct Conn {
     /// Whether the peer is in `server.trusted_proxies`.
     pub trusted: bool,
     state: AtomicU8,
+    /// Idle time allowed between requests, in seconds; 0: the stream does not time
+    /// it (Pingora does, or nothing does).
+    keepalive: AtomicU32,
 }
 
 impl Conn {
@@ -46,6 +55,23 @@ impl Conn {
             proxied,
             trusted,
             state: AtomicU8::new(AWAIT_HEADER),
+            keepalive: AtomicU32::new(0),
+        }
+    }
+
+    /// From now on, the stream ends the connection, quietly (as an end of stream,
+    /// which Pingora takes for a client that left), once it has waited this long for
+    /// the first byte of the next request; 0 stops it. The proxy then tells Pingora
+    /// not to time that wait itself.
+    pub fn keep_alive_for(&self, seconds: u64) {
+        let secs = u32::try_from(seconds).unwrap_or(u32::MAX);
+        self.keepalive.store(secs, Ordering::Relaxed);
+    }
+
+    fn keepalive(&self) -> Option<Duration> {
+        match self.keepalive.load(Ordering::Relaxed) {
+            0 => None,
+            secs => Some(Duration::from_secs(u64::from(secs))),
         }
     }
 
@@ -81,7 +107,10 @@ pub struct EdgeStream {
     /// Bytes read past the PROXY header, served before the socket's.
     replay: Vec<u8>,
     header_timeout: Duration,
+    /// The header block's deadline, or the idle deadline while `idle_armed`.
     deadline: Pin<Box<Sleep>>,
+    /// The deadline is the keep-alive wait's, set when this wait began.
+    idle_armed: bool,
     timed_out: bool,
     timeouts: IntCounter,
     /// Whether any byte was read yet (the h2c preface check).
@@ -107,6 +136,7 @@ impl EdgeStream {
             replay,
             header_timeout,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            idle_armed: false,
             timed_out: false,
             timeouts,
             seen_bytes: false,
@@ -187,7 +217,22 @@ impl AsyncRead for EdgeStream {
             Poll::Ready(Ok(())) if state == AWAIT_FIRST_BYTE && buf.filled().len() > before => {
                 let at = Instant::now() + this.header_timeout;
                 this.deadline.as_mut().reset(at);
+                this.idle_armed = false;
                 this.conn.state.store(AWAIT_HEADER, Ordering::Relaxed);
+            }
+            Poll::Pending if state == AWAIT_FIRST_BYTE => {
+                if let Some(idle) = this.conn.keepalive() {
+                    if !this.idle_armed {
+                        this.idle_armed = true;
+                        this.deadline.as_mut().reset(Instant::now() + idle);
+                    }
+                    if this.deadline.as_mut().poll(cx).is_ready() {
+                        // Idle too long between requests: an end of stream, on which
+                        // Pingora closes the connection without a response.
+                        tracing::debug!(event = "client_keepalive_timeout", client = ?this.conn.source());
+                        return Poll::Ready(Ok(()));
+                    }
+                }
             }
             Poll::Pending
                 if state == AWAIT_HEADER && this.deadline.as_mut().poll(cx).is_ready() =>

@@ -92,10 +92,14 @@ impl ProxyHttp for Proxy {
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         self.shared.note_proxy_runtime();
-        if let Some(conn) = edge::conn(session) {
-            conn.header_received();
-        }
         let server = &ctx.runtime.config.server;
+        // The wait for the next request is timed by the edge stream when there is one
+        // (one timer per connection), not by a timer Pingora registers per wait.
+        let idle_timed_by_edge = edge::conn(session).is_some_and(|conn| {
+            conn.header_received();
+            conn.keep_alive_for(server.keepalive_seconds);
+            true
+        });
         // Between body reads; Pingora answers a stall with a downstream read
         // timeout, which `fail_to_proxy` turns into 408.
         session.set_read_timeout(Some(server.client_body_timeout));
@@ -104,7 +108,13 @@ impl ProxyHttp for Proxy {
         // and for ambiguous framing (RFC 9112 §6.1, §9.3). Only the timeout is
         // ours to set; never turn keep-alive back on.
         if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(server.keepalive_seconds));
+            // 0: no timeout of Pingora's (the edge stream's, or none when 0 is configured)
+            let pingora_idle = if idle_timed_by_edge {
+                0
+            } else {
+                server.keepalive_seconds
+            };
+            session.set_keepalive(Some(pingora_idle));
         }
         // Pipelined requests are answered one after another, in order (RFC 9112
         // §9.3.2); without this Pingora closes after the first.
