@@ -5,7 +5,7 @@
 //!   timeout restarts on every byte, which a slowloris sending one byte at a time
 //!   never trips);
 //! - `keepalive_timeout_seconds` between requests, when the proxy hands it over
-//!   ([`Conn::keep_alive_for`]). Pingora's own keep-alive timeout registers a timer
+//!   ([`Conn::header_received`]). Pingora's own keep-alive timeout registers a timer
 //!   for every wait (two allocations, a lock and a notifier: ~1.2k instructions per
 //!   request, BENCHMARKS.md, issue 16, twelfth pass); this one resets the
 //!   connection's timer, which only moves a deadline.
@@ -59,15 +59,6 @@ impl Conn {
         }
     }
 
-    /// From now on, the stream ends the connection, quietly (as an end of stream,
-    /// which Pingora takes for a client that left), once it has waited this long for
-    /// the first byte of the next request; 0 stops it. The proxy then tells Pingora
-    /// not to time that wait itself.
-    pub fn keep_alive_for(&self, seconds: u64) {
-        let secs = u32::try_from(seconds).unwrap_or(u32::MAX);
-        self.keepalive.store(secs, Ordering::Relaxed);
-    }
-
     fn keepalive(&self) -> Option<Duration> {
         match self.keepalive.load(Ordering::Relaxed) {
             0 => None,
@@ -87,9 +78,15 @@ impl Conn {
         self.state.store(IN_REQUEST, Ordering::Relaxed);
     }
 
-    /// A request header was parsed: the header deadline no longer applies.
-    pub fn header_received(&self) {
+    /// A request header was parsed: the header deadline no longer applies. After this
+    /// request the stream ends the connection, quietly (as an end of stream, which
+    /// Pingora takes for a client that left), once it has waited `keepalive_secs` for
+    /// the next request's first byte; 0: it does not time that wait. The proxy then
+    /// tells Pingora not to time it either.
+    pub fn header_received(&self, keepalive_secs: u64) {
         self.state.store(IN_REQUEST, Ordering::Relaxed);
+        let secs = u32::try_from(keepalive_secs).unwrap_or(u32::MAX);
+        self.keepalive.store(secs, Ordering::Relaxed);
     }
 
     /// The request is answered: the next header's deadline starts with its

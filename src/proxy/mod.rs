@@ -93,32 +93,7 @@ impl ProxyHttp for Proxy {
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         self.shared.note_proxy_runtime();
         let server = &ctx.runtime.config.server;
-        // The wait for the next request is timed by the edge stream when there is one
-        // (one timer per connection), not by a timer Pingora registers per wait.
-        let idle_timed_by_edge = edge::conn(session).is_some_and(|conn| {
-            conn.header_received();
-            conn.keep_alive_for(server.keepalive_seconds);
-            true
-        });
-        // Between body reads; Pingora answers a stall with a downstream read
-        // timeout, which `fail_to_proxy` turns into 408.
-        session.set_read_timeout(Some(server.client_body_timeout));
-        // Pingora has already decided whether this connection may be reused: off
-        // for HTTP/1.0 without `Connection: keep-alive`, for `Connection: close`
-        // and for ambiguous framing (RFC 9112 §6.1, §9.3). Only the timeout is
-        // ours to set; never turn keep-alive back on.
-        if session.get_keepalive().is_some() {
-            // 0: no timeout of Pingora's (the edge stream's, or none when 0 is configured)
-            let pingora_idle = if idle_timed_by_edge {
-                0
-            } else {
-                server.keepalive_seconds
-            };
-            session.set_keepalive(Some(pingora_idle));
-        }
-        // Pipelined requests are answered one after another, in order (RFC 9112
-        // §9.3.2); without this Pingora closes after the first.
-        session.set_pipelining_enabled(true);
+        request::set_connection_options(session, server);
         let max_header = server.max_request_header_bytes;
         let framing = crate::framing::check(&session.req_header().headers, || {
             session

@@ -111,6 +111,34 @@ pub fn invalid_target(session: &Session) -> bool {
     })
 }
 
+/// The timeouts and reuse of the client connection, per request.
+pub fn set_connection_options(session: &mut Session, server: &crate::config::ServerSettings) {
+    // The wait for the next request is timed by the edge stream when there is one
+    // (one timer per connection), not by a timer Pingora registers per wait.
+    let idle_timed_by_edge = crate::edge::conn(session)
+        .map(|conn| conn.header_received(server.keepalive_seconds))
+        .is_some();
+    // Between body reads; Pingora answers a stall with a downstream read
+    // timeout, which `fail_to_proxy` turns into 408.
+    session.set_read_timeout(Some(server.client_body_timeout));
+    // Pingora has already decided whether this connection may be reused: off
+    // for HTTP/1.0 without `Connection: keep-alive`, for `Connection: close`
+    // and for ambiguous framing (RFC 9112 §6.1, §9.3). Only the timeout is
+    // ours to set; never turn keep-alive back on. 0: no timeout of Pingora's
+    // (the edge stream's, or none when 0 is configured).
+    if session.get_keepalive().is_some() {
+        let pingora_idle = if idle_timed_by_edge {
+            0
+        } else {
+            server.keepalive_seconds
+        };
+        session.set_keepalive(Some(pingora_idle));
+    }
+    // Pipelined requests are answered one after another, in order (RFC 9112
+    // §9.3.2); without this Pingora closes after the first.
+    session.set_pipelining_enabled(true);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
