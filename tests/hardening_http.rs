@@ -240,6 +240,50 @@ fn http10_without_keepalive_is_answered_close_and_closed() {
     }
 }
 
+/// An HTTP/1.0 request without `Host` (a load balancer's health check, `openssl
+/// s_time`) reaches a real nginx and is answered 200, as through HAProxy. Pingora sends
+/// every upstream request as HTTP/1.1, which requires `Host`; nginx answers such a
+/// request 400. With a `Host` it goes up as HTTP/1.1, as before.
+#[test]
+fn http10_without_host_is_forwarded_as_http10_not_refused_upstream() {
+    let nginx = Nginx::start();
+    let conf = format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [\"{}\"]\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
+        nginx.http_addr
+    );
+    let p = Proxy::start(&conf);
+    let cases: [(&[u8], &str); 4] = [
+        (
+            b"GET /h HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            "nginx HTTP/1.0 host=[]\n",
+        ),
+        (b"GET /a HTTP/1.0\r\n\r\n", "nginx HTTP/1.0 host=[]\n"),
+        (
+            b"GET /b HTTP/1.0\r\nHost: x\r\n\r\n",
+            "nginx HTTP/1.1 host=[x]\n",
+        ),
+        (
+            b"GET /c HTTP/1.1\r\nHost: y\r\n\r\n",
+            "nginx HTTP/1.1 host=[y]\n",
+        ),
+    ];
+    // Twice: the second round runs over whatever upstream connections the first left.
+    for round in 0..2 {
+        for (request, body) in cases {
+            match send_raw(&p.addr(), request) {
+                RawOutcome::Response(r) => assert_eq!(
+                    (r.status, r.body_str().as_str()),
+                    (200, body),
+                    "round {round}: {}",
+                    String::from_utf8_lossy(request)
+                ),
+                other => panic!("round {round}: no response: {other:?}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn shed_503_to_http10_closes() {
     let b = Backend::start("app");

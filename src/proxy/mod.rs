@@ -393,6 +393,7 @@ impl ProxyHttp for Proxy {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
         }
+        request::keep_http10_without_host(session, req);
         let id = match req
             .headers
             .get(edge::headers::names::X_REQUEST_ID.name())

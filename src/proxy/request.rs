@@ -63,6 +63,22 @@ pub fn set_forwarded(
     req.insert_header(&X_FORWARDED_PROTO, http::HeaderValue::from_static(proto))
 }
 
+/// An HTTP/1.0 request with no `Host` and an origin-form target goes upstream as
+/// HTTP/1.0, as it came and as HAProxy forwards it. Pingora sends every upstream
+/// request as HTTP/1.1, and HTTP/1.1 requires a `Host` (RFC 9112 §3.2): nginx and
+/// most servers answer such a request 400, so a load balancer's or an old tool's
+/// `GET / HTTP/1.0` would fail only through the proxy. An authority in the target
+/// keeps HTTP/1.1 (Pingora writes it as `Host`); route rules cannot set `Host`.
+pub fn keep_http10_without_host(session: &Session, req: &mut pingora::http::RequestHeader) {
+    if session.req_header().version == http::Version::HTTP_10
+        && !req.headers.contains_key(http::header::HOST)
+        && req.uri.authority().is_none()
+        && req.raw_path().first() == Some(&b'/')
+    {
+        req.set_version(http::Version::HTTP_10);
+    }
+}
+
 /// The `Host` (or absolute-form authority) without its port; IPv6 literals keep
 /// their brackets.
 pub fn host_of(session: &Session) -> &str {

@@ -13,6 +13,8 @@ pub struct Nginx {
     pub tls_addr: String,
     /// Cleartext HTTP/2 only (prior knowledge).
     pub h2c_addr: String,
+    /// Cleartext HTTP/1.x: answers `nginx <protocol> host=[<Host>]`.
+    pub http_addr: String,
     pub cert: CertFiles,
 }
 
@@ -25,6 +27,7 @@ impl Nginx {
         let cert = make_cert(dir.path(), "backend", "backend.test", &["backend.test"]);
         let tls_addr = format!("127.0.0.1:{}", free_port());
         let h2c_addr = format!("127.0.0.1:{}", free_port());
+        let http_addr = format!("127.0.0.1:{}", free_port());
         let d = dir.path().display();
         let conf = format!(
             r#"daemon off;
@@ -61,6 +64,10 @@ http {{
     }}
     location / {{ return 200 "nginx $server_protocol\n"; }}
   }}
+  server {{
+    listen {http_addr};
+    location / {{ return 200 "nginx $server_protocol host=[$http_host]\n"; }}
+  }}
 }}
 "#,
             cert = cert.cert.display(),
@@ -89,6 +96,7 @@ http {{
             dir,
             tls_addr,
             h2c_addr,
+            http_addr,
             cert,
         };
         eventually(
@@ -97,6 +105,7 @@ http {{
             || {
                 std::net::TcpStream::connect(&n.tls_addr).is_ok()
                     && std::net::TcpStream::connect(&n.h2c_addr).is_ok()
+                    && std::net::TcpStream::connect(&n.http_addr).is_ok()
             },
         );
         n
