@@ -19,12 +19,15 @@
 #   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/kstat.sh
 #   KIND=record TARGETS="haproxy bare" bash benches/load/kstat.sh
 #   MODE=h2tls bash benches/load/kstat.sh            # HTTP/2 over TLS, 10 streams/conn
+#   RATE=20000 bash benches/load/kstat.sh             # open loop: the same 20,000 requests/s offered to every proxy
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"), N (100000), CONNS (32),
 # PROXY_THREADS (1), MODE (h1 | h2tls: "haproxy pc_off pc_on", bare Pingora has no TLS
 # listener here), STREAMS (h2tls: 10), KIND (stat | record), FREQ (record: samples/s, 10000), TOP (40),
 # OUT (benches/load/out/kstat, ignored by git), SKIP_BUILD=1,
-# PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
+# PC_BIN and BARE_BIN (binaries to measure instead of target/release/...),
+# RATE (total requests per second, spread over the CONNS clients with h2load --rps; unset:
+# a closed loop, each client sends its next request when the last is answered).
 # Output on stdout: CSV rows target,threads,event,per_req (stat) or
 # target,threads,ring,symbol,us_per_req (record; ring is k for kernel, u for user).
 # Every process this script starts is stopped by PID on exit.
@@ -55,6 +58,9 @@ mkdir -p "$OUT"
 need perf h2load nginx haproxy redis-server openssl
 proxy_fixture
 client_mode
+# RATE: an open loop instead of a closed one: h2load paces each of the CONNS clients at
+# RATE/CONNS requests per second (--rps), so every proxy serves the same offered load.
+if [ -n "${RATE:-}" ]; then H2LOAD_ARGS+=("--rps=$(( (RATE + CONNS - 1) / CONNS ))"); fi
 HZ=$(getconf CLK_TCK)
 ticks() { awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"; }
 

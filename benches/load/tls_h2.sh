@@ -14,6 +14,9 @@
 # (rate limit off, no concurrency cap), like HAProxy without rules. Every process this
 # script starts is stopped by PID on exit.
 #   PRESERVE_HEADER_CASE=true   run portcullis with server.preserve_header_case = true (default false)
+#   ACCESS_LOG=true             run portcullis with its access log on (to a file in the temporary
+#                               directory). Default false: HAProxy here logs nothing, and the
+#                               HTTP/1.1 rows (run.sh, conf/portcullis-gates-*.toml) run without it.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -70,6 +73,9 @@ max_concurrency = 0
 enabled = false
 [culling]
 enabled = false
+[access_log]
+enabled = ${ACCESS_LOG:-false}
+path = "$TMP/access.log"
 [tls]
 listen = ["127.0.0.1:$PP"]
 [[tls.certificates]]
