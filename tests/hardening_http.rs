@@ -284,6 +284,105 @@ fn http10_without_host_is_forwarded_as_http10_not_refused_upstream() {
     }
 }
 
+/// Sends `request` on a fresh connection and reads until the proxy closes it:
+/// (status line and fields, lower-cased; body). Fails if it is not closed in time.
+fn exchange_until_closed(addr: &str, request: &[u8]) -> (String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(request).expect("write");
+    let mut all = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut all).unwrap_or_else(|e| {
+        panic!(
+            "not closed after the response ({e}); got {:?}",
+            String::from_utf8_lossy(&all)
+        )
+    });
+    let end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header block: {:?}", String::from_utf8_lossy(&all)));
+    let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
+    (head, all[end + 4..].to_vec())
+}
+
+/// An HTTP/1.0 client never gets `Transfer-Encoding` (RFC 9112 §6.1): it would read
+/// the chunk sizes as body. Pingora makes a close-delimited upstream body chunked, and
+/// passes a chunked one on, for any client. Both now reach an HTTP/1.0 client decoded
+/// and delimited by the close, whether or not it asked for keep-alive; an HTTP/1.1
+/// client still gets them chunked on a kept connection.
+#[test]
+fn http10_clients_never_get_a_chunked_response() {
+    let chunked = fixed_response_backend(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    );
+    let closing = closing_response_backend(b"HTTP/1.0 200 OK\r\nX-Kind: close\r\n\r\nhello world");
+    let conf = format!(
+        "[[upstreams]]\nname = \"chunked\"\nbackends = [\"{chunked}\"]\n\
+         [[upstreams]]\nname = \"closing\"\nbackends = [\"{closing}\"]\n\
+         [[routes]]\npath_prefix = \"/chunked\"\nupstream = \"chunked\"\n\
+         [[routes]]\npath_prefix = \"/closing\"\nupstream = \"closing\"\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n"
+    );
+    let p = Proxy::start(&conf);
+    for path in ["/chunked", "/closing"] {
+        for extra in ["", "Connection: keep-alive\r\n", "Host: x\r\n"] {
+            let request = format!("GET {path} HTTP/1.0\r\n{extra}\r\n");
+            let (head, body) = exchange_until_closed(&p.addr(), request.as_bytes());
+            assert!(head.starts_with("http/1.1 200 "), "{request:?}: {head}");
+            assert!(
+                !head.contains("transfer-encoding"),
+                "{request:?} got {head}"
+            );
+            assert!(
+                head.contains("\r\nconnection: close"),
+                "{request:?}: {head}"
+            );
+            assert_eq!(body, b"hello world", "{request:?}: {head}");
+        }
+        // HTTP/1.1: chunked, and the connection is kept for a second request.
+        let mut c = Conn::open(&p.addr()).expect("connect");
+        for _ in 0..2 {
+            c.write_raw(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .expect("write");
+            let r = c.read_response().expect("response");
+            assert_eq!((r.status, r.body_str().as_str()), (200, "hello world"));
+            assert_eq!(r.header("transfer-encoding"), Some("chunked"), "{path}");
+        }
+    }
+    // A HEAD answer has no body: the connection an HTTP/1.0 client asked to keep stays,
+    // and the GET after it is answered on it.
+    let mut s = TcpStream::connect(p.addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"HEAD /chunked HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = std::io::Read::read(&mut s, &mut byte).expect("read the HEAD answer");
+        assert_eq!(
+            n,
+            1,
+            "closed after HEAD: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200 "), "{head}");
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    s.write_all(b"GET /chunked HTTP/1.0\r\n\r\n")
+        .expect("write");
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut rest).expect("the GET answered, then closed");
+    assert!(
+        rest.ends_with(b"\r\n\r\nhello world"),
+        "{:?}",
+        String::from_utf8_lossy(&rest)
+    );
+}
+
 #[test]
 fn shed_503_to_http10_closes() {
     let b = Backend::start("app");

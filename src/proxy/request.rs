@@ -79,6 +79,36 @@ pub fn keep_http10_without_host(session: &Session, req: &mut pingora::http::Requ
     }
 }
 
+/// A response to an HTTP/1.0 client carries no `Transfer-Encoding` (RFC 9112 §6.1).
+/// Pingora turns an upstream response without `Content-Length` into a chunked one, and
+/// passes an upstream's chunked one on, whatever the client's version: an HTTP/1.0
+/// client (ApacheBench, a health checker) would read the chunk sizes as body. Without
+/// the field the decoded body is written as it is and delimited by closing the
+/// connection, as HAProxy does. A response that has no body keeps the connection.
+pub fn frame_for_http10_client(
+    session: &mut Session,
+    resp: &mut pingora::http::ResponseHeader,
+) -> pingora::Result<()> {
+    let req = session.req_header();
+    if req.version != http::Version::HTTP_10
+        || resp
+            .remove_header(&http::header::TRANSFER_ENCODING)
+            .is_none()
+    {
+        return Ok(());
+    }
+    let no_body = req.method == http::Method::HEAD
+        || resp.status.is_informational()
+        || matches!(resp.status.as_u16(), 204 | 304);
+    if !no_body {
+        // The chunked length is gone; a `Content-Length` sent beside it does not count.
+        resp.remove_header(&http::header::CONTENT_LENGTH);
+        session.set_keepalive(None);
+        resp.insert_header(http::header::CONNECTION, "close")?;
+    }
+    Ok(())
+}
+
 /// The `Host` (or absolute-form authority) without its port; IPv6 literals keep
 /// their brackets.
 pub fn host_of(session: &Session) -> &str {

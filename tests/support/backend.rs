@@ -454,6 +454,16 @@ fn serve_conn(stream: TcpStream, st: &BackendState) -> io::Result<()> {
 /// headers [`Backend`] never would, such as hop-by-hop fields). Returns its
 /// address; the listener thread lives as long as the test process.
 pub fn fixed_response_backend(response: &'static [u8]) -> String {
+    raw_backend(response, false)
+}
+
+/// Like [`fixed_response_backend`], but closes each connection after its first
+/// response: for a response whose body ends at the close (no `Content-Length`).
+pub fn closing_response_backend(response: &'static [u8]) -> String {
+    raw_backend(response, true)
+}
+
+fn raw_backend(response: &'static [u8], close_after: bool) -> String {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind fixed backend");
     let addr = l.local_addr().expect("local addr").to_string();
     std::thread::spawn(move || {
@@ -470,6 +480,10 @@ pub fn fixed_response_backend(response: &'static [u8]) -> String {
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         buf.drain(..end + 4);
                         if s.write_all(response).is_err() {
+                            return;
+                        }
+                        if close_after {
+                            let _ = s.shutdown(Shutdown::Both);
                             return;
                         }
                     }
