@@ -317,11 +317,16 @@ fn http10_clients_never_get_a_chunked_response() {
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
     );
     let closing = closing_response_backend(b"HTTP/1.0 200 OK\r\nX-Kind: close\r\n\r\nhello world");
+    let gzip = fixed_response_backend(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    );
     let conf = format!(
         "[[upstreams]]\nname = \"chunked\"\nbackends = [\"{chunked}\"]\n\
          [[upstreams]]\nname = \"closing\"\nbackends = [\"{closing}\"]\n\
+         [[upstreams]]\nname = \"gzip\"\nbackends = [\"{gzip}\"]\n\
          [[routes]]\npath_prefix = \"/chunked\"\nupstream = \"chunked\"\n\
          [[routes]]\npath_prefix = \"/closing\"\nupstream = \"closing\"\n\
+         [[routes]]\npath_prefix = \"/gzip\"\nupstream = \"gzip\"\n\
          [rate_limit]\nenabled = false\n[culling]\nenabled = false\n"
     );
     let p = Proxy::start(&conf);
@@ -350,6 +355,15 @@ fn http10_clients_never_get_a_chunked_response() {
             assert_eq!(r.header("transfer-encoding"), Some("chunked"), "{path}");
         }
     }
+    // A coding besides chunked cannot reach an HTTP/1.0 client undeclared: 502, as
+    // HAProxy answers it. An HTTP/1.1 client gets it as the upstream sent it.
+    let (head, _) = exchange_until_closed(&p.addr(), b"GET /gzip HTTP/1.0\r\n\r\n");
+    assert!(head.starts_with("http/1.1 502 "), "{head}");
+    let r = p.get("/gzip", &[]);
+    assert_eq!(
+        (r.status, r.header("transfer-encoding")),
+        (200, Some("gzip, chunked"))
+    );
     // A HEAD answer has no body: the connection an HTTP/1.0 client asked to keep stays,
     // and the GET after it is answered on it.
     let mut s = TcpStream::connect(p.addr()).expect("connect");

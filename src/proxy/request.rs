@@ -84,19 +84,39 @@ pub fn keep_http10_without_host(session: &Session, req: &mut pingora::http::Requ
 /// passes an upstream's chunked one on, whatever the client's version: an HTTP/1.0
 /// client (ApacheBench, a health checker) would read the chunk sizes as body. Without
 /// the field the decoded body is written as it is and delimited by closing the
-/// connection, as HAProxy does. A response that has no body keeps the connection.
+/// connection, as HAProxy does. A response that has no body keeps the connection. A
+/// coding other than `chunked` (`gzip, chunked`) cannot reach such a client undeclared:
+/// that is an upstream error (502), as HAProxy answers it.
 pub fn frame_for_http10_client(
     session: &mut Session,
     resp: &mut pingora::http::ResponseHeader,
 ) -> pingora::Result<()> {
+    let te = &http::header::TRANSFER_ENCODING;
     let req = session.req_header();
-    if req.version != http::Version::HTTP_10
-        || resp
-            .remove_header(&http::header::TRANSFER_ENCODING)
-            .is_none()
-    {
+    if req.version != http::Version::HTTP_10 || !resp.headers.contains_key(te) {
         return Ok(());
     }
+    let only_chunked = {
+        let mut codings = resp
+            .headers
+            .get_all(te)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|c| !c.is_empty());
+        codings
+            .next()
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
+            && codings.next().is_none()
+    };
+    if !only_chunked {
+        return Err(pingora::Error::explain(
+            pingora::ErrorType::InvalidHTTPHeader,
+            "a transfer coding an HTTP/1.0 client cannot read",
+        )
+        .into_up());
+    }
+    resp.remove_header(te);
     let no_body = req.method == http::Method::HEAD
         || resp.status.is_informational()
         || matches!(resp.status.as_u16(), 204 | 304);
