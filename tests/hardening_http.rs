@@ -397,6 +397,28 @@ fn http10_clients_never_get_a_chunked_response() {
     );
 }
 
+/// A 204 carries neither `Content-Length` nor `Transfer-Encoding` (RFC 9110 §8.6,
+/// RFC 9112 §6.1), whatever the upstream sent, and the connection stays usable.
+#[test]
+fn a_204_reaches_the_client_without_length_fields() {
+    let raw = fixed_response_backend(
+        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-Kind: empty\r\n\r\n",
+    );
+    let p = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [\"{raw}\"]\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n"
+    ));
+    let mut c = Conn::open(&p.addr()).expect("connect");
+    for _ in 0..2 {
+        c.write_raw(b"GET /empty HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
+        let r = c.read_response().expect("response");
+        assert_eq!((r.status, r.header("x-kind")), (204, Some("empty")));
+        assert!(r.header("content-length").is_none(), "{:?}", r.headers);
+        assert!(r.header("transfer-encoding").is_none(), "{:?}", r.headers);
+    }
+}
+
 #[test]
 fn shed_503_to_http10_closes() {
     let b = Backend::start("app");

@@ -422,7 +422,7 @@ impl ProxyHttp for Proxy {
         // The response is sent to the client right after this phase.
         batch::coalesce(session).await;
         edge::headers::strip_response_hop_by_hop(resp);
-        request::frame_for_http10_client(session, resp)?;
+        request::frame_for_client(session, resp)?;
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);

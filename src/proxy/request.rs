@@ -79,6 +79,24 @@ pub fn keep_http10_without_host(session: &Session, req: &mut pingora::http::Requ
     }
 }
 
+/// How the response is framed for the client, before Pingora writes it:
+/// - a 204 or a 1xx (but 101) carries neither `Content-Length` nor `Transfer-Encoding`
+///   (RFC 9110 §8.6, RFC 9112 §6.1). Pingora writes no body for them but passed an
+///   upstream's fields on; HAProxy removes them.
+/// - see [`frame_for_http10_client`].
+pub fn frame_for_client(
+    session: &mut Session,
+    resp: &mut pingora::http::ResponseHeader,
+) -> pingora::Result<()> {
+    let status = resp.status.as_u16();
+    if status == 204 || (resp.status.is_informational() && status != 101) {
+        resp.remove_header(&http::header::CONTENT_LENGTH);
+        resp.remove_header(&http::header::TRANSFER_ENCODING);
+        return Ok(());
+    }
+    frame_for_http10_client(session, resp)
+}
+
 /// A response to an HTTP/1.0 client carries no `Transfer-Encoding` (RFC 9112 §6.1).
 /// Pingora turns an upstream response without `Content-Length` into a chunked one, and
 /// passes an upstream's chunked one on, whatever the client's version: an HTTP/1.0
@@ -87,7 +105,7 @@ pub fn keep_http10_without_host(session: &Session, req: &mut pingora::http::Requ
 /// connection, as HAProxy does. A response that has no body keeps the connection. A
 /// coding other than `chunked` (`gzip, chunked`) cannot reach such a client undeclared:
 /// that is an upstream error (502), as HAProxy answers it.
-pub fn frame_for_http10_client(
+fn frame_for_http10_client(
     session: &mut Session,
     resp: &mut pingora::http::ResponseHeader,
 ) -> pingora::Result<()> {
