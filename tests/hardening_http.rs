@@ -419,6 +419,21 @@ fn a_204_reaches_the_client_without_length_fields() {
     }
 }
 
+/// A 101 answers only a request that asked to upgrade: to any other it is an upstream
+/// error (502, as HAProxy answers it), not a switch the client never asked for.
+#[test]
+fn an_unsolicited_101_is_a_502() {
+    let raw = fixed_response_backend(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+    );
+    let p = Proxy::start(&format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [\"{raw}\"]\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n"
+    ));
+    let r = p.get("/plain", &[]);
+    assert_eq!(r.status, 502, "{:?}", r.headers);
+}
+
 #[test]
 fn shed_503_to_http10_closes() {
     let b = Backend::start("app");

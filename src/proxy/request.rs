@@ -83,12 +83,22 @@ pub fn keep_http10_without_host(session: &Session, req: &mut pingora::http::Requ
 /// - a 204 or a 1xx (but 101) carries neither `Content-Length` nor `Transfer-Encoding`
 ///   (RFC 9110 §8.6, RFC 9112 §6.1). Pingora writes no body for them but passed an
 ///   upstream's fields on; HAProxy removes them.
+/// - a 101 answers only a request that asked to upgrade (RFC 9110 §15.2.2). Any other
+///   is an upstream error (502), as HAProxy answers it. Pingora passed it on, and the
+///   client saw a switch of protocols it never asked for.
 /// - see [`frame_for_http10_client`].
 pub fn frame_for_client(
     session: &mut Session,
     resp: &mut pingora::http::ResponseHeader,
 ) -> pingora::Result<()> {
     let status = resp.status.as_u16();
+    if status == 101 && !session.is_upgrade_req() {
+        return Err(pingora::Error::explain(
+            pingora::ErrorType::InvalidHTTPHeader,
+            "a 101 to a request that asked for no upgrade",
+        )
+        .into_up());
+    }
     if status == 204 || (resp.status.is_informational() && status != 101) {
         resp.remove_header(&http::header::CONTENT_LENGTH);
         resp.remove_header(&http::header::TRANSFER_ENCODING);
