@@ -398,16 +398,38 @@ fn http10_clients_never_get_a_chunked_response() {
 }
 
 /// A 204 carries neither `Content-Length` nor `Transfer-Encoding` (RFC 9110 §8.6,
-/// RFC 9112 §6.1), whatever the upstream sent, and the connection stays usable.
+/// RFC 9112 §6.1), whatever the upstream sent, and the connection stays usable. Over
+/// HTTP/2 a stray `Content-Length: 5` with no DATA was a stream error for the client.
 #[test]
 fn a_204_reaches_the_client_without_length_fields() {
     let raw = fixed_response_backend(
         b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-Kind: empty\r\n\r\n",
     );
-    let p = Proxy::start(&format!(
-        "[[upstreams]]\nname = \"app\"\nbackends = [\"{raw}\"]\n\
-         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n"
-    ));
+    let p = Proxy::start_with_server(
+        "h2c = true\n",
+        &format!(
+            "[[upstreams]]\nname = \"app\"\nbackends = [\"{raw}\"]\n\
+             [rate_limit]\nenabled = false\n[culling]\nenabled = false\n"
+        ),
+    );
+    let url = format!("http://{}/empty", p.addr());
+    let out = curl(&[
+        "--http2-prior-knowledge",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{http_version}",
+        &url,
+    ]);
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).as_ref()
+        ),
+        (Some(0), "204 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut c = Conn::open(&p.addr()).expect("connect");
     for _ in 0..2 {
         c.write_raw(b"GET /empty HTTP/1.1\r\nHost: x\r\n\r\n")
