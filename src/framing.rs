@@ -42,11 +42,10 @@ pub fn check(
     headers: &HeaderMap,
     raw_header: impl FnOnce() -> Option<Bytes>,
 ) -> Result<(), Ambiguity> {
-    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
-    let Some(first) = codings.next() else {
+    if !headers.contains_key(TRANSFER_ENCODING) {
         return Ok(());
-    };
-    if codings.next().is_some() || !is_only_chunked(first.as_bytes()) {
+    }
+    if !coding_is_only_chunked(headers) {
         return Err(Ambiguity::UnsupportedCoding);
     }
     if raw_header().is_some_and(|raw| has_content_length_field(&raw)) {
@@ -63,6 +62,17 @@ pub fn target_has_invalid_byte(target: &[u8]) -> bool {
     target
         .iter()
         .any(|&b| b <= b' ' || b == 0x7f || matches!(b, b'"' | b'<' | b'>'))
+}
+
+/// One `Transfer-Encoding` field, and its coding `chunked` and nothing else: the only
+/// framing by transfer coding that is passed on (requests), or that can be decoded for
+/// a client that cannot read it (responses to HTTP/1.0).
+pub fn coding_is_only_chunked(headers: &HeaderMap) -> bool {
+    let mut fields = headers.get_all(TRANSFER_ENCODING).iter();
+    fields
+        .next()
+        .is_some_and(|first| is_only_chunked(first.as_bytes()))
+        && fields.next().is_none()
 }
 
 /// `chunked` and nothing else (case-insensitive, optional whitespace around).

@@ -124,20 +124,7 @@ fn frame_for_http10_client(
     if req.version != http::Version::HTTP_10 || !resp.headers.contains_key(te) {
         return Ok(());
     }
-    let only_chunked = {
-        let mut codings = resp
-            .headers
-            .get_all(te)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|c| !c.is_empty());
-        codings
-            .next()
-            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
-            && codings.next().is_none()
-    };
-    if !only_chunked {
+    if !crate::framing::coding_is_only_chunked(&resp.headers) {
         return Err(pingora::Error::explain(
             pingora::ErrorType::InvalidHTTPHeader,
             "a transfer coding an HTTP/1.0 client cannot read",
@@ -145,9 +132,8 @@ fn frame_for_http10_client(
         .into_up());
     }
     resp.remove_header(te);
-    let no_body = req.method == http::Method::HEAD
-        || resp.status.is_informational()
-        || matches!(resp.status.as_u16(), 204 | 304);
+    // 1xx and 204 never get here (`frame_for_client`; a 101 needs an HTTP/1.1 request).
+    let no_body = req.method == http::Method::HEAD || resp.status.as_u16() == 304;
     if !no_body {
         // The chunked length is gone; a `Content-Length` sent beside it does not count.
         resp.remove_header(&http::header::CONTENT_LENGTH);
