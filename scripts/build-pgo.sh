@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# A profile-guided (PGO) release build of portcullis: the build for production.
+#
+#   bash scripts/build-pgo.sh          # -> target/pgo/portcullis
+#
+# 1. builds portcullis instrumented (-Cprofile-generate) in target/pgo-gen;
+# 2. trains it on loopback: the nginx backend and a redis-server of benches/load, every
+#    gate on (benches/load/conf/portcullis-gates-on.toml), TRAIN_H1 HTTP/1.1 keep-alive
+#    requests and TRAIN_H2 HTTP/2-over-TLS streams from h2load, then stops it with SIGINT
+#    so the profile is written at exit;
+# 3. merges the profile (llvm-profdata of the LLVM that rustc uses) and builds portcullis
+#    again with -Cprofile-use in target/pgo (target/pgo/release/portcullis);
+# 4. when llvm-bolt is there (BOLT=auto; BOLT=0 skips it), instruments that build with
+#    BOLT, trains it the same way, and writes it out with its code laid out by the second
+#    profile (hot paths together, cold code split off).
+# The result is target/pgo/portcullis.
+# The code is the same; only the compiler's layout, inlining and branch decisions follow
+# the profile. The CPU it saves is measured in BENCHMARKS.md (issue 16, fourteenth pass).
+#
+# Environment: TRAIN_H1 (200000), TRAIN_H2 (100000), PROFDATA (llvm-profdata matching
+# `rustc -vV`'s LLVM major; found as llvm-profdata-<major> or llvm-profdata), KEEP_PROFILE=1
+# keeps target/pgo-gen/merged.profdata's raw inputs, BOLT (auto | 1 | 0), BOLT_BIN and
+# MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>). Needs nginx, redis-server, h2load,
+# openssl, curl (scripts/setup.sh) and llvm-profdata (Debian: apt-get install llvm-<major>).
+# Every process it starts is stopped by PID on exit.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../benches/load" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../benches/load/lib.sh disable=SC1091
+. "$HERE/lib.sh"
+bench_init build-pgo
+TRAIN_H1=${TRAIN_H1:-200000}
+TRAIN_H2=${TRAIN_H2:-100000}
+GEN_DIR=$REPO/target/pgo-gen
+USE_DIR=$REPO/target/pgo
+RAW=$GEN_DIR/profraw
+MERGED=$GEN_DIR/merged.profdata
+
+need nginx redis-server h2load openssl curl
+llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+[ -n "$llvm_major" ] || die "cannot read rustc's LLVM version (rustc -vV)"
+if [ -z "${PROFDATA:-}" ]; then
+  for p in "llvm-profdata-$llvm_major" llvm-profdata; do
+    if command -v "$p" >/dev/null && "$p" --version 2>/dev/null | grep -q "version $llvm_major\."; then
+      PROFDATA=$p
+      break
+    fi
+  done
+fi
+[ -n "${PROFDATA:-}" ] || die "no llvm-profdata of LLVM $llvm_major (rustc's): apt-get install llvm-$llvm_major, or set PROFDATA"
+BOLT=${BOLT:-auto}
+BOLT_BIN=${BOLT_BIN:-llvm-bolt-$llvm_major}
+MERGE_FDATA=${MERGE_FDATA:-merge-fdata-$llvm_major}
+if [ "$BOLT" = auto ]; then
+  if command -v "$BOLT_BIN" >/dev/null && command -v "$MERGE_FDATA" >/dev/null; then BOLT=1; else BOLT=0; fi
+fi
+[ "$BOLT" = 0 ] || need "$BOLT_BIN" "$MERGE_FDATA"
+
+# train BIN: runs BIN on every gate (pc_on) under HTTP/1.1 then HTTP/2-over-TLS load, and
+# stops it with SIGINT each time, so that its profile is written at exit.
+train() {
+  PC_BIN=$1
+  bench_tmp pgo
+  read -r P_BACKEND P_PROXY P_ADMIN P_REDIS < <(free_ports 4)
+  start_backend "$P_BACKEND"
+  start_redis "$P_REDIS"
+  PROXY_THREADS=${PROXY_THREADS:-2}
+  CONNS=32
+  for MODE in h1 h2tls; do
+    client_mode
+    start_target pc_on 200
+    if [ "$MODE" = h1 ]; then requests "$TRAIN_H1"; else requests "$TRAIN_H2" 8; fi
+    # the admin side too: what operators scrape
+    for path in metrics healthz readyz; do curl -s -o /dev/null "http://127.0.0.1:$P_ADMIN/$path"; done
+    stop_pid "$TARGET_PID"
+  done
+  bench_cleanup
+  trap - EXIT INT TERM
+}
+
+log "1/4 instrumented build ($GEN_DIR)"
+rm -rf "$RAW" "$MERGED"
+mkdir -p "$RAW"
+(cd "$REPO" && CARGO_TARGET_DIR=$GEN_DIR RUSTFLAGS="-Cprofile-generate=$RAW" \
+  cargo build --release --bin portcullis) >&2
+
+log "2/4 training: $TRAIN_H1 HTTP/1.1 requests, $TRAIN_H2 HTTP/2-over-TLS streams"
+LLVM_PROFILE_FILE="$RAW/portcullis-%p-%m.profraw" train "$GEN_DIR/release/portcullis"
+ls "$RAW"/*.profraw >/dev/null 2>&1 || die "no profile written in $RAW (did portcullis exit cleanly on SIGINT?)"
+"$PROFDATA" merge -o "$MERGED" "$RAW"/*.profraw
+[ "${KEEP_PROFILE:-0}" = 1 ] || rm -rf "$RAW"
+
+log "3/4 optimized build with the profile ($USE_DIR)"
+# --emit-relocs on the final link only (the dependencies stay cached): BOLT needs them
+(cd "$REPO" && CARGO_TARGET_DIR=$USE_DIR RUSTFLAGS="-Cprofile-use=$MERGED" \
+  cargo rustc --release --bin portcullis -- -Clink-arg=-Wl,--emit-relocs) >&2
+FINAL=$USE_DIR/portcullis
+if [ "$BOLT" = 0 ]; then
+  cp "$USE_DIR/release/portcullis" "$FINAL"
+  log "built $FINAL (PGO; BOLT=0)"
+  exit 0
+fi
+
+log "4/4 BOLT: instrument, train again, lay the code out by the profile"
+bdir=$GEN_DIR/bolt
+rm -rf "$bdir"
+mkdir -p "$bdir"
+"$BOLT_BIN" "$USE_DIR/release/portcullis" -instrument -instrumentation-file="$bdir/prof" \
+  -instrumentation-file-append-pid -o "$bdir/portcullis.inst" >"$bdir/instrument.log" 2>&1 ||
+  die "llvm-bolt -instrument failed: $bdir/instrument.log"
+train "$bdir/portcullis.inst"
+ls "$bdir"/prof.*.fdata >/dev/null 2>&1 || die "no BOLT profile written in $bdir"
+"$MERGE_FDATA" "$bdir"/prof.*.fdata >"$bdir/merged.fdata" 2>"$bdir/merge.log"
+"$BOLT_BIN" "$USE_DIR/release/portcullis" -o "$FINAL.tmp" -data="$bdir/merged.fdata" \
+  -reorder-blocks=ext-tsp -reorder-functions=cdsort -split-functions -split-all-cold \
+  -split-eh -icf=all -use-gnu-stack -update-debug-sections -dyno-stats >"$bdir/optimize.log" 2>&1 ||
+  die "llvm-bolt failed: $bdir/optimize.log"
+mv "$FINAL.tmp" "$FINAL"
+"$FINAL" --version >/dev/null
+log "built $FINAL (PGO + BOLT; the PGO-only build is $USE_DIR/release/portcullis)"
