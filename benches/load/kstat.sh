@@ -15,17 +15,23 @@
 # samples × sampling period ÷ N, then the utime and stime of the same requests from /proc.
 # CALLGRAPH=1 records call chains too (read them with `perf report -G` on OUT/TARGET.perf.data).
 #
+# KIND=cpu attaches nothing and prints only the user and system CPU from /proc: the
+# tracepoints of KIND=stat add kernel time of their own, the same few microseconds to
+# every proxy, which narrows ratios. Use it with RATE for CPU ratios at an equal load.
+#
 #   bash benches/load/kstat.sh                        # HTTP/1.1 keep-alive, 1 thread
 #   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/kstat.sh
 #   KIND=record TARGETS="haproxy bare" bash benches/load/kstat.sh
 #   MODE=h2tls bash benches/load/kstat.sh            # HTTP/2 over TLS, 10 streams/conn
 #   RATE=20000 bash benches/load/kstat.sh             # open loop: the same 20,000 requests/s offered to every proxy
+#   KIND=cpu RATE=20000 PC_PREV_BIN=old/portcullis TARGETS="haproxy pc_on pc_on_prev" bash benches/load/kstat.sh
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"), N (100000), CONNS (32),
 # PROXY_THREADS (1), MODE (h1 | h2tls: "haproxy pc_off pc_on", bare Pingora has no TLS
-# listener here), STREAMS (h2tls: 10), KIND (stat | record), FREQ (record: samples/s, 10000), TOP (40),
+# listener here), STREAMS (h2tls: 10), KIND (stat | record | cpu), FREQ (record: samples/s, 10000), TOP (40),
 # OUT (benches/load/out/kstat, ignored by git), SKIP_BUILD=1,
-# PC_BIN and BARE_BIN (binaries to measure instead of target/release/...),
+# PC_BIN and BARE_BIN (binaries to measure instead of target/release/...), PC_PREV_BIN
+# (target pc_on_prev: gates on, run by that binary, e.g. a build before a change),
 # RATE (total requests per second, spread over the CONNS clients with h2load --rps; unset:
 # a closed loop, each client sends its next request when the last is answered).
 # Output on stdout: CSV rows target,threads,event,per_req (stat) or
@@ -65,27 +71,32 @@ HZ=$(getconf CLK_TCK)
 ticks() { awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"; }
 
 case $KIND in
-  stat) echo "target,threads,event,per_req" ;;
+  stat | cpu) echo "target,threads,event,per_req" ;;
   record) echo "target,threads,ring,symbol,us_per_req" ;;
   *) die "KIND is stat or record, not $KIND" ;;
 esac
 for t in $TARGETS; do
   start_target "$t" 5000 # after a warm-up of 5000 requests
   pid=$TARGET_PID
-  if [ "$KIND" = stat ]; then
+  if [ "$KIND" = cpu ]; then
+    sleep 0 & # nothing to attach: a PID for the kill below
+  elif [ "$KIND" = stat ]; then
     perf stat -x, -e "$EVENTS" -p "$pid" -o "$OUT/$t.perf.txt" &
   else
     perf record -q -e "$REC_EVENT" $REC_RATE ${CALLGRAPH:+-g} -p "$pid" -o "$OUT/$t.perf.data" 2>"$OUT/$t.record.log" &
   fi
   ppid=$!
-  sleep 1 # perf attaches to every thread
+  [ "$KIND" = cpu ] || sleep 1 # perf attaches to every thread
   read -r u0 s0 < <(ticks "$pid")
   requests "$N"
   read -r u1 s1 < <(ticks "$pid")
-  kill -INT "$ppid"
+  kill -INT "$ppid" 2>/dev/null || true
   wait "$ppid" 2>/dev/null || true
   stop_pid "$pid"
-  if [ "$KIND" = stat ]; then
+  if [ "$KIND" = cpu ]; then
+    awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" -v u=$((u1 - u0)) -v s=$((s1 - s0)) \
+      'BEGIN { printf "%s,%s,user_us,%.2f\n%s,%s,sys_us,%.2f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }'
+  elif [ "$KIND" = stat ]; then
     awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" \
       -v u=$((u1 - u0)) -v s=$((s1 - s0)) -F, '
       BEGIN { printf "%s,%s,user_us,%.2f\n%s,%s,sys_us,%.2f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }

@@ -118,7 +118,7 @@ set_header_case() {
 
 # start_cmd TARGET: the command line of the proxy under test (config rendered into
 # $TMP). Uses MODE (h1 | h2tls), PROXY_THREADS, P_PROXY, P_BACKEND, P_REDIS,
-# P_ADMIN, PC_BIN, BARE_BIN; h2tls needs $TMP/cert.pem, key.pem, haproxy.pem.
+# P_ADMIN, PC_BIN, BARE_BIN, PC_PREV_BIN (pc_on_prev); h2tls needs $TMP/cert.pem, key.pem, haproxy.pem.
 start_cmd() {
   local t=$1
   local common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACKEND" REDIS_PORT="$P_REDIS" ADMIN_PORT="$P_ADMIN" NAME="$t")
@@ -133,10 +133,15 @@ start_cmd() {
     bare)
       [ "$MODE" = h1 ] || die "bare Pingora has no TLS listener here"
       echo "$BARE_BIN 127.0.0.1:$P_PROXY 127.0.0.1:$P_BACKEND $PROXY_THREADS" ;;
-    pc_off | pc_on | pc_lc | pc_case)
+    pc_off | pc_on | pc_lc | pc_case | pc_on_prev)
       # pc_lc: gates on, server.preserve_header_case = false (the default, set explicitly);
-      # pc_case: gates on, server.preserve_header_case = true
-      local tpl=portcullis-gates-off.toml
+      # pc_case: gates on, server.preserve_header_case = true;
+      # pc_on_prev: gates on, run by PC_PREV_BIN (another build, e.g. before a change)
+      local tpl=portcullis-gates-off.toml bin=$PC_BIN
+      if [ "$t" = pc_on_prev ]; then
+        [ -x "${PC_PREV_BIN:-}" ] || die "target pc_on_prev needs PC_PREV_BIN (a portcullis binary)"
+        bin=$PC_PREV_BIN
+      fi
       [ "$t" != pc_off ] && tpl=portcullis-gates-on.toml
       if [ "$MODE" = h2tls ]; then
         # plain listener on a spare port; the TLS listener is the one measured
@@ -152,7 +157,7 @@ start_cmd() {
         pc_lc) set_header_case "$TMP/$t.toml" false ;;
         pc_case) set_header_case "$TMP/$t.toml" true ;;
       esac
-      echo "$PC_BIN -c $TMP/$t.toml" ;;
+      echo "$bin -c $TMP/$t.toml" ;;
     pc_shed)
       # cap 1, held by one request parked on HANG_PORT (see hold_shed_slot)
       [ "$MODE" = h1 ] || die "pc_shed is measured on HTTP/1.1 only"
