@@ -3,24 +3,27 @@
 #
 #   bash scripts/build-pgo.sh          # -> target/pgo/portcullis
 #
-# 1. builds portcullis instrumented (-Cprofile-generate) in target/pgo-gen;
+# 1. builds portcullis instrumented (-Cprofile-generate, fat LTO) in target/pgo-gen;
 # 2. trains it on loopback: the nginx backend and a redis-server of benches/load, every
 #    gate on (benches/load/conf/portcullis-gates-on.toml), TRAIN_H1 HTTP/1.1 keep-alive
 #    requests and TRAIN_H2 HTTP/2-over-TLS streams from h2load, then stops it with SIGINT
 #    so the profile is written at exit;
 # 3. merges the profile (llvm-profdata of the LLVM that rustc uses) and builds portcullis
 #    again with -Cprofile-use in target/pgo (target/pgo/release/portcullis);
-# 4. when llvm-bolt is there (BOLT=auto; BOLT=0 skips it), instruments that build with
+# 4. with BOLT=1 (or BOLT=auto and llvm-bolt installed), instruments that build with
 #    BOLT, trains it the same way, and writes it out with its code laid out by the second
-#    profile (hot paths together, cold code split off).
+#    profile (hot paths together, cold code split off). Off by default: in three A/Bs it
+#    saved no CPU over PGO alone (fourteenth pass), and valgrind 3.19 cannot read the
+#    debug sections it writes.
 # The result is target/pgo/portcullis.
 # The code is the same; only the compiler's layout, inlining and branch decisions follow
 # the profile. The CPU it saves is measured in BENCHMARKS.md (issue 16, fourteenth pass).
 #
 # Environment: TRAIN_H1 (200000), TRAIN_H2 (100000), PROFDATA (llvm-profdata matching
 # `rustc -vV`'s LLVM major; found as llvm-profdata-<major> or llvm-profdata), KEEP_PROFILE=1
-# keeps target/pgo-gen/merged.profdata's raw inputs, BOLT (auto | 1 | 0), BOLT_BIN and
-# MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>). Needs nginx, redis-server, h2load,
+# keeps target/pgo-gen/merged.profdata's raw inputs, BOLT (0 | 1 | auto), BOLT_BIN and
+# MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>), CARGO_PROFILE_RELEASE_LTO (fat) and
+# CARGO_PROFILE_RELEASE_CODEGEN_UNITS (1). Needs nginx, redis-server, h2load,
 # openssl, curl (scripts/setup.sh) and llvm-profdata (Debian: apt-get install llvm-<major>).
 # Every process it starts is stopped by PID on exit.
 set -euo pipefail
@@ -30,6 +33,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../benches/load" && pwd)
 bench_init build-pgo
 TRAIN_H1=${TRAIN_H1:-200000}
 TRAIN_H2=${TRAIN_H2:-100000}
+# Whole-program LTO in one codegen unit (Cargo.toml's release profile is thin LTO in 4, for
+# build time): −4% instructions and −3% CPU per request on top of PGO + BOLT (fourteenth
+# pass). Both builds use it, so the profile matches the code it is applied to.
+export CARGO_PROFILE_RELEASE_LTO=${CARGO_PROFILE_RELEASE_LTO:-fat}
+export CARGO_PROFILE_RELEASE_CODEGEN_UNITS=${CARGO_PROFILE_RELEASE_CODEGEN_UNITS:-1}
 GEN_DIR=$REPO/target/pgo-gen
 USE_DIR=$REPO/target/pgo
 RAW=$GEN_DIR/profraw
@@ -47,7 +55,7 @@ if [ -z "${PROFDATA:-}" ]; then
   done
 fi
 [ -n "${PROFDATA:-}" ] || die "no llvm-profdata of LLVM $llvm_major (rustc's): apt-get install llvm-$llvm_major, or set PROFDATA"
-BOLT=${BOLT:-auto}
+BOLT=${BOLT:-0}
 BOLT_BIN=${BOLT_BIN:-llvm-bolt-$llvm_major}
 MERGE_FDATA=${MERGE_FDATA:-merge-fdata-$llvm_major}
 if [ "$BOLT" = auto ]; then
@@ -90,9 +98,12 @@ ls "$RAW"/*.profraw >/dev/null 2>&1 || die "no profile written in $RAW (did port
 [ "${KEEP_PROFILE:-0}" = 1 ] || rm -rf "$RAW"
 
 log "3/4 optimized build with the profile ($USE_DIR)"
-# --emit-relocs on the final link only (the dependencies stay cached): BOLT needs them
+# BOLT needs the relocations kept: --emit-relocs on the final link only (the dependencies
+# are built the same either way)
+relocs=()
+[ "$BOLT" = 0 ] || relocs=(-Clink-arg=-Wl,--emit-relocs)
 (cd "$REPO" && CARGO_TARGET_DIR=$USE_DIR RUSTFLAGS="-Cprofile-use=$MERGED" \
-  cargo rustc --release --bin portcullis -- -Clink-arg=-Wl,--emit-relocs) >&2
+  cargo rustc --release --bin portcullis -- "${relocs[@]}") >&2
 FINAL=$USE_DIR/portcullis
 if [ "$BOLT" = 0 ]; then
   cp "$USE_DIR/release/portcullis" "$FINAL"
