@@ -120,7 +120,8 @@ mkdir -p "$bdir"
   die "llvm-bolt -instrument failed: $bdir/instrument.log"
 train "$bdir/portcullis.inst"
 ls "$bdir"/prof.*.fdata >/dev/null 2>&1 || die "no BOLT profile written in $bdir"
-"$MERGE_FDATA" "$bdir"/prof.*.fdata >"$bdir/merged.fdata" 2>"$bdir/merge.log"
+"$MERGE_FDATA" "$bdir"/prof.*.fdata >"$bdir/merged.fdata" 2>"$bdir/merge.log" ||
+  die "merge-fdata failed: $bdir/merge.log"
 "$BOLT_BIN" "$USE_DIR/release/portcullis" -o "$FINAL.tmp" -data="$bdir/merged.fdata" \
   -reorder-blocks=ext-tsp -reorder-functions=cdsort -split-functions -split-all-cold \
   -split-eh -icf=all -use-gnu-stack -update-debug-sections -dyno-stats >"$bdir/optimize.log" 2>&1 ||

@@ -73,34 +73,35 @@ ticks() { awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat"; }
 case $KIND in
   stat | cpu) echo "target,threads,event,per_req" ;;
   record) echo "target,threads,ring,symbol,us_per_req" ;;
-  *) die "KIND is stat or record, not $KIND" ;;
+  *) die "KIND is stat, record or cpu, not $KIND" ;;
 esac
 for t in $TARGETS; do
   start_target "$t" 5000 # after a warm-up of 5000 requests
   pid=$TARGET_PID
-  if [ "$KIND" = cpu ]; then
-    sleep 0 & # nothing to attach: a PID for the kill below
-  elif [ "$KIND" = stat ]; then
+  ppid="" # perf's PID; KIND=cpu attaches nothing
+  if [ "$KIND" = stat ]; then
     perf stat -x, -e "$EVENTS" -p "$pid" -o "$OUT/$t.perf.txt" &
-  else
+    ppid=$!
+  elif [ "$KIND" = record ]; then
     perf record -q -e "$REC_EVENT" $REC_RATE ${CALLGRAPH:+-g} -p "$pid" -o "$OUT/$t.perf.data" 2>"$OUT/$t.record.log" &
+    ppid=$!
   fi
-  ppid=$!
-  [ "$KIND" = cpu ] || sleep 1 # perf attaches to every thread
+  [ -z "$ppid" ] || sleep 1 # perf attaches to every thread
   read -r u0 s0 < <(ticks "$pid")
   requests "$N"
   read -r u1 s1 < <(ticks "$pid")
-  kill -INT "$ppid" 2>/dev/null || true
-  wait "$ppid" 2>/dev/null || true
+  if [ -n "$ppid" ]; then
+    kill -INT "$ppid"
+    wait "$ppid" 2>/dev/null || true
+  fi
   stop_pid "$pid"
-  if [ "$KIND" = cpu ]; then
+  if [ "$KIND" != record ]; then
     awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" -v u=$((u1 - u0)) -v s=$((s1 - s0)) \
       'BEGIN { printf "%s,%s,user_us,%.2f\n%s,%s,sys_us,%.2f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }'
-  elif [ "$KIND" = stat ]; then
-    awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -v hz="$HZ" \
-      -v u=$((u1 - u0)) -v s=$((s1 - s0)) -F, '
-      BEGIN { printf "%s,%s,user_us,%.2f\n%s,%s,sys_us,%.2f\n", t, th, u * 1e6 / hz / n, t, th, s * 1e6 / hz / n }
-      $1 ~ /^[0-9]+$/ { printf "%s,%s,%s,%.3f\n", t, th, $3, $1 / n }' "$OUT/$t.perf.txt"
+    if [ "$KIND" = stat ]; then
+      awk -v t="$t" -v th="$PROXY_THREADS" -v n="$N" -F, \
+        '$1 ~ /^[0-9]+$/ { printf "%s,%s,%s,%.3f\n", t, th, $3, $1 / n }' "$OUT/$t.perf.txt"
+    fi
   else
     # One line per symbol: samples, [k] or [.], name. The idle second before the
     # requests holds no samples (a cpu-clock sample needs the task on a CPU).

@@ -361,12 +361,13 @@ WATCHDOG=$!
 
 # Run private copies: a concurrent rebuild must not swap the binary mid-run.
 # (portcullis runs in every part; bare Pingora only when it is a target)
-# PC_BIN: another portcullis binary for every pc_* target (e.g. target/pgo/portcullis of
-# scripts/build-pgo.sh); not checked for staleness, like PC_PREV_BIN.
+# A PC_BIN given (e.g. target/pgo/portcullis of scripts/build-pgo.sh) is not checked for
+# staleness, like PC_PREV_BIN.
 [ -n "${PC_BIN:-}" ] || stale_check "$TARGET_DIR/release/portcullis"
+PC_BIN=${PC_BIN:-$TARGET_DIR/release/portcullis}
 case " $TARGETS " in *" bare "*) stale_check "$TARGET_DIR/release/examples/bare_pingora" ;; esac
-[ -x "${PC_BIN:-$TARGET_DIR/release/portcullis}" ] || die "no portcullis binary at ${PC_BIN:-$TARGET_DIR/release/portcullis}"
-cp "${PC_BIN:-$TARGET_DIR/release/portcullis}" "$TMP/portcullis"
+[ -x "$PC_BIN" ] || die "no portcullis binary at $PC_BIN"
+cp "$PC_BIN" "$TMP/portcullis"
 cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
 
 # ------------------------------------------------------------ results dir
