@@ -684,6 +684,20 @@ impl ResponseHeader {
         clone_resp_parts(&self.base)
     }
 
+    /// Move the header fields and the extensions out into [http::response::Parts], for a
+    /// writer whose framing layer takes ownership of them (HTTP/2's `send_response`).
+    /// `self` keeps its status, version and reason phrase, with no fields and no case map.
+    /// Unlike [Self::as_owned_parts] it copies no field.
+    pub fn take_parts(&mut self) -> RespParts {
+        let (mut parts, ()) = http::Response::new(()).into_parts();
+        parts.status = self.base.status;
+        parts.version = self.base.version;
+        std::mem::swap(&mut parts.headers, &mut self.base.headers);
+        std::mem::swap(&mut parts.extensions, &mut self.base.extensions);
+        self.header_name_map = None;
+        parts
+    }
+
     /// Helper function to set the HTTP content length on the response header.
     pub fn set_content_length(&mut self, len: usize) -> Result<()> {
         self.insert_header(http::header::CONTENT_LENGTH, len)
@@ -1056,8 +1070,33 @@ mod tests {
     #[test]
     fn header_map_upper_bound() {
         assert_eq!(8, http_header_map_upper_bound(None));
-        assert_eq!(16, http_header_map_upper_bound(Some(16)));
+        // portcullis patch: a parsed header's size hint gets PROXY_HEADROOM (8) more.
+        assert_eq!(24, http_header_map_upper_bound(Some(16)));
+        assert_eq!(4096, http_header_map_upper_bound(Some(4090)));
         assert_eq!(4096, http_header_map_upper_bound(Some(7777)));
+    }
+
+    #[test]
+    fn take_parts_moves_the_fields_and_keeps_the_status() {
+        let mut resp = ResponseHeader::build(404, None).unwrap();
+        resp.set_version(http::Version::HTTP_2);
+        resp.insert_header("X-Foo", "bar").unwrap();
+        resp.append_header("x-foo", "baz").unwrap();
+        resp.extensions_mut().insert(7u32);
+        resp.set_reason_phrase(Some("Gone Fishing")).unwrap();
+        let parts = resp.take_parts();
+        assert_eq!(parts.status, 404);
+        assert_eq!(parts.version, http::Version::HTTP_2);
+        let values: Vec<_> = parts.headers.get_all("x-foo").iter().collect();
+        assert_eq!(values, ["bar", "baz"]);
+        assert_eq!(parts.extensions.get::<u32>(), Some(&7));
+        // What stays: the status line, no fields, no case map.
+        assert_eq!(resp.status, 404);
+        assert_eq!(resp.version, http::Version::HTTP_2);
+        assert_eq!(resp.get_reason_phrase(), Some("Gone Fishing"));
+        assert!(resp.headers.is_empty());
+        assert!(!resp.has_case());
+        assert!(resp.extensions.get::<u32>().is_none());
     }
 
     #[test]

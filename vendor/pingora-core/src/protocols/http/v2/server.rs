@@ -643,13 +643,19 @@ impl HttpSession {
 
         // remove other h1 hop headers that cannot be present in H2
         // https://httpwg.org/specs/rfc7540.html#n-connection-specific-header-fields
-        header.remove_header(&header::TRANSFER_ENCODING);
-        header.remove_header(&header::CONNECTION);
-        header.remove_header(&header::UPGRADE);
-        header.remove_header(&HeaderName::from_static("keep-alive"));
-        header.remove_header(&HeaderName::from_static("proxy-connection"));
+        // (portcullis) One pass over the names first: a proxied response has usually lost
+        // them already, and five misses cost five hashes and probes of both maps.
+        if header.headers.keys().any(is_h1_connection_specific) {
+            header.remove_header(&header::TRANSFER_ENCODING);
+            header.remove_header(&header::CONNECTION);
+            header.remove_header(&header::UPGRADE);
+            header.remove_header(&HeaderName::from_static("keep-alive"));
+            header.remove_header(&HeaderName::from_static("proxy-connection"));
+        }
 
-        let resp = Response::from_parts(header.as_owned_parts(), ());
+        // (portcullis) Move the fields into the h2 frame instead of cloning them: what
+        // `response_written()` keeps is the status line (its readers use the status).
+        let resp = Response::from_parts(header.take_parts(), ());
 
         let body_writer = self.send_response.send_response(resp, end).or_err(
             ErrorType::WriteError,
@@ -954,6 +960,15 @@ impl HttpSession {
     pub fn client_addr(&self) -> Option<&SocketAddr> {
         self.digest.socket_digest.as_ref().map(|d| d.peer_addr())?
     }
+}
+
+/// A field that RFC 9113 §8.2.2 forbids in HTTP/2 and `write_response_header` strips.
+fn is_h1_connection_specific(name: &HeaderName) -> bool {
+    *name == header::TRANSFER_ENCODING
+        || *name == header::CONNECTION
+        || *name == header::UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
 }
 
 #[cfg(test)]
@@ -1714,6 +1729,109 @@ mod test {
 
         drop(connection);
         client.await.unwrap();
+    }
+
+    #[test]
+    fn test_is_h1_connection_specific() {
+        for n in [
+            "connection",
+            "transfer-encoding",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+        ] {
+            assert!(
+                is_h1_connection_specific(&HeaderName::from_static(n)),
+                "{n}"
+            );
+        }
+        for n in [
+            "content-length",
+            "x-connection",
+            "keep-alive-x",
+            "te",
+            "server",
+        ] {
+            assert!(
+                !is_h1_connection_specific(&HeaderName::from_static(n)),
+                "{n}"
+            );
+        }
+    }
+
+    // (portcullis) The response's fields go to the client once, without the h1
+    // connection-specific ones, and `response_written()` keeps the status.
+    #[tokio::test]
+    async fn test_response_header_moved_and_stripped() {
+        let (client, server) = duplex(65536);
+        let client_task = tokio::spawn(async move {
+            let (h2, connection) = h2::client::handshake(client).await.unwrap();
+            tokio::spawn(async move {
+                connection.await.unwrap();
+            });
+            let mut h2 = h2.ready().await.unwrap();
+            let mut seen = vec![];
+            for path in ["/hop", "/clean"] {
+                let request = Request::builder()
+                    .uri(format!("https://www.example.com{path}"))
+                    .body(())
+                    .unwrap();
+                let (response, _) = h2.send_request(request, true).unwrap();
+                let (head, _) = response.await.unwrap().into_parts();
+                seen.push(head);
+                h2 = h2.ready().await.unwrap();
+            }
+            seen
+        });
+
+        let mut connection = handshake(Box::new(server), None).await.unwrap();
+        let digest = Arc::new(Digest::default());
+        for with_hop in [true, false] {
+            let Some(H2Accept::Session(mut http)) =
+                HttpSession::from_h2_conn(&mut connection, digest.clone())
+                    .await
+                    .unwrap()
+            else {
+                panic!("no stream");
+            };
+            let mut resp = ResponseHeader::build(203, None).unwrap();
+            resp.insert_header("x-kept", "1").unwrap();
+            resp.append_header("x-kept", "2").unwrap();
+            if with_hop {
+                resp.insert_header("connection", "keep-alive").unwrap();
+                resp.insert_header("keep-alive", "timeout=5").unwrap();
+                resp.insert_header("proxy-connection", "close").unwrap();
+                resp.insert_header("transfer-encoding", "chunked").unwrap();
+                resp.insert_header("upgrade", "foo").unwrap();
+            }
+            http.write_response_header(Box::new(resp), true).unwrap();
+            assert_eq!(http.response_written().unwrap().status, 203);
+            http.finish().unwrap();
+            // drive the connection so the response is flushed to the client
+            tokio::spawn(async move { drop(http) });
+        }
+        let drive = tokio::spawn(async move {
+            while let Ok(Some(_)) = HttpSession::from_h2_conn(&mut connection, digest.clone()).await
+            {
+            }
+        });
+        let seen = client_task.await.unwrap();
+        drive.abort();
+        for head in seen {
+            assert_eq!(head.status, 203);
+            let kept: Vec<_> = head.headers.get_all("x-kept").iter().collect();
+            assert_eq!(kept, ["1", "2"]);
+            assert!(head.headers.contains_key("date"));
+            for n in [
+                "connection",
+                "keep-alive",
+                "proxy-connection",
+                "transfer-encoding",
+                "upgrade",
+            ] {
+                assert!(!head.headers.contains_key(n), "{n} sent over h2");
+            }
+        }
     }
 
     #[tokio::test]
