@@ -16,7 +16,10 @@ fi
 # run given a filter or other arguments is asking for part of the workspace's tests.
 if [ "$#" -eq 0 ]; then
   CARGO_TARGET_DIR=target/vendor-tests cargo test --manifest-path vendor/pingora-pool/Cargo.toml || status=$?
-  # pingora-proxy's own unit tests over the patched pingora crates (~2 min).
-  scripts/test-vendored-proxy.sh || status=$?
+  # pingora-proxy's and pingora-http's own unit tests, and pingora-core's HTTP ones, over the
+  # patched pingora crates (~2 min each for the first build of their dev-dependencies).
+  scripts/test-vendored.sh pingora-proxy || status=$?
+  scripts/test-vendored.sh pingora-http || status=$?
+  scripts/test-vendored.sh pingora-core protocols::http || status=$?
 fi
 exit "$status"
