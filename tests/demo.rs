@@ -45,7 +45,7 @@ impl Demo {
         }
         let mut cmd = Command::new("bash");
         cmd.arg(script)
-            .env("PORTCULLIS_BIN", env!("CARGO_BIN_EXE_portcullis"))
+            .env("PORTCULLIS_BIN", &*support::BIN)
             .env("DEMO_BACKEND_BIN", env!("CARGO_BIN_EXE_demo_backend"))
             .env("DEMO_PROXY_PORT", ports[0].0.to_string())
             .env("DEMO_ADMIN_PORT", ports[1].0.to_string())

@@ -386,7 +386,7 @@ impl WildcardAdmin {
         fs::write(&config, text).expect("write config");
         let log = dir.path().join("proxy.log");
         let out = fs::File::create(&log).expect("log");
-        let child = Command::new(BIN)
+        let child = Command::new(&*BIN)
             .arg("-c")
             .arg(&config)
             .stdin(Stdio::null())

@@ -82,8 +82,18 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Path of the binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
+/// Path of the binary under test: the one cargo built for the tests, or the one
+/// `PORTCULLIS_TEST_BIN` names (to run the suite against another build of the same
+/// source, such as `scripts/build-pgo.sh`'s `target/pgo/portcullis`).
+pub static BIN: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| match std::env::var("PORTCULLIS_TEST_BIN") {
+        Ok(path) if !path.is_empty() => {
+            let path = std::fs::canonicalize(&path)
+                .unwrap_or_else(|e| panic!("PORTCULLIS_TEST_BIN={path}: {e}"));
+            path.display().to_string()
+        }
+        _ => env!("CARGO_BIN_EXE_portcullis").to_string(),
+    });
 
 /// Default deadline for "this should happen soon" on a loaded 2-core machine.
 pub const DEADLINE: Duration = Duration::from_secs(20);

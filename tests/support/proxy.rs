@@ -171,7 +171,7 @@ impl Proxy {
     fn spawn_process(&self, extra_args: &[&str], log_name: &str) -> Child {
         let log_path = self.dir.path().join(log_name);
         let log = fs::File::create(&log_path).expect("create proxy log");
-        Command::new(BIN)
+        Command::new(&*BIN)
             .arg("-c")
             .arg(&self.config_path)
             .args(extra_args)
@@ -181,7 +181,7 @@ impl Proxy {
             .env("RUST_BACKTRACE", "1")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"))
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", *BIN))
     }
 
     /// Starts the new process of a zero-downtime upgrade (`-u`) on the same config file and
@@ -429,13 +429,13 @@ pub fn check_config(toml_text: &str) -> (i32, String, String, String) {
 
 /// Runs `portcullis -c <path> --check`.
 pub fn check_config_file(path: &Path) -> (i32, String, String) {
-    let out = Command::new(BIN)
+    let out = Command::new(&*BIN)
         .arg("-c")
         .arg(path)
         .arg("--check")
         .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("run {BIN}: {e}"));
+        .unwrap_or_else(|e| panic!("run {}: {e}", *BIN));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
