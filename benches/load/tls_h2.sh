@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TLS and HTTP/2 rows of the proxy comparison (issue 11): portcullis against HAProxy with
-# the same certificate (EC P-256), both with 2 worker threads, both terminating TLS and
+# the same certificate (EC P-256), both with PROXY_THREADS (2) worker threads, both terminating TLS and
 # proxying to the same nginx backend over HTTP/1.1 on loopback.
 #
 #   bash benches/load/tls_h2.sh          # needs target/release/portcullis (built if missing)
@@ -13,6 +13,8 @@
 # the ratio portcullis / HAProxy. portcullis runs with its gates present but idle
 # (rate limit off, no concurrency cap), like HAProxy without rules. Every process this
 # script starts is stopped by PID on exit.
+#   PROXY_THREADS=1             worker threads of both proxies (default 2)
+#   ROWS="h2"                   the rows to run (default "h2 full resumed")
 #   PRESERVE_HEADER_CASE=true   run portcullis with server.preserve_header_case = true (default false)
 #   ACCESS_LOG=true             run portcullis with its access log on (to a file in the temporary
 #                               directory). Default false: HAProxy here logs nothing, and the
@@ -21,6 +23,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 ROUNDS=${ROUNDS:-3}
+PROXY_THREADS=${PROXY_THREADS:-2}
+ROWS=${ROWS:-h2 full resumed}
 H2_REQUESTS=${H2_REQUESTS:-40000}
 STIME_SECONDS=${STIME_SECONDS:-5}
 BIN=${BIN:-$REPO/target/release/portcullis}
@@ -61,7 +65,7 @@ cat > "$TMP/portcullis.toml" <<PC
 [server]
 listen = ["127.0.0.1:$(free_port)"]
 admin_listen = "127.0.0.1:$PA"
-threads = 2
+threads = $PROXY_THREADS
 upgrade_sock = "$TMP/upgrade.sock"
 preserve_header_case = ${PRESERVE_HEADER_CASE:-false}
 [[upstreams]]
@@ -86,7 +90,7 @@ PC
 
 cat > "$TMP/haproxy.cfg" <<HA
 global
-  nbthread 2
+  nbthread $PROXY_THREADS
   maxconn 8192
 defaults
   mode http
@@ -128,7 +132,7 @@ median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[
 run h2 portcullis >/dev/null; run h2 haproxy >/dev/null
 echo "| row | portcullis µs CPU/unit | HAProxy µs CPU/unit | ratio | units/run (pc, ha) |"
 echo "|---|---|---|---|---|"
-for row in h2 full resumed; do
+for row in $ROWS; do
   : > "$TMP/pc"; : > "$TMP/ha"; pcu=""; hau=""
   for r in $(seq "$ROUNDS"); do
     order="portcullis haproxy"; [ $((r % 2)) -eq 0 ] && order="haproxy portcullis"
