@@ -336,7 +336,8 @@ where
                 |h2_stream, guard| {
                     let app = app.clone();
                     let shutdown = shutdown_for_session.clone();
-                    pingora_runtime::current_handle().spawn(async move {
+                    // portcullis patch: on the connection's own thread (see spawn_h2_stream)
+                    spawn_h2_stream(async move {
                         // hold `guard` for the session's lifetime so the accept
                         // loop's idle timeout sees this connection as busy.
                         let _guard = guard;
@@ -388,8 +389,67 @@ where
     }
 }
 
+/// portcullis patch: spawn an HTTP/2 stream's task on the runtime that runs its connection.
+///
+/// Pingora spawned it with `pingora_runtime::current_handle()`, which under a `NoSteal`
+/// runtime (a single-threaded tokio runtime per thread) picks a random thread. The stream's
+/// task then runs on one thread while the connection it reads from and writes to is driven
+/// by a task on another: every stream crosses threads several times (each one an eventfd
+/// wake-up of the other thread's driver and a cache miss), as HAProxy, which keeps a
+/// connection's streams on the connection's thread, never does. Under a work-stealing
+/// runtime `tokio::spawn` is what `current_handle()` did (the current runtime's handle).
+fn spawn_h2_stream<F>(stream_task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(stream_task)
+}
+
 #[cfg(test)]
 mod tests {
+    // portcullis patch: under a NoSteal runtime of 2 threads, every stream task spawned
+    // from a connection's task runs on the connection's thread.
+    #[test]
+    fn h2_stream_tasks_stay_on_the_connection_thread() {
+        let rt = pingora_runtime::Runtime::new_no_steal(2, "h2-stream-test");
+        let pingora_runtime::Runtime::NoSteal(pool) = &rt else {
+            panic!("not a NoSteal runtime");
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // "connection" tasks on both threads, like the accept loops
+        for i in 0..8 {
+            let tx = tx.clone();
+            pool.get_runtime_at(i % 2).spawn(async move {
+                let conn_thread = std::thread::current().id();
+                let mut streams = Vec::new();
+                for _ in 0..50 {
+                    streams.push(super::spawn_h2_stream(async move {
+                        std::thread::current().id()
+                    }));
+                }
+                for s in streams {
+                    tx.send((conn_thread, s.await.unwrap())).unwrap();
+                }
+            });
+        }
+        drop(tx);
+        let mut threads = std::collections::HashSet::new();
+        let mut n = 0;
+        for (conn_thread, stream_thread) in rx {
+            assert_eq!(conn_thread, stream_thread, "a stream task crossed threads");
+            threads.insert(conn_thread);
+            n += 1;
+        }
+        assert_eq!(n, 400);
+        assert_eq!(
+            threads.len(),
+            2,
+            "the connections did not run on both threads"
+        );
+        rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    }
+
     use super::*;
     use tokio_test::io::Builder;
 
