@@ -14,6 +14,8 @@
 # (rate limit off, no concurrency cap), like HAProxy without rules. Every process this
 # script starts is stopped by PID on exit.
 #   PROXY_THREADS=1             worker threads of both proxies (default 2)
+#   PREV_BIN=path               a second portcullis build, run in the same rounds as "prev" (an A/B
+#                               of two builds against the same HAProxy rounds)
 #   ROWS="h2"                   the rows to run (default "h2 full resumed")
 #   PRESERVE_HEADER_CASE=true   run portcullis with server.preserve_header_case = true (default false)
 #   ACCESS_LOG=true             run portcullis with its access log on (to a file in the temporary
@@ -61,12 +63,14 @@ NG
 /usr/sbin/nginx -p "$TMP" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" & PIDS+=($!)
 wait_port "$BP"
 
-cat > "$TMP/portcullis.toml" <<PC
+# pc_config TLS_PORT ADMIN_PORT NAME: a portcullis config on its own ports
+pc_config() {
+cat > "$TMP/$3.toml" <<PC
 [server]
 listen = ["127.0.0.1:$(free_port)"]
-admin_listen = "127.0.0.1:$PA"
+admin_listen = "127.0.0.1:$2"
 threads = $PROXY_THREADS
-upgrade_sock = "$TMP/upgrade.sock"
+upgrade_sock = "$TMP/$3.sock"
 preserve_header_case = ${PRESERVE_HEADER_CASE:-false}
 [[upstreams]]
 name = "app"
@@ -79,14 +83,24 @@ enabled = false
 enabled = false
 [access_log]
 enabled = ${ACCESS_LOG:-false}
-path = "$TMP/access.log"
+path = "$TMP/$3-access.log"
 [tls]
-listen = ["127.0.0.1:$PP"]
+listen = ["127.0.0.1:$1"]
 [[tls.certificates]]
 cert = "$TMP/cert.pem"
 key = "$TMP/key.pem"
 PC
+}
+pc_config "$PP" "$PA" portcullis
 "$BIN" -c "$TMP/portcullis.toml" 2> "$TMP/portcullis.log" & PC_PID=$!; PIDS+=($PC_PID)
+TARGETS="portcullis haproxy"
+if [ -n "${PREV_BIN:-}" ]; then
+  PV=$(free_port)
+  pc_config "$PV" "$(free_port)" portcullis-prev
+  "$PREV_BIN" -c "$TMP/portcullis-prev.toml" 2> "$TMP/portcullis-prev.log" & PV_PID=$!; PIDS+=($PV_PID)
+  wait_port "$PV"
+  TARGETS="portcullis prev haproxy"
+fi
 
 cat > "$TMP/haproxy.cfg" <<HA
 global
@@ -111,7 +125,11 @@ wait_port "$PP"; wait_port "$HP"
 # run ROW TARGET -> prints "<cpu_seconds> <units>"
 run() {
   local row=$1 pid port units t0 t1 out
-  if [ "$2" = portcullis ]; then pid=$PC_PID; port=$PP; else pid=$HA_PID; port=$HP; fi
+  case $2 in
+    portcullis) pid=$PC_PID; port=$PP ;;
+    prev) pid=$PV_PID; port=$PV ;;
+    *) pid=$HA_PID; port=$HP ;;
+  esac
   t0=$(ticks "$pid")
   case $row in
     h2)
@@ -129,21 +147,38 @@ run() {
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 # warm-up
-run h2 portcullis >/dev/null; run h2 haproxy >/dev/null
-echo "| row | portcullis µs CPU/unit | HAProxy µs CPU/unit | ratio | units/run (pc, ha) |"
-echo "|---|---|---|---|---|"
+for target in $TARGETS; do run h2 "$target" >/dev/null; done
+if [ -n "${PREV_BIN:-}" ]; then
+  echo "| row | portcullis µs CPU/unit | prev µs CPU/unit | HAProxy µs CPU/unit | ratio pc/HAProxy | ratio prev/HAProxy | pc/prev, median of rounds |"
+  echo "|---|---|---|---|---|---|---|"
+else
+  echo "| row | portcullis µs CPU/unit | HAProxy µs CPU/unit | ratio | units/run (pc, ha) |"
+  echo "|---|---|---|---|---|"
+fi
 for row in $ROWS; do
-  : > "$TMP/pc"; : > "$TMP/ha"; pcu=""; hau=""
+  : > "$TMP/portcullis"; : > "$TMP/prev"; : > "$TMP/haproxy"; : > "$TMP/ab"; pcu=""; hau=""
   for r in $(seq "$ROUNDS"); do
-    order="portcullis haproxy"; [ $((r % 2)) -eq 0 ] && order="haproxy portcullis"
+    # rotate the order every round
+    order=$(echo $TARGETS | awk -v r="$r" '{n=NF; for (i=0;i<n;i++) printf "%s ", $(((i+r-1)%n)+1)}')
     for target in $order; do
       read -r cpu units < <(run "$row" "$target")
       [ "${units:-0}" -gt 0 ] || { echo "$row/$target: no units completed" >&2; continue; }
       per=$(awk -v c="$cpu" -v u="$units" 'BEGIN{printf "%.2f", c*1e6/u}')
-      if [ "$target" = portcullis ]; then echo "$per" >> "$TMP/pc"; pcu="$pcu$units "; else echo "$per" >> "$TMP/ha"; hau="$hau$units "; fi
+      echo "$per" >> "$TMP/$target"
+      case $target in portcullis) pcu="$pcu$units " ;; haproxy) hau="$hau$units " ;; esac
     done
+    if [ -n "${PREV_BIN:-}" ]; then
+      paste -d' ' <(tail -n1 "$TMP/portcullis") <(tail -n1 "$TMP/prev") | awk '{if ($2>0) printf "%.3f\n", $1/$2}' >> "$TMP/ab"
+    fi
   done
-  pc=$(median < "$TMP/pc"); ha=$(median < "$TMP/ha")
+  echo "# $row rounds, µs CPU/unit: portcullis $(tr '\n' ' ' < "$TMP/portcullis")/ HAProxy $(tr '\n' ' ' < "$TMP/haproxy")${PREV_BIN:+/ prev $(tr '\n' ' ' < "$TMP/prev")}" >&2
+  pc=$(median < "$TMP/portcullis"); ha=$(median < "$TMP/haproxy")
   ratio=$(awk -v p="$pc" -v h="$ha" 'BEGIN{ if (h>0) printf "%.2f", p/h; else print "n/a"}')
-  echo "| $row | $pc | $ha | $ratio | ${pcu% } / ${hau% } |"
+  if [ -n "${PREV_BIN:-}" ]; then
+    pv=$(median < "$TMP/prev")
+    pratio=$(awk -v p="$pv" -v h="$ha" 'BEGIN{ if (h>0) printf "%.2f", p/h; else print "n/a"}')
+    echo "| $row | $pc | $pv | $ha | $ratio | $pratio | $(median < "$TMP/ab") ($(tr '\n' ' ' < "$TMP/ab" | sed 's/ $//')) |"
+  else
+    echo "| $row | $pc | $ha | $ratio | ${pcu% } / ${hau% } |"
+  fi
 done
