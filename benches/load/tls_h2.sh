@@ -9,8 +9,9 @@
 #   h2 streams   h2load -c 8 -m 10 (ALPN h2): CPU per request (stream)
 #   full hs      openssl s_time -new:   a full handshake + one GET per connection
 #   resumed hs   openssl s_time -reuse: a resumed handshake + one GET per connection
-# Each row alternates the two proxies ROUNDS times (default 3) and reports medians and
-# the ratio portcullis / HAProxy. portcullis runs with its gates present but idle
+# Each row runs the proxies ROUNDS times (default 3), in an order that rotates every round,
+# and reports medians and the ratio portcullis / HAProxy of the medians; on stderr, each
+# round's values and HAProxy ÷ portcullis within each round, with its median. portcullis runs with its gates present but idle
 # (rate limit off, no concurrency cap), like HAProxy without rules. Every process this
 # script starts is stopped by PID on exit.
 #   PROXY_THREADS=1             worker threads of both proxies (default 2)
@@ -156,7 +157,7 @@ else
   echo "|---|---|---|---|---|"
 fi
 for row in $ROWS; do
-  : > "$TMP/portcullis"; : > "$TMP/prev"; : > "$TMP/haproxy"; : > "$TMP/ab"; pcu=""; hau=""
+  : > "$TMP/portcullis"; : > "$TMP/prev"; : > "$TMP/haproxy"; : > "$TMP/ab"; : > "$TMP/hp"; pcu=""; hau=""
   for r in $(seq "$ROUNDS"); do
     # rotate the order every round
     order=$(echo $TARGETS | awk -v r="$r" '{n=NF; for (i=0;i<n;i++) printf "%s ", $(((i+r-1)%n)+1)}')
@@ -167,10 +168,13 @@ for row in $ROWS; do
       echo "$per" >> "$TMP/$target"
       case $target in portcullis) pcu="$pcu$units " ;; haproxy) hau="$hau$units " ;; esac
     done
+    # HAProxy ÷ portcullis within the round (adjacent in time, as run.sh's ratios)
+    paste -d' ' <(tail -n1 "$TMP/haproxy") <(tail -n1 "$TMP/portcullis") | awk '{if ($2>0) printf "%.3f\n", $1/$2}' >> "$TMP/hp"
     if [ -n "${PREV_BIN:-}" ]; then
       paste -d' ' <(tail -n1 "$TMP/portcullis") <(tail -n1 "$TMP/prev") | awk '{if ($2>0) printf "%.3f\n", $1/$2}' >> "$TMP/ab"
     fi
   done
+  echo "# $row: HAProxy ÷ portcullis per round: $(tr '\n' ' ' < "$TMP/hp"); median $(median < "$TMP/hp")" >&2
   echo "# $row rounds, µs CPU/unit: portcullis $(tr '\n' ' ' < "$TMP/portcullis")/ HAProxy $(tr '\n' ' ' < "$TMP/haproxy")${PREV_BIN:+/ prev $(tr '\n' ' ' < "$TMP/prev")}" >&2
   pc=$(median < "$TMP/portcullis"); ha=$(median < "$TMP/haproxy")
   ratio=$(awk -v p="$pc" -v h="$ha" 'BEGIN{ if (h>0) printf "%.2f", p/h; else print "n/a"}')
