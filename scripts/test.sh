@@ -17,9 +17,9 @@ fi
 if [ "$#" -eq 0 ]; then
   CARGO_TARGET_DIR=target/vendor-tests cargo test --manifest-path vendor/pingora-pool/Cargo.toml || status=$?
   # pingora-proxy's and pingora-http's own unit tests, and pingora-core's HTTP ones, over the
-  # patched pingora crates (~2 min each for the first build of their dev-dependencies).
+  # patched pingora crates (~2 min for the first build of their dev-dependencies, shared).
   scripts/test-vendored.sh pingora-proxy || status=$?
   scripts/test-vendored.sh pingora-http || status=$?
-  scripts/test-vendored.sh pingora-core protocols::http || status=$?
+  scripts/test-vendored.sh pingora-core -- protocols::http apps:: || status=$?
 fi
 exit "$status"
