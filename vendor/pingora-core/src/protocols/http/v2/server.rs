@@ -646,11 +646,9 @@ impl HttpSession {
         // (portcullis) One pass over the names first: a proxied response has usually lost
         // them already, and five misses cost five hashes and probes of both maps.
         if header.headers.keys().any(is_h1_connection_specific) {
-            header.remove_header(&header::TRANSFER_ENCODING);
-            header.remove_header(&header::CONNECTION);
-            header.remove_header(&header::UPGRADE);
-            header.remove_header(&HeaderName::from_static("keep-alive"));
-            header.remove_header(&HeaderName::from_static("proxy-connection"));
+            for name in &H1_CONNECTION_SPECIFIC {
+                header.remove_header(name);
+            }
         }
 
         // (portcullis) Move the fields into the h2 frame instead of cloning them: what
@@ -962,13 +960,18 @@ impl HttpSession {
     }
 }
 
-/// A field that RFC 9113 §8.2.2 forbids in HTTP/2 and `write_response_header` strips.
+/// (portcullis) The fields that RFC 9113 §8.2.2 forbids in HTTP/2 and
+/// `write_response_header` strips.
+static H1_CONNECTION_SPECIFIC: [HeaderName; 5] = [
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
 fn is_h1_connection_specific(name: &HeaderName) -> bool {
-    *name == header::TRANSFER_ENCODING
-        || *name == header::CONNECTION
-        || *name == header::UPGRADE
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
+    H1_CONNECTION_SPECIFIC.contains(name)
 }
 
 #[cfg(test)]
