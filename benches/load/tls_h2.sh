@@ -145,6 +145,12 @@ run() {
   echo "$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.4f", (b-a)/hz}') ${units:-0}"
 }
 
+# round_ratio A B: A ÷ B of this round's values (cur), nothing when either run failed
+round_ratio() {
+  [ -n "${cur[$1]:-}" ] && [ -n "${cur[$2]:-}" ] || return 0
+  awk -v a="${cur[$1]}" -v b="${cur[$2]}" 'BEGIN{ if (b>0) printf "%.3f\n", a/b }'
+}
+declare -A cur
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 # warm-up
@@ -159,6 +165,7 @@ fi
 for row in $ROWS; do
   : > "$TMP/portcullis"; : > "$TMP/prev"; : > "$TMP/haproxy"; : > "$TMP/ab"; : > "$TMP/hp"; pcu=""; hau=""
   for r in $(seq "$ROUNDS"); do
+    cur=() # this round's µs CPU/unit by target
     # rotate the order every round
     order=$(echo $TARGETS | awk -v r="$r" '{n=NF; for (i=0;i<n;i++) printf "%s ", $(((i+r-1)%n)+1)}')
     for target in $order; do
@@ -166,13 +173,13 @@ for row in $ROWS; do
       [ "${units:-0}" -gt 0 ] || { echo "$row/$target: no units completed" >&2; continue; }
       per=$(awk -v c="$cpu" -v u="$units" 'BEGIN{printf "%.2f", c*1e6/u}')
       echo "$per" >> "$TMP/$target"
+      cur[$target]=$per
       case $target in portcullis) pcu="$pcu$units " ;; haproxy) hau="$hau$units " ;; esac
     done
-    # HAProxy ÷ portcullis within the round (adjacent in time, as run.sh's ratios)
-    paste -d' ' <(tail -n1 "$TMP/haproxy") <(tail -n1 "$TMP/portcullis") | awk '{if ($2>0) printf "%.3f\n", $1/$2}' >> "$TMP/hp"
-    if [ -n "${PREV_BIN:-}" ]; then
-      paste -d' ' <(tail -n1 "$TMP/portcullis") <(tail -n1 "$TMP/prev") | awk '{if ($2>0) printf "%.3f\n", $1/$2}' >> "$TMP/ab"
-    fi
+    # ratios within the round (adjacent in time, as run.sh's): HAProxy ÷ portcullis, and
+    # portcullis ÷ prev
+    round_ratio haproxy portcullis >> "$TMP/hp"
+    [ -z "${PREV_BIN:-}" ] || round_ratio portcullis prev >> "$TMP/ab"
   done
   echo "# $row: HAProxy ÷ portcullis per round: $(tr '\n' ' ' < "$TMP/hp"); median $(median < "$TMP/hp")" >&2
   echo "# $row rounds, µs CPU/unit: portcullis $(tr '\n' ' ' < "$TMP/portcullis")/ HAProxy $(tr '\n' ' ' < "$TMP/haproxy")${PREV_BIN:+/ prev $(tr '\n' ' ' < "$TMP/prev")}" >&2
