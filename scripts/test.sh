@@ -11,13 +11,13 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --no-fail-fast "$@" || status=$?
 fi
-# The vendored pingora-pool's own unit tests, with the patch's (vendor/README.md); a crate
-# outside the workspace is tested through its own manifest. Only on a whole-suite run: a
-# run given a filter or other arguments is asking for part of the workspace's tests.
+# The vendored Pingora crates' own unit tests, with their patches' (vendor/README.md), each
+# over the other patched crates: pingora-pool's, pingora-proxy's, pingora-http's and
+# pingora-core's HTTP and app ones (~2 min for the first build of their dev-dependencies,
+# shared). Only on a whole-suite run: a run given a filter or other arguments is asking for
+# part of the workspace's tests.
 if [ "$#" -eq 0 ]; then
-  CARGO_TARGET_DIR=target/vendor-tests cargo test --manifest-path vendor/pingora-pool/Cargo.toml || status=$?
-  # pingora-proxy's and pingora-http's own unit tests, and pingora-core's HTTP ones, over the
-  # patched pingora crates (~2 min for the first build of their dev-dependencies, shared).
+  scripts/test-vendored.sh pingora-pool || status=$?
   scripts/test-vendored.sh pingora-proxy || status=$?
   scripts/test-vendored.sh pingora-http || status=$?
   scripts/test-vendored.sh pingora-core -- protocols::http apps:: || status=$?
