@@ -13,15 +13,23 @@
 --   than every successful one; `fail_p99_us` (the p99 of the rejects under
 --   the same assumption) lets the reader check it: it must stay well below the
 --   fastest possible success.
+-- * LB_CLOSE=1 sends `Connection: close` on every request: a new TCP connection per
+--   request (wrk reconnects after each response), for the per-connection costs (accept,
+--   the connection's task and its registration) that keep-alive hides.
 
 local nkeys = tonumber(os.getenv("LB_KEYS") or "8")
 local delay_ms = tonumber(os.getenv("LB_DELAY_MS") or "0")
+local close = os.getenv("LB_CLOSE") == "1"
 local reqs = {}
 local i = 0
 
 function init(args)
    for k = 1, nkeys do
-      reqs[k] = wrk.format(nil, nil, { ["x-api-key"] = "bench-key-" .. k })
+      local headers = { ["x-api-key"] = "bench-key-" .. k }
+      if close then
+         headers["Connection"] = "close"
+      end
+      reqs[k] = wrk.format(nil, nil, headers)
    end
 end
 

@@ -117,7 +117,7 @@ set_header_case() {
 }
 
 # start_cmd TARGET: the command line of the proxy under test (config rendered into
-# $TMP). Uses MODE (h1 | h2tls), PROXY_THREADS, P_PROXY, P_BACKEND, P_REDIS,
+# $TMP). Uses MODE (h1 | h1close | h2tls), PROXY_THREADS, P_PROXY, P_BACKEND, P_REDIS,
 # P_ADMIN, PC_BIN, BARE_BIN, PC_PREV_BIN (pc_on_prev); h2tls needs $TMP/cert.pem, key.pem, haproxy.pem.
 start_cmd() {
   local t=$1
@@ -131,7 +131,7 @@ start_cmd() {
       fi
       echo "haproxy -f $TMP/haproxy.cfg -db" ;;
     bare)
-      [ "$MODE" = h1 ] || die "bare Pingora has no TLS listener here"
+      [ "$MODE" != h2tls ] || die "bare Pingora has no TLS listener here"
       echo "$BARE_BIN 127.0.0.1:$P_PROXY 127.0.0.1:$P_BACKEND $PROXY_THREADS" ;;
     pc_off | pc_on | pc_lc | pc_case | pc_on_prev)
       # pc_lc: gates on, server.preserve_header_case = false (the default, set explicitly);
@@ -160,7 +160,7 @@ start_cmd() {
       echo "$bin -c $TMP/$t.toml" ;;
     pc_shed)
       # cap 1, held by one request parked on HANG_PORT (see hold_shed_slot)
-      [ "$MODE" = h1 ] || die "pc_shed is measured on HTTP/1.1 only"
+      [ "$MODE" != h2tls ] || die "pc_shed is measured on HTTP/1.1 only"
       render "$CONF/portcullis-shed.toml" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY" HANG_PORT="$P_HANG"
       echo "$PC_BIN -c $TMP/$t.toml" ;;
     *) die "unknown target $t" ;;
@@ -177,8 +177,24 @@ requests() {
   [ -n "${H2LOAD_ARGS+x}" ] && args=("${H2LOAD_ARGS[@]}")
   local key=${API_KEY-k1}
   [ -n "$key" ] && args+=(-H "x-api-key: $key")
-  out=$(h2load "${args[@]}" -n "$n" -c "$c" "${SCHEME:-http}://127.0.0.1:$P_PROXY/" 2>&1)
-  ok=$(echo "$out" | awk -v c="$col" '/^status codes:/{print $c}')
+  if [ "${MODE:-h1}" = h1close ]; then
+    # A connection per request: batches of CONNS connections of one request each (so at
+    # most CONNS are open at once, as with keep-alive), every request saying
+    # `Connection: close` (the proxy closes after its response).
+    local left=$n b got total=0
+    while [ "$left" -gt 0 ]; do
+      b=$((left < c ? left : c))
+      out=$(h2load "${args[@]}" -H "connection: close" -n "$b" -c "$b" \
+        "${SCHEME:-http}://127.0.0.1:$P_PROXY/" 2>&1)
+      got=$(echo "$out" | awk -v c="$col" '/^status codes:/{print $c}')
+      total=$((total + ${got:-0}))
+      left=$((left - b))
+    done
+    ok=$total
+  else
+    out=$(h2load "${args[@]}" -n "$n" -c "$c" "${SCHEME:-http}://127.0.0.1:$P_PROXY/" 2>&1)
+    ok=$(echo "$out" | awk -v c="$col" '/^status codes:/{print $c}')
+  fi
   [ "${ok:-0}" = "$n" ] || die "expected $n ${EXPECT:-2xx}, got ${ok:-0}: $(echo "$out" | grep -E '^(requests|status)')"
 }
 
@@ -250,7 +266,8 @@ start_target() {
   requests "$2"
 }
 
-# client_mode: h2load's SCHEME and H2LOAD_ARGS for MODE: HTTP/1.1 keep-alive (h1), or
+# client_mode: h2load's SCHEME and H2LOAD_ARGS for MODE: HTTP/1.1 keep-alive (h1), HTTP/1.1
+# with a new connection per request (h1close, see `requests`), or
 # HTTP/2 over TLS with STREAMS (10) concurrent streams per connection (h2tls), for which
 # it also writes the proxies' self-signed certificate ($TMP/cert.pem, key.pem,
 # haproxy.pem).

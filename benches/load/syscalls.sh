@@ -9,7 +9,8 @@
 #   MODE=h2tls TARGETS="haproxy pc_on" bash benches/load/syscalls.sh   # HTTP/2 over TLS
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_on"),
-# MODE (h1 | h2tls: ALPN h2 with STREAMS, 10, concurrent streams per connection), N (20000), CONNS (32),
+# MODE (h1 | h1close: a new connection per request, CONNS at a time | h2tls: ALPN h2 with
+# STREAMS, 10, concurrent streams per connection), N (20000), CONNS (32),
 # PROXY_THREADS (1), OUT (benches/load/out/syscalls, ignored by git), SKIP_BUILD=1,
 # PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
 # Output on stdout: CSV rows target,threads,syscall,calls_per_req (and a total row);
