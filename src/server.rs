@@ -153,14 +153,30 @@ fn server_conf(config: &Config) -> ServerConf {
     conf.upstream_keepalive_pool_size = 256;
     // One single-threaded runtime per thread (Pingora's `work_stealing = false`), as
     // HAProxy and nginx run a thread per core: a connection and everything it does stay on
-    // the thread that took it. Two patches to the vendored pingora-core make that hold
-    // (vendor/README.md): an accepted connection is registered with the I/O driver of the
-    // thread that serves it, not the accepting one, and idle upstream connections are
-    // pooled per thread, so reusing one wakes no other thread. At 2 threads that is ~10%
-    // less CPU per request and ~14% more requests per second than the work-stealing
-    // runtime (medians of 10 rounds; BENCHMARKS.md, issue 16, fourth pass).
+    // the thread that took it. Patches to the vendored pingora-core make that hold
+    // (vendor/README.md): every thread accepts on its own copy of each listening socket
+    // and serves what it accepts (eleventh patch), idle upstream connections are pooled
+    // per thread, so reusing one wakes no other thread, and an HTTP/2 stream runs on its
+    // connection's thread. At 2 threads that is ~10% less CPU per request and ~14% more
+    // requests per second than the work-stealing runtime (medians of 10 rounds;
+    // BENCHMARKS.md, issue 16, fourth pass).
     conf.work_stealing = false;
     conf
+}
+
+/// A plain (not TLS) proxy listener on `addr`, whose connections read straight into
+/// Pingora's own buffers. Pingora's default puts a 64 KB read buffer in front of every
+/// accepted socket: a `calloc` (64 KB zeroed) and a free per connection. It saves no
+/// system call over plain HTTP, where every read already goes into a buffer of its own
+/// (the request header's, the body's, the PROXY header's chunk). Above jemalloc's
+/// thread cache (32 KB) each such buffer is an arena extent taken and given back. With a
+/// connection per request that was 2.1k of 81.5k instructions, 4 connections at a time,
+/// and 9k of 94k, 50 at a time (BENCHMARKS.md, issue 16, sixteenth pass). TLS listeners
+/// keep the buffer: OpenSSL reads a record's 5-byte header and then its body, two reads
+/// that the buffer serves from one `recv`.
+fn plain_listener(addr: &std::net::SocketAddr) -> pingora::listeners::ListenerConfig {
+    use pingora::listeners::{L4BufferSettings, ListenerConfig};
+    ListenerConfig::tcp(addr.to_string()).l4_buffer(L4BufferSettings::default().read(0))
 }
 
 /// Build everything and run until shutdown. `upgrade`: take the listeners of
@@ -205,7 +221,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         ),
     );
     for addr in &listen {
-        proxy.add_tcp(&addr.to_string());
+        proxy.add_listener(plain_listener(addr));
     }
     let mut ready_addrs = listen.clone();
     if let Some(tls) = &tls {
