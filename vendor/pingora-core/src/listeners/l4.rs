@@ -16,6 +16,7 @@
 use log::debug;
 use log::warn;
 use pingora_error::{
+    Error,
     ErrorType::{AcceptError, BindError},
     OrErr, Result,
 };
@@ -37,7 +38,7 @@ use super::connection_filter::ConnectionFilter;
 use crate::listeners::AcceptAllFilter;
 
 use crate::protocols::l4::ext::{set_dscp, set_recv_buf, set_snd_buf, set_tcp_fastopen_backlog};
-use crate::protocols::l4::listener::Listener;
+use crate::protocols::l4::listener::{DetachedListener, Listener};
 pub use crate::protocols::l4::stream::Stream;
 #[cfg(feature = "connection_filter")]
 use crate::protocols::GetSocketDigest;
@@ -410,7 +411,51 @@ impl ListenerEndpointBuilder {
     }
 }
 
+/// portcullis patch (per-thread accept): a [`ListenerEndpoint`] whose socket is off every
+/// I/O driver, to be copied onto each worker thread ([`DetachedEndpoint::endpoint_here`]).
+#[derive(Debug)]
+pub struct DetachedEndpoint {
+    listen_addr: ServerAddress,
+    listener: DetachedListener,
+    #[cfg(feature = "connection_filter")]
+    connection_filter: Arc<dyn ConnectionFilter>,
+}
+
+impl DetachedEndpoint {
+    pub fn as_str(&self) -> &str {
+        self.listen_addr.as_ref()
+    }
+
+    /// The endpoint on a copy of the socket registered with this runtime's I/O driver.
+    pub fn endpoint_here(&self) -> Result<ListenerEndpoint> {
+        let listener = self.listener.copy_here().or_err_with(BindError, || {
+            format!("cannot copy the listener of {:?}", self.listen_addr)
+        })?;
+        Ok(ListenerEndpoint {
+            listen_addr: self.listen_addr.clone(),
+            listener: Arc::new(listener),
+            #[cfg(feature = "connection_filter")]
+            connection_filter: self.connection_filter.clone(),
+        })
+    }
+}
+
 impl ListenerEndpoint {
+    /// portcullis patch: this endpoint with its socket taken off its I/O driver (see
+    /// [`DetachedEndpoint`]). Fails when the endpoint was cloned.
+    pub fn detach(self) -> Result<DetachedEndpoint> {
+        let listener = Arc::try_unwrap(self.listener)
+            .map_err(|_| Error::explain(BindError, "a shared listener cannot be detached"))?
+            .detach()
+            .or_err(BindError, "cannot take the listener off its I/O driver")?;
+        Ok(DetachedEndpoint {
+            listen_addr: self.listen_addr,
+            listener,
+            #[cfg(feature = "connection_filter")]
+            connection_filter: self.connection_filter,
+        })
+    }
+
     pub fn builder() -> ListenerEndpointBuilder {
         ListenerEndpointBuilder::new()
     }

@@ -285,9 +285,46 @@ pub(crate) struct TransportStack {
     pre_tls_callback: Option<PreTlsCallback>,
 }
 
+/// portcullis patch (per-thread accept): a [`TransportStack`] whose listening socket is
+/// off every I/O driver and kept open, from which each worker thread makes its own stack
+/// ([`DetachedStack::stack_here`]).
+pub(crate) struct DetachedStack {
+    l4: l4::DetachedEndpoint,
+    tls: Option<Arc<Acceptor>>,
+    l4_buffer: L4BufferSettings,
+    pre_tls_callback: Option<PreTlsCallback>,
+}
+
+impl DetachedStack {
+    /// The stack on a copy of the listening socket registered with the I/O driver of the
+    /// runtime this is called on: the connections it accepts are served on this thread.
+    pub fn stack_here(&self) -> Result<TransportStack> {
+        Ok(TransportStack {
+            l4: self.l4.endpoint_here()?,
+            tls: self.tls.clone(),
+            l4_buffer: self.l4_buffer,
+            pre_tls_callback: self.pre_tls_callback.clone(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.l4.as_str()
+    }
+}
+
 impl TransportStack {
     pub fn as_str(&self) -> &str {
         self.l4.as_str()
+    }
+
+    /// portcullis patch: this stack with its listening socket taken off its I/O driver.
+    pub fn detach(self) -> Result<DetachedStack> {
+        Ok(DetachedStack {
+            l4: self.l4.detach()?,
+            tls: self.tls,
+            l4_buffer: self.l4_buffer,
+            pre_tls_callback: self.pre_tls_callback,
+        })
     }
 
     pub async fn accept(&self) -> Result<UninitializedStream> {
@@ -622,6 +659,57 @@ mod test {
         let mut response = [0; 4];
         client.read_exact(&mut response).await.unwrap();
         assert_eq!(&response, b"pong");
+    }
+
+    // portcullis patch (per-thread accept): a thread accepts on its own copy of one
+    // detached listening socket, registered with its own runtime; closing a copy leaves the
+    // socket listening while the detached stack lives.
+    #[test]
+    fn test_detached_stack_accepts_on_each_threads_copy() {
+        use tokio::io::AsyncWriteExt;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut listeners = Listeners::new();
+        listeners.add_tcp("127.0.0.1:0");
+        let stack = runtime
+            .block_on(listeners.build(
+                #[cfg(unix)]
+                None,
+            ))
+            .unwrap()
+            .pop()
+            .unwrap();
+        let addr = stack.l4.local_addr().unwrap();
+        let detached = Arc::new(stack.detach().unwrap());
+        drop(runtime); // the socket no longer depends on the runtime it was built on
+
+        for round in 0..3u8 {
+            // a thread of its own, with a runtime of its own, accepts one connection
+            let d = detached.clone();
+            let server = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let here = d.stack_here().unwrap();
+                    let mut s = here.accept().await.unwrap().handshake().await.unwrap();
+                    s.write_all(&[round]).await.unwrap();
+                    s.flush().await.unwrap();
+                });
+            });
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            let mut b = [0u8; 1];
+            std::io::Read::read_exact(&mut c, &mut b).unwrap();
+            assert_eq!(b[0], round);
+            server.join().unwrap(); // its copy is closed
+        }
+        // no copy is open: the detached socket still listens (the client waits in the queue)
+        std::net::TcpStream::connect(addr).unwrap();
+        drop(detached);
+        assert!(std::net::TcpStream::connect(addr).is_err());
     }
 
     #[test]

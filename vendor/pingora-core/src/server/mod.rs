@@ -410,6 +410,16 @@ impl Server {
             runtime_opts,
         );
         let service_name = service.name().to_string();
+        // portcullis patch (per-thread accept): a listening service of one single-threaded
+        // runtime per thread accepts on every thread (`services::listening`).
+        let threads: Option<Arc<[tokio::runtime::Handle]>> = match &service_runtime {
+            Runtime::NoSteal(r) if r.threads() > 1 => Some(
+                (0..r.threads())
+                    .map(|i| r.get_runtime_at(i).clone())
+                    .collect(),
+            ),
+            _ => None,
+        };
         service_runtime.get_handle().spawn(async move {
             // Wait for all dependencies to be ready
             let mut time_waited_opt: Option<Duration> = None;
@@ -431,14 +441,15 @@ impl Server {
             }
 
             // Start the actual service, passing the ready notifier
-            service
-                .start_service(
-                    #[cfg(unix)]
-                    Some(fds),
-                    shutdown,
-                    listeners_per_fd,
-                    ready_notifier,
-                )
+            let start = service.start_service(
+                #[cfg(unix)]
+                Some(fds),
+                shutdown,
+                listeners_per_fd,
+                ready_notifier,
+            );
+            crate::services::listening::SERVICE_THREADS
+                .scope(threads, start)
                 .await;
             info!("service '{}' exited.", service_name);
         });

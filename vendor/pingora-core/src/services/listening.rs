@@ -187,6 +187,75 @@ impl<A> Service<A> {
     }
 }
 
+tokio::task_local! {
+    /// portcullis patch (per-thread accept): the handles of every thread of the service's
+    /// runtime, set by `Server::run_service` around `start_service` when that runtime is
+    /// one single-threaded runtime per thread (`work_stealing = false`) of more than one
+    /// thread; `None` (or unset) otherwise.
+    pub(crate) static SERVICE_THREADS: Option<Arc<[tokio::runtime::Handle]>>;
+}
+
+/// portcullis patch (per-thread accept): the threads of a service's runtime and how many
+/// connections each is serving, so that accepting where a connection arrives does not
+/// leave the threads uneven (a burst of connections taken mostly by one thread, say).
+pub(crate) struct ThreadLoad {
+    handles: Arc<[tokio::runtime::Handle]>,
+    open: Box<[OpenCount]>,
+}
+
+/// One thread's count of open connections, on a cache line of its own.
+#[repr(align(64))]
+#[derive(Default)]
+struct OpenCount(std::sync::atomic::AtomicUsize);
+
+impl ThreadLoad {
+    fn new(handles: Arc<[tokio::runtime::Handle]>) -> Self {
+        let open = handles.iter().map(|_| OpenCount::default()).collect();
+        Self { handles, open }
+    }
+
+    /// The thread to serve a connection accepted on thread `me`: `me`, unless the thread
+    /// with the fewest open connections has more than `1 + n / 8` fewer than `me` (`n` its
+    /// count). Then the connection goes there, as HAProxy hands a connection to its least
+    /// loaded thread; between threads that are even, nothing is handed over.
+    fn pick(&self, me: usize) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mine = self.open.get(me).map_or(0, |c| c.0.load(Relaxed));
+        let (least, n) = self
+            .open
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i, c.0.load(Relaxed)))
+            .min_by_key(|&(_, n)| n)
+            .unwrap_or((me, mine));
+        if mine > n + 1 + n / 8 {
+            least
+        } else {
+            me
+        }
+    }
+}
+
+/// A connection counted as open on thread `.1` of `.0` while this lives.
+struct Open(Arc<ThreadLoad>, usize);
+
+impl Open {
+    fn new(load: Arc<ThreadLoad>, thread: usize) -> Self {
+        if let Some(c) = load.open.get(thread) {
+            c.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Self(load, thread)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.open.get(self.1) {
+            c.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 impl<A: ServerApp + Send + Sync + 'static> Service<A> {
     pub async fn handle_event(event: Stream, app_logic: Arc<A>, shutdown: ShutdownWatch) {
         debug!("new event!");
@@ -199,10 +268,16 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
         }
     }
 
+    /// The accept loop. `local`: the stack's socket is registered with this thread's
+    /// runtime (per-thread accept: the threads' load and this thread's index), and each
+    /// connection is served on this thread unless another serves notably fewer
+    /// ([`ThreadLoad::pick`]); else each goes to a thread of the service's runtime picked
+    /// at random (`current_handle`).
     async fn run_endpoint(
         app_logic: Arc<A>,
         mut stack: TransportStack,
         mut shutdown: ShutdownWatch,
+        local: Option<(Arc<ThreadLoad>, usize)>,
     ) {
         // the accept loop, until the system is shutting down
         loop {
@@ -231,7 +306,7 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                     let shutdown = shutdown.clone();
                     // portcullis patch: see UninitializedStream::register_on_this_thread
                     let accepted_on = std::thread::current().id();
-                    current_handle().spawn(async move {
+                    let serve = async move {
                         if let Err(e) = io.register_on_this_thread(accepted_on) {
                             error!("{e}");
                             return;
@@ -255,7 +330,25 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                                 error!("Downstream handshake timeout");
                             }
                         }
-                    });
+                    };
+                    match &local {
+                        Some((load, me)) => {
+                            let to = load.pick(*me);
+                            let open = Open::new(load.clone(), to);
+                            let serve = async move {
+                                let _open = open;
+                                serve.await
+                            };
+                            if to == *me {
+                                tokio::spawn(serve);
+                            } else {
+                                load.handles[to].spawn(serve);
+                            }
+                        }
+                        None => {
+                            current_handle().spawn(serve);
+                        }
+                    }
                 }
                 Err(e) => {
                     error!("Accept() failed {e}");
@@ -306,21 +399,57 @@ impl<A: ServerApp + Send + Sync + 'static> ServiceTrait for Service<A> {
 
         let mut handlers = Vec::new();
 
-        endpoints.into_iter().for_each(|endpoint| {
-            for _ in 0..listeners_per_fd {
-                let shutdown = shutdown.clone();
-                let my_app_logic = app_logic.clone();
-                let endpoint = endpoint.clone();
-
-                let jh = runtime.spawn(async move {
-                    Self::run_endpoint(my_app_logic, endpoint, shutdown).await;
-                });
-
-                handlers.push(jh);
+        // portcullis patch (per-thread accept): under a runtime of one single-threaded
+        // runtime per thread, every thread runs its own accept loops, each on a copy of the
+        // listening socket registered with its own I/O driver, and serves what it accepts.
+        // Otherwise one thread accepts for all and hands each connection to a random
+        // thread: a wake-up of that thread and the socket moved between the two drivers
+        // (two `epoll_ctl`s) per connection. The detached sockets stay open until every
+        // loop has ended, as the stack's socket did.
+        let threads = SERVICE_THREADS.try_with(Clone::clone).ok().flatten();
+        let mut detached = Vec::new();
+        match threads {
+            Some(threads) => {
+                let load = Arc::new(ThreadLoad::new(threads));
+                for endpoint in endpoints {
+                    let stack = Arc::new(endpoint.detach().expect("Failed to detach listener"));
+                    for (me, thread) in load.handles.iter().enumerate() {
+                        for _ in 0..listeners_per_fd {
+                            let shutdown = shutdown.clone();
+                            let my_app_logic = app_logic.clone();
+                            let stack = stack.clone();
+                            let local = Some((load.clone(), me));
+                            handlers.push(thread.spawn(async move {
+                                match stack.stack_here() {
+                                    Ok(endpoint) => {
+                                        Self::run_endpoint(my_app_logic, endpoint, shutdown, local)
+                                            .await
+                                    }
+                                    Err(e) => error!("Listener {}: {e}", stack.as_str()),
+                                }
+                            }));
+                        }
+                    }
+                    detached.push(stack);
+                }
             }
-        });
+            None => endpoints.into_iter().for_each(|endpoint| {
+                for _ in 0..listeners_per_fd {
+                    let shutdown = shutdown.clone();
+                    let my_app_logic = app_logic.clone();
+                    let endpoint = endpoint.clone();
+
+                    let jh = runtime.spawn(async move {
+                        Self::run_endpoint(my_app_logic, endpoint, shutdown, None).await;
+                    });
+
+                    handlers.push(jh);
+                }
+            }),
+        }
 
         futures::future::join_all(handlers).await;
+        drop(detached);
         self.listeners.cleanup();
         app_logic.cleanup().await;
     }
@@ -341,5 +470,49 @@ impl<A: ServerApp + Send + Sync + 'static> ServiceTrait for Service<A> {
 
     fn listen_addresses(&self) -> Option<Vec<String>> {
         Some(self.listeners.addresses())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    // portcullis patch (per-thread accept): a connection stays on the thread that accepted
+    // it unless another thread serves more than 1 + n/8 fewer connections.
+    #[test]
+    fn thread_load_keeps_connections_local_until_threads_are_uneven() {
+        let runtimes: Vec<_> = (0..3)
+            .map(|_| {
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let handles: Arc<[_]> = runtimes.iter().map(|r| r.handle().clone()).collect();
+        let load = Arc::new(ThreadLoad::new(handles));
+        let set = |counts: [usize; 3]| {
+            for (c, n) in load.open.iter().zip(counts) {
+                c.0.store(n, Relaxed);
+            }
+        };
+        set([0, 0, 0]);
+        assert_eq!((load.pick(0), load.pick(1), load.pick(2)), (0, 1, 2));
+        set([2, 0, 0]); // 2 > 0 + 1: handed over
+        assert_eq!(load.pick(0), 1);
+        set([10, 8, 9]); // 10 > 8 + 1 + 1 is false: stays
+        assert_eq!(load.pick(0), 0);
+        set([11, 8, 9]);
+        assert_eq!(load.pick(0), 1);
+        assert_eq!(load.pick(2), 2);
+        set([100, 90, 95]); // 100 > 90 + 1 + 11 is false
+        assert_eq!(load.pick(0), 0);
+
+        // an open connection counts on its thread until it ends
+        set([0, 0, 0]);
+        let open = Open::new(load.clone(), 2);
+        assert_eq!(load.open[2].0.load(Relaxed), 1);
+        drop(open);
+        assert_eq!(load.open[2].0.load(Relaxed), 0);
     }
 }

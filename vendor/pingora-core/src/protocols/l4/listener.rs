@@ -66,7 +66,47 @@ impl AsRawSocket for Listener {
     }
 }
 
+/// portcullis patch (per-thread accept): a listening socket taken off the I/O driver it
+/// was registered with ([`Listener::detach`]) and kept open, so that its file descriptor
+/// stays the one the upgrade table names, while each worker thread accepts on a copy of
+/// it registered with its own driver ([`DetachedListener::copy_here`]).
+#[derive(Debug)]
+pub enum DetachedListener {
+    Tcp(std::net::TcpListener),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl DetachedListener {
+    /// A copy of the socket (a `dup` of its descriptor: the same socket, the same accept
+    /// queue) registered with the I/O driver of the runtime this is called on.
+    pub fn copy_here(&self) -> io::Result<Listener> {
+        match self {
+            Self::Tcp(l) => {
+                let copy = l.try_clone()?;
+                copy.set_nonblocking(true)?;
+                Ok(Listener::Tcp(TcpListener::from_std(copy)?))
+            }
+            #[cfg(unix)]
+            Self::Unix(l) => {
+                let copy = l.try_clone()?;
+                copy.set_nonblocking(true)?;
+                Ok(Listener::Unix(UnixListener::from_std(copy)?))
+            }
+        }
+    }
+}
+
 impl Listener {
+    /// portcullis patch: take the socket off its I/O driver, open (see [`DetachedListener`]).
+    pub fn detach(self) -> io::Result<DetachedListener> {
+        match self {
+            Self::Tcp(l) => Ok(DetachedListener::Tcp(l.into_std()?)),
+            #[cfg(unix)]
+            Self::Unix(l) => Ok(DetachedListener::Unix(l.into_std()?)),
+        }
+    }
+
     /// Return the local address this listener is bound to.
     ///
     /// For TCP listeners this is the resolved address (including the

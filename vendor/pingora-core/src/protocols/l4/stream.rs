@@ -827,6 +827,13 @@ impl Drop for Stream {
         if let Some(t) = self.tracer.as_ref() {
             t.0.on_disconnected();
         }
+        // portcullis patch: the probe below (a getsockopt per dropped TCP stream) only
+        // decides whether the write buffer can be flushed; with nothing buffered there is
+        // nothing to flush, and the close needs no probe.
+        if self.stream().writer().buffer().is_empty() {
+            debug!("Dropping socket {:?}", self.stream);
+            return;
+        }
         /* use nodelay/local_addr function to detect socket status */
         let ret = match &self.stream().get_ref().stream {
             RawStream::Tcp(s) => s.nodelay().err(),
@@ -1052,6 +1059,25 @@ mod tests {
         let n = stream.read(buffer.as_mut_slice()).await.unwrap();
         assert_eq!(n, message.len());
         assert!(stream.rx_ts.is_none());
+    }
+
+    // portcullis patch: a dropped stream flushes what it buffered (and only then probes the
+    // socket); one with nothing buffered just closes.
+    #[tokio::test]
+    async fn test_drop_flushes_what_is_buffered() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        for (sent, buffered) in [(&b"hello"[..], true), (&b""[..], false)] {
+            let mut stream: Stream = TcpStream::connect(addr).await.unwrap().into();
+            let (mut peer, _) = listener.accept().await.unwrap();
+            stream.set_buffer(L4BufferSettings::new(0, 1460));
+            stream.write_all(sent).await.unwrap();
+            assert_eq!(!stream.stream().writer().buffer().is_empty(), buffered);
+            drop(stream);
+            let mut got = Vec::new();
+            peer.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, sent);
+        }
     }
 
     #[tokio::test]
