@@ -13,13 +13,14 @@ else
 fi
 # The vendored Pingora crates' own unit tests, with their patches' (vendor/README.md), each
 # over the other patched crates: pingora-pool's, pingora-proxy's, pingora-http's and
-# pingora-core's HTTP and app ones (~2 min for the first build of their dev-dependencies,
-# shared). Only on a whole-suite run: a run given a filter or other arguments is asking for
+# pingora-core's HTTP, app, listener, service and L4 stream ones (~2 min for the first
+# build of their dev-dependencies, shared). Only on a whole-suite run: a run given a filter or other arguments is asking for
 # part of the workspace's tests.
 if [ "$#" -eq 0 ]; then
   scripts/test-vendored.sh pingora-pool || status=$?
   scripts/test-vendored.sh pingora-proxy || status=$?
   scripts/test-vendored.sh pingora-http || status=$?
-  scripts/test-vendored.sh pingora-core -- protocols::http apps:: || status=$?
+  scripts/test-vendored.sh pingora-core -- protocols::http apps:: listeners:: services:: \
+    protocols::l4 || status=$?
 fi
 exit "$status"
