@@ -14,8 +14,8 @@ fi
 # The vendored Pingora crates' own unit tests, with their patches' (vendor/README.md), each
 # over the other patched crates: pingora-pool's, pingora-proxy's, pingora-http's and
 # pingora-core's HTTP, app, listener, service and L4 stream ones (~2 min for the first
-# build of their dev-dependencies, shared). Only on a whole-suite run: a run given a filter or other arguments is asking for
-# part of the workspace's tests.
+# build of their dev-dependencies, shared). Only on a whole-suite run: a run given a
+# filter or other arguments is asking for part of the workspace's tests.
 if [ "$#" -eq 0 ]; then
   scripts/test-vendored.sh pingora-pool || status=$?
   scripts/test-vendored.sh pingora-proxy || status=$?
