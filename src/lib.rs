@@ -38,7 +38,6 @@ pub mod metrics;
 pub mod observe;
 pub mod proxy;
 pub mod ratelimit;
-pub mod raw_window;
 pub mod reload;
 pub mod respond;
 pub mod server;

@@ -213,10 +213,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let mut proxy = Service::new(
         "portcullis proxy".into(),
         crate::edge::EdgeApp::new(
-            crate::lifecycle::GracefulApp::new(
-                crate::raw_window::RecordingApp::new(http_proxy),
-                Arc::clone(&connections),
-            ),
+            crate::lifecycle::GracefulApp::new(http_proxy, Arc::clone(&connections)),
             Arc::clone(&shared),
         ),
     );

@@ -234,3 +234,25 @@ fn check_names_the_broken_tls_key_path() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("tls.min_version"), "{err}");
 }
+
+/// Over TLS as over plain TCP (`hardening_http`), a target Pingora would percent-encode (a
+/// raw space) is refused with 400 and never reaches the backend; the same target sent
+/// encoded passes as sent.
+#[test]
+fn a_raw_space_in_the_target_is_refused_over_tls_too() {
+    let s = setup("1.2");
+    let out = tls_exchange(
+        &s.tls_addr,
+        "api.example.test",
+        b"GET /x y HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+    );
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("invalid byte in request target"), "{out}");
+    let out = tls_exchange(
+        &s.tls_addr,
+        "api.example.test",
+        b"GET /x%20y HTTP/1.1\r\nHost: api.example.test\r\nConnection: close\r\n\r\n",
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(s.backend.received_paths(), vec!["/x%20y"]);
+}

@@ -46,14 +46,7 @@ pub fn conn(session: &Session) -> Option<&Conn> {
 
 fn conn_of(stream: &Stream) -> Option<&Conn> {
     let io: &dyn pingora::protocols::IO = stream.as_ref();
-    let any = io.as_any();
-    if let Some(edge) = any.downcast_ref::<stream::EdgeStream>() {
-        return Some(edge.conn());
-    }
-    let recording = any.downcast_ref::<crate::raw_window::RecordingStream>()?;
-    let inner: &dyn pingora::protocols::IO = recording.inner().as_ref();
-    inner
-        .as_any()
+    io.as_any()
         .downcast_ref::<stream::EdgeStream>()
         .map(stream::EdgeStream::conn)
 }

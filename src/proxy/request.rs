@@ -171,24 +171,17 @@ pub fn header_block_len(session: &Session) -> usize {
 
 /// Whether the request target holds a byte no URI may hold, as received or as
 /// Pingora rewrote it: Pingora percent-encodes a target that `httparse`
-/// refuses (a space, a control byte, …) and parses again. Such a request is
-/// refused, not forwarded rewritten. The raw bytes are looked up only for
-/// targets that contain `%`.
+/// refuses (a space, a control byte, …) and parses again, so `GET /a b` would
+/// reach the backend as `/a%20b`. Such a request is refused, not forwarded
+/// rewritten. The HTTP/1 session says whether it encoded the target (vendored
+/// pingora-core, twelfth patch), over plain TCP and TLS alike; HTTP/2 has no
+/// such repair, and its targets are checked for the bytes themselves.
 pub fn invalid_target(session: &Session) -> bool {
-    let req = session.req_header();
-    let target = req.raw_path();
-    if crate::framing::target_has_invalid_byte(target) {
-        return true;
-    }
-    if !target.contains(&b'%') {
-        return false;
-    }
-    let Some(h1) = session.as_downstream().as_http1() else {
-        return false;
-    };
-    crate::raw_window::recent_bytes(h1.stream()).is_some_and(|recent| {
-        crate::raw_window::target_was_rewritten(recent, req.method.as_str().as_bytes(), target)
-    })
+    crate::framing::target_has_invalid_byte(session.req_header().raw_path())
+        || session
+            .as_downstream()
+            .as_http1()
+            .is_some_and(|h1| h1.request_target_escaped())
 }
 
 /// The timeouts and reuse of the client connection, per request.

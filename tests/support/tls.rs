@@ -97,6 +97,30 @@ pub fn s_client(
     (ok, cn, text)
 }
 
+/// Sends `request` as is over TLS (`openssl s_client -quiet`, SNI `servername`) and
+/// returns what the server wrote back until it closed the connection (10 s cap). The raw
+/// bytes are what a client like curl refuses to send (a space in the target, say).
+pub fn tls_exchange(addr: &str, servername: &str, request: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = Command::new("timeout")
+        .args(["10", "openssl", "s_client", "-quiet", "-connect", addr])
+        .args(["-servername", servername])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run openssl s_client");
+    // -quiet implies -ign_eof: stdin may close; s_client waits for the server to close.
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(request)
+        .expect("write the request");
+    let out = child.wait_with_output().expect("wait for openssl s_client");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs `curl` with these arguments (silent, with a 20 s cap); returns its output.
 pub fn curl(args: &[&str]) -> Output {
     Command::new("curl")

@@ -162,6 +162,9 @@ pub struct HttpSession {
     /// [`super::super::HttpPersistentSettings`] into the next session.
     /// Scoped narrowly so it cannot affect FIN / `abort_on_close` semantics.
     pipelined_idle_bytes_stashed: bool,
+    /// portcullis patch: whether [`Self::read_request`] percent-encoded the request line's
+    /// target (see [`Self::request_target_escaped`]).
+    request_target_escaped: bool,
 }
 
 impl HttpSession {
@@ -211,6 +214,7 @@ impl HttpSession {
             preserve_header_case: true,
             pipelined_prefix: None,
             pipelined_idle_bytes_stashed: false,
+            request_target_escaped: false,
         }
     }
 
@@ -461,6 +465,7 @@ impl HttpSession {
                             if let Some(new_buf) = escape_illegal_request_line(&buf) {
                                 buf = new_buf;
                                 already_read = buf.len();
+                                self.request_target_escaped = true;
                             } else {
                                 debug!("Invalid request header from {:?}", self.underlying_stream);
                                 buf.truncate(MAX_ERR_BUF_LEN);
@@ -1040,6 +1045,14 @@ impl HttpSession {
     /// default. HTTP field names are case-insensitive (RFC 9110 §5.1).
     pub fn set_preserve_header_case(&mut self, preserve: bool) {
         self.preserve_header_case = preserve;
+    }
+
+    /// portcullis patch: whether the request line's target was percent-encoded before it
+    /// parsed. A target `httparse` refuses (a space, a control byte, `<`, `>`, `"`, …) is
+    /// encoded and parsed again, so `GET /a b` reads as `GET /a%20b`; nothing in the parsed
+    /// request shows it. A proxy that must not forward a rewritten target asks here.
+    pub fn request_target_escaped(&self) -> bool {
+        self.request_target_escaped
     }
 
     /// Set pipelined bytes to be parsed as the start of this session's request.
@@ -4502,6 +4515,35 @@ mod test_pipelining {
         let prefix = prefix.expect("second request remains buffered");
         assert_eq!(prefix.as_ptr(), req2_ptr);
         assert_eq!(prefix.as_ref(), req2);
+    }
+
+    /// portcullis patch: a session says whether its request's target was percent-encoded
+    /// before it parsed, and a session of the same connection whose target came as sent
+    /// says it was not.
+    #[tokio::test]
+    async fn request_target_escaped_says_whether_the_target_was_rewritten() {
+        init_log();
+        let req1 = b"GET /one?q=a b HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+        let req2 = b"GET /two%20x HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+        let mut prefix = BytesMut::new();
+        prefix.extend_from_slice(req1);
+        prefix.extend_from_slice(req2);
+
+        let mut session = HttpSession::new(Box::new(Builder::new().build()));
+        session.set_pipelining_enabled(true);
+        session.set_pipelined_prefix(prefix);
+        session.read_request().await.unwrap();
+        assert_eq!(session.get_path(), b"/one?q=a%20b");
+        assert!(session.request_target_escaped());
+
+        let reused = session.reuse().await.unwrap().expect("connection reusable");
+        let (stream, prefix) = reused.into_parts();
+        let mut session = HttpSession::new(stream);
+        session.set_pipelining_enabled(true);
+        session.set_pipelined_prefix(prefix.expect("second request remains buffered"));
+        session.read_request().await.unwrap();
+        assert_eq!(session.get_path(), b"/two%20x");
+        assert!(!session.request_target_escaped());
     }
 
     /// `do_read_chunked_body` splits the post-last-chunk tail to the front of the body buffer,
