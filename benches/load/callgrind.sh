@@ -18,7 +18,8 @@
 # pc_case: pc_on with server.preserve_header_case = true;
 # pc_shed: every request answered 503 by the shedder, cap 1 held by a parked request),
 # MODE (h1 | h1close: a new connection per request | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),
-# STREAMS (h2: concurrent streams per connection, 10), PROXY_THREADS (1),
+# STREAMS (h2: concurrent streams per connection, 10), PROXY_THREADS (1), HEADER (one more
+# request field, e.g. "connection: keep-alive" as browsers send),
 # OUT (benches/load/out/callgrind, ignored by git), SKIP_BUILD=1, PC_BIN and
 # BARE_BIN (binaries to measure instead of target/release/...).
 # Prints one CSV row per target on stdout:

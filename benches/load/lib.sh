@@ -177,6 +177,8 @@ requests() {
   [ -n "${H2LOAD_ARGS+x}" ] && args=("${H2LOAD_ARGS[@]}")
   local key=${API_KEY-k1}
   [ -n "$key" ] && args+=(-H "x-api-key: $key")
+  # HEADER: one more request field, e.g. "connection: keep-alive" as browsers send
+  [ -n "${HEADER:-}" ] && args+=(-H "$HEADER")
   if [ "${MODE:-h1}" = h1close ]; then
     # A connection per request: batches of CONNS connections of one request each (so at
     # most CONNS are open at once, as with keep-alive), every request saying
