@@ -306,7 +306,10 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                     let shutdown = shutdown.clone();
                     // portcullis patch: see UninitializedStream::register_on_this_thread
                     let accepted_on = std::thread::current().id();
-                    let serve = async move {
+                    // portcullis patch: boxed once, here, so that the wrapper below, the
+                    // spawn and the task cell move a pointer, not the whole future (the
+                    // handshake's and the connection's states, ~1.5 KB) several times.
+                    let serve = Box::pin(async move {
                         if let Err(e) = io.register_on_this_thread(accepted_on) {
                             error!("{e}");
                             return;
@@ -330,7 +333,7 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                                 error!("Downstream handshake timeout");
                             }
                         }
-                    };
+                    });
                     match &local {
                         Some((load, me)) => {
                             let to = load.pick(*me);
