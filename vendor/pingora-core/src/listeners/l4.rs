@@ -289,6 +289,20 @@ async fn bind_tcp(addr: &str, opt: Option<TcpSocketOptions>) -> Result<Listener>
     }
 }
 
+/// portcullis patch: sets `TCP_NODELAY` on a TCP listening socket and says whether it did.
+/// Linux copies the option to every socket `accept` returns from it (the accepted socket is
+/// a clone of the listener's), so the accepted streams need no `setsockopt` each: one system
+/// call per connection fewer. Elsewhere, for Unix sockets, or if the call fails, each
+/// accepted stream sets it as before.
+fn nodelay_on_listener(listener: &Listener) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Listener::Tcp(l) = listener {
+        return socket2::SockRef::from(l).set_tcp_nodelay(true).is_ok();
+    }
+    let _ = listener;
+    false
+}
+
 async fn bind(addr: &ServerAddress) -> Result<Listener> {
     match addr {
         #[cfg(unix)]
@@ -301,6 +315,9 @@ async fn bind(addr: &ServerAddress) -> Result<Listener> {
 pub struct ListenerEndpoint {
     listen_addr: ServerAddress,
     listener: Arc<Listener>,
+    /// portcullis patch: the listening socket has `TCP_NODELAY`, which every socket accepted
+    /// from it inherits ([`nodelay_on_listener`]), so no accepted stream sets it again.
+    nodelay_inherited: bool,
     #[cfg(feature = "connection_filter")]
     connection_filter: Arc<dyn ConnectionFilter>,
 }
@@ -375,6 +392,8 @@ impl ListenerEndpointBuilder {
             // no fd table
             bind(&listen_addr).await?
         };
+        // portcullis patch: on the socket bound here or inherited from an older process
+        let nodelay_inherited = nodelay_on_listener(&listener);
 
         #[cfg(feature = "connection_filter")]
         let connection_filter = self
@@ -384,6 +403,7 @@ impl ListenerEndpointBuilder {
         Ok(ListenerEndpoint {
             listen_addr,
             listener: Arc::new(listener),
+            nodelay_inherited,
             #[cfg(feature = "connection_filter")]
             connection_filter,
         })
@@ -396,6 +416,7 @@ impl ListenerEndpointBuilder {
             .expect("Tried to listen with no addr specified");
 
         let listener = bind(&listen_addr).await?;
+        let nodelay_inherited = nodelay_on_listener(&listener);
 
         #[cfg(feature = "connection_filter")]
         let connection_filter = self
@@ -405,6 +426,7 @@ impl ListenerEndpointBuilder {
         Ok(ListenerEndpoint {
             listen_addr,
             listener: Arc::new(listener),
+            nodelay_inherited,
             #[cfg(feature = "connection_filter")]
             connection_filter,
         })
@@ -417,6 +439,7 @@ impl ListenerEndpointBuilder {
 pub struct DetachedEndpoint {
     listen_addr: ServerAddress,
     listener: DetachedListener,
+    nodelay_inherited: bool,
     #[cfg(feature = "connection_filter")]
     connection_filter: Arc<dyn ConnectionFilter>,
 }
@@ -434,6 +457,8 @@ impl DetachedEndpoint {
         Ok(ListenerEndpoint {
             listen_addr: self.listen_addr.clone(),
             listener: Arc::new(listener),
+            // a copy (`dup`) of the same socket: the option is the socket's
+            nodelay_inherited: self.nodelay_inherited,
             #[cfg(feature = "connection_filter")]
             connection_filter: self.connection_filter.clone(),
         })
@@ -451,6 +476,7 @@ impl ListenerEndpoint {
         Ok(DetachedEndpoint {
             listen_addr: self.listen_addr,
             listener,
+            nodelay_inherited: self.nodelay_inherited,
             #[cfg(feature = "connection_filter")]
             connection_filter: self.connection_filter,
         })
@@ -475,7 +501,9 @@ impl ListenerEndpoint {
 
     fn apply_stream_settings(&self, stream: &mut Stream) -> Result<()> {
         // settings are applied based on whether the underlying stream supports it
-        stream.set_nodelay()?;
+        if !self.nodelay_inherited {
+            stream.set_nodelay()?;
+        }
         let Some(op) = self.listen_addr.tcp_sock_opts() else {
             return Ok(());
         };
@@ -576,6 +604,39 @@ mod test {
         tokio::net::TcpStream::connect(addr)
             .await
             .expect("can connect to TCP listener");
+    }
+
+    /// portcullis patch: accepted TCP streams have `TCP_NODELAY`, set once on the listening
+    /// socket, whether it is bound here or handed over by an older process that did not set
+    /// it (an upgrade from a build without the patch).
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn test_accepted_tcp_streams_have_nodelay() {
+        use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd};
+        fn nodelay(fd: i32) -> bool {
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            socket2::SockRef::from(&fd).tcp_nodelay().unwrap()
+        }
+        let old = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let old_addr = old.local_addr().unwrap().to_string();
+        assert!(!nodelay(old.as_raw_fd()));
+        let mut table = crate::server::Fds::new();
+        table.add(old_addr.clone(), old.into_raw_fd());
+        let handed_over: ListenFds = Arc::new(parking_lot::Mutex::new(table));
+
+        for (addr, fds) in [
+            (old_addr, Some(handed_over)),
+            ("127.0.0.1:0".to_string(), None),
+        ] {
+            let mut builder = ListenerEndpoint::builder();
+            builder.listen_addr(ServerAddress::Tcp(addr, None));
+            let listener = builder.listen(fds).await.unwrap();
+            assert!(listener.nodelay_inherited);
+            let connect = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+            let (accepted, client) = tokio::join!(listener.accept(), connect);
+            let _client = client.unwrap();
+            assert!(nodelay(accepted.unwrap().as_raw_fd()));
+        }
     }
 
     #[tokio::test]
