@@ -117,6 +117,27 @@ fn slowloris_headers_get_408_at_the_deadline() {
     assert_eq!(refusals(&p, "header_timeout"), 1.0);
 }
 
+/// A connection that never sends a byte is answered 408 and closed at the header
+/// deadline too: the edge stream times the first request from the accept, well before
+/// Pingora's own 60 s wait for it would end.
+#[test]
+fn a_silent_new_connection_is_closed_at_the_header_deadline() {
+    let b = Backend::start("app");
+    let p = Proxy::start_with_server("client_header_timeout_ms = 1000", &one_upstream(&b));
+    let c = Conn::open(&p.addr()).expect("connect");
+    let start = Instant::now();
+    let sent = bytes_until_closed(&c, Duration::from_secs(10))
+        .expect("a silent connection was still open after 10 s");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "closed after {took:?}, the deadline is 1 s"
+    );
+    let text = String::from_utf8_lossy(&sent);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(refusals(&p, "header_timeout"), 1.0);
+}
+
 /// What the peer sent before it closed the connection, or None if it had not closed
 /// within `timeout`.
 fn bytes_until_closed(c: &Conn, timeout: Duration) -> Option<Vec<u8>> {
