@@ -242,116 +242,98 @@ impl AsyncRead for EdgeStream {
     }
 }
 
-/// The parts of Pingora's stream traits [`EdgeStream`] only forwards to its
-/// `inner` stream: writes, shutdown, id, TLS info and the digests. It writes
-/// its own `AsyncRead` and `Peek`, the parts where it does something.
-macro_rules! forward_stream_io {
-    ($ty:ty) => {
-        impl tokio::io::AsyncWrite for $ty {
-            fn poll_write(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-                buf: &[u8],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                tokio::io::AsyncWrite::poll_write(std::pin::Pin::new(&mut *self.inner), cx, buf)
-            }
+// What EdgeStream only forwards to its `inner` stream: writes, shutdown, id, TLS
+// info and the digests. Its own `AsyncRead` and `Peek` are above and below.
 
-            fn poll_flush(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                tokio::io::AsyncWrite::poll_flush(std::pin::Pin::new(&mut *self.inner), cx)
-            }
+impl AsyncWrite for EdgeStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        AsyncWrite::poll_write(Pin::new(&mut *self.inner), cx, buf)
+    }
 
-            fn poll_shutdown(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                tokio::io::AsyncWrite::poll_shutdown(std::pin::Pin::new(&mut *self.inner), cx)
-            }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        AsyncWrite::poll_flush(Pin::new(&mut *self.inner), cx)
+    }
 
-            fn poll_write_vectored(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-                bufs: &[std::io::IoSlice<'_>],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                tokio::io::AsyncWrite::poll_write_vectored(
-                    std::pin::Pin::new(&mut *self.inner),
-                    cx,
-                    bufs,
-                )
-            }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        AsyncWrite::poll_shutdown(Pin::new(&mut *self.inner), cx)
+    }
 
-            fn is_write_vectored(&self) -> bool {
-                tokio::io::AsyncWrite::is_write_vectored(&*self.inner)
-            }
-        }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        AsyncWrite::poll_write_vectored(Pin::new(&mut *self.inner), cx, bufs)
+    }
 
-        #[async_trait::async_trait]
-        impl pingora::protocols::Shutdown for $ty {
-            async fn shutdown(&mut self) {
-                pingora::protocols::Shutdown::shutdown(&mut *self.inner).await
-            }
-        }
-
-        impl pingora::protocols::UniqueID for $ty {
-            fn id(&self) -> pingora::protocols::UniqueIDType {
-                pingora::protocols::UniqueID::id(&*self.inner)
-            }
-        }
-
-        /// The inner stream's TLS digest and ALPN, if it has them, are passed on.
-        impl pingora::protocols::Ssl for $ty {
-            fn get_ssl_digest(&self) -> Option<std::sync::Arc<pingora::protocols::tls::SslDigest>> {
-                pingora::protocols::Ssl::get_ssl_digest(&*self.inner)
-            }
-
-            fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
-                pingora::protocols::Ssl::selected_alpn_proto(&*self.inner)
-            }
-        }
-
-        impl pingora::protocols::GetTimingDigest for $ty {
-            fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
-                pingora::protocols::GetTimingDigest::get_timing_digest(&*self.inner)
-            }
-
-            fn get_read_pending_time(&self) -> std::time::Duration {
-                pingora::protocols::GetTimingDigest::get_read_pending_time(&*self.inner)
-            }
-
-            fn get_write_pending_time(&self) -> std::time::Duration {
-                pingora::protocols::GetTimingDigest::get_write_pending_time(&*self.inner)
-            }
-        }
-
-        impl pingora::protocols::GetProxyDigest for $ty {
-            fn get_proxy_digest(
-                &self,
-            ) -> Option<std::sync::Arc<pingora::protocols::raw_connect::ProxyDigest>> {
-                pingora::protocols::GetProxyDigest::get_proxy_digest(&*self.inner)
-            }
-
-            fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
-                pingora::protocols::GetProxyDigest::set_proxy_digest(&mut *self.inner, digest)
-            }
-        }
-
-        impl pingora::protocols::GetSocketDigest for $ty {
-            fn get_socket_digest(
-                &self,
-            ) -> Option<std::sync::Arc<pingora::protocols::SocketDigest>> {
-                pingora::protocols::GetSocketDigest::get_socket_digest(&*self.inner)
-            }
-
-            fn set_socket_digest(&mut self, digest: pingora::protocols::SocketDigest) {
-                pingora::protocols::GetSocketDigest::set_socket_digest(&mut *self.inner, digest)
-            }
-        }
-    };
+    fn is_write_vectored(&self) -> bool {
+        AsyncWrite::is_write_vectored(&*self.inner)
+    }
 }
 
-forward_stream_io!(EdgeStream);
+#[async_trait]
+impl pingora::protocols::Shutdown for EdgeStream {
+    async fn shutdown(&mut self) {
+        pingora::protocols::Shutdown::shutdown(&mut *self.inner).await
+    }
+}
+
+impl pingora::protocols::UniqueID for EdgeStream {
+    fn id(&self) -> pingora::protocols::UniqueIDType {
+        pingora::protocols::UniqueID::id(&*self.inner)
+    }
+}
+
+/// The inner stream's TLS digest and ALPN, if it has them, are passed on.
+impl pingora::protocols::Ssl for EdgeStream {
+    fn get_ssl_digest(&self) -> Option<std::sync::Arc<pingora::protocols::tls::SslDigest>> {
+        pingora::protocols::Ssl::get_ssl_digest(&*self.inner)
+    }
+
+    fn selected_alpn_proto(&self) -> Option<pingora::protocols::ALPN> {
+        pingora::protocols::Ssl::selected_alpn_proto(&*self.inner)
+    }
+}
+
+impl pingora::protocols::GetTimingDigest for EdgeStream {
+    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+        pingora::protocols::GetTimingDigest::get_timing_digest(&*self.inner)
+    }
+
+    fn get_read_pending_time(&self) -> std::time::Duration {
+        pingora::protocols::GetTimingDigest::get_read_pending_time(&*self.inner)
+    }
+
+    fn get_write_pending_time(&self) -> std::time::Duration {
+        pingora::protocols::GetTimingDigest::get_write_pending_time(&*self.inner)
+    }
+}
+
+impl pingora::protocols::GetProxyDigest for EdgeStream {
+    fn get_proxy_digest(
+        &self,
+    ) -> Option<std::sync::Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        pingora::protocols::GetProxyDigest::get_proxy_digest(&*self.inner)
+    }
+
+    fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
+        pingora::protocols::GetProxyDigest::set_proxy_digest(&mut *self.inner, digest)
+    }
+}
+
+impl pingora::protocols::GetSocketDigest for EdgeStream {
+    fn get_socket_digest(&self) -> Option<std::sync::Arc<pingora::protocols::SocketDigest>> {
+        pingora::protocols::GetSocketDigest::get_socket_digest(&*self.inner)
+    }
+
+    fn set_socket_digest(&mut self, digest: pingora::protocols::SocketDigest) {
+        pingora::protocols::GetSocketDigest::set_socket_digest(&mut *self.inner, digest)
+    }
+}
 
 #[async_trait]
 impl Peek for EdgeStream {
