@@ -428,6 +428,12 @@ pub(crate) fn sanitize_h1_upstream_request(
 
     // `Connection`, `Upgrade` and `HTTP2-Settings`, where the request still holds them.
     const UPGRADE_FIELDS: u16 = 1 << 7 | 1 << 8 | 1 << 9;
+    debug_assert_eq!(
+        UPGRADE_FIELDS,
+        standard_hop_by_hop_bit(&header::CONNECTION)
+            | standard_hop_by_hop_bit(&header::UPGRADE)
+            | standard_hop_by_hop_bit(&HeaderName::from_static(HTTP2_SETTINGS))
+    );
     match policy.h1_upgrade {
         H1UpgradePolicy::WebSocketOnly => {
             remove_standard_hop_by_hop(req, present & UPGRADE_FIELDS);
