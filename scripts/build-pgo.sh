@@ -22,9 +22,9 @@
 # Environment: TRAIN_H1 (200000), TRAIN_H2 (100000), PROFDATA (llvm-profdata matching
 # `rustc -vV`'s LLVM major; found as llvm-profdata-<major> or llvm-profdata), KEEP_PROFILE=1
 # keeps target/pgo-gen/merged.profdata's raw inputs, BOLT (0 | 1 | auto), BOLT_BIN and
-# MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>), CARGO_PROFILE_RELEASE_LTO (fat) and
-# CARGO_PROFILE_RELEASE_CODEGEN_UNITS (1). Needs nginx, redis-server, h2load,
-# openssl, curl (scripts/setup.sh) and llvm-profdata (Debian: apt-get install llvm-<major>).
+# MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>), CARGO_PROFILE_RELEASE_LTO and
+# CARGO_PROFILE_RELEASE_CODEGEN_UNITS (Cargo.toml's: fat, 1). Needs nginx, redis-server,
+# h2load, openssl, curl (scripts/setup.sh) and llvm-profdata (Debian: apt-get install llvm-<major>).
 # Every process it starts is stopped by PID on exit.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../benches/load" && pwd)
@@ -33,11 +33,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../benches/load" && pwd)
 bench_init build-pgo
 TRAIN_H1=${TRAIN_H1:-200000}
 TRAIN_H2=${TRAIN_H2:-100000}
-# Whole-program LTO in one codegen unit, as in Cargo.toml's release profile (−4% instructions
-# and −3% CPU per request on top of PGO + BOLT, fourteenth pass). Set here as well, so both
-# builds use the same settings and the profile matches the code it is applied to.
-export CARGO_PROFILE_RELEASE_LTO=${CARGO_PROFILE_RELEASE_LTO:-fat}
-export CARGO_PROFILE_RELEASE_CODEGEN_UNITS=${CARGO_PROFILE_RELEASE_CODEGEN_UNITS:-1}
+# Both builds are `--release`, so both take Cargo.toml's release profile (whole-program LTO
+# in one codegen unit: −4% instructions and −3% CPU per request on top of PGO + BOLT,
+# fourteenth pass), or the same CARGO_PROFILE_RELEASE_* overrides from the environment; the
+# profile always matches the code it is applied to.
 GEN_DIR=$REPO/target/pgo-gen
 USE_DIR=$REPO/target/pgo
 RAW=$GEN_DIR/profraw
