@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A profile-guided (PGO) release build of portcullis: the build for production.
 #
-#   bash scripts/build-pgo.sh          # -> target/pgo/portcullis
+#   bash scripts/build-pgo.sh                                   # train now -> target/pgo/portcullis
+#   PGO_PROFILE=pgo/portcullis.profdata.gz bash scripts/build-pgo.sh  # no training: the committed profile
+#   SAVE_PROFILE=1 bash scripts/build-pgo.sh                    # train, and refresh the committed profile
 #
 # 1. builds portcullis instrumented (-Cprofile-generate, fat LTO) in target/pgo-gen;
 # 2. trains it on loopback: the nginx backend and a redis-server of benches/load, every
@@ -19,12 +21,22 @@
 # The code is the same; only the compiler's layout, inlining and branch decisions follow
 # the profile. The CPU it saves is measured in BENCHMARKS.md (issue 16, fourteenth pass).
 #
+# PGO_PROFILE=FILE skips steps 1 and 2: step 3 uses FILE (an indexed profile, gzipped or
+# not), such as the one committed in pgo/ (pgo/README.md), which scripts/run.sh uses too.
+# It needs neither llvm-profdata nor the load tools, only rustc's LLVM at least as new as
+# the one that wrote FILE. Functions changed since FILE was trained lose their profile
+# (LLVM matches each function's control-flow hash) and are optimized as without PGO.
+# SAVE_PROFILE=1 writes the merged profile of step 2, sparse (functions never run are left
+# out) and gzipped, to pgo/portcullis.profdata.gz, and what it was trained on to
+# pgo/profile.env.
+#
 # Environment: TRAIN_H1 (200000), TRAIN_H2 (100000), PROFDATA (llvm-profdata matching
 # `rustc -vV`'s LLVM major; found as llvm-profdata-<major> or llvm-profdata), KEEP_PROFILE=1
-# keeps target/pgo-gen/merged.profdata's raw inputs, BOLT (0 | 1 | auto), BOLT_BIN and
-# MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>), CARGO_PROFILE_RELEASE_LTO and
-# CARGO_PROFILE_RELEASE_CODEGEN_UNITS (Cargo.toml's: fat, 1). Needs nginx, redis-server,
-# h2load, openssl, curl (scripts/setup.sh) and llvm-profdata (Debian: apt-get install llvm-<major>).
+# keeps target/pgo-gen/merged.profdata's raw inputs, PGO_PROFILE, SAVE_PROFILE, BOLT
+# (0 | 1 | auto), BOLT_BIN and MERGE_FDATA (llvm-bolt-<major>, merge-fdata-<major>),
+# CARGO_PROFILE_RELEASE_LTO and CARGO_PROFILE_RELEASE_CODEGEN_UNITS (Cargo.toml's: fat, 1).
+# Training needs nginx, redis-server, h2load, openssl, curl (scripts/setup.sh) and
+# llvm-profdata (Debian: apt-get install llvm-<major>).
 # Every process it starts is stopped by PID on exit.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../benches/load" && pwd)
@@ -42,25 +54,31 @@ USE_DIR=$REPO/target/pgo
 RAW=$GEN_DIR/profraw
 MERGED=$GEN_DIR/merged.profdata
 
-need nginx redis-server h2load openssl curl
+PGO_PROFILE=${PGO_PROFILE:-}
+SAVE_PROFILE=${SAVE_PROFILE:-0}
+[ -z "$PGO_PROFILE" ] || [ "$SAVE_PROFILE" = 0 ] ||
+  die "SAVE_PROFILE=1 stores a profile trained now; it does not go with PGO_PROFILE"
 llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 [ -n "$llvm_major" ] || die "cannot read rustc's LLVM version (rustc -vV)"
-if [ -z "${PROFDATA:-}" ]; then
-  for p in "llvm-profdata-$llvm_major" llvm-profdata; do
-    if command -v "$p" >/dev/null && "$p" --version 2>/dev/null | grep -q "version $llvm_major\."; then
-      PROFDATA=$p
-      break
-    fi
-  done
+if [ -z "$PGO_PROFILE" ]; then
+  need nginx redis-server h2load openssl curl
+  if [ -z "${PROFDATA:-}" ]; then
+    for p in "llvm-profdata-$llvm_major" llvm-profdata; do
+      if command -v "$p" >/dev/null && "$p" --version 2>/dev/null | grep -q "version $llvm_major\."; then
+        PROFDATA=$p
+        break
+      fi
+    done
+  fi
+  [ -n "${PROFDATA:-}" ] || die "no llvm-profdata of LLVM $llvm_major (rustc's): apt-get install llvm-$llvm_major, or set PROFDATA"
 fi
-[ -n "${PROFDATA:-}" ] || die "no llvm-profdata of LLVM $llvm_major (rustc's): apt-get install llvm-$llvm_major, or set PROFDATA"
 BOLT=${BOLT:-0}
 BOLT_BIN=${BOLT_BIN:-llvm-bolt-$llvm_major}
 MERGE_FDATA=${MERGE_FDATA:-merge-fdata-$llvm_major}
 if [ "$BOLT" = auto ]; then
   if command -v "$BOLT_BIN" >/dev/null && command -v "$MERGE_FDATA" >/dev/null; then BOLT=1; else BOLT=0; fi
 fi
-[ "$BOLT" = 0 ] || need "$BOLT_BIN" "$MERGE_FDATA"
+[ "$BOLT" = 0 ] || need "$BOLT_BIN" "$MERGE_FDATA" nginx redis-server h2load openssl curl
 
 # train BIN: runs BIN on every gate (pc_on) under HTTP/1.1 then HTTP/2-over-TLS load, and
 # stops it with SIGINT each time, so that its profile is written at exit.
@@ -84,17 +102,42 @@ train() {
   trap - EXIT INT TERM
 }
 
-log "1/4 instrumented build ($GEN_DIR)"
-rm -rf "$RAW" "$MERGED"
-mkdir -p "$RAW"
-(cd "$REPO" && CARGO_TARGET_DIR=$GEN_DIR RUSTFLAGS="-Cprofile-generate=$RAW" \
-  cargo build --release --bin portcullis) >&2
+if [ -n "$PGO_PROFILE" ]; then
+  MERGED=$("$REPO/scripts/pgo-profile.sh" "$PGO_PROFILE") || die "cannot use PGO_PROFILE=$PGO_PROFILE"
+  log "1-2/4 no training: the profile is $PGO_PROFILE"
+else
+  log "1/4 instrumented build ($GEN_DIR)"
+  rm -rf "$RAW" "$MERGED"
+  mkdir -p "$RAW"
+  (cd "$REPO" && CARGO_TARGET_DIR=$GEN_DIR RUSTFLAGS="-Cprofile-generate=$RAW" \
+    cargo build --release --bin portcullis) >&2
 
-log "2/4 training: $TRAIN_H1 HTTP/1.1 requests, $TRAIN_H2 HTTP/2-over-TLS streams"
-LLVM_PROFILE_FILE="$RAW/portcullis-%p-%m.profraw" train "$GEN_DIR/release/portcullis"
-ls "$RAW"/*.profraw >/dev/null 2>&1 || die "no profile written in $RAW (did portcullis exit cleanly on SIGINT?)"
-"$PROFDATA" merge -o "$MERGED" "$RAW"/*.profraw
-[ "${KEEP_PROFILE:-0}" = 1 ] || rm -rf "$RAW"
+  log "2/4 training: $TRAIN_H1 HTTP/1.1 requests, $TRAIN_H2 HTTP/2-over-TLS streams"
+  LLVM_PROFILE_FILE="$RAW/portcullis-%p-%m.profraw" train "$GEN_DIR/release/portcullis"
+  ls "$RAW"/*.profraw >/dev/null 2>&1 || die "no profile written in $RAW (did portcullis exit cleanly on SIGINT?)"
+  "$PROFDATA" merge -o "$MERGED" "$RAW"/*.profraw
+  [ "${KEEP_PROFILE:-0}" = 1 ] || rm -rf "$RAW"
+  if [ "$SAVE_PROFILE" = 1 ]; then
+    # sparse: the functions that never ran are left out (6.6 MB instead of 22 MB, 1.6 MB
+    # gzipped); LLVM optimizes them as it would without a profile
+    mkdir -p "$REPO/pgo"
+    "$PROFDATA" merge --sparse -o "$GEN_DIR/sparse.profdata" "$MERGED"
+    gzip -9n -c "$GEN_DIR/sparse.profdata" >"$REPO/pgo/portcullis.profdata.gz"
+    trained_at=$(cd "$REPO" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+    (cd "$REPO" && git diff --quiet HEAD -- src vendor examples Cargo.toml Cargo.lock 2>/dev/null) ||
+      trained_at="$trained_at+changes"
+    cat >"$REPO/pgo/profile.env" <<EOF
+# written by SAVE_PROFILE=1 scripts/build-pgo.sh; read by scripts/pgo-profile.sh
+LLVM_MAJOR=$llvm_major
+RUSTC=$(rustc -V | cut -d' ' -f2)
+TRAINED_AT=$trained_at
+TRAIN_H1=$TRAIN_H1
+TRAIN_H2=$TRAIN_H2
+PROXY_THREADS=${PROXY_THREADS:-2}
+EOF
+    log "saved the profile: pgo/portcullis.profdata.gz and pgo/profile.env (commit both)"
+  fi
+fi
 
 log "3/4 optimized build with the profile ($USE_DIR)"
 # BOLT needs the relocations kept: --emit-relocs on the final link only (the dependencies

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The profile for a profile-guided build, ready for rustc's -Cprofile-use.
+#
+#   profile=$(scripts/pgo-profile.sh [FILE])   # FILE: pgo/portcullis.profdata.gz by default
+#
+# Prints the path of FILE unpacked (if gzipped) under target/pgo-profile/, named by the
+# SHA-256 of the profile, so that a different profile is a different -Cprofile-use flag
+# and cargo rebuilds (it does not hash the profile's contents itself). Exits 1, with the reason on
+# stderr, when there is no such file, or when FILE is pgo/'s and pgo/profile.env says it
+# was written by a newer LLVM than rustc's (an older LLVM cannot read a newer profile
+# format; rustc 1.85 is LLVM 19), or when FILE is not an indexed LLVM profile. Used by
+# scripts/run.sh and scripts/build-pgo.sh; CI runs it on the committed profile.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+file=${1:-$repo/pgo/portcullis.profdata.gz}
+say() { printf 'pgo-profile.sh: %s\n' "$*" >&2; }
+[ -f "$file" ] || {
+  say "no profile at $file"
+  exit 1
+}
+env_file=$(dirname "$file")/profile.env
+if [ -f "$env_file" ]; then
+  want=$(sed -n 's/^LLVM_MAJOR=\([0-9]*\)$/\1/p' "$env_file")
+  have=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+  if [ -n "$want" ] && { [ -z "$have" ] || [ "$have" -lt "$want" ]; }; then
+    say "$file was written by LLVM $want; rustc's LLVM is ${have:-unknown}, too old to read it"
+    exit 1
+  fi
+fi
+dir=$repo/target/pgo-profile
+mkdir -p "$dir"
+tmp=$(mktemp "$dir/unpack.XXXXXX")
+trap 'rm -f "$tmp"' EXIT
+case $file in
+*.gz) gzip -dc "$file" >"$tmp" ;;
+*) cat "$file" >"$tmp" ;;
+esac
+# an indexed LLVM profile starts with the magic \xfflprofi\x81 (not, say, a Git LFS pointer)
+if [ "$(head -c 8 "$tmp" | od -An -tx1 | tr -d ' \n')" != ff6c70726f666981 ]; then
+  say "$file is not an indexed LLVM profile"
+  exit 1
+fi
+out=$dir/$(sha256sum "$tmp" | cut -c1-16).profdata
+if cmp -s "$tmp" "$out"; then rm -f "$tmp"; else mv "$tmp" "$out"; fi
+printf '%s\n' "$out"
