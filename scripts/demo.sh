@@ -14,7 +14,7 @@
 # seen by both (keys under a fresh "portcullis-demo-…" prefix).
 #
 # Environment (all optional):
-#   PORTCULLIS_BIN     proxy binary (default: cargo build --release, target/release/portcullis)
+#   PORTCULLIS_BIN     proxy binary (default: scripts/build.sh's, target/pgo/release/portcullis or target/release/portcullis)
 #   DEMO_BACKEND_BIN   demo backend binary (default: demo_backend next to PORTCULLIS_BIN)
 #   DEMO_CONFIG        config to tour (default conf/portcullis.toml; one upstream)
 #   DEMO_PROXY_PORT / DEMO_ADMIN_PORT    first instance (default 8080 / 9090)
@@ -148,9 +148,8 @@ uc() { awk -v c="$1" '$2==c {s+=$1} END {print s+0}' <<<"$OUT"; }
 # ---------------------------------------------------------------- setup
 command -v curl >/dev/null || fail "curl is needed"
 if [ -z "${PORTCULLIS_BIN:-}" ]; then
-  say "building: cargo build --release --bin portcullis --bin demo_backend"
-  cargo build --release --bin portcullis --bin demo_backend
-  PORTCULLIS_BIN="${CARGO_TARGET_DIR:-target}/release/portcullis"
+  say "building: scripts/build.sh (the release build scripts/run.sh runs too)"
+  PORTCULLIS_BIN="$(scripts/build.sh)/portcullis"
 fi
 DEMO_BACKEND_BIN=${DEMO_BACKEND_BIN:-$(dirname "$PORTCULLIS_BIN")/demo_backend}
 [ -x "$PORTCULLIS_BIN" ] || fail "no proxy binary at $PORTCULLIS_BIN"

@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 # cmake builds Pingora; Redis is not needed to run (setup.sh installs or names both).
 command -v cmake >/dev/null 2>&1 || scripts/setup.sh
 conf=${1:-conf/portcullis.toml}
-target=${CARGO_TARGET_DIR:-target}
-cargo build --release --bin portcullis --bin demo_backend
+# profile-guided with pgo/'s profile when rustc can read it (scripts/build.sh; PGO=0: plain)
+bin=$(scripts/build.sh)
 
 backends=()
 cleanup() {
@@ -32,7 +32,7 @@ if [ "$conf" = conf/portcullis.toml ]; then
   started=()
   for port in 9001 9002; do
     if ! listening "$port"; then
-      "$target/release/demo_backend" "127.0.0.1:$port" &
+      "$bin/demo_backend" "127.0.0.1:$port" &
       backends+=($!)
       started+=("127.0.0.1:$port (pid $!)")
     fi
@@ -52,7 +52,7 @@ EOF
   fi
 fi
 
-"$target/release/portcullis" -c "$conf" &
+"$bin/portcullis" -c "$conf" &
 proxy=$!
 echo "run.sh: portcullis pid $proxy (SIGHUP reloads, SIGTERM drains and stops, Ctrl-C stops)" >&2
 # A background job of a script ignores SIGINT, so pass Ctrl-C and SIGTERM on.
