@@ -107,12 +107,11 @@ if [ -n "$PGO_PROFILE" ]; then
   log "1-2/4 no training: the profile is $PGO_PROFILE"
 else
   log "1/4 instrumented build ($GEN_DIR)"
-  rm -rf "$RAW" "$MERGED"
-  mkdir -p "$RAW"
+  rm -f "$MERGED"
   (cd "$REPO" && CARGO_TARGET_DIR=$GEN_DIR RUSTFLAGS="-Cprofile-generate=$RAW" \
     cargo build --release --bin portcullis) >&2
   # RUSTFLAGS instruments the build scripts and proc macros too, and they write their
-  # profiles here as they run: only the proxy's own run is training
+  # profiles here as they run: emptied after the build, so only the proxy's run is training
   rm -rf "$RAW"
   mkdir -p "$RAW"
 
@@ -137,7 +136,7 @@ RUSTC=$(rustc -V | cut -d' ' -f2)
 TRAINED_AT=$trained_at
 TRAIN_H1=$TRAIN_H1
 TRAIN_H2=$TRAIN_H2
-PROXY_THREADS=${PROXY_THREADS:-2}
+PROXY_THREADS=$PROXY_THREADS
 EOF
     log "saved the profile: pgo/portcullis.profdata.gz and pgo/profile.env (commit both)"
   fi

@@ -5,11 +5,12 @@
 #
 # Prints the path of FILE unpacked (if gzipped) under target/pgo-profile/, named by the
 # SHA-256 of the profile, so that a different profile is a different -Cprofile-use flag
-# and cargo rebuilds (it does not hash the profile's contents itself). Exits 1, with the reason on
-# stderr, when there is no such file, or when FILE is pgo/'s and pgo/profile.env says it
-# was written by a newer LLVM than rustc's (an older LLVM cannot read a newer profile
-# format; rustc 1.85 is LLVM 19), or when FILE is not an indexed LLVM profile. Used by
-# scripts/run.sh and scripts/build-pgo.sh; CI runs it on the committed profile.
+# and cargo rebuilds (it does not hash the profile's contents itself). Exits 1, with the
+# reason on stderr, when there is no such file; when a profile.env beside FILE (as in pgo/)
+# says it was written by a newer LLVM than rustc's (an older LLVM cannot read a newer
+# profile format; rustc 1.85 is LLVM 19); or when FILE is not an indexed LLVM profile.
+# Used by scripts/build.sh (run.sh, demo.sh) and scripts/build-pgo.sh; CI runs it on the
+# committed profile.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 file=${1:-$repo/pgo/portcullis.profdata.gz}
