@@ -1,14 +1,20 @@
-//! The container image's build, checked without a container engine (none is on the
-//! machines this is developed on, so `docker build` never runs here):
+//! The container image and the Kubernetes example, checked without a container engine
+//! (none is on the machines this is developed on, so `docker build` never runs here):
 //! - every file the Dockerfile `COPY`s is in the build context that `.dockerignore`
 //!   lets through, and nothing of `target/` or `.git/` is;
-//! - the builder's rustc can read the committed PGO profile it builds with.
+//! - the builder's rustc can read the committed PGO profile it builds with;
+//! - the image's config (the Dockerfile's `sed` over `conf/portcullis.toml`) passes
+//!   `--check` and listens on every interface, on the ports the image exposes;
+//! - `conf/kubernetes.yaml`'s config passes `--check`, listens on the container ports its
+//!   probes use, and its grace period outlasts the drain and the shutdown timeout.
 //!
 //! `.dockerignore` is read with Docker's rules: patterns in order, the last one that
 //! matches a path or one of its parent directories decides, `!` lets a path back in.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -230,5 +236,182 @@ fn the_builder_reads_the_committed_profile() {
     assert!(
         build.contains("scripts/pgo-profile.sh") && build.contains("-Cprofile-use="),
         "the image is built with the committed profile: {build}"
+    );
+}
+
+/// `portcullis -c <text> --check` must print `OK`; the config, parsed.
+fn checked_config(text: &str, what: &str) -> toml::Table {
+    let mut file = tempfile::NamedTempFile::new().expect("temporary config file");
+    file.write_all(text.as_bytes()).expect("write the config");
+    let out = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .arg("-c")
+        .arg(file.path())
+        .arg("--check")
+        .output()
+        .expect("run portcullis --check");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "OK",
+        "{what} fails --check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.parse::<toml::Table>()
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// `server.listen` and `server.admin_listen` of a config.
+fn listeners(config: &toml::Table) -> (Vec<String>, String) {
+    let server = config["server"].as_table().expect("[server]");
+    let listen = server["listen"]
+        .as_array()
+        .expect("server.listen")
+        .iter()
+        .map(|v| v.as_str().expect("an address").to_string())
+        .collect();
+    let admin = server["admin_listen"]
+        .as_str()
+        .expect("server.admin_listen")
+        .to_string();
+    (listen, admin)
+}
+
+fn port(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr:?}"))
+}
+
+fn all_interfaces(addr: &str) -> bool {
+    addr.starts_with("0.0.0.0:") || addr.starts_with("[::]:")
+}
+
+#[test]
+fn the_image_config_checks_and_listens_on_every_interface() {
+    let dockerfile = read("Dockerfile");
+    let edit = instructions(&dockerfile)
+        .into_iter()
+        .find(|i| i.starts_with("RUN sed -i") && i.contains("/etc/portcullis/portcullis.toml"))
+        .expect("the RUN that edits the image's config");
+    // The `-e '<script>'` arguments, as the shell passes them to sed.
+    let scripts: Vec<&str> = edit
+        .split("-e '")
+        .skip(1)
+        .map(|rest| rest.split('\'').next().expect("a closing quote"))
+        .collect();
+    assert!(!scripts.is_empty(), "no sed scripts in {edit}");
+    let mut sed = Command::new("sed");
+    for s in &scripts {
+        sed.arg("-e").arg(s);
+    }
+    let mut child = sed
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run sed");
+    child
+        .stdin
+        .take()
+        .expect("sed's stdin")
+        .write_all(read("conf/portcullis.toml").as_bytes())
+        .expect("feed sed");
+    let out = child.wait_with_output().expect("sed's output");
+    assert!(out.status.success(), "sed failed: {scripts:?}");
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    let config = checked_config(&text, "the image's config");
+    let (listen, admin) = listeners(&config);
+    assert!(
+        !listen.is_empty() && listen.iter().all(|a| all_interfaces(a)),
+        "the image's proxy listens on {listen:?}: unreachable from outside the container \
+         (did conf/portcullis.toml's listen line change under the Dockerfile's sed?)"
+    );
+    assert!(
+        all_interfaces(&admin),
+        "the image's admin listener is {admin}: probes cannot reach it"
+    );
+    let expose: Vec<u16> = instructions(&dockerfile)
+        .iter()
+        .filter_map(|i| i.strip_prefix("EXPOSE "))
+        .flat_map(|ports| {
+            ports
+                .split_whitespace()
+                .map(|p| p.parse::<u16>().expect("a port"))
+        })
+        .collect();
+    for addr in listen.iter().chain([&admin]) {
+        assert!(
+            expose.contains(&port(addr)),
+            "{addr} is not EXPOSEd ({expose:?})"
+        );
+    }
+}
+
+#[test]
+fn the_kubernetes_example_config_checks_and_fits_its_pod() {
+    let yaml = read("conf/kubernetes.yaml");
+    // The ConfigMap's `portcullis.toml: |` block: its lines indented past the key.
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| l.trim() != "portcullis.toml: |");
+    let key = lines
+        .next()
+        .expect("a `portcullis.toml: |` block in the ConfigMap");
+    let key_indent = key.len() - key.trim_start().len();
+    let mut block = String::new();
+    let mut indent = None;
+    for l in lines {
+        if l.trim().is_empty() {
+            block.push('\n');
+            continue;
+        }
+        let n = l.len() - l.trim_start().len();
+        if n <= key_indent {
+            break;
+        }
+        let strip = *indent.get_or_insert(n);
+        block.push_str(l.get(strip..).unwrap_or(l.trim_start()));
+        block.push('\n');
+    }
+    let config = checked_config(&block, "conf/kubernetes.yaml's config");
+    let (listen, admin) = listeners(&config);
+    let container_port = |name: &str| -> u16 {
+        let line = yaml
+            .lines()
+            .find(|l| l.contains(&format!("name: {name},")) && l.contains("containerPort:"))
+            .unwrap_or_else(|| panic!("no container port named {name}"));
+        line.split("containerPort:")
+            .nth(1)
+            .and_then(|r| r.trim().trim_end_matches('}').trim().parse().ok())
+            .unwrap_or_else(|| panic!("containerPort in {line:?}"))
+    };
+    assert!(listen.iter().all(|a| all_interfaces(a)), "{listen:?}");
+    assert!(all_interfaces(&admin), "{admin}");
+    assert!(
+        listen.iter().any(|a| port(a) == container_port("http")),
+        "the proxy listens on {listen:?}, the `http` container port is {}",
+        container_port("http")
+    );
+    assert_eq!(
+        port(&admin),
+        container_port("admin"),
+        "the probes' `admin` port"
+    );
+    let server = config["server"].as_table().expect("[server]");
+    let secs = |k: &str| {
+        server
+            .get(k)
+            .and_then(|v| v.as_integer())
+            .unwrap_or_else(|| panic!("server.{k}"))
+    };
+    let grace: i64 = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("terminationGracePeriodSeconds");
+    assert!(
+        grace > secs("drain_seconds") + secs("shutdown_timeout_seconds"),
+        "Kubernetes kills the pod after {grace} s, before portcullis has drained ({} s) and shut down ({} s)",
+        secs("drain_seconds"),
+        secs("shutdown_timeout_seconds")
     );
 }
