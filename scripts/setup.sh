@@ -6,7 +6,8 @@
 # (certificates, s_client), curl, nghttp2-client (nghttp, h2load), nginx, python3-grpcio
 # (a real gRPC client and server) and python3-h2 (a real HPACK decoder); chromium
 # (the status page is rendered in a real headless browser) and prometheus with promtool
-# (the shipped dashboard and alert rules are checked against a real Prometheus).
+# (the shipped dashboard and alert rules are checked against a real Prometheus); patch
+# (scripts/check-vendor.sh applies vendor/*.patch to the published crates).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
 need=()
@@ -17,6 +18,7 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v patch >/dev/null 2>&1 || need+=(patch)  # scripts/check-vendor.sh
 command -v nghttp >/dev/null 2>&1 || need+=(nghttp2-client)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || need+=(python3-grpcio)
