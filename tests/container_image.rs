@@ -11,9 +11,11 @@
 //! `.dockerignore` is read with Docker's rules: patterns in order, the last one that
 //! matches a path or one of its parent directories decides, `!` lets a path back in.
 
+mod support;
+
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn repo() -> PathBuf {
@@ -59,22 +61,15 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 
 /// Whether `path` (relative, `/`-separated) is left out of the build context.
 fn excluded(patterns: &[(bool, String)], path: &str) -> bool {
+    // the path itself and every directory above it
+    let prefixes = || {
+        path.match_indices('/')
+            .map(|(i, _)| &path[..i])
+            .chain([path])
+    };
     let mut out = false;
     for (neg, p) in patterns {
-        // the path itself or any directory above it
-        let mut hit = false;
-        let mut prefix = String::new();
-        for part in path.split('/') {
-            if !prefix.is_empty() {
-                prefix.push('/');
-            }
-            prefix.push_str(part);
-            if glob(p.as_bytes(), prefix.as_bytes()) {
-                hit = true;
-                break;
-            }
-        }
-        if hit {
+        if prefixes().any(|prefix| glob(p.as_bytes(), prefix.as_bytes())) {
             out = !neg;
         }
     }
@@ -175,7 +170,7 @@ fn every_copied_file_is_in_the_build_context() {
     let mut missing = Vec::new();
     for src in &sources {
         assert!(
-            Path::new(&repo().join(src)).exists(),
+            repo().join(src).exists(),
             "the Dockerfile copies {src}, which is not in the repository"
         );
         for f in files_under(src) {
@@ -241,19 +236,10 @@ fn the_builder_reads_the_committed_profile() {
 
 /// `portcullis -c <text> --check` must print `OK`; the config, parsed.
 fn checked_config(text: &str, what: &str) -> toml::Table {
-    let mut file = tempfile::NamedTempFile::new().expect("temporary config file");
-    file.write_all(text.as_bytes()).expect("write the config");
-    let out = Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .arg("-c")
-        .arg(file.path())
-        .arg("--check")
-        .output()
-        .expect("run portcullis --check");
+    let (code, stdout, stderr, _) = support::check_config(text);
     assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "OK",
-        "{what} fails --check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        code == 0 && stdout.trim() == "OK",
+        "{what} fails --check: {stdout}{stderr}"
     );
     text.parse::<toml::Table>()
         .unwrap_or_else(|e| panic!("{what}: {e}"))
