@@ -127,7 +127,9 @@ else
     mkdir -p "$REPO/pgo"
     gzip -9n -c "$MERGED" >"$REPO/pgo/portcullis.profdata.gz"
     trained_at=$(cd "$REPO" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-    (cd "$REPO" && git diff --quiet HEAD -- src vendor examples Cargo.toml Cargo.lock 2>/dev/null) ||
+    # the binary's inputs, as scripts/pgo-profile.sh's staleness notice counts them
+    (cd "$REPO" && git diff --quiet HEAD -- src vendor Cargo.toml Cargo.lock \
+      ':(exclude)*.md' ':(exclude)vendor/*.patch' 2>/dev/null) ||
       trained_at="$trained_at+changes"
     cat >"$REPO/pgo/profile.env" <<EOF
 # written by SAVE_PROFILE=1 scripts/build-pgo.sh; read by scripts/pgo-profile.sh

@@ -10,8 +10,8 @@
 # says it was written by a newer LLVM than rustc's (an older LLVM cannot read a newer
 # profile format; rustc 1.85 is LLVM 19); or when FILE is not an indexed LLVM profile.
 # When profile.env names the commit trained (TRAINED_AT) and git knows it, says on stderr
-# how many files under src/, vendor/ and Cargo.lock differ from it, Markdown and the
-# vendor/*.patch copies aside (a notice only).
+# how many files of src/, vendor/, Cargo.toml and Cargo.lock differ from it, Markdown and
+# the vendor/*.patch copies aside (a notice only).
 # Used by scripts/build.sh (run.sh, demo.sh) and scripts/build-pgo.sh; CI runs it on the
 # committed profile.
 set -euo pipefail
@@ -34,10 +34,11 @@ if [ -f "$env_file" ]; then
   # profile makes a build less fast, never wrong; pgo/README.md "When the code changes").
   trained=$(sed -n 's/^TRAINED_AT=\([0-9a-f]*\)$/\1/p' "$env_file")
   if [ -n "$trained" ] && git -C "$repo" rev-parse -q --verify "$trained^{commit}" >/dev/null 2>&1; then
-    moved=$(git -C "$repo" diff --name-only "$trained" -- src vendor Cargo.lock \
+    # the binary's inputs; scripts/build-pgo.sh marks a training "+changes" over the same
+    moved=$(git -C "$repo" diff --name-only "$trained" -- src vendor Cargo.toml Cargo.lock \
       ':(exclude)*.md' ':(exclude)vendor/*.patch' | wc -l)
     if [ "$moved" -gt 0 ]; then
-      say "notice: $moved file(s) under src/, vendor/ or Cargo.lock changed since the profile was trained at $trained; their changed functions build without it (refresh: SAVE_PROFILE=1 bash scripts/build-pgo.sh)"
+      say "notice: $moved file(s) of src/, vendor/, Cargo.toml and Cargo.lock changed since the profile was trained at $trained; their changed functions build without it (refresh: SAVE_PROFILE=1 bash scripts/build-pgo.sh)"
     fi
   fi
 fi
