@@ -17,6 +17,10 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
             (old.store != new.store, "redis"),
             (old.server.h2c != new.server.h2c, "server.h2c"),
             (
+                old.server.max_response_buffer_bytes != new.server.max_response_buffer_bytes,
+                "server.max_response_buffer_bytes",
+            ),
+            (
                 old.server.preserve_header_case != new.server.preserve_header_case,
                 "server.preserve_header_case",
             ),

@@ -195,6 +195,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let redis = config.store.clone();
     let threads = config.server.threads;
     let h2c = config.server.h2c;
+    let max_response_buffer_bytes = config.server.max_response_buffer_bytes;
     let tls = config.tls.clone();
 
     let shared = Shared::new(config, config_path);
@@ -209,6 +210,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     options.h2c = h2c;
     options.h1_discard_header_case = !shared.keep_header_case;
     http_proxy.server_options = Some(options);
+    http_proxy.max_response_batch_bytes = max_response_buffer_bytes;
     // Edge first: the connection cap and the PROXY header come before anything else.
     let mut proxy = Service::new(
         "portcullis proxy".into(),

@@ -102,6 +102,9 @@ pub struct ServerSection {
     pub client_body_timeout_ms: u64,
     /// Client connections open at once; beyond, new ones are closed.
     pub max_connections: usize,
+    /// Response bytes one request may hold in the proxy; past it, reading the
+    /// upstream waits for the client (backpressure).
+    pub max_response_buffer_bytes: usize,
 }
 
 impl Default for ServerSection {
@@ -124,6 +127,7 @@ impl Default for ServerSection {
             client_header_timeout_ms: 10_000,
             client_body_timeout_ms: 30_000,
             max_connections: 20_000,
+            max_response_buffer_bytes: 1024 * 1024,
         }
     }
 }

@@ -76,6 +76,8 @@ pub struct ServerSettings {
     pub client_header_timeout: Duration,
     pub client_body_timeout: Duration,
     pub max_connections: usize,
+    /// Response body bytes one request reads ahead of the client (start-time only).
+    pub max_response_buffer_bytes: usize,
 }
 
 /// `[redis]`: where the fleet's shared state lives.

@@ -145,6 +145,13 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         1_048_575,
         "bytes",
     )?;
+    range(
+        "server.max_response_buffer_bytes",
+        s.max_response_buffer_bytes as u64,
+        4096,
+        1 << 30,
+        "bytes",
+    )?;
     let edge = crate::config::edge::validate_server_edge(s)?;
     let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
     if out.contains(&admin_listen) {
@@ -171,6 +178,7 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         client_header_timeout: edge.client_header_timeout,
         client_body_timeout: edge.client_body_timeout,
         max_connections: s.max_connections,
+        max_response_buffer_bytes: s.max_response_buffer_bytes,
     })
 }
 

@@ -66,6 +66,7 @@ http {{
   }}
   server {{
     listen {http_addr};
+    location /files/ {{ alias {d}/www/; }}
     location / {{ return 200 "nginx $server_protocol host=[$http_host]\n"; }}
   }}
 }}
@@ -109,6 +110,15 @@ http {{
             },
         );
         n
+    }
+
+    /// Makes `/files/<name>` on `http_addr` a file of `len` bytes (sparse: zeros, no
+    /// disk used), as fast a large download as a backend can send.
+    pub fn add_file(&self, name: &str, len: u64) {
+        let www = self.dir.path().join("www");
+        fs::create_dir_all(&www).expect("create www");
+        let f = fs::File::create(www.join(name)).expect("create file");
+        f.set_len(len).expect("set_len");
     }
 
     pub fn error_log(&self) -> String {

@@ -81,6 +81,9 @@ use pingora_error::{Error, ErrorSource, ErrorType::*, OrErr, Result};
 
 const TASK_BUFFER_SIZE: usize = 4;
 
+/// portcullis patch: the default of [`HttpProxy::max_response_batch_bytes`].
+pub const DEFAULT_MAX_RESPONSE_BATCH_BYTES: usize = 1 << 20;
+
 /// Caps per-proxy padding and one-time shutdown fan-out on very large hosts.
 const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 
@@ -194,6 +197,12 @@ where
     pub upstream_modules: HttpModules,
     max_retries: usize,
     process_custom_session: Option<ProcessCustomSession<SV, C>>,
+    /// portcullis patch: the most upstream response body bytes one request reads ahead
+    /// into a batch before writing it downstream. Past it, reading the upstream waits
+    /// for the downstream write (backpressure), so a client that reads slowly, or not at
+    /// all, holds at most about this much of a response in the proxy. Default
+    /// [`DEFAULT_MAX_RESPONSE_BATCH_BYTES`]; at least one read is always taken.
+    pub max_response_batch_bytes: usize,
 }
 
 impl<SV> HttpProxy<SV, ()> {
@@ -230,6 +239,7 @@ impl<SV> HttpProxy<SV, ()> {
             upstream_modules: HttpModules::new(),
             max_retries: conf.max_retries,
             process_custom_session: None,
+            max_response_batch_bytes: DEFAULT_MAX_RESPONSE_BATCH_BYTES,
         }
     }
 }
@@ -265,6 +275,7 @@ where
             upstream_modules: HttpModules::new(),
             max_retries: conf.max_retries,
             process_custom_session: on_custom,
+            max_response_batch_bytes: DEFAULT_MAX_RESPONSE_BATCH_BYTES,
             h2_options: None,
         }
     }

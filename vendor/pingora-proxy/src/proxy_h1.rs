@@ -229,7 +229,8 @@ where
     /// request:
     /// - the request's end of body goes through the request body filters and to the
     ///   upstream, as `send_body_to_pipe` and `send_body_to1` would send it;
-    /// - each upstream response task, with the ones that are ready with it, goes through
+    /// - each upstream response task, with the ones that are ready with it (up to
+    ///   `max_response_batch_bytes` of body), goes through
     ///   `filter_and_write_upstream_tasks`, as `process_upstream_tasks` batches them;
     /// - while it waits on the upstream, the downstream is watched as the duplex loop
     ///   watches it (`read_body_or_idle(true)`: a client that goes away aborts the request).
@@ -288,10 +289,16 @@ where
             };
             let mut tasks = Vec::with_capacity(2);
             let mut next = Some(first);
+            // body bytes in this batch: batching stops at `max_response_batch_bytes`, so a
+            // fast upstream and a slow client cannot pile a whole response up here
+            let mut batched = 0;
             while let Some(res) = next.take() {
                 match res {
                     Ok(task) => {
                         upstream_done = task.is_end();
+                        if let HttpTask::Body(Some(data), _) = &task {
+                            batched += data.len();
+                        }
                         tasks.push(task);
                     }
                     Err(e) => {
@@ -302,7 +309,7 @@ where
                         tasks.push(HttpTask::Failed(send_error.take().unwrap_or(e).into_up()));
                     }
                 }
-                if !upstream_done {
+                if !upstream_done && batched < self.max_response_batch_bytes {
                     // batch what is ready already (the body read with the header)
                     next = tokio::task::unconstrained(client_session.read_response_task())
                         .now_or_never();
