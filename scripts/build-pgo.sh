@@ -19,7 +19,7 @@
 #    debug sections it writes.
 # The result is target/pgo/portcullis.
 # The code is the same; only the compiler's layout, inlining and branch decisions follow
-# the profile. The CPU it saves is measured in BENCHMARKS.md (issue 16, fourteenth pass).
+# the profile. The CPU it saves is measured in benches/history/2026-11-passes.md (issue 16, fourteenth pass).
 #
 # PGO_PROFILE=FILE skips steps 1 and 2: step 3 uses FILE (an indexed profile, gzipped or
 # not), such as the one committed in pgo/ (pgo/README.md), which scripts/run.sh uses too.

@@ -159,7 +159,7 @@ fn server_conf(config: &Config) -> ServerConf {
     // per thread, so reusing one wakes no other thread, and an HTTP/2 stream runs on its
     // connection's thread. At 2 threads that is ~10% less CPU per request and ~14% more
     // requests per second than the work-stealing runtime (medians of 10 rounds;
-    // BENCHMARKS.md, issue 16, fourth pass).
+    // benches/history/2026-11-passes.md, issue 16, fourth pass).
     conf.work_stealing = false;
     conf
 }
@@ -171,9 +171,9 @@ fn server_conf(config: &Config) -> ServerConf {
 /// (the request header's, the body's, the PROXY header's chunk). Above jemalloc's
 /// thread cache (32 KB) each such buffer is an arena extent taken and given back. With a
 /// connection per request that was 2.1k of 81.5k instructions, 4 connections at a time,
-/// and 9k of 94k, 50 at a time (BENCHMARKS.md, issue 16, sixteenth pass). TLS listeners
-/// keep the buffer: OpenSSL reads a record's 5-byte header and then its body, two reads
-/// that the buffer serves from one `recv`.
+/// and 9k of 94k, 50 at a time (benches/history/2026-11-passes.md, issue 16, sixteenth
+/// pass). TLS listeners keep the buffer: OpenSSL reads a record's 5-byte header and then
+/// its body, two reads that the buffer serves from one `recv`.
 fn plain_listener(addr: &std::net::SocketAddr) -> pingora::listeners::ListenerConfig {
     use pingora::listeners::{L4BufferSettings, ListenerConfig};
     ListenerConfig::tcp(addr.to_string()).l4_buffer(L4BufferSettings::default().read(0))

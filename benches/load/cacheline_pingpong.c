@@ -1,7 +1,7 @@
 /* One cache line handed between two cores: each thread waits for the counter's parity to
  * be its own, then increments it, so every increment finds the line in the other core's
  * cache. Prints the time per hand-off (a line transfer plus an atomic add): the cost of
- * an atomic that two worker threads both write (BENCHMARKS.md, issue 16, twentieth pass).
+ * an atomic that two worker threads both write (benches/history/2026-11-passes.md, issue 16, twentieth pass).
  *
  *   gcc -O2 -pthread -o /tmp/pingpong benches/load/cacheline_pingpong.c && /tmp/pingpong
  */

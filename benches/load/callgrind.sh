@@ -12,16 +12,23 @@
 #   bash benches/load/callgrind.sh                      # HTTP/1.1 keep-alive, 1 thread
 #   MODE=h2tls bash benches/load/callgrind.sh           # HTTP/2 over TLS (ALPN h2)
 #   TARGETS="bare pc_off" N1=500 N2=2500 bash benches/load/callgrind.sh
+#   ACCESS_LOG=1 bash benches/load/callgrind.sh         # access log off / sample 1.0 / 0.01
 #
 # Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_off";
 # pc_lc: pc_on with server.preserve_header_case = false (the default) set explicitly;
 # pc_case: pc_on with server.preserve_header_case = true;
-# pc_shed: every request answered 503 by the shedder, cap 1 held by a parked request),
+# pc_shed: every request answered 503 by the shedder, cap 1 held by a parked request;
+# pc_log_off, pc_log_all, pc_log_1pct: gates off with the access log off, at sample 1.0,
+# at 0.01, written to a file),
 # MODE (h1 | h1close: a new connection per request | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),
 # STREAMS (h2: concurrent streams per connection, 10), PROXY_THREADS (1), HEADER (one more
-# request field, e.g. "connection: keep-alive" as browsers send),
+# request field, e.g. "connection: keep-alive" as browsers send), WARM (warm-up requests, 200),
 # OUT (benches/load/out/callgrind, ignored by git), SKIP_BUILD=1, PC_BIN and
 # BARE_BIN (binaries to measure instead of target/release/...).
+# ACCESS_LOG=1: what the access log costs in user space (the writer thread included,
+# since callgrind counts every thread): TARGETS defaults to "pc_log_off pc_log_all
+# pc_log_1pct", CONNS to 1, requests carry no x-api-key, and before each dump the script
+# waits 1 s for the log writer to drain. Its kernel side: ACCESS_LOG=1 syscalls.sh.
 # Prints one CSV row per target on stdout:
 #   target,mode,threads,instr_per_req,allocs_per_req,frees_per_req,n1,n2
 # Every process this script starts is stopped by PID on exit.
@@ -31,10 +38,16 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 bench_init callgrind
 MODE=${MODE:-h1}
+if access_log_option; then
+  TARGETS=${TARGETS:-pc_log_off pc_log_all pc_log_1pct}
+  CONNS=${CONNS:-1}
+  API_KEY=${API_KEY-}
+fi
 if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-haproxy pc_off}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
 N1=${N1:-500}
 N2=${N2:-2500}
 CONNS=${CONNS:-4}
+WARM=${WARM:-200}
 STREAMS=${STREAMS:-10}
 PROXY_THREADS=${PROXY_THREADS:-1}
 OUT=${OUT:-$HERE/out/callgrind}
@@ -125,11 +138,14 @@ for t in $TARGETS; do
     hold_shed_slot
     EXPECT=5xx # every request below is answered by the shedder
   fi
-  requests 200 # warm-up: connections to the backend, lazily built state
+  requests "$WARM" # warm-up: connections to the backend, lazily built state
+  log_settle "$t" 1 # an access-log target: its writer has written the warm-up's lines
   callgrind_control -z "$vpid" >/dev/null
   requests "$N1"
+  log_settle "$t" 1
   callgrind_control --dump=n1 "$vpid" >/dev/null
   requests "$N2"
+  log_settle "$t" 1
   callgrind_control --dump=n2 "$vpid" >/dev/null
   f1=$(ls "$OUT/$t.$MODE.$vpid".1 2>/dev/null || true)
   f2=$(ls "$OUT/$t.$MODE.$vpid".2 2>/dev/null || true)
@@ -144,5 +160,8 @@ for t in $TARGETS; do
   callgrind_annotate --inclusive=yes --threshold=99.5 "$f2" >"$OUT/$t.$MODE.inclusive.txt" 2>/dev/null || true
   callgrind_annotate --threshold=99 "$f2" >"$OUT/$t.$MODE.self.txt" 2>/dev/null || true
   log "$t: $ipr instructions/request, $apr allocations/request, $fpr frees/request (I1=$i1 I2=$i2)"
+  case $t in
+    pc_log_*) log "$t: $([ -f "$TMP/$t-access.log" ] && wc -l <"$TMP/$t-access.log" || echo 0) access-log lines" ;;
+  esac
   echo "$t,$MODE,$PROXY_THREADS,$ipr,$apr,$fpr,$N1,$N2"
 done

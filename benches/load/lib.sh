@@ -31,8 +31,7 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
-# The rest serves the per-request counters (callgrind.sh, syscalls.sh and their
-# _accesslog variants).
+# The rest serves the per-request counters (callgrind.sh, syscalls.sh, kstat.sh).
 
 # bench_init NAME: REPO, CONF, TARGET_DIR and log/die (lines prefixed [NAME]) of a
 # script in benches/load that has set HERE and sourced this file.
@@ -158,6 +157,19 @@ start_cmd() {
         pc_case) set_header_case "$TMP/$t.toml" true ;;
       esac
       echo "$bin -c $TMP/$t.toml" ;;
+    pc_log_off | pc_log_all | pc_log_1pct)
+      # gates off with the access log as the only variable (conf/portcullis-accesslog.toml,
+      # as run.sh's `accesslog` part): off, every request (sample 1.0), 1 in 100 (0.01);
+      # the log goes to $TMP/TARGET-access.log. The targets of ACCESS_LOG=1 (access_log_option).
+      [ "$MODE" != h2tls ] || die "$t is measured on plain HTTP/1.1 only"
+      local enabled=true sample=1.0
+      case $t in
+        pc_log_off) enabled=false ;;
+        pc_log_1pct) sample=0.01 ;;
+      esac
+      render "$CONF/portcullis-accesslog.toml" "$TMP/$t.toml" "${common[@]}" PORT="$P_PROXY" \
+        LOG_ENABLED="$enabled" LOG_SAMPLE="$sample"
+      echo "$PC_BIN -c $TMP/$t.toml" ;;
     pc_shed)
       # cap 1, held by one request parked on HANG_PORT (see hold_shed_slot)
       [ "$MODE" != h2tls ] || die "pc_shed is measured on HTTP/1.1 only"
@@ -227,17 +239,6 @@ stale_check() {
   done
 }
 
-# accesslog_conf SETTING: for SETTING "on|off:SAMPLE" sets enabled/sample and
-# renders $TMP/pc.toml (conf/portcullis-accesslog.toml, one thread, P_PROXY,
-# P_ADMIN, P_BACKEND); the log goes to $TMP/pc-access.log.
-accesslog_conf() {
-  enabled=$([ "${1%%:*}" = on ] && echo true || echo false)
-  sample=${1#*:}
-  render "$CONF/portcullis-accesslog.toml" "$TMP/pc.toml" PORT="$P_PROXY" \
-    ADMIN_PORT="$P_ADMIN" THREADS=1 TMP="$TMP" NAME=pc BACKEND_PORT="$P_BACKEND" \
-    LOG_ENABLED="$enabled" LOG_SAMPLE="$sample"
-}
-
 # proxy_fixture: for callgrind.sh/syscalls.sh: builds (build_release), sets PC_BIN
 # and BARE_BIN, TMP (bench_tmp), the ports P_BACKEND P_PROXY P_ADMIN P_REDIS, and
 # starts the nginx backend and redis.
@@ -286,15 +287,20 @@ client_mode() {
   fi
 }
 
-# accesslog_fixture: for the *_accesslog.sh scripts: defaults of BIN (the release
-# portcullis, which must exist), WARM (200) and SETTINGS ("off:1.0 on:1.0 on:0.01"),
-# TMP (bench_tmp), the ports P_BACKEND P_PROXY P_ADMIN, and the nginx backend.
-accesslog_fixture() {
-  BIN=${BIN:-$TARGET_DIR/release/portcullis}
-  WARM=${WARM:-200}
-  SETTINGS=${SETTINGS:-"off:1.0 on:1.0 on:0.01"}
-  [ -x "$BIN" ] || die "no binary at $BIN (cargo build --release --bin portcullis)"
-  bench_tmp "$BENCH"
-  read -r P_BACKEND P_PROXY P_ADMIN <<<"$(free_ports 3)"
-  start_backend "$P_BACKEND"
+# access_log_option: true when ACCESS_LOG is 1 or true (callgrind.sh, syscalls.sh): the
+# access-log comparison, which measures targets pc_log_off pc_log_all pc_log_1pct (start_cmd)
+# unless TARGETS names others, sends no x-api-key (unless API_KEY is set) and lets each
+# script use its own defaults for that comparison. False for 0, false or unset.
+access_log_option() {
+  case ${ACCESS_LOG:-0} in
+    1 | true) return 0 ;;
+    0 | false) return 1 ;;
+    *) die "ACCESS_LOG is 1 (or true) or 0 (or false), not '$ACCESS_LOG'" ;;
+  esac
+}
+
+# log_settle TARGET SECONDS: for an access-log target (pc_log_*), wait SECONDS so its log
+# writer, which lingers 50 ms before a write, has written what the last requests logged.
+log_settle() {
+  case $1 in pc_log_*) sleep "$2" ;; esac
 }

@@ -5,7 +5,7 @@
 # counters). Writes the per-target dumps (top symbols, DSOs, inclusive frames,
 # malloc callers, attribution) to benches/load/out/profile/ (ignored by git)
 # and a short summary of them to benches/load/results/profile.md (committed;
-# BENCHMARKS.md "Where the time goes" cites it).
+# benches/history/2026-11-passes.md "Where the time goes" cites it).
 #
 #   bash benches/load/profile.sh          # after run.sh has built the binaries
 #   DURATION=10 FREQ=999 CALLGRAPH=1 bash benches/load/profile.sh

@@ -7,12 +7,18 @@
 #   bash benches/load/syscalls.sh                     # HTTP/1.1 keep-alive, 1 thread
 #   PROXY_THREADS=2 TARGETS="haproxy pc_off" bash benches/load/syscalls.sh
 #   MODE=h2tls TARGETS="haproxy pc_on" bash benches/load/syscalls.sh   # HTTP/2 over TLS
+#   ACCESS_LOG=1 bash benches/load/syscalls.sh         # access log off / sample 1.0 / 0.01
 #
-# Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_on"),
-# MODE (h1 | h1close: a new connection per request, CONNS at a time | h2tls: ALPN h2 with
-# STREAMS, 10, concurrent streams per connection), N (20000), CONNS (32),
-# PROXY_THREADS (1), OUT (benches/load/out/syscalls, ignored by git), SKIP_BUILD=1,
-# PC_BIN and BARE_BIN (binaries to measure instead of target/release/...).
+# Environment: TARGETS ("haproxy bare pc_off pc_on"; MODE=h2tls: "haproxy pc_on"; the
+# targets are callgrind.sh's), MODE (h1 | h1close: a new connection per request, CONNS at a
+# time | h2tls: ALPN h2 with STREAMS, 10, concurrent streams per connection), N (20000),
+# CONNS (32), WARM (warm-up requests, 2000), PROXY_THREADS (1), OUT
+# (benches/load/out/syscalls, ignored by git), SKIP_BUILD=1, PC_BIN and BARE_BIN
+# (binaries to measure instead of target/release/...).
+# ACCESS_LOG=1: the access log's kernel side (the writer's wake-ups and writes, which
+# callgrind.sh cannot see): TARGETS defaults to "pc_log_off pc_log_all pc_log_1pct", N to
+# 5000, CONNS to 8, WARM to 200, requests carry no x-api-key, and strace stays attached
+# 0.5 s after the last request while the log writer drains.
 # Output on stdout: CSV rows target,threads,syscall,calls_per_req (and a total row);
 # with MODE=h2tls the target is named TARGET.h2tls.
 # Every process this script starts is stopped by PID on exit.
@@ -22,9 +28,17 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 bench_init syscalls
 MODE=${MODE:-h1}
+if access_log_option; then
+  TARGETS=${TARGETS:-pc_log_off pc_log_all pc_log_1pct}
+  N=${N:-5000}
+  CONNS=${CONNS:-8}
+  WARM=${WARM:-200}
+  API_KEY=${API_KEY-}
+fi
 if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-haproxy pc_on}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
 N=${N:-20000}
 CONNS=${CONNS:-32}
+WARM=${WARM:-2000}
 PROXY_THREADS=${PROXY_THREADS:-1}
 OUT=${OUT:-$HERE/out/syscalls}
 mkdir -p "$OUT"
@@ -34,7 +48,7 @@ proxy_fixture
 client_mode
 
 for t in $TARGETS; do
-  start_target "$t" 2000 # after a warm-up of 2000 requests
+  start_target "$t" "$WARM" # after a warm-up of WARM requests
   pid=$TARGET_PID
   label=$t
   [ "$MODE" = h1 ] || label=$t.$MODE
@@ -42,6 +56,7 @@ for t in $TARGETS; do
   spid=$!
   sleep 1 # strace attaches to every thread
   requests "$N"
+  log_settle "$t" 0.5 # an access-log target: its writer's last write is counted too
   kill -INT "$spid"
   wait "$spid" 2>/dev/null || true
   stop_pid "$pid"

@@ -7,8 +7,8 @@
 //! - `keepalive_timeout_seconds` between requests, when the proxy hands it over
 //!   ([`Conn::header_received`]). Pingora's own keep-alive timeout registers a timer
 //!   for every wait (two allocations, a lock and a notifier: ~1.2k instructions per
-//!   request, BENCHMARKS.md, issue 16, twelfth pass); this one resets the
-//!   connection's timer, which only moves a deadline.
+//!   request, benches/history/2026-11-passes.md, issue 16, twelfth pass); this one
+//!   resets the connection's timer, which only moves a deadline.
 
 use std::future::Future;
 use std::io;

@@ -11,8 +11,9 @@
 //! So a line reaches the file within about [`LINGER`], and under load the log
 //! costs one wake-up and one `write(2)` per batch instead of per line.
 //! (`tracing-appender`'s non-blocking writer, used before, wakes its thread and
-//! flushes per line whenever it keeps up: measured in BENCHMARKS.md, that was
-//! most of the log's cost.)
+//! flushes per line whenever it keeps up: measured in
+//! benches/history/2026-11-passes.md, "Access-log cost", that was most of the log's
+//! cost.)
 //!
 //! Bounded: when `queue_lines` lines wait (a slow disk, a full pipe), further
 //! lines are dropped and counted (`portcullis_access_log_dropped_total`)

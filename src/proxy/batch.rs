@@ -20,8 +20,9 @@
 //! it. Were a request's guard dropped on another thread, that only changes whether the
 //! next sends yield, never what is sent.
 //!
-//! Measured (BENCHMARKS.md, issue 16, fifth pass): at 32 connections on one thread, the
-//! tasks the proxy wakes per request fall from 1.9 to 0.6 and its CPU per request by ~20%.
+//! Measured (benches/history/2026-11-passes.md, issue 16, fifth pass): at 32 connections
+//! on one thread, the tasks the proxy wakes per request fall from 1.9 to 0.6 and its CPU
+//! per request by ~20%.
 
 use std::cell::Cell;
 
@@ -71,7 +72,7 @@ pub async fn before_send() {
 /// streams are left alone: its connection's task already writes the frames of all its
 /// streams together, and its requests woke a peer 0.4–0.5 times each without yielding
 /// (1.9 over HTTP/1.1), so a yield (3–4k instructions for an HTTP/2 stream's task) would
-/// cost more than it saves (BENCHMARKS.md, issue 16, fifth pass).
+/// cost more than it saves (benches/history/2026-11-passes.md, issue 16, fifth pass).
 pub async fn coalesce(session: &pingora::proxy::Session) {
     if !session.is_http2() {
         before_send().await;

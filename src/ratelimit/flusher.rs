@@ -13,9 +13,9 @@ pub use crate::store::clock::unix_ms as now_ms;
 /// Fleet-wide store round trips per second the flush interval is stretched to stay under:
 /// every instance sends about one batch per flush while a key is near its limit, so `n`
 /// instances make about `n / flush_interval` calls per second on one Redis, whose script
-/// costs about 50 us of its CPU each (benches/load/fleet.sh, BENCHMARKS.md "Fleet size"):
-/// 5,000 calls/s is about a quarter of its one core. Below 250 instances (at the default
-/// 50 ms) nothing changes.
+/// costs about 50 us of its CPU each (benches/load/fleet.sh,
+/// benches/history/2026-11-passes.md "Fleet size"): 5,000 calls/s is about a quarter of
+/// its one core. Below 250 instances (at the default 50 ms) nothing changes.
 pub const FLEET_CALLS_PER_SEC: u64 = 5_000;
 
 /// The flush interval for a fleet of `instances`: `base`, stretched to
