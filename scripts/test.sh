@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Run the whole test suite: unit tests, Redis integration tests and end-to-end
 # tests against the real binary, real redis-server processes and real backends.
+#
+#   scripts/test.sh              # the whole suite (what CI runs)
+#   scripts/test.sh --perf       # then the instruction guard (scripts/perf-guard.sh): run it
+#                                #   before each commit that touches the request path
+#   scripts/test.sh --test NAME  # anything else is passed to cargo nextest / cargo test
 set -euo pipefail
 cd "$(dirname "$0")/.."
+perf=0
+if [ "${1:-}" = --perf ]; then
+  perf=1
+  shift
+fi
 scripts/setup.sh
 cargo build --bins --tests
 status=0
@@ -26,5 +36,8 @@ if [ "$#" -eq 0 ]; then
   # build ran beside it.
   scripts/test-vendored.sh pingora-core -- protocols::http apps:: listeners:: services:: \
     protocols::l4 --skip test_rx_timestamp || status=$?
+fi
+if [ "$perf" = 1 ]; then
+  scripts/perf-guard.sh || status=$?
 fi
 exit "$status"
