@@ -10,7 +10,9 @@
 #   TARGET=haproxy bash benches/load/slow_readers.sh      # the same in front of HAProxy
 #
 # Environment: PC_BIN (the portcullis binary; required for TARGET=portcullis), TARGET
-# (portcullis | haproxy), CLIENTS ("1 10 100"), SIZE (1 GiB), RATE (100k per client),
+# (portcullis | haproxy), CLIENTS ("1 10 100"), SIZE (1 GiB), RATE (per client: a curl
+# --limit-rate such as 100k, the default; `full`: as fast as curl reads; `none`: a client
+# that sends the request and reads nothing),
 # DURATION (seconds, 10), EXTRA (more `[server]` lines for portcullis, e.g.
 # "max_response_buffer_bytes = 1073741824"). Every process it starts is stopped by PID.
 set -euo pipefail
@@ -106,8 +108,19 @@ for n in $CLIENTS; do
   before=$(rss_kib "$PROXY_PID")
   clients=()
   for _ in $(seq 1 "$n"); do
-    curl -s -o /dev/null --limit-rate "$RATE" --max-time "$SECONDS_EACH" \
-      "http://127.0.0.1:$P_PROXY/big.bin" &
+    case $RATE in
+      none) # sends the request, then reads nothing until it closes
+        python3 -c 'import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: b\r\n\r\n")
+time.sleep(float(sys.argv[2]))' "$P_PROXY" "$SECONDS_EACH" &
+        ;;
+      full) curl -s -o /dev/null --max-time "$SECONDS_EACH" "http://127.0.0.1:$P_PROXY/big.bin" & ;;
+      *)
+        curl -s -o /dev/null --limit-rate "$RATE" --max-time "$SECONDS_EACH" \
+          "http://127.0.0.1:$P_PROXY/big.bin" &
+        ;;
+    esac
     clients+=($!)
   done
   PIDS+=("${clients[@]}")
@@ -120,6 +133,7 @@ for n in $CLIENTS; do
   done
   for c in "${clients[@]}"; do wait "$c" 2>/dev/null || true; done
   last=$(rss_kib "$PROXY_PID")
+  [ "$last" -gt "$peak" ] && peak=$last
   log "$TARGET, $n client(s) at $RATE: RSS $before KiB before, peak $peak KiB, $last KiB at the end"
   echo "$TARGET,$n,$SIZE,$RATE,$SECONDS_EACH,$before,$peak,$last"
   stop_pid "$PROXY_PID"
