@@ -102,6 +102,14 @@ pub struct ServerSection {
     pub client_body_timeout_ms: u64,
     /// Client connections open at once; beyond, new ones are closed.
     pub max_connections: usize,
+    // Issue 40, connections (CONTRACT §17).
+    /// A keep-alive HTTP/1.1 or HTTP/2 connection with nothing in flight is
+    /// closed after this (HTTP/2: GOAWAY NO_ERROR).
+    pub idle_timeout_ms: u64,
+    /// A TLS handshake must complete within this.
+    pub tls_handshake_timeout_ms: u64,
+    /// Connections to the admin listener; beyond, new ones are closed.
+    pub admin_max_connections: usize,
 }
 
 impl Default for ServerSection {
@@ -124,6 +132,9 @@ impl Default for ServerSection {
             client_header_timeout_ms: 10_000,
             client_body_timeout_ms: 30_000,
             max_connections: 20_000,
+            idle_timeout_ms: 60_000,
+            tls_handshake_timeout_ms: 10_000,
+            admin_max_connections: 64,
         }
     }
 }
