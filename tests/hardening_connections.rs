@@ -80,6 +80,13 @@ fn answered(addr: &str) -> bool {
         .is_ok_and(|r| r.status == 200)
 }
 
+/// Waits until no client connection is open on the proxy listeners (the readiness
+/// probe's connections would take slots of `max_connections` for a moment).
+fn wait_no_connections(p: &Proxy) {
+    let open = || p.metric("portcullis_client_connections").unwrap_or(-1.0);
+    eventually(DEADLINE, || format!("{} open", open()), || open() == 0.0);
+}
+
 #[test]
 fn idle_h2c_connections_get_goaway_after_idle_timeout_and_free_max_connections() {
     let b = Backend::start("app");
@@ -87,6 +94,7 @@ fn idle_h2c_connections_get_goaway_after_idle_timeout_and_free_max_connections()
         "h2c = true\nmax_connections = 300\nidle_timeout_ms = 500",
         &one_upstream(&b),
     );
+    wait_no_connections(&p);
     // 300 connections, each idle after one request: every slot taken.
     let mut idle: Vec<H2Raw> = (0..300).map(|_| h2c_request(&p.addr())).collect();
     // Each is closed with GOAWAY NO_ERROR once nothing was in flight for 500 ms.
@@ -110,6 +118,7 @@ fn a_connection_at_max_connections_is_refused_until_idle_h2c_ones_time_out() {
         "h2c = true\nmax_connections = 20\nidle_timeout_ms = 1500",
         &one_upstream(&b),
     );
+    wait_no_connections(&p);
     let _idle: Vec<H2Raw> = (0..20).map(|_| h2c_request(&p.addr())).collect();
     assert!(!answered(&p.addr()), "a 21st connection was served");
     let start = Instant::now();
@@ -279,13 +288,16 @@ fn stalled_tls_handshakes_count_against_max_connections_and_time_out() {
             tls_table(&tls_addr, "1.2", &[&cert])
         ),
     );
+    wait_no_connections(&p);
+    let open = || p.metric("portcullis_client_connections").unwrap_or(-1.0);
     let mut stalled: Vec<TcpStream> = (0..4).map(|_| half_client_hello(&tls_addr)).collect();
     // Counted from accept: every slot is taken, the plain listener refuses.
     eventually(
         Duration::from_secs(5),
-        || "handshakes in progress did not count".into(),
-        || !answered(&p.addr()),
+        || format!("handshakes in progress did not count ({} open)", open()),
+        || open() == 4.0,
     );
+    assert!(!answered(&p.addr()), "a 5th connection was served");
     let start = Instant::now();
     for s in &mut stalled {
         let (took, _) = closed_within(s, Duration::from_secs(10))
