@@ -175,6 +175,13 @@ fn http2_header_deadline_runs_from_accept_and_over_a_half_sent_header_block() {
         .expect("half a header block");
     closed_within(&mut s, Duration::from_secs(10)).expect("half-sent first block: still open");
 
+    // HEADERS with END_HEADERS whose payload is half sent.
+    let mut s = connect(&p.addr());
+    let whole = frame(0x1, 0x5, 1, &block);
+    s.write_all(&[PREFACE, &settings(), &whole[..9 + head.len()]].concat())
+        .expect("half a HEADERS frame");
+    closed_within(&mut s, Duration::from_secs(10)).expect("half a HEADERS frame: still open");
+
     // After a whole request: a later header block half sent, then a CONTINUATION that
     // does not end it.
     let mut h = h2c_request(&p.addr());

@@ -143,9 +143,11 @@ struct H2Frames {
     skip: usize,
     head: [u8; 9],
     head_len: usize,
-    /// A header block is open: HEADERS without END_HEADERS, until a CONTINUATION
-    /// with it.
+    /// A header block is open: from the first byte of a HEADERS frame to the last
+    /// byte of the frame with END_HEADERS (a HEADERS or CONTINUATION).
     in_block: bool,
+    /// The frame whose payload is being skipped ends its header block.
+    ends_block: bool,
     /// A whole header block has arrived (the first request's header).
     first_done: bool,
 }
@@ -157,6 +159,7 @@ impl H2Frames {
             head: [0; 9],
             head_len: 0,
             in_block: false,
+            ends_block: false,
             first_done: false,
         }
     }
@@ -171,12 +174,20 @@ impl H2Frames {
     /// after the first request's (its deadline starts now).
     fn scan(&mut self, mut bytes: &[u8]) -> bool {
         let mut opened = false;
-        while !bytes.is_empty() {
+        loop {
             if self.skip > 0 {
                 let n = self.skip.min(bytes.len());
                 self.skip -= n;
                 bytes = &bytes[n..];
-                continue;
+            }
+            if self.skip == 0 && self.ends_block {
+                // the last byte of the block's last frame
+                self.ends_block = false;
+                self.in_block = false;
+                self.first_done = true;
+            }
+            if bytes.is_empty() {
+                break;
             }
             let n = (9 - self.head_len).min(bytes.len());
             self.head[self.head_len..self.head_len + n].copy_from_slice(&bytes[..n]);
@@ -189,13 +200,11 @@ impl H2Frames {
             let [l0, l1, l2, kind, flags, ..] = self.head;
             self.skip = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
             if kind == FRAME_HEADERS || kind == FRAME_CONTINUATION {
-                if flags & FLAG_END_HEADERS != 0 {
-                    self.in_block = false;
-                    self.first_done = true;
-                } else {
-                    opened |= kind == FRAME_HEADERS && self.first_done;
-                    self.in_block = true;
-                }
+                // A block is open until its last frame has all its payload (a frame
+                // with END_HEADERS whose payload trickles is still a header block).
+                opened |= kind == FRAME_HEADERS && self.first_done && !self.in_block;
+                self.in_block = true;
+                self.ends_block = flags & FLAG_END_HEADERS != 0;
             }
         }
         opened
@@ -506,5 +515,69 @@ impl Peek for EdgeStream {
             self.multiplexed();
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, payload_len: usize) -> Vec<u8> {
+        let mut f = vec![
+            (payload_len >> 16) as u8,
+            (payload_len >> 8) as u8,
+            payload_len as u8,
+            kind,
+            flags,
+            0,
+            0,
+            0,
+            1,
+        ];
+        f.resize(9 + payload_len, 0x55);
+        f
+    }
+
+    /// Feeds `bytes` in pieces of `step`; the state after each piece.
+    fn states(bytes: &[u8], step: usize) -> Vec<(bool, bool)> {
+        let mut h2 = H2Frames::new();
+        bytes
+            .chunks(step)
+            .map(|c| {
+                h2.scan(c);
+                (h2.first_done, h2.in_block)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_header_block_ends_with_the_last_byte_of_its_end_headers_frame() {
+        let settings = frame(0x4, 0, 6);
+        let headers = frame(FRAME_HEADERS, 0, 20);
+        let cont = frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 10);
+        let all = [PREFACE, &settings, &headers, &cont].concat();
+        for step in [1, 2, 3, 7, 9, 64, all.len()] {
+            let s = states(&all, step);
+            assert_eq!(s.last(), Some(&(true, false)), "step {step}");
+            // done only once every byte of the CONTINUATION arrived
+            let done_at = s.iter().position(|&(d, _)| d).map(|i| (i + 1) * step);
+            assert!(done_at.is_some_and(|at| at >= all.len()), "step {step}");
+        }
+        // END_HEADERS on HEADERS itself, its payload trickled: open until the end.
+        let one = [PREFACE, &frame(FRAME_HEADERS, FLAG_END_HEADERS | 0x1, 30)].concat();
+        let s = states(&one, 1);
+        assert!(s[..one.len() - 1].iter().all(|&(d, _)| !d));
+        assert_eq!(s.last(), Some(&(true, false)));
+        // An empty END_HEADERS frame ends it; DATA frames never open one.
+        let mut h2 = H2Frames::new();
+        h2.scan(&[PREFACE, &frame(FRAME_HEADERS, FLAG_END_HEADERS, 0)].concat());
+        assert!(!h2.timed());
+        assert!(!h2.scan(&frame(0x0, 0, 100)));
+        assert!(!h2.timed());
+        // A later block opens (its deadline starts) and ends.
+        assert!(h2.scan(&frame(FRAME_HEADERS, 0, 5)));
+        assert!(h2.timed());
+        h2.scan(&frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 5));
+        assert!(!h2.timed());
     }
 }
