@@ -245,6 +245,28 @@ fn h2c_listener_times_out_silent_clients_and_answers_a_short_http10_request() {
 }
 
 #[test]
+fn three_hundred_silent_h2c_connections_lock_nobody_out_after_the_header_deadline() {
+    let b = Backend::start("app");
+    let p = Proxy::start_with_server(
+        "h2c = true\nmax_connections = 300\nclient_header_timeout_ms = 800",
+        &one_upstream(&b),
+    );
+    wait_no_connections(&p);
+    let mut silent: Vec<TcpStream> = (0..300).map(|_| connect(&p.addr())).collect();
+    let open = || p.metric("portcullis_client_connections").unwrap_or(-1.0);
+    eventually(
+        Duration::from_secs(5),
+        || format!("{} open", open()),
+        || open() == 300.0,
+    );
+    assert!(!answered(&p.addr()), "a 301st connection was served");
+    for s in &mut silent {
+        closed_within(s, Duration::from_secs(10)).expect("a silent h2c connection stayed open");
+    }
+    eventually(DEADLINE, || "no slot freed".into(), || answered(&p.addr()));
+}
+
+#[test]
 fn proxy_header_and_request_in_one_write_on_h2c_is_http11() {
     let b = Backend::start("app");
     let p = Proxy::start_with_server(
@@ -331,6 +353,46 @@ fn stalled_tls_handshakes_count_against_max_connections_and_time_out() {
     let logs = p.logs();
     assert_eq!(logs.matches("tls_handshake_failed").count(), 1, "{logs}");
     assert!(!logs.contains("Downstream handshake"), "{logs}");
+}
+
+#[test]
+fn a_flood_of_half_sent_client_hellos_is_capped_timed_out_and_logged_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = make_cert(dir.path(), "c", "tls.test", &["tls.test"]);
+    let b = Backend::start("app");
+    let tls_addr = format!("127.0.0.1:{}", free_port());
+    let p = Proxy::start_with_server(
+        "max_connections = 100\ntls_handshake_timeout_ms = 1500",
+        &format!(
+            "{}{}",
+            one_upstream(&b),
+            tls_table(&tls_addr, "1.2", &[&cert])
+        ),
+    );
+    wait_no_connections(&p);
+    let mut flood: Vec<TcpStream> = (0..400).map(|_| half_client_hello(&tls_addr)).collect();
+    let open = || p.metric("portcullis_client_connections").unwrap_or(-1.0);
+    // 100 held, the other 300 closed at once (before their handshake).
+    eventually(
+        Duration::from_secs(5),
+        || format!("{} open", open()),
+        || open() == 100.0,
+    );
+    // The admin listener is separate: /healthz answers during the flood.
+    assert_eq!(p.admin_get("/healthz").status, 200);
+    // Every flood connection is closed, the held ones after the handshake timeout.
+    for s in &mut flood {
+        closed_within(s, Duration::from_secs(10)).expect("a flood connection stayed open");
+    }
+    eventually(DEADLINE, || "no slot freed".into(), || answered(&p.addr()));
+    let logs = p.logs();
+    assert!(logs.matches("tls_handshake_failed").count() <= 2, "{logs}");
+    assert!(!logs.contains("Downstream handshake"), "{logs}");
+    assert!(
+        p.metric(r#"portcullis_edge_refusals_total{reason="connection_limit"}"#)
+            .unwrap_or(0.0)
+            >= 300.0
+    );
 }
 
 #[test]
