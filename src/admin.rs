@@ -12,9 +12,12 @@ use crate::state::{unix_secs, Shared};
 use async_trait::async_trait;
 use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
+use pingora::apps::{Accepted, ServerApp};
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
 use serde_json::json;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub struct Admin {
@@ -290,9 +293,104 @@ fn text(status: StatusCode, body: &str) -> Response<Vec<u8>> {
     )
 }
 
+/// The admin listener's connections (issue 40): at most `admin_max_connections` open at
+/// once (beyond, a new one is closed at once), and `client_header_timeout_ms` from
+/// accept to the end of each request's header block (408), with the proxy's idle
+/// keep-alive wait between requests. A slowloris held the admin listener for minutes,
+/// and enough of them took its file descriptors, `/healthz` with them.
+pub struct AdminApp {
+    inner: Arc<Admin>,
+    shared: Arc<Shared>,
+    open: Arc<AtomicUsize>,
+    /// Header timeouts on the admin listener (not the proxy's refusal metric).
+    header_timeouts: prometheus::IntCounter,
+}
+
+impl AdminApp {
+    pub fn new(admin: Admin) -> Self {
+        let shared = Arc::clone(&admin.shared);
+        Self {
+            inner: Arc::new(admin),
+            shared,
+            open: Arc::new(AtomicUsize::new(0)),
+            header_timeouts: prometheus::IntCounter::new(
+                "portcullis_admin_header_timeouts",
+                "admin header timeouts (not registered)",
+            )
+            .unwrap_or_else(|_| unreachable!("a valid metric name")),
+        }
+    }
+}
+
+/// One open admin connection, counted while it lives.
+struct AdminOpen(Arc<AtomicUsize>);
+
+impl Drop for AdminOpen {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl ServerApp for AdminApp {
+    fn accept(&self) -> Option<Accepted> {
+        let max = self
+            .shared
+            .runtime
+            .load()
+            .config
+            .server
+            .admin_max_connections;
+        let now_open = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        let open = AdminOpen(Arc::clone(&self.open));
+        if now_open > max {
+            tracing::debug!(event = "admin_connection_refused", open = now_open - 1, max);
+            return None;
+        }
+        Some(Accepted {
+            hold: Some(Box::new(open)),
+            ..Accepted::default()
+        })
+    }
+
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let header_timeout = self
+            .shared
+            .runtime
+            .load()
+            .config
+            .server
+            .client_header_timeout;
+        let peer = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let edge = crate::edge::stream::EdgeStream::new(
+            stream,
+            crate::edge::Conn::new(peer, None, false),
+            Vec::new(),
+            header_timeout,
+            tokio::time::Instant::now() + header_timeout,
+            self.header_timeouts.clone(),
+            false,
+        );
+        self.inner.process_new(Box::new(edge), shutdown).await
+    }
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if let Some(conn) = crate::edge::conn_of_server_session(session) {
+            // The header is in: its deadline is done; the next request's starts with
+            // its first byte, after an idle wait of the proxy's keep-alive timeout.
+            let idle = self.shared.runtime.load().config.server.h1_idle();
+            conn.header_received(idle);
+            conn.request_done();
+        }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
         if method == http::Method::POST {

@@ -21,6 +21,10 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
                 "server.max_response_buffer_bytes",
             ),
             (
+                old.server.idle_timeout != new.server.idle_timeout,
+                "server.idle_timeout_ms (for HTTP/2; HTTP/1.1 takes it now)",
+            ),
+            (
                 old.server.preserve_header_case != new.server.preserve_header_case,
                 "server.preserve_header_case",
             ),

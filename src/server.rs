@@ -209,6 +209,8 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h2c = h2c;
     options.h1_discard_header_case = !shared.keep_header_case;
+    // HTTP/2 with nothing in flight this long: GOAWAY NO_ERROR (vendored pingora-core).
+    options.h2_idle_timeout = Some(shared.runtime.load().config.server.idle_timeout);
     http_proxy.server_options = Some(options);
     http_proxy.max_response_batch_bytes = max_response_buffer_bytes;
     // Edge first: the connection cap and the PROXY header come before anything else.
@@ -259,7 +261,10 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
         });
     }
 
-    let mut admin = Service::new("portcullis admin".into(), Admin::new(Arc::clone(&shared)));
+    let mut admin = Service::new(
+        "portcullis admin".into(),
+        crate::admin::AdminApp::new(Admin::new(Arc::clone(&shared))),
+    );
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
 

@@ -16,6 +16,8 @@ pub(super) struct ServerEdge {
     pub trusted_proxies: TrustedProxies,
     pub client_header_timeout: Duration,
     pub client_body_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
 }
 
 pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
@@ -66,10 +68,34 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         10_000_000,
         "",
     )?;
+    // Issue 40, connections (CONTRACT §17).
+    range(
+        "server.idle_timeout_ms",
+        s.idle_timeout_ms,
+        1,
+        HOUR_MS,
+        "ms",
+    )?;
+    range(
+        "server.tls_handshake_timeout_ms",
+        s.tls_handshake_timeout_ms,
+        1,
+        HOUR_MS,
+        "ms",
+    )?;
+    range(
+        "server.admin_max_connections",
+        s.admin_max_connections as u64,
+        1,
+        1_000_000,
+        "",
+    )?;
     Ok(ServerEdge {
         trusted_proxies,
         client_header_timeout: Duration::from_millis(s.client_header_timeout_ms),
         client_body_timeout: Duration::from_millis(s.client_body_timeout_ms),
+        idle_timeout: Duration::from_millis(s.idle_timeout_ms),
+        tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
     })
 }
 

@@ -105,6 +105,14 @@ pub struct ServerSection {
     /// Response bytes one request may hold in the proxy; past it, reading the
     /// upstream waits for the client (backpressure).
     pub max_response_buffer_bytes: usize,
+    // Issue 40, connections (CONTRACT §17).
+    /// A keep-alive HTTP/1.1 or HTTP/2 connection with nothing in flight is
+    /// closed after this (HTTP/2: GOAWAY NO_ERROR).
+    pub idle_timeout_ms: u64,
+    /// A TLS handshake must complete within this.
+    pub tls_handshake_timeout_ms: u64,
+    /// Connections to the admin listener; beyond, new ones are closed.
+    pub admin_max_connections: usize,
 }
 
 impl Default for ServerSection {
@@ -128,6 +136,9 @@ impl Default for ServerSection {
             client_body_timeout_ms: 30_000,
             max_connections: 20_000,
             max_response_buffer_bytes: 1024 * 1024,
+            idle_timeout_ms: 60_000,
+            tls_handshake_timeout_ms: 10_000,
+            admin_max_connections: 64,
         }
     }
 }

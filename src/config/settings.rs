@@ -78,6 +78,22 @@ pub struct ServerSettings {
     pub max_connections: usize,
     /// Response body bytes one request reads ahead of the client (start-time only).
     pub max_response_buffer_bytes: usize,
+    // Issue 40, connections (CONTRACT §17).
+    /// HTTP/1.1 keep-alive (with `keepalive_seconds`, the shorter) and HTTP/2 idle time.
+    pub idle_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub admin_max_connections: usize,
+}
+
+impl ServerSettings {
+    /// How long an HTTP/1.1 connection waits for its next request: the shorter of
+    /// `keepalive_timeout_seconds` (0: no limit of its own) and `idle_timeout_ms`.
+    pub fn h1_idle(&self) -> Duration {
+        match self.keepalive_seconds {
+            0 => self.idle_timeout,
+            secs => Duration::from_secs(secs).min(self.idle_timeout),
+        }
+    }
 }
 
 /// `[redis]`: where the fleet's shared state lives.

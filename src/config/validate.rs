@@ -179,6 +179,9 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         client_body_timeout: edge.client_body_timeout,
         max_connections: s.max_connections,
         max_response_buffer_bytes: s.max_response_buffer_bytes,
+        idle_timeout: edge.idle_timeout,
+        tls_handshake_timeout: edge.tls_handshake_timeout,
+        admin_max_connections: s.admin_max_connections,
     })
 }
 

@@ -44,6 +44,11 @@ pub fn conn(session: &Session) -> Option<&Conn> {
     conn_of(stream)
 }
 
+/// The [`Conn`] of a plain Pingora HTTP/1 session's connection (the admin listener).
+pub fn conn_of_server_session(session: &pingora::protocols::http::ServerSession) -> Option<&Conn> {
+    conn_of(session.as_http1()?.stream())
+}
+
 fn conn_of(stream: &Stream) -> Option<&Conn> {
     let io: &dyn pingora::protocols::IO = stream.as_ref();
     io.as_any()

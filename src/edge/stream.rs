@@ -4,18 +4,30 @@
 //! - `client_header_timeout_ms` across a whole header block (Pingora's own read
 //!   timeout restarts on every byte, which a slowloris sending one byte at a time
 //!   never trips);
-//! - `keepalive_timeout_seconds` between requests, when the proxy hands it over
-//!   ([`Conn::header_received`]). Pingora's own keep-alive timeout registers a timer
-//!   for every wait (two allocations, a lock and a notifier: ~1.2k instructions per
-//!   request, benches/history/2026-11-passes.md, issue 16, twelfth pass); this one
-//!   resets the connection's timer, which only moves a deadline.
+//! - `keepalive_timeout_seconds` / `idle_timeout_ms` between requests, when the proxy
+//!   hands it over ([`Conn::header_received`]). Pingora's own keep-alive timeout
+//!   registers a timer for every wait (two allocations, a lock and a notifier: ~1.2k
+//!   instructions per request, benches/history/2026-11-passes.md, issue 16, twelfth pass); this one resets
+//!   the connection's timer, which only moves a deadline.
+//!
+//! Over HTTP/2 (ALPN `h2` or the h2c preface) it follows the frame headers the client
+//! sends (not their payloads, [`H2Frames`]): the first request's header block must be
+//! complete within `client_header_timeout_ms` of accept, and a later header block
+//! (HEADERS without END_HEADERS, then CONTINUATION) within that long of its first frame,
+//! else the connection is closed (issue 40: an idle connection after the preface or a
+//! half-sent header block was held forever).
+//!
+//! On an h2c listener Pingora peeks for the preface ([`Peek`]): the peek reads through
+//! the header deadline, into the replay buffer, and stops as soon as the bytes cannot be
+//! the preface, so a silent client is timed and a complete HTTP/1.0 request shorter than
+//! the preface is answered; bytes replayed after a PROXY header are peeked too.
 
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -43,8 +55,8 @@ pub struct Conn {
     /// Whether the peer is in `server.trusted_proxies`.
     pub trusted: bool,
     state: AtomicU8,
-    /// Idle time allowed between requests, in seconds; 0: the stream does not time
-    /// it (Pingora does, or nothing does).
+    /// Idle time allowed between requests, in milliseconds; 0: the stream does not
+    /// time it (Pingora does, or nothing does).
     keepalive: AtomicU32,
 }
 
@@ -62,7 +74,7 @@ impl Conn {
     fn keepalive(&self) -> Option<Duration> {
         match self.keepalive.load(Ordering::Relaxed) {
             0 => None,
-            secs => Some(Duration::from_secs(u64::from(secs))),
+            ms => Some(Duration::from_millis(u64::from(ms))),
         }
     }
 
@@ -73,20 +85,20 @@ impl Conn {
 
     /// The connection carries HTTP/2 (ALPN `h2` or the h2c preface): its
     /// streams are multiplexed, and the HTTP/1 header-block deadline never
-    /// applies (nothing would mark a header block done).
-    pub fn multiplexed(&self) {
+    /// applies (the stream's HTTP/2 frame tracking does, [`EdgeStream::multiplexed`]).
+    fn multiplexed(&self) {
         self.state.store(IN_REQUEST, Ordering::Relaxed);
     }
 
     /// A request header was parsed: the header deadline no longer applies. After this
     /// request the stream ends the connection, quietly (as an end of stream, which
-    /// Pingora takes for a client that left), once it has waited `keepalive_secs` for
-    /// the next request's first byte; 0: it does not time that wait. The proxy then
+    /// Pingora takes for a client that left), once it has waited `keepalive` for
+    /// the next request's first byte; zero: it does not time that wait. The proxy then
     /// tells Pingora not to time it either.
-    pub fn header_received(&self, keepalive_secs: u64) {
+    pub fn header_received(&self, keepalive: Duration) {
         self.state.store(IN_REQUEST, Ordering::Relaxed);
-        let secs = u32::try_from(keepalive_secs).unwrap_or(u32::MAX);
-        self.keepalive.store(secs, Ordering::Relaxed);
+        let ms = u32::try_from(keepalive.as_millis()).unwrap_or(u32::MAX);
+        self.keepalive.store(ms, Ordering::Relaxed);
     }
 
     /// The request is answered: the next header's deadline starts with its
@@ -110,10 +122,93 @@ pub struct EdgeStream {
     idle_armed: bool,
     timed_out: bool,
     timeouts: IntCounter,
-    /// Whether any byte was read yet (the h2c preface check).
-    seen_bytes: bool,
     /// `server.h2c`: the listener serves HTTP/2 with prior knowledge.
     h2c: bool,
+    /// The connection is HTTP/2: where its frames begin and end.
+    h2: Option<H2Frames>,
+}
+
+/// The HTTP/2 preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_CONTINUATION: u8 = 0x9;
+const FLAG_END_HEADERS: u8 = 0x4;
+
+/// What an HTTP/2 client has sent, as far as header deadlines go: the stream reads its
+/// frame headers (9 bytes each) and skips their payloads, so it costs a few
+/// comparisons per frame and nothing per payload byte.
+#[derive(Debug)]
+struct H2Frames {
+    /// Bytes still to skip: the preface, then the current frame's payload.
+    skip: usize,
+    head: [u8; 9],
+    head_len: usize,
+    /// A header block is open: from the first byte of a HEADERS frame to the last
+    /// byte of the frame with END_HEADERS (a HEADERS or CONTINUATION).
+    in_block: bool,
+    /// The frame whose payload is being skipped ends its header block.
+    ends_block: bool,
+    /// A whole header block has arrived (the first request's header).
+    first_done: bool,
+}
+
+impl H2Frames {
+    fn new() -> Self {
+        Self {
+            skip: PREFACE.len(),
+            head: [0; 9],
+            head_len: 0,
+            in_block: false,
+            ends_block: false,
+            first_done: false,
+        }
+    }
+
+    /// Whether the header deadline runs: before the first header block is complete,
+    /// and while a header block is open.
+    fn timed(&self) -> bool {
+        !self.first_done || self.in_block
+    }
+
+    /// Follows `bytes`, the next bytes the client sent. True: a header block opened
+    /// after the first request's (its deadline starts now).
+    fn scan(&mut self, mut bytes: &[u8]) -> bool {
+        let mut opened = false;
+        loop {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+            }
+            if self.skip == 0 && self.ends_block {
+                // the last byte of the block's last frame
+                self.ends_block = false;
+                self.in_block = false;
+                self.first_done = true;
+            }
+            if bytes.is_empty() {
+                break;
+            }
+            let n = (9 - self.head_len).min(bytes.len());
+            self.head[self.head_len..self.head_len + n].copy_from_slice(&bytes[..n]);
+            self.head_len += n;
+            bytes = &bytes[n..];
+            if self.head_len < 9 {
+                break;
+            }
+            self.head_len = 0;
+            let [l0, l1, l2, kind, flags, ..] = self.head;
+            self.skip = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+            if kind == FRAME_HEADERS || kind == FRAME_CONTINUATION {
+                // A block is open until its last frame has all its payload (a frame
+                // with END_HEADERS whose payload trickles is still a header block).
+                opened |= kind == FRAME_HEADERS && self.first_done && !self.in_block;
+                self.in_block = true;
+                self.ends_block = flags & FLAG_END_HEADERS != 0;
+            }
+        }
+        opened
+    }
 }
 
 impl EdgeStream {
@@ -136,28 +231,141 @@ impl EdgeStream {
             idle_armed: false,
             timed_out: false,
             timeouts,
-            seen_bytes: false,
             h2c,
+            h2: None,
         }
+    }
+
+    /// The connection carries HTTP/2 from its first byte (ALPN `h2`, or the h2c
+    /// preface found by the peek): header deadlines follow its frames.
+    pub fn multiplexed(&mut self) {
+        self.conn.multiplexed();
+        self.h2 = Some(H2Frames::new());
     }
 
     pub fn conn(&self) -> &Conn {
         &self.conn
     }
 
-    /// The first bytes of the connection: on an h2c listener, the whole
-    /// prior-knowledge preface makes it a multiplexed (HTTP/2) connection. A
-    /// client sends the preface in one write and Pingora takes HTTP/2 only on
-    /// all 24 bytes, so anything less (a slowloris trickling "PRI * HTTP/2.0"
-    /// and then a header) stays HTTP/1 and under the header deadline.
-    fn note_first_bytes(&mut self, bytes: &[u8]) {
-        if self.seen_bytes {
-            return;
+    /// An HTTP/2 header block took too long: the read fails, which ends the
+    /// connection (nothing is written: the HTTP/2 codec owns the writes).
+    fn h2_time_out(&mut self) -> Poll<io::Result<()>> {
+        if !self.timed_out {
+            self.timed_out = true;
+            self.timeouts.inc();
+            tracing::debug!(event = "client_header_timeout", client = ?self.conn.source(), h2 = true);
         }
-        self.seen_bytes = true;
-        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-        if self.h2c && bytes.starts_with(PREFACE) {
-            self.conn.multiplexed();
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client header timeout",
+        )))
+    }
+
+    /// Moves replayed bytes into `buf`.
+    fn serve_replay(&mut self, buf: &mut ReadBuf<'_>) {
+        let n = self.replay.len().min(buf.remaining());
+        buf.put_slice(&self.replay[..n]);
+        self.replay.drain(..n);
+    }
+
+    /// A read of an HTTP/2 connection: replayed bytes first, then the socket; the
+    /// frames read are followed, and the header deadline applies while it runs.
+    fn poll_read_h2(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let Some(h2) = self.h2.as_mut() else {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        };
+        let before = buf.filled().len();
+        let res = if !self.replay.is_empty() {
+            let n = self.replay.len().min(buf.remaining());
+            buf.put_slice(&self.replay[..n]);
+            self.replay.drain(..n);
+            Poll::Ready(Ok(()))
+        } else if self.timed_out || (h2.timed() && self.deadline.is_elapsed()) {
+            return self.h2_time_out();
+        } else {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        };
+        match res {
+            // a header block opened: its deadline starts now
+            Poll::Ready(Ok(())) if h2.scan(&buf.filled()[before..]) && h2.timed() => {
+                let at = Instant::now() + self.header_timeout;
+                self.deadline.as_mut().reset(at);
+            }
+            Poll::Pending if h2.timed() && self.deadline.as_mut().poll(cx).is_ready() => {
+                return self.h2_time_out();
+            }
+            _ => {}
+        }
+        res
+    }
+
+    /// Reads from the socket (not the replay buffer) under the HTTP/1 deadlines.
+    fn poll_read_socket(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let state = self.conn.state.load(Ordering::Relaxed);
+        if state == IN_REQUEST {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        if self.timed_out || (state == AWAIT_HEADER && self.deadline.is_elapsed()) {
+            return self.time_out(cx);
+        }
+        let before = buf.filled().len();
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match res {
+            Poll::Ready(Ok(())) if state == AWAIT_FIRST_BYTE && buf.filled().len() > before => {
+                let at = Instant::now() + self.header_timeout;
+                self.deadline.as_mut().reset(at);
+                self.idle_armed = false;
+                self.conn.state.store(AWAIT_HEADER, Ordering::Relaxed);
+            }
+            Poll::Pending if state == AWAIT_FIRST_BYTE => {
+                if let Some(idle) = self.conn.keepalive() {
+                    if !self.idle_armed {
+                        self.idle_armed = true;
+                        self.deadline.as_mut().reset(Instant::now() + idle);
+                    }
+                    if self.deadline.as_mut().poll(cx).is_ready() {
+                        // Idle too long between requests: an end of stream, on which
+                        // Pingora closes the connection without a response.
+                        tracing::debug!(event = "client_keepalive_timeout", client = ?self.conn.source());
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+            }
+            Poll::Pending
+                if state == AWAIT_HEADER && self.deadline.as_mut().poll(cx).is_ready() =>
+            {
+                return self.time_out(cx);
+            }
+            _ => {}
+        }
+        res
+    }
+
+    /// Reads into the replay buffer until it holds `want` bytes, the client stops
+    /// sending (end of stream) or the bytes cannot begin the HTTP/2 preface (the one
+    /// peek Pingora makes is the h2c check: an HTTP/1 request, even a whole one shorter
+    /// than the preface, is then known for one). Under the header deadline.
+    fn poll_fill_replay(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<()>> {
+        loop {
+            let have = self.replay.len();
+            if have >= want || !PREFACE.starts_with(&self.replay[..have.min(PREFACE.len())]) {
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; 256];
+            let mut rb = ReadBuf::new(&mut chunk);
+            ready!(self.poll_read_socket(cx, &mut rb))?;
+            if rb.filled().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            self.replay.extend_from_slice(rb.filled());
         }
     }
 
@@ -185,60 +393,14 @@ impl AsyncRead for EdgeStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.h2.is_some() {
+            return this.poll_read_h2(cx, buf);
+        }
         if !this.replay.is_empty() {
-            let n = this.replay.len().min(buf.remaining());
-            buf.put_slice(&this.replay[..n]);
-            if !this.seen_bytes {
-                let first = this.replay[..n].to_vec();
-                this.note_first_bytes(&first);
-            }
-            this.replay.drain(..n);
+            this.serve_replay(buf);
             return Poll::Ready(Ok(()));
         }
-        let state = this.conn.state.load(Ordering::Relaxed);
-        if state == IN_REQUEST {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
-        }
-        if this.timed_out || (state == AWAIT_HEADER && this.deadline.is_elapsed()) {
-            return this.time_out(cx);
-        }
-        let before = buf.filled().len();
-        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if !this.seen_bytes && buf.filled().len() > before {
-            this.note_first_bytes(&buf.filled()[before..]);
-            if this.conn.state.load(Ordering::Relaxed) == IN_REQUEST {
-                return res;
-            }
-        }
-        match res {
-            Poll::Ready(Ok(())) if state == AWAIT_FIRST_BYTE && buf.filled().len() > before => {
-                let at = Instant::now() + this.header_timeout;
-                this.deadline.as_mut().reset(at);
-                this.idle_armed = false;
-                this.conn.state.store(AWAIT_HEADER, Ordering::Relaxed);
-            }
-            Poll::Pending if state == AWAIT_FIRST_BYTE => {
-                if let Some(idle) = this.conn.keepalive() {
-                    if !this.idle_armed {
-                        this.idle_armed = true;
-                        this.deadline.as_mut().reset(Instant::now() + idle);
-                    }
-                    if this.deadline.as_mut().poll(cx).is_ready() {
-                        // Idle too long between requests: an end of stream, on which
-                        // Pingora closes the connection without a response.
-                        tracing::debug!(event = "client_keepalive_timeout", client = ?this.conn.source());
-                        return Poll::Ready(Ok(()));
-                    }
-                }
-            }
-            Poll::Pending
-                if state == AWAIT_HEADER && this.deadline.as_mut().poll(cx).is_ready() =>
-            {
-                return this.time_out(cx);
-            }
-            _ => {}
-        }
-        res
+        this.poll_read_socket(cx, buf)
     }
 }
 
@@ -337,11 +499,85 @@ impl pingora::protocols::GetSocketDigest for EdgeStream {
 
 #[async_trait]
 impl Peek for EdgeStream {
-    /// Peeking would skip the replayed bytes: unsupported while there are any.
+    /// Pingora's h2c check: fills `buf` from the replayed bytes and the socket, under
+    /// the header deadline, and stops early on bytes that cannot be the preface (the
+    /// rest of `buf` is left as it was). Everything peeked is replayed to the reader.
+    /// The whole preface on an h2c listener makes the connection HTTP/2.
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        if !self.replay.is_empty() {
-            return Ok(false);
+        let want = buf.len();
+        std::future::poll_fn(|cx| self.poll_fill_replay(cx, want)).await?;
+        if self.replay.is_empty() {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        self.inner.try_peek(buf).await
+        let n = self.replay.len().min(want);
+        buf[..n].copy_from_slice(&self.replay[..n]);
+        if self.h2c && self.h2.is_none() && self.replay.starts_with(PREFACE) {
+            self.multiplexed();
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, payload_len: usize) -> Vec<u8> {
+        let mut f = vec![
+            (payload_len >> 16) as u8,
+            (payload_len >> 8) as u8,
+            payload_len as u8,
+            kind,
+            flags,
+            0,
+            0,
+            0,
+            1,
+        ];
+        f.resize(9 + payload_len, 0x55);
+        f
+    }
+
+    /// Feeds `bytes` in pieces of `step`; the state after each piece.
+    fn states(bytes: &[u8], step: usize) -> Vec<(bool, bool)> {
+        let mut h2 = H2Frames::new();
+        bytes
+            .chunks(step)
+            .map(|c| {
+                h2.scan(c);
+                (h2.first_done, h2.in_block)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_header_block_ends_with_the_last_byte_of_its_end_headers_frame() {
+        let settings = frame(0x4, 0, 6);
+        let headers = frame(FRAME_HEADERS, 0, 20);
+        let cont = frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 10);
+        let all = [PREFACE, &settings, &headers, &cont].concat();
+        for step in [1, 2, 3, 7, 9, 64, all.len()] {
+            let s = states(&all, step);
+            assert_eq!(s.last(), Some(&(true, false)), "step {step}");
+            // done only once every byte of the CONTINUATION arrived
+            let done_at = s.iter().position(|&(d, _)| d).map(|i| (i + 1) * step);
+            assert!(done_at.is_some_and(|at| at >= all.len()), "step {step}");
+        }
+        // END_HEADERS on HEADERS itself, its payload trickled: open until the end.
+        let one = [PREFACE, &frame(FRAME_HEADERS, FLAG_END_HEADERS | 0x1, 30)].concat();
+        let s = states(&one, 1);
+        assert!(s[..one.len() - 1].iter().all(|&(d, _)| !d));
+        assert_eq!(s.last(), Some(&(true, false)));
+        // An empty END_HEADERS frame ends it; DATA frames never open one.
+        let mut h2 = H2Frames::new();
+        h2.scan(&[PREFACE, &frame(FRAME_HEADERS, FLAG_END_HEADERS, 0)].concat());
+        assert!(!h2.timed());
+        assert!(!h2.scan(&frame(0x0, 0, 100)));
+        assert!(!h2.timed());
+        // A later block opens (its deadline starts) and ends.
+        assert!(h2.scan(&frame(FRAME_HEADERS, 0, 5)));
+        assert!(h2.timed());
+        h2.scan(&frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 5));
+        assert!(!h2.timed());
     }
 }

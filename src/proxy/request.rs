@@ -188,8 +188,9 @@ pub fn invalid_target(session: &Session) -> bool {
 pub fn set_connection_options(session: &mut Session, server: &crate::config::ServerSettings) {
     // The wait for the next request is timed by the edge stream when there is one
     // (one timer per connection), not by a timer Pingora registers per wait.
+    let idle = server.h1_idle();
     let idle_timed_by_edge = crate::edge::conn(session)
-        .map(|conn| conn.header_received(server.keepalive_seconds))
+        .map(|conn| conn.header_received(idle))
         .is_some();
     // Between body reads; Pingora answers a stall with a downstream read
     // timeout, which `fail_to_proxy` turns into 408.
@@ -203,7 +204,8 @@ pub fn set_connection_options(session: &mut Session, server: &crate::config::Ser
         let pingora_idle = if idle_timed_by_edge {
             0
         } else {
-            server.keepalive_seconds
+            // whole seconds, rounded up (never 0: Pingora's "no timeout")
+            u64::try_from(idle.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
         };
         session.set_keepalive(Some(pingora_idle));
     }

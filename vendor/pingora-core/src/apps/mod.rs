@@ -57,6 +57,56 @@ pub trait ServerApp {
 
     /// This callback will be called once after the service stops listening to its endpoints.
     async fn cleanup(&self) {}
+
+    /// portcullis patch (connections from accept): called as a connection is accepted,
+    /// before its TLS handshake. `None` closes it at once; [`Accepted`] says how long its
+    /// handshake may take and holds what the application keeps until the connection ends
+    /// (a slot of a connection cap, say), so a handshake in progress counts.
+    fn accept(&self) -> Option<Accepted> {
+        Some(Accepted::default())
+    }
+
+    /// portcullis patch (connections from accept): a downstream handshake failed or did
+    /// not finish within [`Accepted::handshake_timeout`]. By default logged at ERROR, one
+    /// line per connection, as Pingora did.
+    fn handshake_failed(
+        &self,
+        peer: Option<&crate::protocols::l4::socket::SocketAddr>,
+        failure: HandshakeFailure<'_>,
+    ) {
+        match (failure, peer) {
+            (HandshakeFailure::Error(e), Some(addr)) => {
+                error!("Downstream handshake error from {}: {e}", addr)
+            }
+            (HandshakeFailure::Error(e), None) => error!("Downstream handshake error: {e}"),
+            (HandshakeFailure::Timeout, _) => error!("Downstream handshake timeout"),
+        }
+    }
+}
+
+/// portcullis patch (connections from accept): what [`ServerApp::accept`] answers for a
+/// connection it takes.
+pub struct Accepted {
+    /// How long the (TLS) handshake may take. Default: 60 s, Pingora's fixed value.
+    pub handshake_timeout: Duration,
+    /// Kept until the connection ends.
+    pub hold: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Default for Accepted {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(60),
+            hold: None,
+        }
+    }
+}
+
+/// portcullis patch (connections from accept): why a downstream handshake failed.
+#[derive(Clone, Copy, Debug)]
+pub enum HandshakeFailure<'a> {
+    Error(&'a pingora_error::Error),
+    Timeout,
 }
 #[non_exhaustive]
 #[derive(Clone, Debug, Default)]

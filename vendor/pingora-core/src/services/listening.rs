@@ -18,7 +18,7 @@
 //! Each [Service] can be configured with custom application logic (e.g. an `HTTPProxy`) and one or
 //! more endpoints to listen to.
 
-use crate::apps::ServerApp;
+use crate::apps::{HandshakeFailure, ServerApp};
 use crate::listeners::tls::TlsSettings;
 #[cfg(feature = "connection_filter")]
 use crate::listeners::AcceptAllFilter;
@@ -38,7 +38,6 @@ use pingora_runtime::current_handle;
 use pingora_timeout::timeout;
 use std::fs::Permissions;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Override the runtime options used to run a listening service.
 pub type RuntimeOptsOverride = Arc<dyn Fn(&RuntimeOpts) -> Option<RuntimeOpts> + Send + Sync>;
@@ -302,6 +301,13 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
             };
             match new_io {
                 Ok(mut io) => {
+                    // portcullis patch (connections from accept): the application counts
+                    // the connection, or refuses it, before its handshake; the timeout
+                    // of the handshake is the application's.
+                    let Some(accepted) = app_logic.accept() else {
+                        drop(io);
+                        continue;
+                    };
                     let app = app_logic.clone();
                     let shutdown = shutdown.clone();
                     // portcullis patch: see UninitializedStream::register_on_this_thread
@@ -314,23 +320,24 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                             error!("{e}");
                             return;
                         }
+                        // portcullis patch (connections from accept): held until the
+                        // connection ends
+                        let _hold = accepted.hold;
                         let peer_addr = io.peer_addr();
-                        match timeout(Duration::from_secs(60), io.handshake()).await {
+                        match timeout(accepted.handshake_timeout, io.handshake()).await {
                             Ok(handshake) => {
                                 match handshake {
                                     Ok(io) => Self::handle_event(io, app, shutdown).await,
-                                    Err(e) => {
-                                        // TODO: Maybe IOApp trait needs a fn to handle/filter out this error
-                                        if let Some(addr) = peer_addr {
-                                            error!("Downstream handshake error from {}: {e}", addr);
-                                        } else {
-                                            error!("Downstream handshake error: {e}");
-                                        }
-                                    }
+                                    // portcullis patch (connections from accept): the
+                                    // application logs it (Pingora: one ERROR each)
+                                    Err(e) => app.handshake_failed(
+                                        peer_addr.as_ref(),
+                                        HandshakeFailure::Error(&e),
+                                    ),
                                 }
                             }
                             Err(_) => {
-                                error!("Downstream handshake timeout");
+                                app.handshake_failed(peer_addr.as_ref(), HandshakeFailure::Timeout)
                             }
                         }
                     });

@@ -172,9 +172,16 @@ pub(crate) async fn accept_downstream_sessions<F>(
                 // waits for all active streams to finish before starting a fresh
                 // idle period.
                 _ = wait_for_idle_timeout(&active, idle_timeout.unwrap_or_default()), if idle_timeout.is_some() => {
-                    // Idle with nothing in flight: drop `conn` to close the
-                    // socket now (no graceful GOAWAY wait that could hang on
-                    // a dead peer).
+                    // portcullis patch (idle GOAWAY): idle with nothing in flight:
+                    // GOAWAY NO_ERROR (RFC 9113 §6.8), so the client knows no
+                    // stream was lost, flushed within IDLE_GOAWAY_FLUSH (no wait
+                    // that could hang on a dead peer), then `conn` is dropped.
+                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    let _ = pingora_timeout::timeout(
+                        IDLE_GOAWAY_FLUSH,
+                        futures::future::poll_fn(|cx| conn.poll_closed(cx)),
+                    )
+                    .await;
                     return;
                 }
             }
@@ -197,6 +204,10 @@ pub(crate) async fn accept_downstream_sessions<F>(
         }
     }
 }
+
+/// portcullis patch (idle GOAWAY): how long an idle connection's GOAWAY may take to
+/// be written before the connection is closed anyway.
+const IDLE_GOAWAY_FLUSH: Duration = Duration::from_secs(1);
 
 /// Tracks one in-flight downstream H2 session for [`accept_downstream_sessions`].
 /// `on_session` receives it alongside each session; keep it alive for as long as
