@@ -136,7 +136,8 @@ impl ProxyHttp for Proxy {
         ctx.routed = true;
         let route = rt.route_at(ctx.route);
         ctx.pool = rt.pools.get(route.upstream).cloned();
-        ctx.client = edge::client_ip(session, &rt.config.server.trusted_proxies);
+        let server = &rt.config.server;
+        ctx.client = edge::client_ip(session, &server.trusted_proxies, server.proxy_protocol);
 
         // Gate 1: load shedding, before any other work.
         match self.shared.shedder.try_acquire(route.priority) {
