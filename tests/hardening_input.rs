@@ -127,3 +127,252 @@ fn local_or_unknown_proxy_headers_make_the_peer_the_client_not_xff() {
         assert_eq!(got.as_deref(), Some("6.6.6.6, 127.0.0.2"), "{name}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Item 9: malformed HTTP/2 and ambiguous fields
+// ---------------------------------------------------------------------------------------
+
+/// A raw h2c connection that records every frame the proxy sends.
+struct RawH2 {
+    s: std::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+/// A frame the proxy sent: (type, flags, stream, payload).
+type Frame = (u8, u8, u32, Vec<u8>);
+
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("small frame");
+    let mut f = len.to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+impl RawH2 {
+    fn connect(addr: &str) -> RawH2 {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .expect("preface");
+        s.write_all(&h2_frame(0x4, 0, 0, &[])).expect("settings");
+        RawH2 { s, buf: Vec::new() }
+    }
+
+    fn send(&mut self, frames: &[Vec<u8>]) {
+        use std::io::Write;
+        self.s.write_all(&frames.concat()).expect("write frames");
+    }
+
+    /// Frames of `stream` until it ends (END_STREAM or RST_STREAM), the connection
+    /// closes or `timeout` passes; SETTINGS and PING are acknowledged.
+    fn until_stream_ends(&mut self, stream: u32, timeout: Duration) -> Vec<Frame> {
+        use std::io::{Read, Write};
+        let deadline = std::time::Instant::now() + timeout;
+        let mut got = Vec::new();
+        let mut tmp = [0u8; 16384];
+        loop {
+            while self.buf.len() >= 9 {
+                let len = u32::from_be_bytes([0, self.buf[0], self.buf[1], self.buf[2]]) as usize;
+                if self.buf.len() < 9 + len {
+                    break;
+                }
+                let (kind, flags) = (self.buf[3], self.buf[4]);
+                let id = u32::from_be_bytes([self.buf[5], self.buf[6], self.buf[7], self.buf[8]])
+                    & 0x7fff_ffff;
+                let payload = self.buf[9..9 + len].to_vec();
+                self.buf.drain(..9 + len);
+                match kind {
+                    0x4 if flags & 1 == 0 => {
+                        let _ = self.s.write_all(&h2_frame(0x4, 1, 0, &[]));
+                    }
+                    0x6 if flags & 1 == 0 => {
+                        let _ = self.s.write_all(&h2_frame(0x6, 1, 0, &payload));
+                    }
+                    _ => {}
+                }
+                let ends = id == stream && (kind == 0x3 || (kind <= 0x1 && flags & 1 == 1));
+                got.push((kind, flags, id, payload));
+                if ends || kind == 0x7 {
+                    return got;
+                }
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return got;
+            }
+            self.s.set_read_timeout(Some(left)).expect("timeout");
+            match self.s.read(&mut tmp) {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
+            }
+        }
+    }
+}
+
+/// The stream was refused: a 400 (`:status` 400 is HPACK static index 12, sent as the
+/// one byte 0x8c) or a reset.
+fn refused(frames: &[Frame], stream: u32) -> bool {
+    frames.iter().any(|(kind, _, id, payload)| {
+        *id == stream && (*kind == 0x3 || (*kind == 0x1 && payload.first() == Some(&0x8c)))
+    })
+}
+
+fn h2c_proxy(b: &Backend) -> Proxy {
+    Proxy::start_with_server("h2c = true\n", &no_limits(b))
+}
+
+/// The case: HEADERS (`content-length: 0`, no END_STREAM) and a DATA frame in one
+/// write. The GET reached the backend as a complete request; now the stream is refused
+/// and nothing is forwarded. The connection keeps serving.
+#[test]
+fn h2_data_past_content_length_zero_is_refused_and_not_forwarded() {
+    let b = Backend::start("app");
+    let p = h2c_proxy(&b);
+    let mut c = RawH2::connect(&p.addr());
+    let block = hpack_block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "x"),
+        (":path", "/cl0-data"),
+        ("content-length", "0"),
+    ]);
+    c.send(&[
+        h2_frame(0x1, 0x4, 1, &block),
+        h2_frame(0x0, 0x1, 1, b"smuggled"),
+    ]);
+    let frames = c.until_stream_ends(1, DEADLINE);
+    assert!(refused(&frames, 1), "stream 1 not refused: {frames:?}");
+    // A well-formed request on the same connection still goes through.
+    let ok = hpack_block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "x"),
+        (":path", "/after"),
+    ]);
+    c.send(&[h2_frame(0x1, 0x5, 3, &ok)]);
+    let frames = c.until_stream_ends(3, DEADLINE);
+    assert!(
+        frames
+            .iter()
+            .any(|(k, _, id, p)| *k == 0x1 && *id == 3 && p.first() == Some(&0x88)),
+        "no 200 on stream 3: {frames:?}"
+    );
+    let paths = b.received_paths();
+    assert_eq!(paths, vec!["/after".to_string()], "forwarded: {paths:?}");
+}
+
+/// `:path *` is for OPTIONS only (RFC 9113 §8.3.1): a GET with it was forwarded as
+/// `GET *`. Now 400, over HTTP/2 and HTTP/1.1 alike; `OPTIONS *` still passes.
+#[test]
+fn asterisk_target_on_anything_but_options_is_400() {
+    let b = Backend::start("app");
+    let p = h2c_proxy(&b);
+    let mut c = RawH2::connect(&p.addr());
+    for (i, method) in ["GET", "POST", "DELETE"].iter().enumerate() {
+        let id = 1 + 2 * u32::try_from(i).expect("few");
+        let block = hpack_block(&[
+            (":method", method),
+            (":scheme", "http"),
+            (":authority", "x"),
+            (":path", "*"),
+        ]);
+        c.send(&[h2_frame(0x1, 0x5, id, &block)]);
+        let frames = c.until_stream_ends(id, DEADLINE);
+        assert!(
+            frames
+                .iter()
+                .any(|(k, _, s, p)| *k == 0x1 && *s == id && p.first() == Some(&0x8c)),
+            "{method} * over h2: no 400: {frames:?}"
+        );
+    }
+    let r = send_raw(&p.addr(), b"GET * HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(r.status(), Some(400), "{r:?}");
+    assert!(
+        b.received().iter().all(|r| r.path != "*"),
+        "forwarded: {:?}",
+        b.received_paths()
+    );
+    let mut conn = Conn::open(&p.addr()).expect("connect");
+    let r = conn.request("OPTIONS", "*", &[], b"").expect("response");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(b
+        .received()
+        .iter()
+        .any(|r| r.path == "*" && r.method == "OPTIONS"));
+}
+
+/// HTTP/2 cookie crumbs (one `cookie` field per cookie) reach an HTTP/1.1 backend as one
+/// `Cookie` field joined with "; " (RFC 9113 §8.2.3), not as several lines.
+#[test]
+fn h2_cookie_crumbs_are_joined_into_one_field() {
+    let b = Backend::start("app");
+    let p = h2c_proxy(&b);
+    let mut c = RawH2::connect(&p.addr());
+    let block = hpack_block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "x"),
+        (":path", "/crumbs"),
+        ("cookie", "a=1"),
+        ("cookie", "b=2"),
+        ("cookie", "c=3"),
+    ]);
+    c.send(&[h2_frame(0x1, 0x5, 1, &block)]);
+    let frames = c.until_stream_ends(1, DEADLINE);
+    assert!(
+        frames
+            .iter()
+            .any(|(k, _, s, p)| *k == 0x1 && *s == 1 && p.first() == Some(&0x88)),
+        "no 200: {frames:?}"
+    );
+    let got = b.last_received().expect("forwarded");
+    let cookies: Vec<&str> = got
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("cookie"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(cookies, vec!["a=1; b=2; c=3"], "{:?}", got.headers);
+}
+
+/// `Content-Length: 5, 5` (a list of equal values, which Pingora accepts) went upstream
+/// unchanged; now as one value. A list or lines that differ stay refused.
+#[test]
+fn a_content_length_list_goes_upstream_as_one_value() {
+    let b = Backend::start("app");
+    let p = Proxy::start(&no_limits(&b));
+    for (i, fields) in [
+        "Content-Length: 5, 5\r\n",
+        "Content-Length: 5\r\nContent-Length: 5\r\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut c = Conn::open(&p.addr()).expect("connect");
+        c.write_raw(
+            format!("POST /cl-list-{i} HTTP/1.1\r\nHost: x\r\n{fields}\r\nhello").as_bytes(),
+        )
+        .expect("write");
+        let r = c.read_response().expect("response");
+        assert_eq!(r.status, 200, "{fields:?}: {r:?}");
+        let got = b.last_received().expect("forwarded");
+        assert_eq!(got.path, format!("/cl-list-{i}"));
+        let lengths: Vec<&str> = got
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(lengths, vec!["5"], "{fields:?}: {:?}", got.headers);
+        assert_eq!(got.body, b"hello");
+    }
+    let r = send_raw(
+        &p.addr(),
+        b"POST /cl-differ HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 6\r\n\r\nhello!",
+    );
+    assert_eq!(r.status(), Some(400), "{r:?}");
+    assert!(!b.received_paths().iter().any(|p| p == "/cl-differ"));
+}

@@ -115,6 +115,39 @@ impl ProxyHttp for Proxy {
                 Refusal::BadRequest("portcullis: invalid byte in request target\n"),
             );
         }
+        if crate::framing::asterisk_target_misused(
+            &session.req_header().method,
+            session.req_header().raw_path(),
+        ) {
+            return Self::refuse_early(
+                session,
+                ctx,
+                Refusal::BadRequest("portcullis: request target * is for OPTIONS only\n"),
+            );
+        }
+        // `Content-Length: 5, 5` goes upstream as `5`: a list is never passed on.
+        match crate::framing::content_length_list(&session.req_header().headers) {
+            Ok(None) => {}
+            Ok(Some(one)) => {
+                session
+                    .req_header_mut()
+                    .insert_header(http::header::CONTENT_LENGTH, one)?;
+            }
+            Err(()) => {
+                return Self::refuse_early(
+                    session,
+                    ctx,
+                    Refusal::BadRequest("portcullis: bad request\n"),
+                );
+            }
+        }
+        if request::data_past_zero_length(session) {
+            return Self::refuse_early(
+                session,
+                ctx,
+                Refusal::BadRequest("portcullis: body past content-length: 0\n"),
+            );
+        }
         if header_block_len(session) > max_header {
             return Self::refuse_early(session, ctx, Refusal::HeaderTooLarge);
         }
@@ -395,6 +428,9 @@ impl ProxyHttp for Proxy {
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
         }
         request::keep_http10_without_host(session, req);
+        if session.as_downstream().is_http2() {
+            request::join_cookie_crumbs(req)?;
+        }
         let id = match req
             .headers
             .get(edge::headers::names::X_REQUEST_ID.name())
