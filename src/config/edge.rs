@@ -16,6 +16,7 @@ pub(super) struct ServerEdge {
     pub trusted_proxies: TrustedProxies,
     pub client_header_timeout: Duration,
     pub client_body_timeout: Duration,
+    pub tunnel_idle_timeout: Duration,
 }
 
 pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
@@ -66,7 +67,15 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         10_000_000,
         "",
     )?;
+    range(
+        "server.tunnel_idle_timeout_seconds",
+        s.tunnel_idle_timeout_seconds,
+        1,
+        7 * 24 * 3600,
+        "seconds",
+    )?;
     Ok(ServerEdge {
+        tunnel_idle_timeout: Duration::from_secs(s.tunnel_idle_timeout_seconds),
         trusted_proxies,
         client_header_timeout: Duration::from_millis(s.client_header_timeout_ms),
         client_body_timeout: Duration::from_millis(s.client_body_timeout_ms),

@@ -102,6 +102,9 @@ pub struct ServerSection {
     pub client_body_timeout_ms: u64,
     /// Client connections open at once; beyond, new ones are closed.
     pub max_connections: usize,
+    // issue 40 items 9-14 (CONTRACT §17)
+    /// An upgraded tunnel (WebSocket) idle this long is closed.
+    pub tunnel_idle_timeout_seconds: u64,
 }
 
 impl Default for ServerSection {
@@ -124,6 +127,8 @@ impl Default for ServerSection {
             client_header_timeout_ms: 10_000,
             client_body_timeout_ms: 30_000,
             max_connections: 20_000,
+            // issue 40 items 9-14 (CONTRACT §17)
+            tunnel_idle_timeout_seconds: 300,
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct ServerSettings {
     pub client_header_timeout: Duration,
     pub client_body_timeout: Duration,
     pub max_connections: usize,
+    // issue 40 items 9-14 (CONTRACT §17)
+    /// `tunnel_idle_timeout_seconds`: an upgraded tunnel idle this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// `[redis]`: where the fleet's shared state lives.

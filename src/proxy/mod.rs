@@ -186,7 +186,11 @@ impl ProxyHttp for Proxy {
         // Gate 1b: an upgrade (WebSocket) request needs a tunnel slot.
         if session.is_upgrade_req() {
             match crate::edge::tunnel::TunnelSlot::try_reserve(rt.config.shedding.max_tunnels) {
-                Some(slot) => ctx.tunnel = Some(slot),
+                Some(slot) => {
+                    ctx.tunnel = Some(slot);
+                    // A tunnel's reads wait as long as it may be idle, not a body pause.
+                    session.set_read_timeout(Some(rt.config.server.tunnel_idle_timeout));
+                }
                 None => {
                     let retry_after = rt.config.shedding.retry_after_secs;
                     return self
@@ -271,7 +275,13 @@ impl ProxyHttp for Proxy {
         let keep_case = self.shared.keep_header_case;
         let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
-        peer.options.read_timeout = Some(pool.read_timeout);
+        peer.options.read_timeout = Some(if ctx.tunnel.is_some() {
+            // An upgrade request: the backend's side of the tunnel may be quiet as
+            // long as the tunnel may be idle (`read_timeout_ms` would cut it).
+            ctx.runtime.config.server.tunnel_idle_timeout
+        } else {
+            pool.read_timeout
+        });
         peer.options.write_timeout = Some(pool.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         ctx.backend = Some(backend);
