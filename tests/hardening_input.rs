@@ -376,3 +376,125 @@ fn a_content_length_list_goes_upstream_as_one_value() {
     assert_eq!(r.status(), Some(400), "{r:?}");
     assert!(!b.received_paths().iter().any(|p| p == "/cl-differ"));
 }
+
+// ---------------------------------------------------------------------------------------
+// Item 12: a certificate or key that is not a regular file
+// ---------------------------------------------------------------------------------------
+
+fn mkfifo(path: &std::path::Path) {
+    let out = std::process::Command::new("mkfifo")
+        .arg(path)
+        .output()
+        .expect("run mkfifo");
+    assert!(out.status.success(), "mkfifo: {out:?}");
+}
+
+/// `--check` with a deadline: (exit code, stderr), or `None` if it did not finish (the
+/// child is killed then).
+fn check_within(path: &std::path::Path, timeout: Duration) -> Option<(i32, String)> {
+    use std::io::Read;
+    let mut child = std::process::Command::new(&*BIN)
+        .arg("-c")
+        .arg(path)
+        .arg("--check")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn --check");
+    let mut status = None;
+    wait_until(timeout, || {
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return None;
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    Some((status.code().unwrap_or(-1), err))
+}
+
+/// A FIFO as a key (or certificate) file blocked the reload in `open()` on the admin
+/// listener's thread: the admin listener was dead until restart. It is refused at once
+/// now, naming the file, by `--check`, by `POST /reload` and by SIGHUP, and the admin
+/// listener keeps answering; the old certificates keep serving.
+#[test]
+fn a_fifo_as_key_or_cert_is_refused_and_never_blocks_the_admin_listener() {
+    let b = Backend::start("app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = make_cert(dir.path(), "good", "good.test", &["good.test"]);
+    let fifo = dir.path().join("fifo.key");
+    mkfifo(&fifo);
+    let tls_addr = format!("127.0.0.1:{}", free_port());
+    let cfg = |cert: &std::path::Path, key: &std::path::Path| {
+        format!(
+            "{}{}",
+            no_limits(&b),
+            tls_table(
+                &tls_addr,
+                "1.2",
+                &[&CertFiles {
+                    cert: cert.to_path_buf(),
+                    key: key.to_path_buf(),
+                }]
+            )
+        )
+    };
+    let p = Proxy::start(&cfg(&good.cert, &good.key));
+
+    // --check: refused at once, naming the file.
+    for (what, text) in [
+        ("key", cfg(&good.cert, &fifo)),
+        ("cert", cfg(&fifo, &good.key)),
+    ] {
+        let path = dir.path().join(format!("check-{what}.toml"));
+        std::fs::write(&path, text).expect("write config");
+        let (code, err) = check_within(&path, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("--check with a FIFO as the {what} blocked"));
+        assert_ne!(code, 0, "{what}: {err}");
+        assert!(
+            err.contains(&fifo.display().to_string()) && err.contains("not a regular file"),
+            "{what}: {err}"
+        );
+    }
+
+    // POST /reload and SIGHUP: refused at once, the admin listener keeps answering.
+    p.rewrite_config(&cfg(&good.cert, &fifo));
+    let admin = p.admin_addr();
+    let started = std::time::Instant::now();
+    let r = try_request(&admin, "POST", "/reload", &[], b"")
+        .expect("POST /reload answered (the admin listener is alive)");
+    assert_eq!(r.status, 400, "{}", r.body_str());
+    assert!(
+        r.body_str().contains(&fifo.display().to_string())
+            && r.body_str().contains("not a regular file"),
+        "{}",
+        r.body_str()
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    p.signal("HUP");
+    eventually(
+        DEADLINE,
+        || format!("SIGHUP reload not refused: {}", p.metrics()),
+        || p.metric("portcullis_config_reloads_total{result=\"error\"}") == Some(2.0),
+    );
+    for _ in 0..3 {
+        assert_eq!(p.admin_get("/healthz").status, 200);
+    }
+    // The old certificate still serves, and the proxy still proxies.
+    let out = tls_exchange(
+        &tls_addr,
+        "good.test",
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(out.contains("200"), "{out}");
+    // Fixed file: the reload goes through.
+    p.rewrite_config(&cfg(&good.cert, &good.key));
+    let r = try_request(&admin, "POST", "/reload", &[], b"").expect("POST /reload");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+}
