@@ -71,7 +71,10 @@ struct Node {
     label: Box<[u8]>,
     /// The route whose prefix ends here.
     route: Option<usize>,
-    /// Sorted by the first byte of their labels (distinct).
+    /// The first byte of each child's label, sorted (distinct): searched without
+    /// touching the children themselves.
+    firsts: Vec<u8>,
+    /// In the order of `firsts`.
     children: Vec<Node>,
 }
 
@@ -88,14 +91,16 @@ impl Radix {
                 node.route = Some(node.route.map_or(index, |r| r.min(index)));
                 return;
             };
-            let pos = match node.children.binary_search_by_key(&first, |c| c.label[0]) {
+            let pos = match node.firsts.binary_search(&first) {
                 Ok(pos) => pos,
                 Err(pos) => {
+                    node.firsts.insert(pos, first);
                     node.children.insert(
                         pos,
                         Node {
                             label: key.into(),
                             route: Some(index),
+                            firsts: Vec::new(),
                             children: Vec::new(),
                         },
                     );
@@ -109,10 +114,12 @@ impl Radix {
                 let head = Node {
                     label: child.label[..common].into(),
                     route: None,
+                    firsts: Vec::new(),
                     children: Vec::new(),
                 };
                 let mut tail = std::mem::replace(child, head);
                 tail.label = tail.label[common..].into();
+                child.firsts.push(tail.label[0]);
                 child.children.push(tail);
             }
             key = &key[common..];
@@ -134,7 +141,7 @@ impl Radix {
             let Some(&b) = rest.first() else {
                 return best;
             };
-            let Ok(pos) = node.children.binary_search_by_key(&b, |c| c.label[0]) else {
+            let Ok(pos) = node.firsts.binary_search(&b) else {
                 return best;
             };
             let child = &node.children[pos];
@@ -208,7 +215,7 @@ mod tests {
     /// case, duplicates) and paths, the table answers exactly what the linear scan does.
     #[test]
     fn same_answer_as_the_linear_scan() {
-        let mut rng = fastrand::Rng::with_seed(0x5eed_40_13);
+        let mut rng = fastrand::Rng::with_seed(0x5eed_4013);
         let alphabet = [b'a', b'b', b'/', b'.', b'%', b'\xc3', b'\xa9'];
         let hosts = ["a.test", "B.test", "c.TEST", "xn--caf-dma.test"];
         let word = |rng: &mut fastrand::Rng, max: usize| -> String {
