@@ -1,6 +1,7 @@
 //! Hot-path benches: the shedding gate, the rate-limit decision at 1, 10k and
 //! 1M tracked keys, the per-response cull accounting, and backend selection
-//! per balancing mode (vs plain round robin).
+//! per balancing mode (vs plain round robin), and route lookup with 1 and 100,000 routes
+//! (CONTRACT §17: the second costs at most twice the first).
 //!
 //! Run: `cargo bench --bench hot_paths`
 
@@ -149,11 +150,70 @@ fn balance_select(c: &mut Criterion) {
     g.finish();
 }
 
+/// `RouteTable::lookup` with 1 and 100,000 routes (host-specific and any-host, prefixes
+/// of several lengths), and the linear scan it replaced for comparison.
+fn route_lookup(c: &mut Criterion) {
+    use portcullis::config::Route;
+    use portcullis::state::RouteTable;
+    let mut g = c.benchmark_group("route_lookup");
+    let route = |host: Option<String>, prefix: String| Route {
+        host,
+        path_prefix: prefix,
+        upstream: 0,
+        priority: Priority::Normal,
+        headers: portcullis::edge::HeaderRules::new(),
+    };
+    // The same request in both cases, matching the same route.
+    let wanted = 50_004usize;
+    let host = format!("h{}.test", wanted % 100);
+    let path = format!("/svc/{wanted}/{}/items/42", "v".repeat(wanted % 7));
+    let one = |i: usize| {
+        let host = (i % 3 != 2).then(|| format!("h{}.test", i % 100));
+        route(host, format!("/svc/{i}/{}", "v".repeat(i % 7)))
+    };
+    for n in [1usize, 100_000] {
+        let mut routes: Vec<Route> = if n == 1 {
+            vec![one(wanted)]
+        } else {
+            (0..n).map(one).collect()
+        };
+        routes.push(route(None, "/".into()));
+        // The order config validation gives them.
+        routes.sort_by(|a, b| {
+            b.path_prefix
+                .len()
+                .cmp(&a.path_prefix.len())
+                .then(b.host.is_some().cmp(&a.host.is_some()))
+        });
+        let table = RouteTable::build(&routes);
+        let hit = table
+            .lookup(&host, &path)
+            .map(|i| routes[i].path_prefix.as_str());
+        let expected = format!("/svc/{wanted}/{}", "v".repeat(wanted % 7));
+        assert_eq!(hit, Some(expected.as_str()));
+        g.bench_function(BenchmarkId::new("table", n), |b| {
+            b.iter(|| black_box(table.lookup(black_box(&host), black_box(&path))))
+        });
+        g.bench_function(BenchmarkId::new("linear_scan", n), |b| {
+            b.iter(|| {
+                black_box(routes.iter().position(|r| {
+                    path.starts_with(r.path_prefix.as_str())
+                        && r.host
+                            .as_deref()
+                            .is_none_or(|h| h.eq_ignore_ascii_case(&host))
+                }))
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     shedding,
     ratelimit,
     cull_accounting,
-    balance_select
+    balance_select,
+    route_lookup
 );
 criterion_main!(benches);

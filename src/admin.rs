@@ -430,7 +430,7 @@ impl ServeHttp for Admin {
                 let body = serde_json::to_vec_pretty(&self.status_json()).unwrap_or_default();
                 respond(StatusCode::OK, "application/json", body)
             }
-            ("POST", "/reload") => match crate::reload::reload(&self.shared) {
+            ("POST", "/reload") => match crate::reload::reload_off_thread(&self.shared).await {
                 Ok(()) => text(StatusCode::OK, "reloaded\n"),
                 Err(e) => text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
             },

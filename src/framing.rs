@@ -16,7 +16,7 @@
 //! upstream. Pure functions over the parsed header and its raw bytes.
 
 use bytes::Bytes;
-use http::header::{HeaderMap, TRANSFER_ENCODING};
+use http::header::{HeaderMap, CONTENT_LENGTH, TRANSFER_ENCODING};
 
 /// Why a request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,45 @@ pub fn target_has_invalid_byte(target: &[u8]) -> bool {
     target
         .iter()
         .any(|&b| b <= b' ' || b == 0x7f || matches!(b, b'"' | b'<' | b'>'))
+}
+
+/// `Content-Length` sent as a list (`5, 5`, RFC 9110 §8.6) or on several lines: the one
+/// value to send upstream in its place. `Ok(None)`: one plain value, or none (nothing to
+/// do). `Err(())`: the elements differ or one is not a number (Pingora refuses that
+/// already; checked again here so that no list is ever passed on).
+#[allow(clippy::result_unit_err)]
+pub fn content_length_list(headers: &HeaderMap) -> Result<Option<http::HeaderValue>, ()> {
+    let mut fields = headers.get_all(CONTENT_LENGTH).iter();
+    let Some(first) = fields.next() else {
+        return Ok(None);
+    };
+    let mut rest = fields.peekable();
+    if rest.peek().is_none() && !first.as_bytes().contains(&b',') {
+        return Ok(None);
+    }
+    let mut value: Option<&[u8]> = None;
+    for field in std::iter::once(first).chain(rest) {
+        for part in field.as_bytes().split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+                return Err(());
+            }
+            match value {
+                Some(v) if v != part => return Err(()),
+                _ => value = Some(part),
+            }
+        }
+    }
+    value
+        .and_then(|v| http::HeaderValue::from_bytes(v).ok())
+        .map(Some)
+        .ok_or(())
+}
+
+/// A request target `*` (asterisk-form, `:path *`) on any method but `OPTIONS`: RFC 9112
+/// §3.2.4 and RFC 9113 §8.3.1 allow it only there.
+pub fn asterisk_target_misused(method: &http::Method, raw_target: &[u8]) -> bool {
+    raw_target == b"*" && method != http::Method::OPTIONS
 }
 
 /// One `Transfer-Encoding` field, and its coding `chunked` and nothing else: the only
@@ -152,6 +191,43 @@ mod tests {
                 assert_eq!(target_has_invalid_byte(t), invalid, "{t:?}");
             }
         }
+    }
+
+    #[test]
+    fn content_length_lists_collapse_to_one_value_or_are_refused() {
+        assert_eq!(content_length_list(&headers(&[])), Ok(None));
+        assert_eq!(
+            content_length_list(&headers(&[("content-length", "5")])),
+            Ok(None)
+        );
+        for same in [
+            &[("content-length", "5, 5")][..],
+            &[("content-length", "5,5,5")],
+            &[("content-length", "5"), ("content-length", "5")],
+            &[("content-length", " 5 ,5"), ("content-length", "5")],
+        ] {
+            assert_eq!(
+                content_length_list(&headers(same)),
+                Ok(Some(HeaderValue::from_static("5"))),
+                "{same:?}"
+            );
+        }
+        for bad in [
+            &[("content-length", "5, 6")][..],
+            &[("content-length", "5,")],
+            &[("content-length", "5"), ("content-length", "6")],
+            &[("content-length", "5, x")],
+        ] {
+            assert_eq!(content_length_list(&headers(bad)), Err(()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn asterisk_form_only_for_options() {
+        assert!(!asterisk_target_misused(&http::Method::OPTIONS, b"*"));
+        assert!(asterisk_target_misused(&http::Method::GET, b"*"));
+        assert!(asterisk_target_misused(&http::Method::POST, b"*"));
+        assert!(!asterisk_target_misused(&http::Method::GET, b"/*"));
     }
 
     #[test]

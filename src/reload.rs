@@ -77,6 +77,27 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
     }
 }
 
+/// [`reload`] on tokio's blocking pool, one reload at a time: reading the config, the
+/// certificates and keys never blocks the calling thread (the admin listener's, or the
+/// one watching SIGHUP), whatever the files are (CONTRACT §17).
+pub async fn reload_off_thread(shared: &Arc<Shared>) -> Result<(), ConfigError> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let s = Arc::clone(shared);
+    let task = tokio::task::spawn_blocking(move || {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        reload(&s)
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(e) => Err(ConfigError {
+            file: shared.config_path.display().to_string(),
+            line_col: None,
+            key_path: String::new(),
+            reason: format!("the reload task failed: {e}"),
+        }),
+    }
+}
+
 /// Reload on every SIGHUP until the process ends.
 pub async fn watch_sighup(shared: Arc<Shared>) {
     let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -87,6 +108,6 @@ pub async fn watch_sighup(shared: Arc<Shared>) {
         }
     };
     while hup.recv().await.is_some() {
-        let _ = reload(&shared);
+        let _ = reload_off_thread(&shared).await;
     }
 }

@@ -16,6 +16,9 @@ use std::sync::Arc;
 
 pub use crate::store::clock::{unix_ms, unix_secs};
 
+mod route_table;
+pub use route_table::RouteTable;
+
 /// Everything a reload replaces, swapped atomically as one value.
 pub struct Runtime {
     pub config: Config,
@@ -25,6 +28,8 @@ pub struct Runtime {
     /// The metric series of each route (same order as `config.routes`), then
     /// of the default route, then of requests refused before routing.
     route_series: Vec<RouteSeries>,
+    /// `config.routes` indexed for lookup ([`Runtime::route_index`]).
+    routes: RouteTable,
 }
 
 /// The rate-limit policies of `config`: `[rate_limit]` on `default`, each named policy on
@@ -118,7 +123,9 @@ impl Runtime {
             ])
             .collect();
         let rate = build_policies(&config, previous, limiter, metrics);
+        let routes = RouteTable::build(&config.routes);
         Self {
+            routes,
             pools,
             config,
             rate,
@@ -148,12 +155,7 @@ impl Runtime {
     /// route (everything to the first upstream).
     #[inline]
     pub fn route_index(&self, host: &str, path: &str) -> Option<usize> {
-        self.config.routes.iter().position(|r| {
-            path.starts_with(r.path_prefix.as_str())
-                && r.host
-                    .as_deref()
-                    .is_none_or(|h| h.eq_ignore_ascii_case(host))
-        })
+        self.routes.lookup(host, path)
     }
 
     /// The route at `index` (as [`Runtime::route_index`] gave it).

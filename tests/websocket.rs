@@ -122,3 +122,55 @@ fn tunnels_are_closed_at_shutdown_timeout() {
     assert!(took >= Duration::from_secs(2), "closed after {took:?}");
     assert!(took < Duration::from_secs(12), "closed after {took:?}");
 }
+
+/// Issue 40 item 14: idle tunnels were cut at the upstream's `read_timeout_ms` (and the
+/// client's `client_body_timeout_ms`). A tunnel now has `tunnel_idle_timeout_seconds`:
+/// with both of those at 300 ms and a tunnel timeout of 2 s, an active tunnel lives on
+/// and an idle one is closed at 2 s, not before.
+#[test]
+fn tunnels_have_their_own_idle_timeout() {
+    let echo = WsEchoServer::start();
+    let cfg = format!(
+        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\nread_timeout_ms = 300\n\n\
+         [rate_limit]\nenabled = false\n",
+        echo.addr()
+    );
+    let proxy = Proxy::start_with_server(
+        "client_body_timeout_ms = 300\ntunnel_idle_timeout_seconds = 2\n",
+        &cfg,
+    );
+    // Active, with pauses longer than both short timeouts, for longer than the tunnel's.
+    let mut active = WsClient::open(&proxy.addr(), "/active");
+    let t0 = Instant::now();
+    let mut n = 0;
+    while t0.elapsed() < Duration::from_millis(2_500) {
+        assert_eq!(active.echo("ping"), "ping", "after {:?}", t0.elapsed());
+        n += 1;
+        // pacing between messages, not a wait for an outcome
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    assert!(n >= 4);
+    active.close();
+
+    let mut idle = WsClient::open(&proxy.addr(), "/idle");
+    let opened = Instant::now();
+    assert_eq!(idle.echo("once"), "once");
+    assert!(
+        !idle.is_closed_within(Duration::from_millis(1_200)),
+        "an idle tunnel was closed before tunnel_idle_timeout_seconds"
+    );
+    assert!(
+        idle.is_closed_within(Duration::from_secs(15)),
+        "an idle tunnel was still open 15 s after tunnel_idle_timeout_seconds"
+    );
+    let took = opened.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_900),
+        "closed after {took:?}"
+    );
+    eventually(
+        DEADLINE,
+        || "tunnels_open back to 0".into(),
+        || proxy.metric("portcullis_tunnels_open") == Some(0.0),
+    );
+}

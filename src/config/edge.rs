@@ -18,6 +18,7 @@ pub(super) struct ServerEdge {
     pub client_body_timeout: Duration,
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
+    pub tunnel_idle_timeout: Duration,
 }
 
 pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
@@ -90,7 +91,15 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         1_000_000,
         "",
     )?;
+    range(
+        "server.tunnel_idle_timeout_seconds",
+        s.tunnel_idle_timeout_seconds,
+        1,
+        7 * 24 * 3600,
+        "seconds",
+    )?;
     Ok(ServerEdge {
+        tunnel_idle_timeout: Duration::from_secs(s.tunnel_idle_timeout_seconds),
         trusted_proxies,
         client_header_timeout: Duration::from_millis(s.client_header_timeout_ms),
         client_body_timeout: Duration::from_millis(s.client_body_timeout_ms),

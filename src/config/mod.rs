@@ -54,10 +54,48 @@ impl ConfigError {
     }
 }
 
+/// Reads a file that must be a regular file (CONTRACT §17): a FIFO, a device or a
+/// directory is refused before it is opened (opening a FIFO blocks until a writer comes),
+/// and checked again once open (in case it was swapped meanwhile). Symbolic links to a
+/// regular file are followed, as Kubernetes mounts secrets.
+pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    fn not_regular(t: std::fs::FileType) -> std::io::Error {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_dir() {
+            "a directory"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file ({kind})"),
+        )
+    }
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let mut f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(1 << 24));
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = read_regular_file(path).map_err(|e| {
         ConfigError::new(
             &file,
             None,

@@ -113,6 +113,8 @@ pub struct ServerSection {
     pub tls_handshake_timeout_ms: u64,
     /// Connections to the admin listener; beyond, new ones are closed.
     pub admin_max_connections: usize,
+    /// An upgraded tunnel (WebSocket) idle this long is closed.
+    pub tunnel_idle_timeout_seconds: u64,
 }
 
 impl Default for ServerSection {
@@ -139,6 +141,7 @@ impl Default for ServerSection {
             idle_timeout_ms: 60_000,
             tls_handshake_timeout_ms: 10_000,
             admin_max_connections: 64,
+            tunnel_idle_timeout_seconds: 300,
         }
     }
 }

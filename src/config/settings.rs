@@ -83,6 +83,8 @@ pub struct ServerSettings {
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub admin_max_connections: usize,
+    /// `tunnel_idle_timeout_seconds`: an upgraded tunnel idle this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 impl ServerSettings {

@@ -38,7 +38,7 @@ fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
         if let Err(e) = crate::edge::tls::CaBundle::load(path) {
             return err("redis.ca_file", e);
         }
-        match std::fs::read(path) {
+        match super::read_regular_file(path) {
             Ok(b) => Some(b),
             Err(e) => return err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
         }

@@ -182,6 +182,7 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         idle_timeout: edge.idle_timeout,
         tls_handshake_timeout: edge.tls_handshake_timeout,
         admin_max_connections: s.admin_max_connections,
+        tunnel_idle_timeout: edge.tunnel_idle_timeout,
     })
 }
 

@@ -79,10 +79,21 @@ fn proxied_source(session: &Session) -> Option<IpAddr> {
 }
 
 /// The client address of the request (see [`identity::client_address`]).
-pub fn client_ip(session: &Session, trusted: &TrustedProxies) -> Option<IpAddr> {
+///
+/// With `proxy_protocol` (CONTRACT §17) the PROXY header alone says who the client is:
+/// `X-Forwarded-For` is never read, and a `LOCAL` (v2) or `UNKNOWN` (v1) header, which
+/// names no source, makes the connection's peer the client.
+pub fn client_ip(
+    session: &Session,
+    trusted: &TrustedProxies,
+    proxy_protocol: bool,
+) -> Option<IpAddr> {
     let conn = conn(session);
     let peer = conn.and_then(|c| c.peer).or_else(|| peer_ip(session))?;
     let proxied = proxied_source(session);
+    if proxy_protocol {
+        return Some(proxied.unwrap_or(peer));
+    }
     if proxied.is_none() && (trusted.is_empty() || !trusted.contains(peer)) {
         return Some(peer);
     }

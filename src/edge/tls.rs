@@ -79,7 +79,8 @@ impl fmt::Debug for CertSet {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    crate::config::read_regular_file(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 impl CertSet {

@@ -115,6 +115,39 @@ impl ProxyHttp for Proxy {
                 Refusal::BadRequest("portcullis: invalid byte in request target\n"),
             );
         }
+        if crate::framing::asterisk_target_misused(
+            &session.req_header().method,
+            session.req_header().raw_path(),
+        ) {
+            return Self::refuse_early(
+                session,
+                ctx,
+                Refusal::BadRequest("portcullis: request target * is for OPTIONS only\n"),
+            );
+        }
+        // `Content-Length: 5, 5` goes upstream as `5`: a list is never passed on.
+        match crate::framing::content_length_list(&session.req_header().headers) {
+            Ok(None) => {}
+            Ok(Some(one)) => {
+                session
+                    .req_header_mut()
+                    .insert_header(http::header::CONTENT_LENGTH, one)?;
+            }
+            Err(()) => {
+                return Self::refuse_early(
+                    session,
+                    ctx,
+                    Refusal::BadRequest("portcullis: bad request\n"),
+                );
+            }
+        }
+        if request::data_past_zero_length(session) {
+            return Self::refuse_early(
+                session,
+                ctx,
+                Refusal::BadRequest("portcullis: body past content-length: 0\n"),
+            );
+        }
         if header_block_len(session) > max_header {
             return Self::refuse_early(session, ctx, Refusal::HeaderTooLarge);
         }
@@ -136,7 +169,8 @@ impl ProxyHttp for Proxy {
         ctx.routed = true;
         let route = rt.route_at(ctx.route);
         ctx.pool = rt.pools.get(route.upstream).cloned();
-        ctx.client = edge::client_ip(session, &rt.config.server.trusted_proxies);
+        let server = &rt.config.server;
+        ctx.client = edge::client_ip(session, &server.trusted_proxies, server.proxy_protocol);
 
         // Gate 1: load shedding, before any other work.
         match self.shared.shedder.try_acquire(route.priority) {
@@ -152,7 +186,11 @@ impl ProxyHttp for Proxy {
         // Gate 1b: an upgrade (WebSocket) request needs a tunnel slot.
         if session.is_upgrade_req() {
             match crate::edge::tunnel::TunnelSlot::try_reserve(rt.config.shedding.max_tunnels) {
-                Some(slot) => ctx.tunnel = Some(slot),
+                Some(slot) => {
+                    ctx.tunnel = Some(slot);
+                    // A tunnel's reads wait as long as it may be idle, not a body pause.
+                    session.set_read_timeout(Some(rt.config.server.tunnel_idle_timeout));
+                }
                 None => {
                     let retry_after = rt.config.shedding.retry_after_secs;
                     return self
@@ -237,7 +275,13 @@ impl ProxyHttp for Proxy {
         let keep_case = self.shared.keep_header_case;
         let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
-        peer.options.read_timeout = Some(pool.read_timeout);
+        peer.options.read_timeout = Some(if ctx.tunnel.is_some() {
+            // An upgrade request: the backend's side of the tunnel may be quiet as
+            // long as the tunnel may be idle (`read_timeout_ms` would cut it).
+            ctx.runtime.config.server.tunnel_idle_timeout
+        } else {
+            pool.read_timeout
+        });
         peer.options.write_timeout = Some(pool.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         ctx.backend = Some(backend);
@@ -394,6 +438,9 @@ impl ProxyHttp for Proxy {
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
         }
         request::keep_http10_without_host(session, req);
+        if session.as_downstream().is_http2() {
+            request::join_cookie_crumbs(req)?;
+        }
         let id = match req
             .headers
             .get(edge::headers::names::X_REQUEST_ID.name())

@@ -184,6 +184,55 @@ pub fn invalid_target(session: &Session) -> bool {
             .is_some_and(|h1| h1.request_target_escaped())
 }
 
+/// An HTTP/2 request that declared `content-length: 0` but whose stream did not end with
+/// its HEADERS frame, and whose next frame (already received) carries data: malformed
+/// (RFC 9113 §8.1.1), never forwarded. The h2 crate resets such a stream itself
+/// (PROTOCOL_ERROR), but Pingora takes `content-length: 0` as "no body" and would forward
+/// the request as a complete one first. Only what has already arrived is looked at (a
+/// client may legitimately end the stream late); a DATA frame that comes later still gets
+/// the stream reset, and nothing of it is forwarded.
+pub fn data_past_zero_length(session: &mut Session) -> bool {
+    use futures_util::FutureExt;
+    let downstream = session.as_downstream_mut();
+    if !downstream.is_http2()
+        || downstream
+            .req_header()
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .is_none_or(|v| v.as_bytes() != b"0")
+    {
+        return false;
+    }
+    match downstream.read_request_body().now_or_never() {
+        Some(Ok(Some(data))) => !data.is_empty(),
+        Some(Ok(None)) | None => false,
+        // The h2 crate reset the stream: DATA past the declared length.
+        Some(Err(_)) => true,
+    }
+}
+
+/// HTTP/2 cookie crumbs (several `cookie` fields, RFC 9113 §8.2.3) joined with `"; "`
+/// into one `Cookie` field for an HTTP/1.1 upstream, which must not get several.
+pub fn join_cookie_crumbs(req: &mut pingora::http::RequestHeader) -> pingora::Result<()> {
+    let cookie = http::header::COOKIE;
+    let mut values = req.headers.get_all(&cookie).iter();
+    if values.next().is_none() || values.next().is_none() {
+        return Ok(());
+    }
+    let mut joined: Vec<u8> = Vec::new();
+    for v in req.headers.get_all(&cookie) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    let value = http::HeaderValue::from_bytes(&joined).map_err(|e| {
+        pingora::Error::because(pingora::ErrorType::InvalidHTTPHeader, "joining cookies", e)
+    })?;
+    req.insert_header(cookie, value)?;
+    Ok(())
+}
+
 /// The timeouts and reuse of the client connection, per request.
 pub fn set_connection_options(session: &mut Session, server: &crate::config::ServerSettings) {
     // The wait for the next request is timed by the edge stream when there is one

@@ -36,8 +36,10 @@ pub enum KeyOutcome<'a> {
     /// Longer than `max_key_bytes` (answer 400, never store it).
     TooLong,
     /// More than one value for the key: the key header twice, `Authorization` twice (for
-    /// `bearer`), or the query parameter twice. Answer 400 and never forward the request:
-    /// the limiter would count one value while the backend may act on another.
+    /// `bearer`), one key header line whose value is a comma-separated list (`a, b`: the
+    /// same as two lines, RFC 9110 §5.3), or the query parameter twice (`&` or `;` as the
+    /// separator). Answer 400 and never forward the request: the limiter would count one
+    /// value while the backend may act on another.
     Duplicate,
 }
 
@@ -72,7 +74,8 @@ pub fn extract_key<'a>(
                 return KeyOutcome::Missing;
             };
             let mut found: Option<&str> = None;
-            for pair in q.split('&') {
+            // `;` separates parameters too for many frameworks: `key=a;key=b` is two keys.
+            for pair in q.split(['&', ';']) {
                 let (k, v) = match pair.split_once('=') {
                     Some((k, v)) => (k, v),
                     None => (pair, ""),
@@ -100,7 +103,10 @@ pub fn extract_key<'a>(
     }
 }
 
-/// The one value of header `name`: `Ok(None)` without one, `Err(Duplicate)` with several.
+/// The one value of header `name`: `Ok(None)` without one, `Err(Duplicate)` with several,
+/// whether as several field lines or as one line holding a comma-separated list (a
+/// recipient may combine the lines into that list, RFC 9110 §5.3, so both mean the same;
+/// no API key or bearer token holds a comma).
 fn single<'a>(
     headers: &'a http::HeaderMap,
     name: &http::HeaderName,
@@ -108,6 +114,7 @@ fn single<'a>(
     let mut values = headers.get_all(name).iter();
     match (values.next(), values.next()) {
         (Some(_), Some(_)) => Err(KeyOutcome::Duplicate),
+        (Some(v), None) if v.as_bytes().contains(&b',') => Err(KeyOutcome::Duplicate),
         (v, _) => Ok(v),
     }
 }
@@ -251,6 +258,17 @@ mod tests {
         assert_eq!(extract_key(&b, &two, &uri, 256), KeyOutcome::Duplicate);
         let mixed = hm(&[("authorization", "Basic x"), ("authorization", "Bearer b")]);
         assert_eq!(extract_key(&b, &mixed, &uri, 256), KeyOutcome::Duplicate);
+        // One line holding a list is two values (RFC 9110 §5.3), whatever the values.
+        for v in ["a, b", "a,b", "a,", ",a", "same, same"] {
+            let h = hm(&[("x-api-key", v)]);
+            assert_eq!(
+                extract_key(&src, &h, &uri, 256),
+                KeyOutcome::Duplicate,
+                "{v}"
+            );
+        }
+        let list = hm(&[("authorization", "Bearer a, Bearer b")]);
+        assert_eq!(extract_key(&b, &list, &uri, 256), KeyOutcome::Duplicate);
         // Another header repeated is not the key's business.
         let h = hm(&[("x-api-key", "k"), ("accept", "a"), ("accept", "b")]);
         assert_eq!(key(extract_key(&src, &h, &uri, 256)).as_deref(), Some("k"));
@@ -317,6 +335,11 @@ mod tests {
         assert_eq!(t("/x?a=1&api_key=abc&api_key=zzz"), Err("Duplicate".into()));
         assert_eq!(t("/x?api%5Fkey=abc&api_key=abc"), Err("Duplicate".into()));
         assert_eq!(t("/x?api_key=&api_key=abc"), Err("Duplicate".into()));
+        // `;` separates parameters as `&` does.
+        assert_eq!(t("/x?api_key=abc;api_key=zzz"), Err("Duplicate".into()));
+        assert_eq!(t("/x?a=1;api_key=abc&api_key=z"), Err("Duplicate".into()));
+        assert_eq!(t("/x?a=1;api_key=abc"), Ok("abc".into()));
+        assert_eq!(t("/x?api_key=abc;v=2"), Ok("abc".into()));
         assert_eq!(t("/x?api_key=a%2Bb+c"), Ok("a+b+c".into()));
         assert_eq!(t("/x?api%5Fkey=k1"), Ok("k1".into()));
         assert_eq!(t("/x?api_key=%zz"), Ok("%zz".into()));
