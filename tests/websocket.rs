@@ -174,3 +174,105 @@ fn tunnels_have_their_own_idle_timeout() {
         || proxy.metric("portcullis_tunnels_open") == Some(0.0),
     );
 }
+
+/// CONTRACT §17: a tunnel is idle when no byte goes *either* way. A backend that only
+/// pushes (the client silent) and a client that only sends (the backend silent) keep
+/// their tunnels open past `tunnel_idle_timeout_seconds`; once the talking side stops,
+/// the tunnel is closed that long after its last byte. (A timeout per direction closed
+/// both at 2 s.)
+#[test]
+fn a_tunnel_that_talks_one_way_is_not_idle() {
+    let echo = WsEchoServer::start();
+    let cfg = format!(
+        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\nread_timeout_ms = 300\n\n\
+         [rate_limit]\nenabled = false\n",
+        echo.addr()
+    );
+    let proxy = Proxy::start_with_server(
+        "client_body_timeout_ms = 300\ntunnel_idle_timeout_seconds = 2\n",
+        &cfg,
+    );
+
+    // The backend pushes for 4 s; the client never sends a byte.
+    let mut push = WsClient::open(&proxy.addr(), "/push");
+    let opened = Instant::now();
+    assert!(
+        !push.is_closed_within(Duration::from_millis(3_500)),
+        "a tunnel the backend pushed on was closed after {:?}",
+        opened.elapsed()
+    );
+    // Then both sides are silent: closed about 2 s after the last push (at ~4 s).
+    assert!(
+        push.is_closed_within(Duration::from_secs(15)),
+        "a tunnel silent both ways was never closed"
+    );
+    let took = opened.elapsed();
+    assert!(
+        took >= Duration::from_millis(5_500),
+        "closed after {took:?}"
+    );
+
+    // The client sends every 500 ms for 3 s; the backend never answers.
+    let mut sink = WsClient::open(&proxy.addr(), "/sink");
+    let t0 = Instant::now();
+    let mut last = t0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        sink.send("one way");
+        last = Instant::now();
+        // pacing between messages, not a wait for an outcome
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let quiet_for = Duration::from_millis(1_500).saturating_sub(last.elapsed());
+    assert!(
+        !sink.is_closed_within(quiet_for),
+        "a tunnel the client sent on was closed {:?} after its last byte",
+        last.elapsed()
+    );
+    assert!(
+        sink.is_closed_within(Duration::from_secs(15)),
+        "a tunnel silent both ways was never closed"
+    );
+    eventually(
+        DEADLINE,
+        || "tunnels_open back to 0".into(),
+        || proxy.metric("portcullis_tunnels_open") == Some(0.0),
+    );
+}
+
+/// The tunnel's idle timer runs from the upgrade request, the wait for the `101`
+/// included: a backend that never answers an upgrade does not hold the client (the
+/// backend's own reads are not timed for a tunnel).
+#[test]
+fn an_upgrade_the_backend_never_answers_is_closed_after_the_tunnel_idle_timeout() {
+    let b = Backend::start("hang");
+    b.set_mode(Mode::Hang);
+    let cfg = format!(
+        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\nread_timeout_ms = 300\n\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
+        b.addr()
+    );
+    let proxy = Proxy::start_with_server("tunnel_idle_timeout_seconds = 1\n", &cfg);
+    let mut s = std::net::TcpStream::connect(proxy.addr()).expect("connect");
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /ws HTTP/1.1\r\nHost: ws.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .expect("send upgrade");
+    let sent = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut got);
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(10),
+        "closed after {took:?}: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    eventually(
+        DEADLINE,
+        || "tunnels_open back to 0".into(),
+        || proxy.metric("portcullis_tunnels_open") == Some(0.0),
+    );
+}

@@ -58,6 +58,9 @@ pub struct Conn {
     /// Idle time allowed between requests, in milliseconds; 0: the stream does not
     /// time it (Pingora does, or nothing does).
     keepalive: AtomicU32,
+    /// The request became a tunnel (an upgrade): it is closed once no byte has gone
+    /// either way for this many milliseconds; 0: not a tunnel.
+    tunnel_idle: AtomicU32,
 }
 
 impl Conn {
@@ -68,6 +71,7 @@ impl Conn {
             trusted,
             state: AtomicU8::new(AWAIT_HEADER),
             keepalive: AtomicU32::new(0),
+            tunnel_idle: AtomicU32::new(0),
         }
     }
 
@@ -97,8 +101,26 @@ impl Conn {
     /// tells Pingora not to time it either.
     pub fn header_received(&self, keepalive: Duration) {
         self.state.store(IN_REQUEST, Ordering::Relaxed);
+        self.tunnel_idle.store(0, Ordering::Relaxed);
         let ms = u32::try_from(keepalive.as_millis()).unwrap_or(u32::MAX);
         self.keepalive.store(ms, Ordering::Relaxed);
+    }
+
+    /// The request is an upgrade: from now on the connection is a tunnel, closed by
+    /// the stream once no byte has gone either way (read from the client or written
+    /// to it, which are the two directions of the tunnel) for `idle`
+    /// (`tunnel_idle_timeout_seconds`). Neither side's reads are timed otherwise: a
+    /// side that is quiet while the other talks is not idle.
+    pub fn tunnel(&self, idle: Duration) {
+        let ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX).max(1);
+        self.tunnel_idle.store(ms, Ordering::Relaxed);
+    }
+
+    fn tunnel_idle(&self) -> Option<Duration> {
+        match self.tunnel_idle.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(u64::from(ms))),
+        }
     }
 
     /// The request is answered: the next header's deadline starts with its
@@ -126,6 +148,8 @@ pub struct EdgeStream {
     h2c: bool,
     /// The connection is HTTP/2: where its frames begin and end.
     h2: Option<H2Frames>,
+    /// A tunnel's last byte either way (`None`: not timing a tunnel yet).
+    tunnel_last_io: Option<Instant>,
 }
 
 /// The HTTP/2 preface (RFC 9113 §3.4).
@@ -233,6 +257,7 @@ impl EdgeStream {
             timeouts,
             h2c,
             h2: None,
+            tunnel_last_io: None,
         }
     }
 
@@ -311,8 +336,13 @@ impl EdgeStream {
     ) -> Poll<io::Result<()>> {
         let state = self.conn.state.load(Ordering::Relaxed);
         if state == IN_REQUEST {
-            return Pin::new(&mut self.inner).poll_read(cx, buf);
+            return match self.conn.tunnel_idle() {
+                None => Pin::new(&mut self.inner).poll_read(cx, buf),
+                Some(idle) => self.poll_read_tunnel(cx, buf, idle),
+            };
         }
+        // between requests: an upgrade that was refused left no tunnel behind
+        self.tunnel_last_io = None;
         if self.timed_out || (state == AWAIT_HEADER && self.deadline.is_elapsed()) {
             return self.time_out(cx);
         }
@@ -347,6 +377,46 @@ impl EdgeStream {
             _ => {}
         }
         res
+    }
+
+    /// Reads a tunnel's client side: a read that waits while nothing has gone either
+    /// way for `idle` fails (timed out), which ends the tunnel on both sides.
+    fn poll_read_tunnel(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        idle: Duration,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match res {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                self.tunnel_last_io = Some(Instant::now());
+            }
+            Poll::Pending => {
+                let last = *self.tunnel_last_io.get_or_insert_with(Instant::now);
+                let due = last + idle;
+                if self.deadline.deadline() != due {
+                    self.deadline.as_mut().reset(due);
+                }
+                if self.deadline.as_mut().poll(cx).is_ready() {
+                    tracing::debug!(event = "tunnel_idle_timeout", client = ?self.conn.source());
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "tunnel idle timeout",
+                    )));
+                }
+            }
+            _ => {}
+        }
+        res
+    }
+
+    /// A write to the client: a byte of a tunnel's other direction.
+    fn wrote(&mut self, res: &Poll<io::Result<usize>>) {
+        if matches!(res, Poll::Ready(Ok(n)) if *n > 0) && self.tunnel_last_io.is_some() {
+            self.tunnel_last_io = Some(Instant::now());
+        }
     }
 
     /// Reads into the replay buffer until it holds `want` bytes, the client stops
@@ -413,7 +483,9 @@ impl AsyncWrite for EdgeStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write(Pin::new(&mut *self.inner), cx, buf)
+        let res = AsyncWrite::poll_write(Pin::new(&mut *self.inner), cx, buf);
+        self.wrote(&res);
+        res
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -429,7 +501,9 @@ impl AsyncWrite for EdgeStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write_vectored(Pin::new(&mut *self.inner), cx, bufs)
+        let res = AsyncWrite::poll_write_vectored(Pin::new(&mut *self.inner), cx, bufs);
+        self.wrote(&res);
+        res
     }
 
     fn is_write_vectored(&self) -> bool {

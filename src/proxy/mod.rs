@@ -188,8 +188,14 @@ impl ProxyHttp for Proxy {
             match crate::edge::tunnel::TunnelSlot::try_reserve(rt.config.shedding.max_tunnels) {
                 Some(slot) => {
                     ctx.tunnel = Some(slot);
-                    // A tunnel's reads wait as long as it may be idle, not a body pause.
-                    session.set_read_timeout(Some(rt.config.server.tunnel_idle_timeout));
+                    // A tunnel is idle when no byte goes either way: the edge stream,
+                    // which sees both directions, times that, and neither side's reads
+                    // are timed alone (a side may be quiet while the other talks).
+                    let idle = rt.config.server.tunnel_idle_timeout;
+                    let timed_by_edge = crate::edge::conn(session)
+                        .map(|conn| conn.tunnel(idle))
+                        .is_some();
+                    session.set_read_timeout((!timed_by_edge).then_some(idle));
                 }
                 None => {
                     let retry_after = rt.config.shedding.retry_after_secs;
@@ -275,13 +281,16 @@ impl ProxyHttp for Proxy {
         let keep_case = self.shared.keep_header_case;
         let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
-        peer.options.read_timeout = Some(if ctx.tunnel.is_some() {
-            // An upgrade request: the backend's side of the tunnel may be quiet as
-            // long as the tunnel may be idle (`read_timeout_ms` would cut it).
-            ctx.runtime.config.server.tunnel_idle_timeout
+        peer.options.read_timeout = if ctx.tunnel.is_none() {
+            Some(pool.read_timeout)
+        } else if crate::edge::conn(session).is_some() {
+            // An upgrade request: the edge stream closes the tunnel once nothing has
+            // gone either way for `tunnel_idle_timeout_seconds` (the wait for the `101`
+            // included); the backend may be quiet while the client talks.
+            None
         } else {
-            pool.read_timeout
-        });
+            Some(ctx.runtime.config.server.tunnel_idle_timeout)
+        };
         peer.options.write_timeout = Some(pool.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         ctx.backend = Some(backend);

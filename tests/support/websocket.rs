@@ -108,7 +108,9 @@ struct EchoState {
 
 /// A WebSocket echo server: answers the upgrade with `101` and a correct
 /// `Sec-WebSocket-Accept`, echoes text and binary frames, answers close with close;
-/// a request without `Upgrade` gets `200 plain`.
+/// a request without `Upgrade` gets `200 plain`. Two paths talk one way only: on
+/// `/push…` the server sends a `tick` frame every 300 ms for 4 s and reads nothing, then
+/// stays silent; on `/sink…` it reads frames and answers none (but close).
 pub struct WsEchoServer {
     port: u16,
     st: Arc<EchoState>,
@@ -195,6 +197,20 @@ fn serve(mut s: TcpStream, st: &EchoState) -> io::Result<()> {
         )?;
         st.open.fetch_add(1, Ordering::SeqCst);
         let _open = OpenGuard(st);
+        let path = head.split(' ').nth(1).unwrap_or("/");
+        if path.starts_with("/push") {
+            let until = std::time::Instant::now() + Duration::from_secs(4);
+            while std::time::Instant::now() < until {
+                write_frame(&mut s, 0x1, b"tick", None)?;
+                // pacing of the pushes
+                thread::sleep(Duration::from_millis(300));
+            }
+            // silent from now on, until the connection ends
+            let mut b = [0u8; 1024];
+            while s.read(&mut b)? > 0 {}
+            return Ok(());
+        }
+        let sink = path.starts_with("/sink");
         loop {
             let (op, payload) = read_frame(&mut s)?;
             match op {
@@ -202,6 +218,7 @@ fn serve(mut s: TcpStream, st: &EchoState) -> io::Result<()> {
                     write_frame(&mut s, 0x8, &payload, None)?;
                     return Ok(());
                 }
+                _ if sink => {}
                 0x9 => write_frame(&mut s, 0xA, &payload, None)?,
                 _ => write_frame(&mut s, op, &payload, None)?,
             }
@@ -265,6 +282,11 @@ impl WsClient {
         let (op, payload) = read_frame(&mut self.s).expect("echo frame");
         assert_eq!(op, 0x1);
         String::from_utf8_lossy(&payload).into_owned()
+    }
+
+    /// Sends a masked text frame and reads nothing.
+    pub fn send(&mut self, text: &str) {
+        write_frame(&mut self.s, 0x1, text.as_bytes(), Some([1, 2, 3, 4])).expect("send frame");
     }
 
     /// Sends close and waits for the close frame back.
