@@ -195,6 +195,8 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let redis = config.store.clone();
     let threads = config.server.threads;
     let h2c = config.server.h2c;
+    // issue 40, item 8
+    let max_glitches = config.server.h2_max_glitches;
     let tls = config.tls.clone();
 
     let shared = Shared::new(config, config_path);
@@ -208,6 +210,18 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h2c = h2c;
     options.h1_discard_header_case = !shared.keep_header_case;
+    // issue 40, item 8: `h2_max_glitches`, per connection per minute (ours), and the
+    // same number for the streams h2 itself resets for the client's protocol errors
+    // (h2 counts those over the connection's life; its default is 1024).
+    options.h2_glitches = Some(crate::edge::glitches::policy(
+        max_glitches,
+        shared
+            .metrics
+            .edge_refusal_counter(crate::metrics::EdgeRefusal::H2Glitches),
+    ));
+    let mut h2_options = pingora::protocols::http::v2::server::default_h2_options();
+    h2_options.max_local_error_reset_streams(Some(max_glitches as usize));
+    http_proxy.h2_options = Some(h2_options);
     http_proxy.server_options = Some(options);
     // Edge first: the connection cap and the PROXY header come before anything else.
     let mut proxy = Service::new(

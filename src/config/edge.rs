@@ -66,6 +66,14 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         10_000_000,
         "",
     )?;
+    // issue 40, item 8
+    range(
+        "server.h2_max_glitches",
+        u64::from(s.h2_max_glitches),
+        1,
+        1_000_000,
+        "",
+    )?;
     Ok(ServerEdge {
         trusted_proxies,
         client_header_timeout: Duration::from_millis(s.client_header_timeout_ms),

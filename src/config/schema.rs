@@ -102,6 +102,10 @@ pub struct ServerSection {
     pub client_body_timeout_ms: u64,
     /// Client connections open at once; beyond, new ones are closed.
     pub max_connections: usize,
+    // issue 40, item 8
+    /// Per HTTP/2 connection per minute: streams the client resets after they
+    /// were accepted, or malformed streams; past it, GOAWAY ENHANCE_YOUR_CALM.
+    pub h2_max_glitches: u32,
 }
 
 impl Default for ServerSection {
@@ -124,6 +128,8 @@ impl Default for ServerSection {
             client_header_timeout_ms: 10_000,
             client_body_timeout_ms: 30_000,
             max_connections: 20_000,
+            // issue 40, item 8
+            h2_max_glitches: 100,
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct ServerSettings {
     pub client_header_timeout: Duration,
     pub client_body_timeout: Duration,
     pub max_connections: usize,
+    // issue 40, item 8
+    /// Glitches one HTTP/2 connection may cause per minute (`h2_max_glitches`).
+    pub h2_max_glitches: u32,
 }
 
 /// `[redis]`: where the fleet's shared state lives.

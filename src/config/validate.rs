@@ -171,6 +171,8 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         client_header_timeout: edge.client_header_timeout,
         client_body_timeout: edge.client_body_timeout,
         max_connections: s.max_connections,
+        // issue 40, item 8
+        h2_max_glitches: s.h2_max_glitches,
     })
 }
 

@@ -73,6 +73,80 @@ pub fn default_h2_options() -> H2Options {
     options
 }
 
+// portcullis patch (h2 glitches): begin
+/// The glitch count of one downstream HTTP/2 connection: streams the client reset after
+/// they were accepted (before their response was complete) and streams refused as
+/// malformed. The application decides the budget (a count per time window, say).
+pub trait H2Glitches: Send + Sync {
+    /// One glitch on the connection. `true`: the connection is over its budget; it is
+    /// sent GOAWAY `ENHANCE_YOUR_CALM` and closed.
+    fn glitch(&self) -> bool;
+}
+
+/// Makes the [`H2Glitches`] of each new downstream HTTP/2 connection
+/// (`HttpServerOptions::h2_glitches`).
+#[derive(Clone)]
+pub struct H2GlitchPolicy(pub Arc<dyn Fn() -> Box<dyn H2Glitches> + Send + Sync>);
+
+impl std::fmt::Debug for H2GlitchPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("H2GlitchPolicy")
+    }
+}
+
+/// A connection's [`H2Glitches`], shared by its accept loop and its streams.
+pub(crate) struct ConnGlitches {
+    count: Box<dyn H2Glitches>,
+    over: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl ConnGlitches {
+    fn new(policy: &H2GlitchPolicy) -> Arc<Self> {
+        Arc::new(ConnGlitches {
+            count: (policy.0)(),
+            over: std::sync::atomic::AtomicBool::new(false),
+            notify: Notify::new(),
+        })
+    }
+
+    fn glitch(&self) {
+        if self.count.glitch() && !self.over.swap(true, Ordering::Relaxed) {
+            // a permit is kept when the accept loop is not waiting yet
+            self.notify.notify_one();
+        }
+    }
+
+    /// Ready once the connection is over its budget; pending forever without one.
+    async fn over_budget(glitches: Option<&Arc<Self>>) {
+        match glitches {
+            Some(g) => {
+                while !g.over.load(Ordering::Relaxed) {
+                    g.notify.notified().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// [`accept_downstream_sessions_with_glitches`] without a glitch budget (the tests'
+/// accept loop).
+#[cfg(test)]
+pub(crate) async fn accept_downstream_sessions<F>(
+    conn: H2Connection<Stream>,
+    digest: Arc<Digest>,
+    shutdown: ShutdownWatch,
+    idle_timeout: Option<Duration>,
+    on_session: F,
+) where
+    F: FnMut(HttpSession, StreamGuard),
+{
+    accept_downstream_sessions_with_glitches(conn, digest, shutdown, idle_timeout, None, on_session)
+        .await
+}
+// portcullis patch (h2 glitches): end
+
 /// Perform HTTP/2 connection handshake with an established (TLS) connection.
 ///
 /// The optional `options` allow to adjust certain HTTP/2 parameters and settings.
@@ -130,15 +204,19 @@ pub async fn handshake(io: Stream, options: Option<H2Options>) -> Result<H2Conne
 /// that bound during drain.
 // TODO: add a per-connection drain timeout to bound how long a single
 // misbehaving client can keep this task alive after GOAWAY.
-pub(crate) async fn accept_downstream_sessions<F>(
+// portcullis patch (h2 glitches): `glitches`, the connection's budget
+pub(crate) async fn accept_downstream_sessions_with_glitches<F>(
     mut conn: H2Connection<Stream>,
     digest: Arc<Digest>,
     mut shutdown: ShutdownWatch,
     idle_timeout: Option<Duration>,
+    glitches: Option<H2GlitchPolicy>,
     mut on_session: F,
 ) where
     F: FnMut(HttpSession, StreamGuard),
 {
+    // portcullis patch (h2 glitches)
+    let glitches = glitches.as_ref().map(ConnGlitches::new);
     let mut shutdown_initiated = false;
     // Per-connection budget for malformed streams (see MAX_MALFORMED_STREAMS_PER_CONN).
     let mut malformed_streams = 0usize;
@@ -177,6 +255,17 @@ pub(crate) async fn accept_downstream_sessions<F>(
                     // a dead peer).
                     return;
                 }
+                // portcullis patch (h2 glitches): over the budget, GOAWAY
+                // ENHANCE_YOUR_CALM, flushed within a second, then close.
+                _ = ConnGlitches::over_budget(glitches.as_ref()) => {
+                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                    let _ = timeout(
+                        Duration::from_secs(1),
+                        std::future::poll_fn(|cx| conn.poll_closed(cx)),
+                    )
+                    .await;
+                    return;
+                }
             }
         };
         match h2_stream {
@@ -190,10 +279,41 @@ pub(crate) async fn accept_downstream_sessions<F>(
             Ok(None) => return,
             // The offending stream was already answered or reset; keep the
             // connection alive and continue accepting sibling streams.
-            Ok(Some(H2Accept::Rejected)) => continue,
-            Ok(Some(H2Accept::Session(session))) => {
+            Ok(Some(H2Accept::Rejected)) => {
+                // portcullis patch (h2 glitches): a malformed stream is a glitch
+                if let Some(g) = &glitches {
+                    g.glitch();
+                }
+                continue;
+            }
+            Ok(Some(H2Accept::Session(mut session))) => {
+                // portcullis patch (h2 glitches)
+                session.glitches = glitches.clone();
                 on_session(session, active.start_session());
             }
+        }
+    }
+}
+
+// portcullis patch (h2 glitches): a stream the client reset (or that h2 reset for a
+// protocol error of the client's) before its response was complete is a glitch of its
+// connection. Checked once, when the stream is done with; an I/O error of the connection
+// is not a reset.
+impl Drop for HttpSession {
+    fn drop(&mut self) {
+        let Some(glitches) = self.glitches.take() else {
+            return;
+        };
+        if self.ended || self.reset_here {
+            return;
+        }
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let reset = match self.send_response_body.as_mut() {
+            Some(body) => body.poll_reset(&mut cx),
+            None => self.send_response.poll_reset(&mut cx),
+        };
+        if matches!(reset, Poll::Ready(Ok(_))) {
+            glitches.glitch();
         }
     }
 }
@@ -291,6 +411,13 @@ pub struct HttpSession {
     pub write_timeout: Option<Duration>,
     // How long to wait when draining (discarding) request body
     total_drain_timeout: Option<Duration>,
+    // portcullis patch (h2 body timeout): the longest wait for the next piece of request
+    // body, as HTTP/1's `read_timeout`
+    read_timeout: Option<Duration>,
+    // portcullis patch (h2 glitches): the connection's glitch count, told when the client
+    // resets this stream before its response is complete; and whether we reset it
+    glitches: Option<Arc<ConnGlitches>>,
+    reset_here: bool,
 }
 
 /// The outcome of accepting the next event on an HTTP/2 downstream connection.
@@ -499,6 +626,10 @@ impl HttpSession {
             digest,
             write_timeout: None,
             total_drain_timeout: None,
+            // portcullis patch (h2 body timeout, h2 glitches)
+            read_timeout: None,
+            glitches: None,
+            reset_here: false,
         })))
     }
 
@@ -520,8 +651,20 @@ impl HttpSession {
 
     /// Read request body bytes. `None` when there is no more body to read.
     pub async fn read_body_bytes(&mut self) -> Result<Option<Bytes>> {
-        // TODO: timeout
-        let data = self.request_body_reader.data().await.transpose().or_err(
+        // portcullis patch (h2 body timeout): each read waits at most `read_timeout`
+        let data = match self.read_timeout {
+            Some(t) => match timeout(t, self.request_body_reader.data()).await {
+                Ok(data) => data,
+                Err(_) => {
+                    return Error::e_explain(
+                        ErrorType::ReadTimedout,
+                        format!("reading body, timeout: {t:?}"),
+                    )
+                }
+            },
+            None => self.request_body_reader.data().await,
+        };
+        let data = data.transpose().or_err(
             ErrorType::ReadError,
             "while reading downstream request body",
         )?;
@@ -607,6 +750,17 @@ impl HttpSession {
     /// Get the total drain timeout.
     pub fn get_total_drain_timeout(&self) -> Option<Duration> {
         self.total_drain_timeout
+    }
+
+    /// portcullis patch (h2 body timeout): sets the longest wait for each piece of the
+    /// request body (`ReadTimedout` past it), as HTTP/1's read timeout does.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        self.read_timeout = timeout;
+    }
+
+    /// portcullis patch (h2 body timeout): the request body's read timeout.
+    pub fn get_read_timeout(&self) -> Option<Duration> {
+        self.read_timeout
     }
 
     // the write_* don't have timeouts because the actual writing happens on the connection
@@ -846,6 +1000,8 @@ impl HttpSession {
     pub fn shutdown_with_reason(&mut self, reason: h2::Reason) {
         if !self.ended {
             self.send_response.send_reset(reason);
+            // portcullis patch (h2 glitches): our reset is not the client's glitch
+            self.reset_here = true;
         }
     }
 
