@@ -174,6 +174,88 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
     );
 }
 
+/// Runs `h2_stall.py` with `n` streams of `path` to completion: the streams, and the
+/// script's whole output.
+fn stall(proxy: &Proxy, path: &str, n: u32, seconds: u32) -> (Vec<Stalled>, String) {
+    let script = format!("{}/tests/support/h2_stall.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("/usr/bin/python3")
+        .args([
+            &script,
+            &proxy.addr(),
+            path,
+            &n.to_string(),
+            &seconds.to_string(),
+        ])
+        .output()
+        .expect("run h2_stall.py (needs python3-h2)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "h2_stall.py: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let streams = text
+        .lines()
+        .filter(|l| l.contains("\"stream\""))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    (streams, text)
+}
+
+/// Once the response has started there is no 408 to send: the stalled stream is reset,
+/// and it is still the client's fault.
+#[test]
+fn a_stalled_h2_body_after_the_response_started_gets_rst_stream() {
+    // answers as soon as it has the request head, without reading the body, and never
+    // ends its chunked response
+    let addr = fixed_response_backend(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    );
+    let cfg = format!(
+        "[[upstreams]]\nname = \"app\"\nbackends = [\"{addr}\"]\nread_timeout_ms = 30000\n\n\
+         [rate_limit]\nenabled = false\n"
+    );
+    let server = format!(
+        "h2c = true\nclient_body_timeout_ms = {}\n",
+        BODY_TIMEOUT.as_millis()
+    );
+    let proxy = Proxy::start_with_server(&server, &cfg);
+    let (streams, text) = stall(&proxy, "/early", 1, 8);
+    let s = &streams[0];
+    assert_eq!(s.status, Some(200), "the response had started: {text}");
+    assert!(
+        s.reset.is_some_and(|code| code != 0),
+        "the stream is reset, not ended: {text}"
+    );
+    let ms = s.ms.unwrap_or(u64::MAX);
+    assert!(
+        u128::from(ms) < (BODY_TIMEOUT + Duration::from_millis(2500)).as_millis()
+            && u128::from(ms) >= BODY_TIMEOUT.as_millis() * 9 / 10,
+        "reset after {ms} ms (timeout {BODY_TIMEOUT:?}): {text}"
+    );
+    eventually(
+        DEADLINE,
+        || format!("metrics:\n{}", proxy.metrics()),
+        || {
+            metric(
+                &proxy,
+                r#"portcullis_edge_refusals_total{reason="body_timeout"}"#,
+            ) == 1.0
+        },
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            r#"portcullis_requests_total{outcome="upstream_error"}"#
+        ),
+        0.0,
+        "{}",
+        proxy.metrics()
+    );
+    assert_eq!(errors_in_window(&proxy), Some(0), "{}", proxy.status_json());
+}
+
 fn glitch_proxy(backend: &Backend, max_glitches: u32) -> Proxy {
     let cfg = format!(
         "{}[shedding]\nmax_concurrency = 0\n\n[rate_limit]\nenabled = false\n",
