@@ -395,3 +395,38 @@ fn many_streams_and_a_few_cancels_are_not_glitches_enough() {
         0.0
     );
 }
+
+/// Streams that break the protocol are glitches too: past the budget, GOAWAY
+/// `ENHANCE_YOUR_CALM` (before: each was reset, and Pingora dropped the connection
+/// without a GOAWAY only after 32 of them).
+#[test]
+fn malformed_streams_past_the_budget_get_goaway_enhance_your_calm() {
+    const MAX: u32 = 10;
+    let backend = Backend::start("mal");
+    let proxy = glitch_proxy(&backend, MAX);
+    let mut c = H2Raw::connect(&proxy.addr());
+    let block = H2Raw::request_block("x", "/a\r\nx-injected: 1", &[]);
+    let mut seen = H2Seen::default();
+    for i in 0..(2 * MAX) {
+        if c.headers(1 + 2 * i, &block).is_err() {
+            break;
+        }
+        let now = c.read_until(Duration::from_millis(20), |s| {
+            s.goaway.is_some() || s.closed
+        });
+        seen.goaway = seen.goaway.or(now.goaway);
+        seen.closed |= now.closed;
+        seen.resets.extend(now.resets);
+        if seen.goaway.is_some() || seen.closed {
+            break;
+        }
+    }
+    if seen.goaway.is_none() && !seen.closed {
+        let more = c.read_until(Duration::from_secs(5), |s| s.goaway.is_some() || s.closed);
+        seen.goaway = more.goaway;
+    }
+    assert_eq!(seen.goaway, Some(ENHANCE_YOUR_CALM), "{seen:?}");
+    assert_eq!(backend.requests(), 0, "nothing malformed is forwarded");
+    let s = nghttp(&[format!("http://{}/after", proxy.addr())], &[]);
+    assert_eq!(s[0].status, 200, "{s:#?}");
+}
