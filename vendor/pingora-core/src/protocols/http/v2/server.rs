@@ -2364,4 +2364,162 @@ mod test {
             assert!(handle.await.is_ok());
         }
     }
+
+    // portcullis patch (h2 body timeout): a stalled request body times out on the stream.
+    #[tokio::test]
+    async fn test_h2_body_read_timeout() {
+        let (client, server) = duplex(65536);
+        let client = tokio::spawn(async move {
+            let (h2, connection) = h2::client::handshake(client).await.unwrap();
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            let mut h2 = h2.ready().await.unwrap();
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri("https://www.example.com/")
+                .body(())
+                .unwrap();
+            // a body is announced (no END_STREAM) and never sent
+            let (response, _body) = h2.send_request(request, false).unwrap();
+            response.await.unwrap().status()
+        });
+
+        let mut connection = handshake(Box::new(server), None).await.unwrap();
+        let digest = Arc::new(Digest::default());
+        let mut session = match HttpSession::from_h2_conn(&mut connection, digest).await {
+            Ok(Some(H2Accept::Session(session))) => session,
+            _ => panic!("expected a session"),
+        };
+        let driver = tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| connection.poll_closed(cx)).await;
+        });
+        session.set_read_timeout(Some(Duration::from_millis(50)));
+        assert_eq!(session.get_read_timeout(), Some(Duration::from_millis(50)));
+        let start = std::time::Instant::now();
+        let err = timeout(Duration::from_secs(5), session.read_body_bytes())
+            .await
+            .expect("the read times out on its own")
+            .unwrap_err();
+        assert_eq!(err.etype(), &ErrorType::ReadTimedout);
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        let resp = Box::new(ResponseHeader::build(408, None).unwrap());
+        session.write_response_header(resp, true).unwrap();
+        assert_eq!(client.await.unwrap(), 408);
+        drop(session);
+        driver.abort();
+    }
+
+    // portcullis patch (h2 glitches): a client that resets its accepted streams is sent
+    // GOAWAY ENHANCE_YOUR_CALM once past the budget, and the accept loop ends.
+    #[tokio::test]
+    async fn test_resets_after_accept_past_the_glitch_budget_close_the_connection() {
+        struct Budget(AtomicUsize, usize);
+        impl H2Glitches for Budget {
+            fn glitch(&self) -> bool {
+                self.0.fetch_add(1, Ordering::Relaxed) + 1 > self.1
+            }
+        }
+        let policy = H2GlitchPolicy(Arc::new(|| {
+            Box::new(Budget(AtomicUsize::new(0), 3)) as Box<dyn H2Glitches>
+        }));
+
+        let (client, server) = duplex(65536);
+        let (accepted_tx, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let client = tokio::spawn(async move {
+            let mut client = client;
+            client
+                .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                .await
+                .unwrap();
+            let mut codec: h2::Codec<DuplexStream, Bytes> = h2::Codec::new(client);
+            codec.send(Settings::default().into()).await.unwrap();
+            codec.send(Settings::ack().into()).await.unwrap();
+            let mut sent = 0u32;
+            let mut goaway = None;
+            for i in 0..20u32 {
+                let id = 1 + 2 * i;
+                let mut headers = Headers::new(
+                    id.into(),
+                    Pseudo::request(
+                        Method::GET,
+                        Uri::from_static("https://www.example.com/"),
+                        None,
+                    ),
+                    HeaderMap::new(),
+                );
+                headers.set_end_headers();
+                headers.set_end_stream();
+                if codec.send(headers.into()).await.is_err() {
+                    break;
+                }
+                sent += 1;
+                // reset once the server has the stream
+                match timeout(Duration::from_secs(2), accepted_rx.recv()).await {
+                    Ok(Some(())) => {}
+                    _ => break,
+                }
+                if codec
+                    .send(Reset::new(id.into(), h2::Reason::CANCEL).into())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                // a GOAWAY already there?
+                while let Ok(Some(Ok(frame))) =
+                    timeout(Duration::from_millis(20), codec.next()).await
+                {
+                    if let Frame::GoAway(g) = frame {
+                        goaway = Some(g.reason());
+                    }
+                }
+                if goaway.is_some() {
+                    break;
+                }
+            }
+            // the rest, until the server closes (bounded)
+            let _ = timeout(Duration::from_secs(5), async {
+                while let Some(Ok(frame)) = codec.next().await {
+                    if let Frame::GoAway(g) = frame {
+                        goaway = goaway.or(Some(g.reason()));
+                    }
+                }
+            })
+            .await;
+            (sent, goaway)
+        });
+
+        let connection = handshake(Box::new(server), None).await.unwrap();
+        let digest = Arc::new(Digest::default());
+        let (_shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+        let mut surfaced = 0;
+        let ended = timeout(
+            Duration::from_secs(5),
+            accept_downstream_sessions_with_glitches(
+                connection,
+                digest,
+                shutdown_rx,
+                None,
+                Some(policy),
+                |mut session, guard| {
+                    surfaced += 1;
+                    let accepted = accepted_tx.clone();
+                    tokio::spawn(async move {
+                        let _guard = guard;
+                        let _ = accepted.send(());
+                        // the client resets: the session ends, and is dropped
+                        let _ = session.idle().await;
+                    });
+                },
+            ),
+        )
+        .await;
+        assert!(ended.is_ok(), "the accept loop ends past the budget");
+        let (sent, goaway) = client.await.unwrap();
+        assert_eq!(goaway, Some(h2::Reason::ENHANCE_YOUR_CALM));
+        // the 4th reset is past a budget of 3
+        assert!((4..=6).contains(&sent), "{sent} streams sent");
+        assert!((4..=6).contains(&surfaced), "{surfaced} streams surfaced");
+    }
 }
