@@ -18,8 +18,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
-/// The body timeout of the item 7 test.
-const BODY_TIMEOUT: Duration = Duration::from_millis(600);
+/// The body timeout of the item 7 tests: long enough that a request made while the
+/// stalled streams hold their slots arrives before they time out, on a loaded machine.
+const BODY_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How late after the body timeout a stalled stream may be answered (a loaded machine).
+const MARGIN: Duration = Duration::from_secs(4);
 
 /// One stream as `h2_stall.py` reports it.
 #[derive(serde::Deserialize, Debug)]
@@ -72,10 +75,10 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
     // While they stall, the nine hold the normal class's nine slots: the next normal
     // request is shed (this shows the slots are the stalled streams'). The body timeout
     // may already have freed them on a slow machine: then the check is skipped.
-    let full = wait_until(BODY_TIMEOUT / 2, || {
+    let full = wait_until(BODY_TIMEOUT / 3, || {
         metric(&proxy, "portcullis_inflight_requests") >= 9.0
     });
-    let during = full && sent.elapsed() < BODY_TIMEOUT / 2;
+    let during = full && sent.elapsed() < BODY_TIMEOUT / 3;
     if during {
         let shed = proxy.get("/during", &[]);
         assert_eq!(shed.status, 503, "the cap was full: {}", shed.body_str());
@@ -96,7 +99,6 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
         .collect();
     assert_eq!(streams.len(), 9, "{rest}");
     eprintln!("cap full while stalled: {during}\n{rest}");
-    let margin = Duration::from_millis(2500);
     for s in &streams {
         assert_eq!(
             s.status,
@@ -109,7 +111,7 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
         );
         let ms = s.ms.unwrap_or(u64::MAX);
         assert!(
-            u128::from(ms) < (BODY_TIMEOUT + margin).as_millis(),
+            u128::from(ms) < (BODY_TIMEOUT + MARGIN).as_millis(),
             "stream {} answered after {ms} ms (timeout {BODY_TIMEOUT:?})",
             s.stream
         );
@@ -230,7 +232,7 @@ fn a_stalled_h2_body_after_the_response_started_gets_rst_stream() {
     );
     let ms = s.ms.unwrap_or(u64::MAX);
     assert!(
-        u128::from(ms) < (BODY_TIMEOUT + Duration::from_millis(2500)).as_millis()
+        u128::from(ms) < (BODY_TIMEOUT + MARGIN).as_millis()
             && u128::from(ms) >= BODY_TIMEOUT.as_millis() * 9 / 10,
         "reset after {ms} ms (timeout {BODY_TIMEOUT:?}): {text}"
     );
@@ -326,11 +328,11 @@ fn rapid_reset_after_accept_gets_goaway_enhance_your_calm() {
         start.elapsed()
     );
     assert!(
-        sent > MAX && sent <= MAX + 5,
+        sent > MAX && sent <= MAX + 10,
         "GOAWAY after {sent} resets, want about {MAX}"
     );
     assert!(
-        reached <= u64::from(MAX) + 5,
+        reached <= u64::from(MAX) + 10,
         "the backend saw {reached} requests of {sent} reset streams"
     );
     // ... and the connection is closed, not just told to go away.
