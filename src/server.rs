@@ -196,6 +196,8 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let threads = config.server.threads;
     let h2c = config.server.h2c;
     let max_response_buffer_bytes = config.server.max_response_buffer_bytes;
+    // issue 40, item 8
+    let max_glitches = config.server.h2_max_glitches;
     let tls = config.tls.clone();
 
     let shared = Shared::new(config, config_path);
@@ -211,6 +213,18 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     options.h1_discard_header_case = !shared.keep_header_case;
     // HTTP/2 with nothing in flight this long: GOAWAY NO_ERROR (vendored pingora-core).
     options.h2_idle_timeout = Some(shared.runtime.load().config.server.idle_timeout);
+    // issue 40, item 8: `h2_max_glitches`, per connection per minute (ours), and the
+    // same number for the streams h2 itself resets for the client's protocol errors
+    // (h2 counts those over the connection's life; its default is 1024).
+    options.h2_glitches = Some(crate::edge::glitches::policy(
+        max_glitches,
+        shared
+            .metrics
+            .edge_refusal_counter(crate::metrics::EdgeRefusal::H2Glitches),
+    ));
+    let mut h2_options = pingora::protocols::http::v2::server::default_h2_options();
+    h2_options.max_local_error_reset_streams(Some(max_glitches as usize));
+    http_proxy.h2_options = Some(h2_options);
     http_proxy.server_options = Some(options);
     http_proxy.max_response_batch_bytes = max_response_buffer_bytes;
     // Edge first: the connection cap and the PROXY header come before anything else.

@@ -125,6 +125,10 @@ const OUT_OF_RANGE: &[(&str, &str, &str, &str)] = &[
     ("[server]", "keepalive_timeout_seconds", "9223372036854775807", "server.keepalive_timeout_seconds"),
     ("[server]", "max_request_header_bytes", "100", "server.max_request_header_bytes"),
     ("[server]", "max_request_header_bytes", "9223372036854775807", "server.max_request_header_bytes"),
+    // issue 40, item 8
+    ("[server]", "h2_max_glitches", "0", "server.h2_max_glitches"),
+    ("[server]", "h2_max_glitches", "1000001", "server.h2_max_glitches"),
+    ("[server]", "h2_max_glitches", "4294967296", "server.h2_max_glitches"),
     ("[redis]", "flush_interval_ms", "0", "redis.flush_interval_ms"),
     ("[redis]", "flush_interval_ms", "9223372036854775807", "redis.flush_interval_ms"),
     ("[redis]", "timeout_ms", "0", "redis.timeout_ms"),

@@ -92,6 +92,13 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         "",
     )?;
     range(
+        "server.h2_max_glitches",
+        u64::from(s.h2_max_glitches),
+        1,
+        1_000_000,
+        "",
+    )?;
+    range(
         "server.tunnel_idle_timeout_seconds",
         s.tunnel_idle_timeout_seconds,
         1,

@@ -115,6 +115,9 @@ pub struct ServerSection {
     pub admin_max_connections: usize,
     /// An upgraded tunnel (WebSocket) idle this long is closed.
     pub tunnel_idle_timeout_seconds: u64,
+    /// Per HTTP/2 connection per minute: streams the client resets after they
+    /// were accepted, or malformed streams; past it, GOAWAY ENHANCE_YOUR_CALM.
+    pub h2_max_glitches: u32,
 }
 
 impl Default for ServerSection {
@@ -142,6 +145,7 @@ impl Default for ServerSection {
             tls_handshake_timeout_ms: 10_000,
             admin_max_connections: 64,
             tunnel_idle_timeout_seconds: 300,
+            h2_max_glitches: 100,
         }
     }
 }

@@ -85,6 +85,8 @@ pub struct ServerSettings {
     pub admin_max_connections: usize,
     /// `tunnel_idle_timeout_seconds`: an upgraded tunnel idle this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// Glitches one HTTP/2 connection may cause per minute (`h2_max_glitches`).
+    pub h2_max_glitches: u32,
 }
 
 impl ServerSettings {

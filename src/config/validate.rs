@@ -183,6 +183,7 @@ fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
         tls_handshake_timeout: edge.tls_handshake_timeout,
         admin_max_connections: s.admin_max_connections,
         tunnel_idle_timeout: edge.tunnel_idle_timeout,
+        h2_max_glitches: s.h2_max_glitches,
     })
 }
 

@@ -12,11 +12,15 @@
 //!   logged address.
 //! - [`limits`]: `max_request_body_bytes` (413), by `Content-Length` before a
 //!   byte of body is read, or as a chunked body passes it.
-//!   `client_body_timeout_ms` is Pingora's per-read body timeout (408).
+//!   `client_body_timeout_ms` is Pingora's per-read body timeout (408), for
+//!   HTTP/1.1 and HTTP/2 streams alike (vendored pingora-core, "h2 body timeout").
+//! - [`glitches`]: `h2_max_glitches`, the reset and malformed streams an HTTP/2
+//!   connection may cause per minute before it is closed.
 //! - [`headers`]: per-route header rules, hop-by-hop fields, the headers a
 //!   gate reads, `X-Request-Id` hygiene.
 
 pub mod app;
+pub mod glitches;
 pub mod grpc;
 pub mod headers;
 pub mod identity;

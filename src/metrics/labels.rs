@@ -89,16 +89,21 @@ pub enum EdgeRefusal {
     BodyTimeout,
     /// A body over `max_request_body_bytes` (413).
     BodyTooLarge,
+    // issue 40, item 8
+    /// An HTTP/2 connection past `h2_max_glitches`: GOAWAY ENHANCE_YOUR_CALM, closed.
+    H2Glitches,
 }
 
 impl EdgeRefusal {
-    pub const ALL: [EdgeRefusal; 6] = [
+    pub const ALL: [EdgeRefusal; 7] = [
         EdgeRefusal::ConnectionLimit,
         EdgeRefusal::ProxyUntrusted,
         EdgeRefusal::ProxyInvalid,
         EdgeRefusal::HeaderTimeout,
         EdgeRefusal::BodyTimeout,
         EdgeRefusal::BodyTooLarge,
+        // issue 40, item 8
+        EdgeRefusal::H2Glitches,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -109,6 +114,8 @@ impl EdgeRefusal {
             EdgeRefusal::HeaderTimeout => "header_timeout",
             EdgeRefusal::BodyTimeout => "body_timeout",
             EdgeRefusal::BodyTooLarge => "body_too_large",
+            // issue 40, item 8
+            EdgeRefusal::H2Glitches => "h2_glitches",
         }
     }
 }

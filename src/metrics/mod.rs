@@ -103,7 +103,7 @@ pub struct BackendSeries {
 }
 
 pub struct Metrics {
-    edge_refusals: [IntCounter; 6],
+    edge_refusals: [IntCounter; EdgeRefusal::ALL.len()],
     /// Client connections open on the proxy listeners.
     pub client_connections: IntGauge,
     pub registry: Registry,

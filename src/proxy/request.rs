@@ -242,7 +242,9 @@ pub fn set_connection_options(session: &mut Session, server: &crate::config::Ser
         .map(|conn| conn.header_received(idle))
         .is_some();
     // Between body reads; Pingora answers a stall with a downstream read
-    // timeout, which `fail_to_proxy` turns into 408.
+    // timeout, which `fail_to_proxy` turns into 408. HTTP/2 streams too (vendored
+    // pingora-core, "h2 body timeout"): 408 on the stream, or a reset once the
+    // response has started.
     session.set_read_timeout(Some(server.client_body_timeout));
     // Pingora has already decided whether this connection may be reused: off
     // for HTTP/1.0 without `Connection: keep-alive`, for `Connection: close`

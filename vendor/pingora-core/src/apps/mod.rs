@@ -146,6 +146,13 @@ pub struct HttpServerOptions {
     ///
     /// Default: `false` (case kept)
     pub h1_discard_header_case: bool,
+
+    /// portcullis patch (h2 glitches): makes each downstream HTTP/2 connection's glitch
+    /// count (streams the client reset after acceptance, malformed streams); past its
+    /// budget the connection gets GOAWAY `ENHANCE_YOUR_CALM` and is closed.
+    ///
+    /// Default: `None` (no budget)
+    pub h2_glitches: Option<server::H2GlitchPolicy>,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -378,11 +385,14 @@ where
             let app = self.clone();
             let shutdown_for_session = shutdown.clone();
             let h2_idle_timeout = self.server_options().and_then(|o| o.h2_idle_timeout);
-            server::accept_downstream_sessions(
+            // portcullis patch (h2 glitches): the connection's glitch budget
+            let h2_glitches = self.server_options().and_then(|o| o.h2_glitches.clone());
+            server::accept_downstream_sessions_with_glitches(
                 h2_conn,
                 digest,
                 shutdown.clone(),
                 h2_idle_timeout,
+                h2_glitches,
                 |h2_stream, guard| {
                     let app = app.clone();
                     let shutdown = shutdown_for_session.clone();

@@ -379,7 +379,8 @@ impl Session {
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
         match self {
             Self::H1(s) => s.set_read_timeout(timeout),
-            Self::H2(_) => {}
+            // portcullis patch (h2 body timeout): HTTP/2 streams time their body reads too
+            Self::H2(s) => s.set_read_timeout(timeout),
             Self::Subrequest(s) => s.set_read_timeout(timeout),
             Self::Custom(c) => c.set_read_timeout(timeout),
         }
@@ -389,7 +390,8 @@ impl Session {
     pub fn get_read_timeout(&self) -> Option<Duration> {
         match self {
             Self::H1(s) => s.get_read_timeout(),
-            Self::H2(_) => None,
+            // portcullis patch (h2 body timeout)
+            Self::H2(s) => s.get_read_timeout(),
             Self::Subrequest(s) => s.get_read_timeout(),
             Self::Custom(s) => s.get_read_timeout(),
         }

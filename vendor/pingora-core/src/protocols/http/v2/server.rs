@@ -73,6 +73,80 @@ pub fn default_h2_options() -> H2Options {
     options
 }
 
+// portcullis patch (h2 glitches): begin
+/// The glitch count of one downstream HTTP/2 connection: streams the client reset after
+/// they were accepted (before their response was complete) and streams refused as
+/// malformed. The application decides the budget (a count per time window, say).
+pub trait H2Glitches: Send + Sync {
+    /// One glitch on the connection. `true`: the connection is over its budget; it is
+    /// sent GOAWAY `ENHANCE_YOUR_CALM` and closed.
+    fn glitch(&self) -> bool;
+}
+
+/// Makes the [`H2Glitches`] of each new downstream HTTP/2 connection
+/// (`HttpServerOptions::h2_glitches`).
+#[derive(Clone)]
+pub struct H2GlitchPolicy(pub Arc<dyn Fn() -> Box<dyn H2Glitches> + Send + Sync>);
+
+impl std::fmt::Debug for H2GlitchPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("H2GlitchPolicy")
+    }
+}
+
+/// A connection's [`H2Glitches`], shared by its accept loop and its streams.
+pub(crate) struct ConnGlitches {
+    count: Box<dyn H2Glitches>,
+    over: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl ConnGlitches {
+    fn new(policy: &H2GlitchPolicy) -> Arc<Self> {
+        Arc::new(ConnGlitches {
+            count: (policy.0)(),
+            over: std::sync::atomic::AtomicBool::new(false),
+            notify: Notify::new(),
+        })
+    }
+
+    fn glitch(&self) {
+        if self.count.glitch() && !self.over.swap(true, Ordering::Relaxed) {
+            // a permit is kept when the accept loop is not waiting yet
+            self.notify.notify_one();
+        }
+    }
+
+    /// Ready once the connection is over its budget; pending forever without one.
+    async fn over_budget(glitches: Option<&Arc<Self>>) {
+        match glitches {
+            Some(g) => {
+                while !g.over.load(Ordering::Relaxed) {
+                    g.notify.notified().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// [`accept_downstream_sessions_with_glitches`] without a glitch budget (the tests'
+/// accept loop).
+#[cfg(test)]
+pub(crate) async fn accept_downstream_sessions<F>(
+    conn: H2Connection<Stream>,
+    digest: Arc<Digest>,
+    shutdown: ShutdownWatch,
+    idle_timeout: Option<Duration>,
+    on_session: F,
+) where
+    F: FnMut(HttpSession, StreamGuard),
+{
+    accept_downstream_sessions_with_glitches(conn, digest, shutdown, idle_timeout, None, on_session)
+        .await
+}
+// portcullis patch (h2 glitches): end
+
 /// Perform HTTP/2 connection handshake with an established (TLS) connection.
 ///
 /// The optional `options` allow to adjust certain HTTP/2 parameters and settings.
@@ -130,15 +204,19 @@ pub async fn handshake(io: Stream, options: Option<H2Options>) -> Result<H2Conne
 /// that bound during drain.
 // TODO: add a per-connection drain timeout to bound how long a single
 // misbehaving client can keep this task alive after GOAWAY.
-pub(crate) async fn accept_downstream_sessions<F>(
+// portcullis patch (h2 glitches): `glitches`, the connection's budget
+pub(crate) async fn accept_downstream_sessions_with_glitches<F>(
     mut conn: H2Connection<Stream>,
     digest: Arc<Digest>,
     mut shutdown: ShutdownWatch,
     idle_timeout: Option<Duration>,
+    glitches: Option<H2GlitchPolicy>,
     mut on_session: F,
 ) where
     F: FnMut(HttpSession, StreamGuard),
 {
+    // portcullis patch (h2 glitches)
+    let glitches = glitches.as_ref().map(ConnGlitches::new);
     let mut shutdown_initiated = false;
     // Per-connection budget for malformed streams (see MAX_MALFORMED_STREAMS_PER_CONN).
     let mut malformed_streams = 0usize;
@@ -184,6 +262,17 @@ pub(crate) async fn accept_downstream_sessions<F>(
                     .await;
                     return;
                 }
+                // portcullis patch (h2 glitches): over the budget, GOAWAY
+                // ENHANCE_YOUR_CALM, flushed within a second, then close.
+                _ = ConnGlitches::over_budget(glitches.as_ref()) => {
+                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                    let _ = timeout(
+                        Duration::from_secs(1),
+                        std::future::poll_fn(|cx| conn.poll_closed(cx)),
+                    )
+                    .await;
+                    return;
+                }
             }
         };
         match h2_stream {
@@ -197,8 +286,16 @@ pub(crate) async fn accept_downstream_sessions<F>(
             Ok(None) => return,
             // The offending stream was already answered or reset; keep the
             // connection alive and continue accepting sibling streams.
-            Ok(Some(H2Accept::Rejected)) => continue,
-            Ok(Some(H2Accept::Session(session))) => {
+            Ok(Some(H2Accept::Rejected)) => {
+                // portcullis patch (h2 glitches): a malformed stream is a glitch
+                if let Some(g) = &glitches {
+                    g.glitch();
+                }
+                continue;
+            }
+            Ok(Some(H2Accept::Session(mut session))) => {
+                // portcullis patch (h2 glitches)
+                session.glitches = glitches.clone();
                 on_session(session, active.start_session());
             }
         }
@@ -208,6 +305,29 @@ pub(crate) async fn accept_downstream_sessions<F>(
 /// portcullis patch (idle GOAWAY): how long an idle connection's GOAWAY may take to
 /// be written before the connection is closed anyway.
 const IDLE_GOAWAY_FLUSH: Duration = Duration::from_secs(1);
+
+// portcullis patch (h2 glitches): a stream the client reset (or that h2 reset for a
+// protocol error of the client's) before its response was complete is a glitch of its
+// connection. Checked once, when the stream is done with; an I/O error of the connection
+// is not a reset.
+impl Drop for HttpSession {
+    fn drop(&mut self) {
+        let Some(glitches) = self.glitches.take() else {
+            return;
+        };
+        if self.ended || self.reset_here {
+            return;
+        }
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let reset = match self.send_response_body.as_mut() {
+            Some(body) => body.poll_reset(&mut cx),
+            None => self.send_response.poll_reset(&mut cx),
+        };
+        if matches!(reset, Poll::Ready(Ok(_))) {
+            glitches.glitch();
+        }
+    }
+}
 
 /// Tracks one in-flight downstream H2 session for [`accept_downstream_sessions`].
 /// `on_session` receives it alongside each session; keep it alive for as long as
@@ -302,6 +422,13 @@ pub struct HttpSession {
     pub write_timeout: Option<Duration>,
     // How long to wait when draining (discarding) request body
     total_drain_timeout: Option<Duration>,
+    // portcullis patch (h2 body timeout): the longest wait for the next piece of request
+    // body, as HTTP/1's `read_timeout`
+    read_timeout: Option<Duration>,
+    // portcullis patch (h2 glitches): the connection's glitch count, told when the client
+    // resets this stream before its response is complete; and whether we reset it
+    glitches: Option<Arc<ConnGlitches>>,
+    reset_here: bool,
 }
 
 /// The outcome of accepting the next event on an HTTP/2 downstream connection.
@@ -510,6 +637,10 @@ impl HttpSession {
             digest,
             write_timeout: None,
             total_drain_timeout: None,
+            // portcullis patch (h2 body timeout, h2 glitches)
+            read_timeout: None,
+            glitches: None,
+            reset_here: false,
         })))
     }
 
@@ -531,8 +662,20 @@ impl HttpSession {
 
     /// Read request body bytes. `None` when there is no more body to read.
     pub async fn read_body_bytes(&mut self) -> Result<Option<Bytes>> {
-        // TODO: timeout
-        let data = self.request_body_reader.data().await.transpose().or_err(
+        // portcullis patch (h2 body timeout): each read waits at most `read_timeout`
+        let data = match self.read_timeout {
+            Some(t) => match timeout(t, self.request_body_reader.data()).await {
+                Ok(data) => data,
+                Err(_) => {
+                    return Error::e_explain(
+                        ErrorType::ReadTimedout,
+                        format!("reading body, timeout: {t:?}"),
+                    )
+                }
+            },
+            None => self.request_body_reader.data().await,
+        };
+        let data = data.transpose().or_err(
             ErrorType::ReadError,
             "while reading downstream request body",
         )?;
@@ -618,6 +761,17 @@ impl HttpSession {
     /// Get the total drain timeout.
     pub fn get_total_drain_timeout(&self) -> Option<Duration> {
         self.total_drain_timeout
+    }
+
+    /// portcullis patch (h2 body timeout): sets the longest wait for each piece of the
+    /// request body (`ReadTimedout` past it), as HTTP/1's read timeout does.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        self.read_timeout = timeout;
+    }
+
+    /// portcullis patch (h2 body timeout): the request body's read timeout.
+    pub fn get_read_timeout(&self) -> Option<Duration> {
+        self.read_timeout
     }
 
     // the write_* don't have timeouts because the actual writing happens on the connection
@@ -857,6 +1011,8 @@ impl HttpSession {
     pub fn shutdown_with_reason(&mut self, reason: h2::Reason) {
         if !self.ended {
             self.send_response.send_reset(reason);
+            // portcullis patch (h2 glitches): our reset is not the client's glitch
+            self.reset_here = true;
         }
     }
 
@@ -2218,5 +2374,163 @@ mod test {
             // ensure no panics
             assert!(handle.await.is_ok());
         }
+    }
+
+    // portcullis patch (h2 body timeout): a stalled request body times out on the stream.
+    #[tokio::test]
+    async fn test_h2_body_read_timeout() {
+        let (client, server) = duplex(65536);
+        let client = tokio::spawn(async move {
+            let (h2, connection) = h2::client::handshake(client).await.unwrap();
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            let mut h2 = h2.ready().await.unwrap();
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri("https://www.example.com/")
+                .body(())
+                .unwrap();
+            // a body is announced (no END_STREAM) and never sent
+            let (response, _body) = h2.send_request(request, false).unwrap();
+            response.await.unwrap().status()
+        });
+
+        let mut connection = handshake(Box::new(server), None).await.unwrap();
+        let digest = Arc::new(Digest::default());
+        let mut session = match HttpSession::from_h2_conn(&mut connection, digest).await {
+            Ok(Some(H2Accept::Session(session))) => session,
+            _ => panic!("expected a session"),
+        };
+        let driver = tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| connection.poll_closed(cx)).await;
+        });
+        session.set_read_timeout(Some(Duration::from_millis(50)));
+        assert_eq!(session.get_read_timeout(), Some(Duration::from_millis(50)));
+        let start = std::time::Instant::now();
+        let err = timeout(Duration::from_secs(5), session.read_body_bytes())
+            .await
+            .expect("the read times out on its own")
+            .unwrap_err();
+        assert_eq!(err.etype(), &ErrorType::ReadTimedout);
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        let resp = Box::new(ResponseHeader::build(408, None).unwrap());
+        session.write_response_header(resp, true).unwrap();
+        assert_eq!(client.await.unwrap(), 408);
+        drop(session);
+        driver.abort();
+    }
+
+    // portcullis patch (h2 glitches): a client that resets its accepted streams is sent
+    // GOAWAY ENHANCE_YOUR_CALM once past the budget, and the accept loop ends.
+    #[tokio::test]
+    async fn test_resets_after_accept_past_the_glitch_budget_close_the_connection() {
+        struct Budget(AtomicUsize, usize);
+        impl H2Glitches for Budget {
+            fn glitch(&self) -> bool {
+                self.0.fetch_add(1, Ordering::Relaxed) + 1 > self.1
+            }
+        }
+        let policy = H2GlitchPolicy(Arc::new(|| {
+            Box::new(Budget(AtomicUsize::new(0), 3)) as Box<dyn H2Glitches>
+        }));
+
+        let (client, server) = duplex(65536);
+        let (accepted_tx, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let client = tokio::spawn(async move {
+            let mut client = client;
+            client
+                .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                .await
+                .unwrap();
+            let mut codec: h2::Codec<DuplexStream, Bytes> = h2::Codec::new(client);
+            codec.send(Settings::default().into()).await.unwrap();
+            codec.send(Settings::ack().into()).await.unwrap();
+            let mut sent = 0u32;
+            let mut goaway = None;
+            for i in 0..20u32 {
+                let id = 1 + 2 * i;
+                let mut headers = Headers::new(
+                    id.into(),
+                    Pseudo::request(
+                        Method::GET,
+                        Uri::from_static("https://www.example.com/"),
+                        None,
+                    ),
+                    HeaderMap::new(),
+                );
+                headers.set_end_headers();
+                headers.set_end_stream();
+                if codec.send(headers.into()).await.is_err() {
+                    break;
+                }
+                sent += 1;
+                // reset once the server has the stream
+                match timeout(Duration::from_secs(2), accepted_rx.recv()).await {
+                    Ok(Some(())) => {}
+                    _ => break,
+                }
+                if codec
+                    .send(Reset::new(id.into(), h2::Reason::CANCEL).into())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                // a GOAWAY already there?
+                while let Ok(Some(Ok(frame))) =
+                    timeout(Duration::from_millis(20), codec.next()).await
+                {
+                    if let Frame::GoAway(g) = frame {
+                        goaway = Some(g.reason());
+                    }
+                }
+                if goaway.is_some() {
+                    break;
+                }
+            }
+            // the rest, until the server closes (bounded)
+            let _ = timeout(Duration::from_secs(5), async {
+                while let Some(Ok(frame)) = codec.next().await {
+                    if let Frame::GoAway(g) = frame {
+                        goaway = goaway.or(Some(g.reason()));
+                    }
+                }
+            })
+            .await;
+            (sent, goaway)
+        });
+
+        let connection = handshake(Box::new(server), None).await.unwrap();
+        let digest = Arc::new(Digest::default());
+        let (_shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+        let mut surfaced = 0;
+        let ended = timeout(
+            Duration::from_secs(5),
+            accept_downstream_sessions_with_glitches(
+                connection,
+                digest,
+                shutdown_rx,
+                None,
+                Some(policy),
+                |mut session, guard| {
+                    surfaced += 1;
+                    let accepted = accepted_tx.clone();
+                    tokio::spawn(async move {
+                        let _guard = guard;
+                        let _ = accepted.send(());
+                        // the client resets: the session ends, and is dropped
+                        let _ = session.idle().await;
+                    });
+                },
+            ),
+        )
+        .await;
+        assert!(ended.is_ok(), "the accept loop ends past the budget");
+        let (sent, goaway) = client.await.unwrap();
+        assert_eq!(goaway, Some(h2::Reason::ENHANCE_YOUR_CALM));
+        // the 4th reset is past a budget of 3
+        assert!((4..=6).contains(&sent), "{sent} streams sent");
+        assert!((4..=6).contains(&surfaced), "{surfaced} streams surfaced");
     }
 }
