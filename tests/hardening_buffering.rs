@@ -77,8 +77,13 @@ fn watch(
     let mut peak = 0;
     while start.elapsed() < window && !done() {
         peak = peak.max(rss(p.pid()).saturating_sub(base));
+        let logged = nginx.requests();
+        // a client that gave up ends the download, which nginx logs: not a failure
+        if done() {
+            break;
+        }
         assert_eq!(
-            nginx.requests(),
+            logged,
             1,
             "the upstream finished sending {OBJECT} bytes to a client that read none of \
              them: the proxy buffered the response (RSS +{} MiB)",
