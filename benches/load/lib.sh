@@ -156,6 +156,13 @@ start_cmd() {
         pc_lc) set_header_case "$TMP/$t.toml" false ;;
         pc_case) set_header_case "$TMP/$t.toml" true ;;
       esac
+      # ROUTES=N: N more routes (`/r0/` … to the same upstream), none of which the
+      # measured requests (`/`) match: the cost of route lookup with many routes
+      if [ "${ROUTES:-0}" -gt 0 ]; then
+        python3 -c 'import sys
+for i in range(int(sys.argv[1])):
+    print(f"[[routes]]\npath_prefix = \"/r{i}/\"\nupstream = \"app\"")' "$ROUTES" >>"$TMP/$t.toml"
+      fi
       echo "$bin -c $TMP/$t.toml" ;;
     pc_log_off | pc_log_all | pc_log_1pct)
       # gates off with the access log as the only variable (conf/portcullis-accesslog.toml,
