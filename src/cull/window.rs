@@ -4,7 +4,6 @@
 //! Per-bucket counts saturate at 2^20 − 1 (over a million per second per backend).
 
 use crate::window::WindowedCounter;
-pub use crate::window::MAX_BUCKETS;
 
 /// Sliding-window error accounting for one backend. `Send + Sync`; share via `Arc`.
 #[derive(Debug)]

@@ -189,8 +189,11 @@ impl Metrics {
             &["upstream"],
         ));
         reg(Box::new(upstream_durations.clone()));
-        // Process-global: the tunnel slots that move it live in `edge::tunnel`.
-        let tunnels_open = crate::edge::tunnel::open_gauge().clone();
+        // Moved by the tunnel slots of `edge::tunnel::Tunnels` (owned by `state::Shared`).
+        let tunnels_open = must(IntGauge::new(
+            "portcullis_tunnels_open",
+            "Upgraded connections (WebSocket etc.) currently open",
+        ));
         reg(Box::new(tunnels_open.clone()));
         let sampled: Arc<OnceLock<Sampler>> = Arc::new(OnceLock::new());
         reg(Box::new(Sampled {

@@ -189,9 +189,9 @@ fn write_line(
     };
     // The client address as the gates saw it (trusted proxies, PROXY header),
     // not the TCP peer: the one CONTRACT §7 says is logged.
-    let client_ip = f
-        .client
-        .or_else(|| crate::edge::client_ip(session, &rt.config.server.trusted_proxies));
+    let client_ip = f.client.or_else(|| {
+        crate::edge::client_ip(session, &rt.config.server.trusted_proxies, &shared.proxied)
+    });
     let host = host_of(req);
     // A Host value is the client's: keep the line bounded.
     let host = &host[..floor_char_boundary(host, 256)];

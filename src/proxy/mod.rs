@@ -136,7 +136,11 @@ impl ProxyHttp for Proxy {
         ctx.routed = true;
         let route = rt.route_at(ctx.route);
         ctx.pool = rt.pools.get(route.upstream).cloned();
-        ctx.client = edge::client_ip(session, &rt.config.server.trusted_proxies);
+        ctx.client = edge::client_ip(
+            session,
+            &rt.config.server.trusted_proxies,
+            &self.shared.proxied,
+        );
 
         // Gate 1: load shedding, before any other work.
         match self.shared.shedder.try_acquire(route.priority) {
@@ -151,7 +155,11 @@ impl ProxyHttp for Proxy {
 
         // Gate 1b: an upgrade (WebSocket) request needs a tunnel slot.
         if session.is_upgrade_req() {
-            match crate::edge::tunnel::TunnelSlot::try_reserve(rt.config.shedding.max_tunnels) {
+            match self
+                .shared
+                .tunnels
+                .try_reserve(rt.config.shedding.max_tunnels)
+            {
                 Some(slot) => ctx.tunnel = Some(slot),
                 None => {
                     let retry_after = rt.config.shedding.retry_after_secs;
@@ -388,7 +396,7 @@ impl ProxyHttp for Proxy {
         if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
             edge::headers::restore(&session.req_header().headers, req, &[name]);
         }
-        request::set_forwarded(session, req)?;
+        request::set_forwarded(session, req, &self.shared.proxied)?;
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
