@@ -228,6 +228,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
             metrics.edge_refusal_counter(EdgeRefusal::HeaderTimeout),
             server.h2c,
         );
+        edge.count_aborts(metrics.client_aborts.clone());
         if alpn_h2 {
             // HTTP/2: the header deadlines follow its frames, not HTTP/1's.
             edge.multiplexed();

@@ -507,6 +507,9 @@ impl ProxyHttp for Proxy {
                 .metrics
                 .edge_refusal(crate::metrics::EdgeRefusal::BodyTimeout);
         }
+        if failure::is_client_abort(e) {
+            self.shared.metrics.client_aborts.inc();
+        }
         failure::log(session, e, ctx, status);
         // The connection is closed after this reply (`can_reuse_downstream: false`),
         // and the reply says so.
