@@ -45,14 +45,30 @@ pub struct WindowedCounter {
 #[inline]
 fn bump(cur: u64, lap: u64, first: u64, second: u64) -> u64 {
     let (f, s) = if cur >> LAP_SHIFT == lap {
-        (
-            ((cur >> FIRST_SHIFT) & COUNT_MAX) + first,
-            (cur & COUNT_MAX) + second,
-        )
+        let f = ((cur >> FIRST_SHIFT) & COUNT_MAX) + first;
+        let s = (cur & COUNT_MAX) + second;
+        if f <= COUNT_MAX && s <= COUNT_MAX {
+            // The common case: no count saturates, so neither carries into the next field.
+            return cur + (first << FIRST_SHIFT) + second;
+        }
+        (f, s)
     } else {
         (first, second)
     };
     (lap << LAP_SHIFT) | (f.min(COUNT_MAX) << FIRST_SHIFT) | s.min(COUNT_MAX)
+}
+
+/// The counts of the buckets of `buckets` that belong to `lap`.
+#[inline]
+fn sum_lap(buckets: &[AtomicU64], lap: u64) -> (u64, u64) {
+    buckets.iter().fold((0, 0), |(f, s), b| {
+        let v = b.load(Ordering::Relaxed);
+        if v >> LAP_SHIFT == lap {
+            (f + ((v >> FIRST_SHIFT) & COUNT_MAX), s + (v & COUNT_MAX))
+        } else {
+            (f, s)
+        }
+    })
 }
 
 impl WindowedCounter {
@@ -125,18 +141,18 @@ impl WindowedCounter {
     /// current second included). Buckets of older laps count as zero.
     pub fn totals(&self, now_secs: u64) -> (u64, u64) {
         let cur = self.unit(now_secs);
-        let start = cur.saturating_sub(self.window_units - 1);
-        let (mut first, mut second) = (0u64, 0u64);
-        for unit in start..=cur {
-            let (idx, lap) = self.locate(unit);
-            let Some(bucket) = self.buckets.get(idx) else {
-                continue;
-            };
-            let v = bucket.load(Ordering::Relaxed);
-            if v >> LAP_SHIFT == lap {
-                first += (v >> FIRST_SHIFT) & COUNT_MAX;
-                second += v & COUNT_MAX;
-            }
+        let (idx, lap) = self.locate(cur);
+        // `n` units back from `cur` (never more than the ring): the buckets up to
+        // `idx`, then, if the window wraps past bucket 0, the ring's tail a lap earlier.
+        let n = self.window_units.min(cur + 1) as usize;
+        let ring = self.buckets.len();
+        let here = self.buckets.get((idx + 1).saturating_sub(n)..=idx);
+        let (mut first, mut second) = sum_lap(here.unwrap_or(&[]), lap);
+        if n > idx + 1 {
+            let tail = self.buckets.get(ring.saturating_sub(n - idx - 1)..);
+            let (f, s) = sum_lap(tail.unwrap_or(&[]), lap.wrapping_sub(1) & LAP_MASK);
+            first += f;
+            second += s;
         }
         (first, second)
     }
@@ -169,6 +185,28 @@ mod tests {
         assert_eq!(w.totals(t0 + 19), (0, 0));
         // Looking back in time is fine too (the same clock, earlier now).
         assert_eq!(w.totals(t0 + 4), (5, 2));
+    }
+
+    /// A window that wraps past the ring's bucket 0 sums the tail of the
+    /// previous lap and the head of the current one, for every position.
+    #[test]
+    fn windows_across_the_ring_start() {
+        let w = WindowedCounter::new(10);
+        let ring = w.ring_len();
+        let t0 = 7 * ring;
+        for t in t0 - 20..t0 + 20 {
+            w.add(t, 1, t % 3);
+        }
+        for now in t0 - 10..t0 + 20 {
+            let want = (now - 9..=now).fold((0, 0), |(f, s), t| (f + 1, s + t % 3));
+            assert_eq!(w.totals(now), want, "now {now}");
+        }
+        // Early clocks: fewer units than the window exist.
+        let e = WindowedCounter::new(10);
+        e.add(0, 1, 0);
+        e.add(3, 1, 1);
+        assert_eq!(e.totals(3), (2, 1));
+        assert_eq!(e.totals(0), (1, 0));
     }
 
     #[test]
