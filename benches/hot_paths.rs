@@ -111,6 +111,22 @@ fn cull_accounting(c: &mut Criterion) {
     });
 }
 
+/// The retry budget per request: count the first attempt, then ask for a
+/// retry (the shared windowed counter under both).
+fn retry_budget(c: &mut Criterion) {
+    use portcullis::balance::retry_budget::RetryBudget;
+    let budget = RetryBudget::new(0.2);
+    let mut n = 0u64;
+    c.bench_function("retry_budget_request_and_retry", |b| {
+        b.iter(|| {
+            n += 1;
+            let now = black_box(1_700_000_000 + n / 100_000);
+            budget.record_request(now);
+            black_box(budget.try_retry(now))
+        })
+    });
+}
+
 /// `Pool::select` for each balancing mode over 8 backends (no health checks,
 /// nothing culled): what a mode costs per request over round robin.
 fn balance_select(c: &mut Criterion) {
@@ -213,6 +229,7 @@ criterion_group!(
     shedding,
     ratelimit,
     cull_accounting,
+    retry_budget,
     balance_select,
     route_lookup
 );

@@ -46,3 +46,4 @@ pub mod state;
 pub mod store;
 pub mod upstream;
 pub mod watchdog;
+pub mod window;

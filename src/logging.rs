@@ -11,16 +11,18 @@
 //! - **A client hanging up is not an error.** Pingora 0.9.1 reads the request
 //!   header before any `ProxyHttp` hook runs, and reports a client that hangs up
 //!   mid-header only with an ERROR line ("Fail to proxy: … while reading request
-//!   headers"). That line is dropped here and counted in
-//!   `portcullis_client_aborts_total` instead (re-logged at debug). Aborts later
-//!   in the request are handled by the proxy (`Proxy::fail_to_proxy`).
+//!   headers"): its error reaches no proxy phase. That line is dropped here. The
+//!   abort is counted in `portcullis_client_aborts_total` (and logged at debug)
+//!   by the edge stream, which sees the client leave mid-header
+//!   (`edge::stream::EdgeStream::count_aborts`), not from this log text. Aborts
+//!   later in the request are counted from Pingora's error kind
+//!   (`Proxy::fail_to_proxy`).
 
 use std::fmt;
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
 use tracing::{span, Event, Level, Metadata, Subscriber};
-use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -40,7 +42,8 @@ pub fn under_cap(target: &str, level: &Level) -> bool {
 }
 
 /// Whether a Pingora log line reports a client that went away before its
-/// request header was complete (or before the 400 for it could be written).
+/// request header was complete (or before the 400 for it could be written):
+/// such a line is dropped (the abort is counted by the edge stream).
 pub fn is_header_phase_abort(target: &str, level: &Level, message: &str) -> bool {
     target.starts_with("pingora_proxy")
         && *level == Level::ERROR
@@ -144,20 +147,6 @@ where
     }
 }
 
-/// Counts header-phase client aborts, whatever `RUST_LOG` lets through.
-struct AbortCounter;
-
-impl<S: Subscriber> Layer<S> for AbortCounter {
-    fn on_event(&self, event: &Event<'_>, _cx: Context<'_, S>) {
-        let meta = event.metadata();
-        let fields = Fields::of(event);
-        if is_header_phase_abort(fields.target(meta), meta.level(), &fields.message) {
-            crate::metrics::client_aborts().inc();
-            tracing::debug!(event = "client_abort", phase = "header");
-        }
-    }
-}
-
 /// Installs the subscriber (and the `log` bridge). Call once, before Pingora starts.
 pub fn init() {
     let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -167,18 +156,7 @@ pub fn init() {
         .with_current_span(false)
         .with_writer(std::io::stderr)
         .with_filter(CappedEnv { env });
-    // The hint matters: without it this layer would let every level through,
-    // the subscriber's max level would be TRACE, and the `log` bridge would
-    // send every `debug!` of Pingora's through the filters (per request ~10k
-    // instructions, measured with benches/load/callgrind.sh). With it, `log`
-    // and `tracing` drop disabled levels at the call site.
-    let counter = AbortCounter.with_filter(
-        filter_fn(|m| *m.level() == Level::ERROR).with_max_level_hint(LevelFilter::ERROR),
-    );
-    let _ = tracing_subscriber::registry()
-        .with(counter)
-        .with(fmt)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(fmt).try_init();
 }
 
 #[cfg(test)]

@@ -180,6 +180,10 @@ pub struct Shared {
     pub shedder: Arc<Shedder>,
     pub limiter: Arc<Limiter>,
     pub metrics: Arc<Metrics>,
+    /// The tunnel cap's slots (`shedding.max_tunnels`) and open-tunnel gauge.
+    pub tunnels: Arc<crate::edge::tunnel::Tunnels>,
+    /// PROXY header sources of open connections, for their HTTP/2 streams.
+    pub proxied: Arc<crate::edge::proxied::ProxiedSources>,
     /// Access log and the cull journal of the status page.
     pub observe: crate::observe::Observe,
     pub lifecycle: Arc<Lifecycle>,
@@ -215,6 +219,8 @@ impl Shared {
             runtime: ArcSwap::from_pointee(runtime),
             shedder,
             limiter,
+            tunnels: crate::edge::tunnel::Tunnels::new(metrics.tunnels_open.clone()),
+            proxied: Arc::default(),
             metrics,
             observe,
             lifecycle: Arc::new(Lifecycle::default()),

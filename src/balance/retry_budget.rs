@@ -1,34 +1,30 @@
 //! Envoy's retry budget over a sliding window: retries stay under `ratio` of
 //! the upstream's requests in the last [`WINDOW_SECS`] seconds, with a floor of
 //! [`MIN_RETRIES`] so a quiet upstream can still retry at all. Lock-free
-//! (one-second buckets of atomics); time is passed in.
+//! (a [`WindowedCounter`]); time is passed in.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::window::WindowedCounter;
 
 pub const WINDOW_SECS: u64 = 10;
 /// Retries always allowed per window (Envoy's `min_retry_concurrency` is 3).
 pub const MIN_RETRIES: u64 = 3;
 
-#[derive(Debug, Default)]
-struct Bucket {
-    /// The second this bucket counts (0 = never used).
-    sec: AtomicU64,
-    requests: AtomicU64,
-    retries: AtomicU64,
-}
-
 #[derive(Debug)]
 pub struct RetryBudget {
     /// The ratio's bits (`f64`), swapped on reload.
     ratio: AtomicU64,
-    buckets: [Bucket; WINDOW_SECS as usize],
+    /// (requests, retries) per second: the shared lock-free windowed counter,
+    /// whose bucket reset cannot lose an increment at a second boundary.
+    counts: WindowedCounter,
 }
 
 impl RetryBudget {
     pub fn new(ratio: f64) -> Self {
         Self {
             ratio: AtomicU64::new(ratio.to_bits()),
-            buckets: Default::default(),
+            counts: WindowedCounter::new(WINDOW_SECS),
         }
     }
 
@@ -36,40 +32,15 @@ impl RetryBudget {
         self.ratio.store(ratio.to_bits(), Ordering::Relaxed);
     }
 
-    fn bucket(&self, now_secs: u64) -> &Bucket {
-        let b = &self.buckets[(now_secs % WINDOW_SECS) as usize];
-        let old = b.sec.load(Ordering::Acquire);
-        if old != now_secs
-            && b.sec
-                .compare_exchange(old, now_secs, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            b.requests.store(0, Ordering::Release);
-            b.retries.store(0, Ordering::Release);
-        }
-        b
-    }
-
     /// Count one request (first attempts only).
     #[inline]
     pub fn record_request(&self, now_secs: u64) {
-        self.bucket(now_secs)
-            .requests
-            .fetch_add(1, Ordering::Relaxed);
+        self.counts.add(now_secs, 1, 0);
     }
 
     /// `(requests, retries)` in the window ending at `now_secs`.
     pub fn window(&self, now_secs: u64) -> (u64, u64) {
-        let lo = now_secs.saturating_sub(WINDOW_SECS - 1);
-        self.buckets
-            .iter()
-            .filter(|b| (lo..=now_secs).contains(&b.sec.load(Ordering::Acquire)))
-            .fold((0, 0), |(q, r), b| {
-                (
-                    q + b.requests.load(Ordering::Relaxed),
-                    r + b.retries.load(Ordering::Relaxed),
-                )
-            })
+        self.counts.totals(now_secs)
     }
 
     /// Take a retry if the budget allows it (and count it); `false` = exhausted.
@@ -80,17 +51,13 @@ impl RetryBudget {
         if retries >= allowed {
             return false;
         }
-        self.bucket(now_secs)
-            .retries
-            .fetch_add(1, Ordering::Relaxed);
+        self.counts.add(now_secs, 0, 1);
         true
     }
 
     /// Count a retry that is not subject to the budget (a failed connect).
     pub fn record_retry(&self, now_secs: u64) {
-        self.bucket(now_secs)
-            .retries
-            .fetch_add(1, Ordering::Relaxed);
+        self.counts.add(now_secs, 0, 1);
     }
 }
 
@@ -129,5 +96,33 @@ mod tests {
         // The old second has left the window: only the floor remains.
         assert_eq!(b.window(100 + WINDOW_SECS), (0, 0));
         assert!(b.try_retry(100 + WINDOW_SECS));
+    }
+
+    /// Threads counting requests at a second boundary (the bucket holds the
+    /// previous lap's counts): none is lost to the bucket's reset. The old
+    /// reset (claim the second, then `store(0)`) could drop the increments
+    /// made between its two steps.
+    #[test]
+    fn requests_at_a_boundary_are_all_counted() {
+        let b = std::sync::Arc::new(RetryBudget::new(0.5));
+        for round in 0..20u64 {
+            let t = 50_000 + round * 64;
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let (b, barrier) = (b.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        for _ in 0..250 {
+                            b.record_request(t);
+                        }
+                    })
+                })
+                .collect();
+            for h in threads {
+                assert!(h.join().is_ok());
+            }
+            assert_eq!(b.window(t), (1000, 0), "round {round}");
+        }
     }
 }

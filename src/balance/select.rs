@@ -70,13 +70,27 @@ fn probe(
         .find(|&i| Some(i) != not && eligible(i))
 }
 
-static SEED: AtomicU64 = AtomicU64::new(0x853c_49e6_748f_ea9b);
+/// A cheap source of random words (a Weyl sequence through a mixer): good
+/// enough to spread choices, no syscall, no lock. Owned by the selector that
+/// uses it; each starts at its own point (std's per-instance random hash keys).
+#[derive(Debug)]
+pub struct RandomWords(AtomicU64);
 
-/// A cheap random word (a Weyl sequence through a mixer): good enough to
-/// spread choices, no syscall, no lock.
-#[inline]
-pub fn random_word() -> u64 {
-    super::mix(SEED.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
+impl Default for RandomWords {
+    fn default() -> Self {
+        use std::hash::BuildHasher;
+        let seed =
+            std::collections::hash_map::RandomState::new().hash_one(0x853c_49e6_748f_ea9b_u64);
+        Self(AtomicU64::new(seed))
+    }
+}
+
+impl RandomWords {
+    /// The next word.
+    #[inline]
+    pub fn next_word(&self) -> u64 {
+        super::mix(self.0.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
+    }
 }
 
 #[cfg(test)]
@@ -126,5 +140,19 @@ mod tests {
         }
         assert_eq!(p2c(3, 7, |_| false, |_| 0), None);
         assert_eq!(p2c(0, 7, |_| true, |_| 0), None);
+    }
+
+    #[test]
+    fn random_words_differ_between_sources_and_draws() {
+        let (a, b) = (RandomWords::default(), RandomWords::default());
+        let xs: Vec<u64> = (0..64).map(|_| a.next_word()).collect();
+        let mut sorted = xs.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), xs.len(), "no repeats within one source");
+        assert_ne!(b.next_word(), xs[0], "each source starts at its own point");
+        // Both halves of the choice space are hit (it spreads choices).
+        let high = xs.iter().filter(|&&x| x >> 63 == 1).count();
+        assert!((8..=56).contains(&high), "{high} of 64 high");
     }
 }

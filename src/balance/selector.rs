@@ -19,7 +19,7 @@ use pingora::lb::selection::consistent::KetamaHashing;
 use pingora::lb::selection::{BackendIter, BackendSelection, Random};
 use pingora::lb::Backend;
 
-use super::select::{p2c, random_word, SmoothWrr};
+use super::select::{p2c, RandomWords, SmoothWrr};
 use super::Policy;
 
 /// A backend's position in its pool's list, carried in `Backend::ext`.
@@ -30,9 +30,9 @@ pub enum Selector {
     /// The next pick's position: incremented once per pick.
     RoundRobin(AtomicUsize),
     Smooth(Mutex<SmoothWrr>),
-    LeastRequests,
+    LeastRequests(RandomWords),
     Ketama(Arc<KetamaHashing>),
-    Random(Arc<Random>),
+    Random(Arc<Random>, RandomWords),
 }
 
 impl Selector {
@@ -40,9 +40,11 @@ impl Selector {
         match policy {
             Policy::RoundRobin if weighted => Selector::Smooth(Mutex::new(SmoothWrr::default())),
             Policy::RoundRobin => Selector::RoundRobin(AtomicUsize::new(0)),
-            Policy::LeastRequests => Selector::LeastRequests,
+            Policy::LeastRequests => Selector::LeastRequests(RandomWords::default()),
             Policy::ConsistentHash => Selector::Ketama(Arc::new(KetamaHashing::build(set))),
-            Policy::Random => Selector::Random(Arc::new(Random::build(set))),
+            Policy::Random => {
+                Selector::Random(Arc::new(Random::build(set)), RandomWords::default())
+            }
         }
     }
 
@@ -83,12 +85,12 @@ impl Selector {
                 let mut s = state.lock().ok()?;
                 s.pick(weights, eligible)
             }
-            Selector::LeastRequests => p2c(n, random_word(), eligible, load),
+            Selector::LeastRequests(words) => p2c(n, words.next_word(), eligible, load),
             Selector::Ketama(ring) => {
                 walk(ring.iter(key), iterations, ok, slot).or_else(|| (0..n).find(|&i| eligible(i)))
             }
-            Selector::Random(r) => {
-                let word = random_word().to_le_bytes();
+            Selector::Random(r, words) => {
+                let word = words.next_word().to_le_bytes();
                 walk(r.iter(&word), iterations, ok, slot).or_else(|| (0..n).find(|&i| eligible(i)))
             }
         }

@@ -216,7 +216,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
         // Filed for the HTTP/2 streams of this connection, until it closes.
         let _filed = proxied
             .zip(peer_addr(&stream))
-            .map(|(source, addr)| super::proxied::Filed::new(addr, source));
+            .map(|(source, addr)| self.shared.proxied.file(addr, source));
         let conn = Conn::new(peer, proxied, trusted);
         let alpn_h2 = stream.selected_alpn_proto() == Some(pingora::protocols::ALPN::H2);
         let mut edge = EdgeStream::new(
@@ -228,6 +228,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
             metrics.edge_refusal_counter(EdgeRefusal::HeaderTimeout),
             server.h2c,
         );
+        edge.count_aborts(metrics.client_aborts.clone());
         if alpn_h2 {
             // HTTP/2: the header deadlines follow its frames, not HTTP/1's.
             edge.multiplexed();

@@ -40,6 +40,7 @@ use pingora::proxy::Session;
 pub use app::EdgeApp;
 pub use headers::HeaderRules;
 pub use identity::TrustedProxies;
+pub use proxied::ProxiedSources;
 pub use stream::Conn;
 
 /// The [`Conn`] of the session's client connection (HTTP/1 over plain TCP).
@@ -71,14 +72,14 @@ pub fn peer_ip(session: &Session) -> Option<IpAddr> {
 /// The source a PROXY header named for the session's connection. An HTTP/1
 /// session reaches its [`Conn`]; an HTTP/2 stream does not (Pingora keeps the
 /// connection inside its h2 session), so the edge also files the source by the
-/// connection's peer address ([`proxied::Filed`]).
-fn proxied_source(session: &Session) -> Option<IpAddr> {
+/// connection's peer address in `sources` ([`proxied::ProxiedSources`]).
+fn proxied_source(session: &Session, sources: &ProxiedSources) -> Option<IpAddr> {
     match conn(session) {
         Some(c) => c.proxied,
         None => session
             .client_addr()
             .and_then(|a| a.as_inet())
-            .and_then(|a| proxied::lookup(*a)),
+            .and_then(|a| sources.lookup(*a)),
     }
 }
 
@@ -91,10 +92,11 @@ pub fn client_ip(
     session: &Session,
     trusted: &TrustedProxies,
     proxy_protocol: bool,
+    sources: &ProxiedSources,
 ) -> Option<IpAddr> {
     let conn = conn(session);
     let peer = conn.and_then(|c| c.peer).or_else(|| peer_ip(session))?;
-    let proxied = proxied_source(session);
+    let proxied = proxied_source(session, sources);
     if proxy_protocol {
         return Some(proxied.unwrap_or(peer));
     }
@@ -112,6 +114,6 @@ pub fn client_ip(
 
 /// The connection's source, appended to `X-Forwarded-For`: the PROXY header's
 /// source where one was used, else the TCP peer.
-pub fn source_ip(session: &Session) -> Option<IpAddr> {
-    proxied_source(session).or_else(|| peer_ip(session))
+pub fn source_ip(session: &Session, sources: &ProxiedSources) -> Option<IpAddr> {
+    proxied_source(session, sources).or_else(|| peer_ip(session))
 }

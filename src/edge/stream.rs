@@ -150,6 +150,12 @@ pub struct EdgeStream {
     h2: Option<H2Frames>,
     /// A tunnel's last byte either way (`None`: not timing a tunnel yet).
     tunnel_last_io: Option<Instant>,
+    /// Bytes of an HTTP/1 request header have been read and the header is not
+    /// complete yet (the proxy has not called [`Conn::header_received`]).
+    partial_header: bool,
+    /// `portcullis_client_aborts_total`, for a client that leaves mid-header
+    /// ([`EdgeStream::count_aborts`]); counted at most once per connection.
+    aborts: Option<IntCounter>,
 }
 
 /// The HTTP/2 preface (RFC 9113 §3.4).
@@ -258,6 +264,38 @@ impl EdgeStream {
             h2c,
             h2: None,
             tunnel_last_io: None,
+            partial_header: false,
+            aborts: None,
+        }
+    }
+
+    /// Count in `aborts` a client that leaves mid-header: an end of stream or a
+    /// read error after part of a request header (Pingora's downstream
+    /// `ConnectionClosed`/`ReadError` "while reading request headers", which it
+    /// hands to no proxy phase), or a failed write before the header is complete
+    /// (the 400 Pingora answers a malformed header with, to a client already gone).
+    pub fn count_aborts(&mut self, aborts: IntCounter) {
+        self.aborts = Some(aborts);
+    }
+
+    /// A failed write before the header was taken: only Pingora's own answer to a
+    /// request it refuses before any proxy phase (a malformed header's 400) is
+    /// written then (the 408 goes to the inner stream directly), so the client left.
+    fn note_write(&mut self, res: &Poll<io::Result<usize>>) {
+        if matches!(res, Poll::Ready(Err(_)))
+            && self.h2.is_none()
+            && self.conn.state.load(Ordering::Relaxed) == AWAIT_HEADER
+        {
+            self.header_phase_abort();
+        }
+    }
+
+    /// The client left in the header phase: counted once, logged at debug.
+    fn header_phase_abort(&mut self) {
+        self.partial_header = false;
+        if let Some(aborts) = self.aborts.take() {
+            aborts.inc();
+            tracing::debug!(event = "client_abort", phase = "header", client = ?self.conn.source());
         }
     }
 
@@ -288,6 +326,7 @@ impl EdgeStream {
 
     /// Moves replayed bytes into `buf`.
     fn serve_replay(&mut self, buf: &mut ReadBuf<'_>) {
+        self.partial_header |= self.conn.state.load(Ordering::Relaxed) != IN_REQUEST;
         let n = self.replay.len().min(buf.remaining());
         buf.put_slice(&self.replay[..n]);
         self.replay.drain(..n);
@@ -336,6 +375,7 @@ impl EdgeStream {
     ) -> Poll<io::Result<()>> {
         let state = self.conn.state.load(Ordering::Relaxed);
         if state == IN_REQUEST {
+            self.partial_header = false;
             return match self.conn.tunnel_idle() {
                 None => Pin::new(&mut self.inner).poll_read(cx, buf),
                 Some(idle) => self.poll_read_tunnel(cx, buf, idle),
@@ -346,8 +386,16 @@ impl EdgeStream {
         if self.timed_out || (state == AWAIT_HEADER && self.deadline.is_elapsed()) {
             return self.time_out(cx);
         }
+        if state == AWAIT_FIRST_BYTE {
+            self.partial_header = false;
+        }
         let before = buf.filled().len();
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &res {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.partial_header = true,
+            Poll::Ready(_) if self.partial_header => self.header_phase_abort(),
+            _ => {}
+        }
         match res {
             Poll::Ready(Ok(())) if state == AWAIT_FIRST_BYTE && buf.filled().len() > before => {
                 let at = Instant::now() + self.header_timeout;
@@ -485,6 +533,7 @@ impl AsyncWrite for EdgeStream {
     ) -> Poll<io::Result<usize>> {
         let res = AsyncWrite::poll_write(Pin::new(&mut *self.inner), cx, buf);
         self.wrote(&res);
+        self.note_write(&res);
         res
     }
 
@@ -503,6 +552,7 @@ impl AsyncWrite for EdgeStream {
     ) -> Poll<io::Result<usize>> {
         let res = AsyncWrite::poll_write_vectored(Pin::new(&mut *self.inner), cx, bufs);
         self.wrote(&res);
+        self.note_write(&res);
         res
     }
 

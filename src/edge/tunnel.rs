@@ -11,46 +11,61 @@
 //! tunnel still open.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
+use std::sync::Arc;
 
 use prometheus::IntGauge;
 
-/// Tunnels reserved (upgrade requests admitted, waiting for the `101`) or open.
-static SLOTS: AtomicU64 = AtomicU64::new(0);
+/// The tunnel cap's state, owned by the runtime state (`state::Shared`): the
+/// slots taken and the `portcullis_tunnels_open` gauge (registered by
+/// `metrics::Metrics`, moved here).
+#[derive(Debug)]
+pub struct Tunnels {
+    /// Tunnels reserved (upgrade requests admitted, waiting for the `101`) or open.
+    slots: AtomicU64,
+    open: IntGauge,
+}
 
-/// `portcullis_tunnels_open`: process-global so that every [`crate::metrics::Metrics`]
-/// registry exposes the same gauge.
-pub fn open_gauge() -> &'static IntGauge {
-    static OPEN: LazyLock<IntGauge> = LazyLock::new(|| {
-        IntGauge::new(
-            "portcullis_tunnels_open",
-            "Upgraded connections (WebSocket etc.) currently open",
-        )
-        .unwrap_or_else(|e| panic!("static metric definition: {e}"))
-    });
-    &OPEN
+impl Tunnels {
+    /// No slot taken; `open` is the gauge the open tunnels are reported by.
+    pub fn new(open: IntGauge) -> Arc<Self> {
+        Arc::new(Self {
+            slots: AtomicU64::new(0),
+            open,
+        })
+    }
+
+    /// Reserve a slot if fewer than `max` are taken (`max` 0 = no cap).
+    pub fn try_reserve(self: &Arc<Self>, max: u64) -> Option<TunnelSlot> {
+        let taken = self
+            .slots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (max == 0 || n < max).then_some(n + 1)
+            });
+        taken.ok().map(|_| TunnelSlot {
+            tunnels: Arc::clone(self),
+            open: false,
+        })
+    }
+
+    /// Slots taken now (reserved or open).
+    pub fn slots_taken(&self) -> u64 {
+        self.slots.load(Ordering::Acquire)
+    }
 }
 
 /// One reserved tunnel slot; freed on drop.
 #[derive(Debug)]
 pub struct TunnelSlot {
+    tunnels: Arc<Tunnels>,
     open: bool,
 }
 
 impl TunnelSlot {
-    /// Reserve a slot if fewer than `max` are taken (`max` 0 = no cap).
-    pub fn try_reserve(max: u64) -> Option<Self> {
-        let taken = SLOTS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (max == 0 || n < max).then_some(n + 1)
-        });
-        taken.ok().map(|_| Self { open: false })
-    }
-
     /// The `101` arrived: the tunnel is open.
     pub fn mark_open(&mut self) {
         if !self.open {
             self.open = true;
-            open_gauge().inc();
+            self.tunnels.open.inc();
         }
     }
 
@@ -62,41 +77,49 @@ impl TunnelSlot {
 impl Drop for TunnelSlot {
     fn drop(&mut self) {
         if self.open {
-            open_gauge().dec();
+            self.tunnels.open.dec();
         }
-        SLOTS.fetch_sub(1, Ordering::AcqRel);
+        self.tunnels.slots.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// Slots taken now (reserved or open).
-pub fn slots_taken() -> u64 {
-    SLOTS.load(Ordering::Acquire)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    // One test touches the process-global counter, so tests cannot race on it.
+    fn tunnels() -> Arc<Tunnels> {
+        Tunnels::new(IntGauge::new("t", "t").unwrap_or_else(|e| panic!("{e}")))
+    }
+
     #[test]
     fn cap_is_exact_and_slots_come_back() {
-        let base = slots_taken();
-        let max = base + 2;
-        let a = TunnelSlot::try_reserve(max);
-        let mut b = TunnelSlot::try_reserve(max);
+        let t = tunnels();
+        let a = t.try_reserve(2);
+        let mut b = t.try_reserve(2);
         assert!(a.is_some() && b.is_some());
-        assert!(TunnelSlot::try_reserve(max).is_none());
-        let before = open_gauge().get();
+        assert!(t.try_reserve(2).is_none());
         if let Some(b) = b.as_mut() {
             b.mark_open();
             b.mark_open();
         }
-        assert_eq!(open_gauge().get(), before + 1);
+        assert_eq!(t.open.get(), 1);
         drop(b);
-        assert_eq!(open_gauge().get(), before);
-        assert!(TunnelSlot::try_reserve(max).is_some());
+        assert_eq!(t.open.get(), 0);
+        assert!(t.try_reserve(2).is_some());
         drop(a);
-        assert_eq!(slots_taken(), base);
-        assert!(TunnelSlot::try_reserve(0).is_some());
+        assert_eq!(t.slots_taken(), 0);
+        assert!(t.try_reserve(0).is_some());
+    }
+
+    /// Two runtime states (two `Tunnels`) do not share slots: the cap is the
+    /// state's, not the process's.
+    #[test]
+    fn each_state_owns_its_slots() {
+        let (x, y) = (tunnels(), tunnels());
+        let held = x.try_reserve(1);
+        assert!(held.is_some());
+        assert!(x.try_reserve(1).is_none());
+        assert!(y.try_reserve(1).is_some());
+        assert_eq!((x.slots_taken(), y.slots_taken()), (1, 0));
     }
 }

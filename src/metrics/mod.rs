@@ -14,23 +14,6 @@ use std::sync::{Arc, OnceLock};
 mod labels;
 pub use labels::*;
 
-/// `portcullis_client_aborts_total`: requests whose client hung up before the
-/// response was complete (mid-header, mid-body, or while the backend was
-/// answering). Normal traffic, not an error: counted here, logged at debug.
-///
-/// Process-global because one source is Pingora's own log line for a client
-/// that hangs up mid-header (see [`crate::logging`]), which is seen before any
-/// [`Metrics`] exists; every [`Metrics`] registry exposes this one counter.
-pub fn client_aborts() -> &'static IntCounter {
-    static CLIENT_ABORTS: std::sync::LazyLock<IntCounter> = std::sync::LazyLock::new(|| {
-        must(IntCounter::new(
-            "portcullis_client_aborts_total",
-            "Requests the client abandoned before the response was complete",
-        ))
-    });
-    &CLIENT_ABORTS
-}
-
 /// Histogram buckets for an edge proxy: 1 ms to 30 s.
 pub const LATENCY_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -114,6 +97,11 @@ pub struct Metrics {
     upstream_requests: IntCounterVec,
     upstream_durations: HistogramVec,
     pub tunnels_open: IntGauge,
+    /// `portcullis_client_aborts_total`: requests whose client hung up before the
+    /// response was complete (mid-header, counted by `edge::stream`; mid-body or while
+    /// the backend was answering, from the downstream error Pingora hands to
+    /// `fail_to_proxy`). Normal traffic, not an error: logged at debug.
+    pub client_aborts: IntCounter,
     sampled: Arc<OnceLock<Sampler>>,
     pub inflight: IntGauge,
     pub backend_culled: IntGaugeVec,
@@ -189,8 +177,11 @@ impl Metrics {
             &["upstream"],
         ));
         reg(Box::new(upstream_durations.clone()));
-        // Process-global: the tunnel slots that move it live in `edge::tunnel`.
-        let tunnels_open = crate::edge::tunnel::open_gauge().clone();
+        // Moved by the tunnel slots of `edge::tunnel::Tunnels` (owned by `state::Shared`).
+        let tunnels_open = must(IntGauge::new(
+            "portcullis_tunnels_open",
+            "Upgraded connections (WebSocket etc.) currently open",
+        ));
         reg(Box::new(tunnels_open.clone()));
         let sampled: Arc<OnceLock<Sampler>> = Arc::new(OnceLock::new());
         reg(Box::new(Sampled {
@@ -303,7 +294,11 @@ impl Metrics {
             "1 while /readyz answers 200",
         ));
         reg(Box::new(ready.clone()));
-        reg(Box::new(client_aborts().clone()));
+        let client_aborts = must(IntCounter::new(
+            "portcullis_client_aborts_total",
+            "Requests the client abandoned before the response was complete",
+        ));
+        reg(Box::new(client_aborts.clone()));
         let concurrency_limit = must(IntGauge::new(
             "portcullis_concurrency_limit",
             "Load-shedding cap in force (learned from latency with shedding.adaptive; 0 = none)",
@@ -350,6 +345,7 @@ impl Metrics {
             upstream_requests,
             upstream_durations,
             tunnels_open,
+            client_aborts,
             sampled,
             inflight,
             backend_culled,

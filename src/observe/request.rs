@@ -191,7 +191,12 @@ fn write_line(
     // not the TCP peer: the one CONTRACT §7 says is logged.
     let client_ip = f.client.or_else(|| {
         let server = &rt.config.server;
-        crate::edge::client_ip(session, &server.trusted_proxies, server.proxy_protocol)
+        crate::edge::client_ip(
+            session,
+            &server.trusted_proxies,
+            server.proxy_protocol,
+            &shared.proxied,
+        )
     });
     let host = host_of(req);
     // A Host value is the client's: keep the line bounded.

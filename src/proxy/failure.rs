@@ -71,7 +71,6 @@ pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
     let upstream = ctx.pool.as_ref().map_or("", |p| p.name.as_str());
     let cause = plain_cause(e).unwrap_or_default();
     if is_client_abort(e) {
-        crate::metrics::client_aborts().inc();
         tracing::debug!(
             event = "client_abort",
             error = e.etype().as_str(),

@@ -170,7 +170,12 @@ impl ProxyHttp for Proxy {
         let route = rt.route_at(ctx.route);
         ctx.pool = rt.pools.get(route.upstream).cloned();
         let server = &rt.config.server;
-        ctx.client = edge::client_ip(session, &server.trusted_proxies, server.proxy_protocol);
+        ctx.client = edge::client_ip(
+            session,
+            &server.trusted_proxies,
+            server.proxy_protocol,
+            &self.shared.proxied,
+        );
 
         // Gate 1: load shedding, before any other work.
         match self.shared.shedder.try_acquire(route.priority) {
@@ -185,7 +190,11 @@ impl ProxyHttp for Proxy {
 
         // Gate 1b: an upgrade (WebSocket) request needs a tunnel slot.
         if session.is_upgrade_req() {
-            match crate::edge::tunnel::TunnelSlot::try_reserve(rt.config.shedding.max_tunnels) {
+            match self
+                .shared
+                .tunnels
+                .try_reserve(rt.config.shedding.max_tunnels)
+            {
                 Some(slot) => {
                     ctx.tunnel = Some(slot);
                     // A tunnel is idle when no byte goes either way: the edge stream,
@@ -441,7 +450,7 @@ impl ProxyHttp for Proxy {
         if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
             edge::headers::restore(&session.req_header().headers, req, &[name]);
         }
-        request::set_forwarded(session, req)?;
+        request::set_forwarded(session, req, &self.shared.proxied)?;
         if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
@@ -554,6 +563,9 @@ impl ProxyHttp for Proxy {
             self.shared
                 .metrics
                 .edge_refusal(crate::metrics::EdgeRefusal::BodyTimeout);
+        }
+        if failure::is_client_abort(e) {
+            self.shared.metrics.client_aborts.inc();
         }
         failure::log(session, e, ctx, status);
         // The connection is closed after this reply (`can_reuse_downstream: false`),

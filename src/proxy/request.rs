@@ -42,9 +42,10 @@ pub fn ip_value(ip: IpAddr) -> http::HeaderValue {
 pub fn set_forwarded(
     session: &Session,
     req: &mut pingora::http::RequestHeader,
+    sources: &crate::edge::proxied::ProxiedSources,
 ) -> pingora::Result<()> {
     use crate::edge::headers::names::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
-    if let Some(ip) = crate::edge::source_ip(session) {
+    if let Some(ip) = crate::edge::source_ip(session, sources) {
         let joined = match req
             .headers
             .get(X_FORWARDED_FOR.name())

@@ -3,6 +3,7 @@
 //! answers ([`super::slot::apply`]) and the store's health to the limiter.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::limiter::Limiter;
 use super::shard::{gc_step, lock};
@@ -36,7 +37,8 @@ pub struct FlushOutcome {
 /// id, and whether the previous window's total read back is final.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Taken {
-    pub(super) limiter: u64,
+    /// Index of the limiter's token in the batch's `limiters`.
+    pub(super) limiter: usize,
     pub(super) shard: u8,
     pub(super) slot: u64,
     pub(super) prev_final: bool,
@@ -48,6 +50,8 @@ pub(super) struct PendingBatch {
     pub(super) id: u128,
     pub(super) batch: Vec<Delta>,
     pub(super) taken: Vec<Taken>,
+    /// The tokens of the limiters the deltas came from (see [`Taken::limiter`]).
+    pub(super) limiters: Vec<Arc<()>>,
     pub(super) admissions: u64,
 }
 
@@ -66,6 +70,7 @@ pub(super) struct FlushState {
 struct Take {
     batch: Vec<Delta>,
     taken: Vec<Taken>,
+    limiters: Vec<Arc<()>>,
     admissions: u64,
 }
 
@@ -109,6 +114,8 @@ impl Limiter {
         // A previous window's total read this late into the current one is final.
         let settle = PREV_SETTLE_MS.max(interval.min(wms).saturating_mul(2 * SYNC_EVERY));
         let share_n = self.share_n.load(Ordering::Relaxed);
+        let me = take.limiters.len();
+        take.limiters.push(Arc::clone(&self.token));
         for (si, m) in self.shards.iter().enumerate() {
             let mut sh = lock(m);
             let mut dirty = std::mem::take(&mut sh.dirty);
@@ -152,7 +159,7 @@ impl Limiter {
                 });
                 // The total read back is final if read late enough into the window.
                 take.taken.push(Taken {
-                    limiter: self.uid,
+                    limiter: me,
                     shard: si as u8,
                     slot: s.id,
                     prev_final: need_prev && s.win == w && e >= settle,
@@ -171,16 +178,24 @@ impl Limiter {
 
     /// Runs `f` on every taken slot of this limiter still present, locking each shard once
     /// per run of deltas from it.
-    fn for_each_taken(&self, taken: &[Taken], mut f: impl FnMut(&mut Slot, usize)) {
+    fn for_each_taken(
+        &self,
+        limiters: &[Arc<()>],
+        taken: &[Taken],
+        mut f: impl FnMut(&mut Slot, usize),
+    ) {
+        let Some(me) = limiters.iter().position(|t| Arc::ptr_eq(t, &self.token)) else {
+            return;
+        };
         let mut k = 0;
         while k < taken.len() {
-            if taken[k].limiter != self.uid {
+            if taken[k].limiter != me {
                 k += 1;
                 continue;
             }
             let si = taken[k].shard;
             let mut sh = lock(&self.shards[usize::from(si)]);
-            while k < taken.len() && taken[k].limiter == self.uid && taken[k].shard == si {
+            while k < taken.len() && taken[k].limiter == me && taken[k].shard == si {
                 if let Some(i) = sh.find(taken[k].slot) {
                     if let Some(s) = sh.table.slots_mut().get_mut(i) {
                         f(s, k);
@@ -266,6 +281,7 @@ pub async fn flush(
         id: (u128::from(anchor.instance_id) << 64) | u128::from(fs.seq),
         batch: take.batch,
         taken: take.taken,
+        limiters: take.limiters,
         admissions: take.admissions,
     };
     out.called_store = true;
@@ -327,7 +343,7 @@ async fn send(
             for l in set {
                 l.instances.store(n, Ordering::Relaxed);
                 l.share_n.store(n, Ordering::Relaxed);
-                l.for_each_taken(&pb.taken, |s, k| {
+                l.for_each_taken(&pb.limiters, &pb.taken, |s, k| {
                     apply(s, &pb.batch[k], counts[k], n, pb.taken[k].prev_final, late);
                 });
                 l.healthy.store(true, Ordering::Relaxed);

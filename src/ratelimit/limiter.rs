@@ -6,7 +6,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
@@ -81,14 +81,13 @@ pub struct Limiter {
     /// Divisor of the fleet share applied by [`Limiter::check`]: `instances` while the
     /// store is healthy, 1 (no share) while it is not.
     pub(super) share_n: AtomicU64,
-    /// Identifies this limiter in a flush of several (unique in the process).
-    pub(super) uid: u64,
+    /// Identifies this limiter in a flush of several: a pending batch holds a clone, so
+    /// no other limiter can have this allocation's address while the batch is pending.
+    pub(super) token: Arc<()>,
     /// Hash namespace of a named policy's keys (`None`: the `[rate_limit]` policy, whose
     /// store keys are the plain hash of the API key).
     namespace: Option<Box<[u8]>>,
 }
-
-static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 impl Limiter {
     /// A limiter with no tracked keys; `store_healthy` starts true.
@@ -108,7 +107,7 @@ impl Limiter {
             instance_id: instance_id(),
             instances: AtomicU64::new(1),
             share_n: AtomicU64::new(1),
-            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            token: Arc::new(()),
             namespace: None,
         }
     }
