@@ -160,10 +160,9 @@ fn ten_clients_that_never_read_hold_about_ten_buffers() {
     assert_eq!(p.get("/after", &[]).status, 200);
 }
 
-/// curl downloads the object; RSS is sampled while it runs. `args`: protocol and rate.
-fn download_with_curl(p: &Proxy, base: u64, args: &[&str]) -> (u64, String) {
-    let url = format!("http://{}/files/big.bin", p.addr());
-    let mut child = Command::new("curl")
+/// curl starts downloading the object through `p`; it prints `<status> <bytes>`.
+fn spawn_curl(p: &Proxy, args: &[&str]) -> std::process::Child {
+    Command::new("curl")
         .args([
             "-s",
             "-o",
@@ -172,11 +171,16 @@ fn download_with_curl(p: &Proxy, base: u64, args: &[&str]) -> (u64, String) {
             "%{http_code} %{size_download}",
         ])
         .args(args)
-        .arg(&url)
+        .arg(format!("http://{}/files/big.bin", p.addr()))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn curl");
+        .expect("spawn curl")
+}
+
+/// curl downloads the object; RSS is sampled while it runs. `args`: protocol and rate.
+fn download_with_curl(p: &Proxy, base: u64, args: &[&str]) -> (u64, String) {
+    let mut child = spawn_curl(p, args);
     let mut peak = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -224,23 +228,16 @@ fn fast_readers_over_http1_and_h2c_get_the_object_without_holding_it() {
 fn a_slow_h2c_reader_holds_about_one_buffer() {
     let (nginx, p, base) = start();
     // 4 MB/s for at most 3 s: a few percent of the object, then curl gives up
-    let url = format!("http://{}/files/big.bin", p.addr());
-    let mut child = Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "/dev/null",
+    let mut child = spawn_curl(
+        &p,
+        &[
             "--http2-prior-knowledge",
             "--limit-rate",
             "4M",
             "--max-time",
             "3",
-        ])
-        .arg(&url)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn curl");
+        ],
+    );
     let peak = watch(&p, &nginx, base, Duration::from_secs(10), || {
         matches!(child.try_wait(), Ok(Some(_)))
     });
