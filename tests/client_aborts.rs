@@ -7,17 +7,6 @@ mod support;
 
 use support::*;
 
-fn upstream(b: &Backend) -> String {
-    format!(
-        r#"
-[[upstreams]]
-name = "app"
-backends = ["{}"]
-"#,
-        b.addr()
-    )
-}
-
 fn aborts(p: &Proxy) -> f64 {
     p.metric("portcullis_client_aborts_total")
         .unwrap_or_else(|| panic!("portcullis_client_aborts_total missing:\n{}", p.metrics()))
@@ -36,7 +25,7 @@ fn all_closed(p: &Proxy) {
 #[test]
 fn only_a_client_that_leaves_mid_header_is_a_header_phase_abort() {
     let b = Backend::start("app");
-    let p = Proxy::start(&upstream(&b));
+    let p = Proxy::start(&one_upstream(&b));
     let addr = p.addr();
 
     // Not aborts: a keep-alive client that leaves between requests (no body, so
