@@ -63,22 +63,27 @@ pub fn re_resolve(u: &Upstream) -> Option<(Vec<SocketAddr>, Vec<u32>)> {
     (!same).then_some((backends, if weighted { weights } else { Vec::new() }))
 }
 
-/// The config with every hostname re-resolved, or `None` when nothing changed.
+/// The config with every hostname re-resolved, or `None` when nothing changed. The
+/// config (all its routes too) is copied only when an address changed.
 pub fn refreshed(config: &Config) -> Option<Config> {
-    let mut next = config.clone();
-    let mut changed = false;
-    for u in &mut next.upstreams {
-        if u.entries.iter().all(|(e, _)| is_literal(e)) {
-            continue;
-        }
-        if let Some((backends, weights)) = re_resolve(u) {
-            tracing::info!(upstream = %u.name, before = ?u.backends, after = ?backends, "backend addresses changed (DNS)");
-            u.backends = backends;
-            u.balance.weights = weights;
-            changed = true;
-        }
+    let changes: Vec<_> = config
+        .upstreams
+        .iter()
+        .enumerate()
+        .filter(|(_, u)| !u.entries.iter().all(|(e, _)| is_literal(e)))
+        .filter_map(|(i, u)| re_resolve(u).map(|change| (i, change)))
+        .collect();
+    if changes.is_empty() {
+        return None;
     }
-    changed.then_some(next)
+    let mut next = config.clone();
+    for (i, (backends, weights)) in changes {
+        let u = &mut next.upstreams[i];
+        tracing::info!(upstream = %u.name, before = ?u.backends, after = ?backends, "backend addresses changed (DNS)");
+        u.backends = backends;
+        u.balance.weights = weights;
+    }
+    Some(next)
 }
 
 /// The shortest `resolve_interval` of upstreams with hostnames, if any.
@@ -94,13 +99,14 @@ pub fn interval(config: &Config) -> Option<Duration> {
 /// Re-resolve hostnames forever (a background task of the proxy).
 pub async fn run(shared: Arc<Shared>) {
     loop {
-        let config = shared.runtime.load().config.clone();
-        let wait = interval(&config).unwrap_or(Duration::from_secs(5));
+        // the runtime as it is now, shared, not a copy of its config (every route in it)
+        let rt = shared.runtime.load_full();
+        let wait = interval(&rt.config).unwrap_or(Duration::from_secs(5));
         tokio::time::sleep(wait).await;
-        if interval(&config).is_none() {
+        if interval(&rt.config).is_none() {
             continue;
         }
-        let found = tokio::task::spawn_blocking(move || refreshed(&config)).await;
+        let found = tokio::task::spawn_blocking(move || refreshed(&rt.config)).await;
         if let Ok(Some(next)) = found {
             // Only if no reload happened meanwhile (it resolved afresh itself).
             let current = shared.runtime.load();
