@@ -130,15 +130,7 @@ fn tunnels_are_closed_at_shutdown_timeout() {
 #[test]
 fn tunnels_have_their_own_idle_timeout() {
     let echo = WsEchoServer::start();
-    let cfg = format!(
-        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\nread_timeout_ms = 300\n\n\
-         [rate_limit]\nenabled = false\n",
-        echo.addr()
-    );
-    let proxy = Proxy::start_with_server(
-        "client_body_timeout_ms = 300\ntunnel_idle_timeout_seconds = 2\n",
-        &cfg,
-    );
+    let proxy = proxy_with_short_timeouts(&echo);
     // Active, with pauses longer than both short timeouts, for longer than the tunnel's.
     let mut active = WsClient::open(&proxy.addr(), "/active");
     let t0 = Instant::now();
@@ -168,11 +160,7 @@ fn tunnels_have_their_own_idle_timeout() {
         took >= Duration::from_millis(1_900),
         "closed after {took:?}"
     );
-    eventually(
-        DEADLINE,
-        || "tunnels_open back to 0".into(),
-        || proxy.metric("portcullis_tunnels_open") == Some(0.0),
-    );
+    all_tunnels_closed(&proxy);
 }
 
 /// CONTRACT §17: a tunnel is idle when no byte goes *either* way. A backend that only
@@ -183,15 +171,7 @@ fn tunnels_have_their_own_idle_timeout() {
 #[test]
 fn a_tunnel_that_talks_one_way_is_not_idle() {
     let echo = WsEchoServer::start();
-    let cfg = format!(
-        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\nread_timeout_ms = 300\n\n\
-         [rate_limit]\nenabled = false\n",
-        echo.addr()
-    );
-    let proxy = Proxy::start_with_server(
-        "client_body_timeout_ms = 300\ntunnel_idle_timeout_seconds = 2\n",
-        &cfg,
-    );
+    let proxy = proxy_with_short_timeouts(&echo);
 
     // The backend pushes for 4 s; the client never sends a byte.
     let mut push = WsClient::open(&proxy.addr(), "/push");
@@ -232,11 +212,7 @@ fn a_tunnel_that_talks_one_way_is_not_idle() {
         sink.is_closed_within(Duration::from_secs(15)),
         "a tunnel silent both ways was never closed"
     );
-    eventually(
-        DEADLINE,
-        || "tunnels_open back to 0".into(),
-        || proxy.metric("portcullis_tunnels_open") == Some(0.0),
-    );
+    all_tunnels_closed(&proxy);
 }
 
 /// The tunnel's idle timer runs from the upgrade request, the wait for the `101`
@@ -270,6 +246,25 @@ fn an_upgrade_the_backend_never_answers_is_closed_after_the_tunnel_idle_timeout(
         "closed after {took:?}: {:?}",
         String::from_utf8_lossy(&got)
     );
+    all_tunnels_closed(&proxy);
+}
+
+/// A proxy in front of `echo` whose body and upstream read timeouts (300 ms) are far
+/// shorter than its tunnel idle timeout (2 s).
+fn proxy_with_short_timeouts(echo: &WsEchoServer) -> Proxy {
+    let cfg = format!(
+        "[[upstreams]]\nname = \"ws\"\nbackends = [\"{}\"]\nread_timeout_ms = 300\n\n\
+         [rate_limit]\nenabled = false\n",
+        echo.addr()
+    );
+    Proxy::start_with_server(
+        "client_body_timeout_ms = 300\ntunnel_idle_timeout_seconds = 2\n",
+        &cfg,
+    )
+}
+
+/// Every tunnel of `proxy` is closed and its gauge back to 0.
+fn all_tunnels_closed(proxy: &Proxy) {
     eventually(
         DEADLINE,
         || "tunnels_open back to 0".into(),
