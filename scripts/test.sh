@@ -14,12 +14,12 @@ if [ "${1:-}" = --perf ]; then
   shift
 fi
 scripts/setup.sh
-cargo build --bins --tests
+cargo build --workspace --bins --tests
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast "$@" || status=$?
+  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
-  cargo test --no-fail-fast "$@" || status=$?
+  cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
 # The vendored Pingora crates' own unit tests, with their patches' (vendor/README.md), each
 # over the other patched crates: pingora-pool's, pingora-proxy's, pingora-http's and

@@ -1,0 +1,5 @@
+//! portcullis's policy layer: every gate's decision as plain Rust that takes `now`.
+//!
+//! No I/O crate is a dependency of this crate (no pingora, redis, prometheus, tokio, hyper or
+//! openssl): `cargo tree -p portcullis-policy -e normal` lists what it builds on. The app
+//! crate drives these policies; the store crate keeps their shared state.
