@@ -10,10 +10,7 @@
 
 pub mod key;
 pub mod resolve;
-pub mod retry_budget;
-pub mod select;
 pub mod selector;
-pub mod shard;
 
 use std::time::Duration;
 
@@ -92,24 +89,4 @@ impl BalanceSettings {
     }
 }
 
-/// A stable 64-bit hash (FNV-1a then a finaliser): the same on every instance
-/// and every restart, so shards and rings agree across the fleet.
-pub fn stable_hash(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    mix(h)
-}
-
-/// splitmix64's finaliser: spreads FNV's weak low bits.
-pub fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use portcullis_policy::balance::{mix, retry_budget, select, shard, stable_hash};

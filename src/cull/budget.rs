@@ -17,13 +17,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-use super::fleet::{Buckets, FleetDelta};
 use super::local::LocalBudget;
-use super::params::CullParams;
 use super::redis_store::RedisBudget;
 use crate::store::clock::unix_ms;
 use crate::store::{RedisClient, StoreError};
+use portcullis_policy::cull::CullParams;
+use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
+use portcullis_policy::cull::{Buckets, FleetDelta};
 
 /// The budget the proxy holds.
 #[derive(Debug)]

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use super::claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-use super::params::{max_out, CullParams};
 use crate::store::bucket::{ms_until_one, refill};
+use portcullis_policy::cull::{max_out, CullParams};
+use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 
 #[derive(Debug, Default)]
 struct State {

@@ -16,17 +16,11 @@
 //! * Redis unreachable or slow → `Err(StoreError)`; the caller must not cull.
 
 mod budget;
-mod claim;
 pub mod driver;
-mod evaluate;
-mod fleet;
 mod http;
 mod local;
-mod params;
 mod redis_store;
-mod state;
 mod webhook;
-mod window;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -35,13 +29,8 @@ mod driver_tests;
 #[allow(clippy::unwrap_used)]
 mod redis_tests;
 
-pub use crate::store::StoreError;
 pub use budget::Budget;
-pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
-pub use fleet::{Buckets, FleetDelta};
 pub use local::LocalBudget;
-pub use params::{max_out, CullParams};
+pub use portcullis_policy::cull::*;
+pub use portcullis_policy::StoreError;
 pub use redis_store::RedisBudget;
-pub use state::{Action, CullState, TickInput};
-pub use window::ErrorWindow;

@@ -17,11 +17,11 @@ use std::sync::Arc;
 
 use redis::{Script, Value};
 
-use super::claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-use super::fleet::{Buckets, FleetDelta};
-use super::params::{max_out, CullParams};
 use crate::refill_lua;
 use crate::store::{RedisClient, StoreError};
+use portcullis_policy::cull::{max_out, CullParams};
+use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
+use portcullis_policy::cull::{Buckets, FleetDelta};
 
 /// KEYS: tokens, claims. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
 /// Returns {code, tokens_milli, a, b}: 0 granted (a = expiry), 1 renewed (a = expiry),

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::flush::flush;
-use super::limiter::Limiter;
-use super::store::CounterStore;
+use portcullis_policy::ratelimit::flush;
+use portcullis_policy::ratelimit::CounterStore;
+use portcullis_policy::ratelimit::Limiter;
 
 /// Wall-clock Unix time in milliseconds (the `now_ms` the proxy passes to `check`).
 pub use crate::store::clock::unix_ms as now_ms;
@@ -92,10 +92,10 @@ pub async fn run_flusher<F>(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::store::{Batch, LocalStore, StoreError, SyncResult};
     use super::super::RateLimitParams;
     use super::*;
     use async_trait::async_trait;
+    use portcullis_policy::ratelimit::{Batch, LocalStore, StoreError, SyncResult};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     /// LocalStore that fails (or hangs) on demand.
@@ -189,7 +189,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(lim.store_healthy());
         assert_eq!(lim.unsent_admissions(), 0);
-        let h = super::super::hash::stable_hash("k");
+        let h = portcullis_policy::ratelimit::hash::stable_hash("k");
         let w = now_ms() / 3_600_000;
         let c = store.inner.counts(h, w);
         assert_eq!(c.cur + c.prev, 8);

@@ -1,198 +1,24 @@
-//! Per-API-key sliding-window rate limiting, shared between instances through a counter
-//! store (Redis, or an in-process store when there is no `[redis]` section).
-//!
-//! * Decisions ([`Limiter::check`]) are purely in-memory, never await and never touch the
-//!   store. Only admitted requests are counted.
-//! * A background task ([`run_flusher`]) periodically sends every touched key's unflushed
-//!   admissions to the store in one batch and receives the global counts of the key's
-//!   current and previous windows back. Each key's estimate is
-//!   `last known global counts + own in-flight + own unflushed admissions`.
-//! * Adaptive sync: a key near its limit (estimate >= 50% of it), with large unsent
-//!   admissions (>= 10% of what the fleet had left at its last sync) or refused for its
-//!   fleet share is sent at every flush; any other touched key stays queued and is sent
-//!   every 8th flush (every 400 ms at 50 ms flushes; all such keys in the same flush, so the
-//!   flushes in between need no store call), during the first 8 flushes, after a store
-//!   failure and at shutdown. Its admissions between syncs stay bounded by the usual checks
-//!   (known counts, fleet share), so this costs no accuracy near the limit, where it
-//!   matters. A previous window's total, once read late enough into the current window
-//!   (late deltas of other instances are in), is not read again.
-//! * If the store fails, decisions continue on the last known global counts plus the local
-//!   admissions; unflushed deltas are kept (bounded by the tracked-key cap) and delivered when
-//!   the store is back.
-//! * Keys are bytes ([`extract_key`] never converts them lossily): two keys are one key only
-//!   if they are equal byte for byte. A request with more than one value for the key (two
-//!   key headers, two `Authorization` headers, a repeated query parameter) is
-//!   [`KeyOutcome::Duplicate`]: answered 400, never forwarded, never counted.
-//!
-//! ## Hardening against floods and data loss
-//!
-//! * **Keys stay local until their counts can matter.** A key this instance admitted at most
-//!   [`LOCAL_ONLY_MAX`] (1) times over its current and previous windows, and never refused,
-//!   is never sent to the store: a flood of keys each seen once creates no store key (the
-//!   Redis keys of such a flood were unbounded before). It becomes shared (sent like any
-//!   other key from then on) at its second admission, at its first refusal, or when restored
-//!   as shared from a ghost. Overshoot this adds: at most `N x LOCAL_ONLY_MAX` admissions per
-//!   key per sliding window for `N` instances (each may hold one admission the fleet does not
-//!   see), on top of the fleet-share bound below.
-//! * **Lost store data is restored, not trusted.** Every delta carries the totals its caller
-//!   last read (the floors of [`Delta`]); a store holding less (`FLUSHALL`, a restart without
-//!   persistence) raises the counter back to the floor before adding, in the same script
-//!   call, and the limiter never lowers a known total on a smaller answer. Floors never
-//!   exceed the true total, so several instances restore one loss once. An answer that
-//!   only restored a floor ([`GlobalCounts::restored`]) is what one instance knew, not news
-//!   about the others: until a sync brings news, the key keeps its estimate of the other
-//!   instances' unsynced admissions (also while the share is suspended by an outage) and
-//!   any cached refusal, so an instance whose view was a flush old is not reopened by
-//!   restoring its own older total.
-//! * **Eviction spares the keys that matter.** The CLOCK eviction passes over keys at or near
-//!   their limit (estimate >= 50%) and evicts them only when every slot of the shard is such
-//!   a key. An evicted key leaves a ghost (its counts; one per slot of the cap, the larger
-//!   estimate wins a collision) and comes back with its counts. A key created without a
-//!   ghost in a shard that evicted in this or the previous window may be a forgotten key:
-//!   before its first sync it admits at most [`LOCAL_ONLY_MAX`] request, then is refused with
-//!   `Retry-After: 1` and synced at the next flush (this needs a healthy store; without one
-//!   each instance enforces what it knows, §5.3).
-//!
-//! ## Several instances: the fleet share
-//!
-//! Between two syncs an instance cannot see what the others admit, so if each let a key use
-//! everything the last known global counts leave, `n` instances together could admit up to
-//! `n` times that — most visibly on a key none of them has synced yet (no global view: each
-//! would admit the full limit before its first flush). So while the store is healthy:
-//!
-//! * Each sync also reports the number `n` of live instances sharing the store (the Redis
-//!   store keeps a heartbeat per instance in the same script call; see [`RedisStore`]). It is
-//!   kept on the limiter ([`Limiter::instances`]); 1 for the in-process store.
-//! * A request is admitted only if, in addition to the usual check, this instance's own
-//!   admissions not yet in the global view (unflushed and in flight, weighed by the window
-//!   math) plus this one fit its share `ceil(R / n)` of what the fleet has left,
-//!   `R = limit - (g_prev * (1 - elapsed) + g_cur + est)` from the last known global counts
-//!   (`R = limit` for a key never synced), with no share when `R < 1`. `est` is an estimate
-//!   of the other instances' admissions not yet synced: `(n - 1) ×` what this instance just
-//!   sent (the others are assumed to see the same traffic; replaced at every sync). Without
-//!   it, the first instance to sync a fresh burst sees only its own admissions and grants
-//!   itself half of the rest on top of what the others already hold.
-//! * A request refused only because of the share (the known counts still have room) gets a
-//!   429 with `Retry-After: 1` (the next syncs, every `flush_interval_ms`, grant a new share)
-//!   and the refusal is not cached.
-//!
-//! Accuracy: shares are rounded up, so while the store answers within the flush interval
-//! the fleet admits at most `limit + n - 1`. An answer that comes back later than that is
-//! older than another instance's next sync; the estimate of that instance's unsynced
-//! admissions can then miss some, and the fleet can admit a few more (on paused time, 60
-//! requests alternating between 2 instances, limit 20: at most 21 with answers within the
-//! 50 ms interval, 22 or 23 in 12 of 2,000 runs with answers of 50 to 60 ms; see
-//! `fleet_share_alternating_requests_with_slow_answers`). An answer that comes back a flush
-//! interval or more after it was sent does not lower the estimate of the other instances'
-//! unsynced admissions ([`slot::apply`]).
-//!
-//! Refusing rather than admitting is deliberate: the contract prefers accuracy (never far
-//! above the limit) and a refused client is told to retry in a second, when the fleet view is
-//! fresh. The cost: a burst on one instance while others are idle gets half (for `n = 2`) of
-//! the quota at once, then converges (half of the rest per sync interval), and a key kept at
-//! its limit by one instance only stays about `n + 1` sync intervals' worth of decay below it
-//! (under 0.3% of the limit with the 60 s default window and 50 ms flushes). With `n = 1` (a
-//! single instance, the in-process store) nothing changes. While the store is unreachable
-//! the share is suspended (the last known `n` is kept for when it is back): each instance then
-//! enforces the last known global counts plus its own, as §5.3 of the contract requires.
-//!
-//! Files: the decision in `limiter.rs`, one key's policy (slot, sync policy, applying an
-//! answer, ghosts) in `slot.rs`, the sharded CLOCK cache in `shard.rs` (each shard an
-//! open-addressed table of slots, `table.rs`), the flush
-//! protocol in `flush.rs` and its background loop in `flusher.rs`; the store trait and the
-//! in-process store in `store.rs`, the Redis store (on the process's one
-//! [`crate::store::RedisClient`]) in `redis_store.rs`. Window math: see [`window`]. Key
-//! hashing for the store: see [`hash`].
+//! Per-API-key rate limiting at the edge (CONTRACT §4): the request's key ([`extract_key`]),
+//! the policies of a route ([`Policies`]), the gate ([`gate`]), the `RateLimit` fields
+//! ([`fields`]), the Redis counter store ([`RedisStore`]) and the flusher task
+//! ([`run_flusher`]). The limiter itself, its sliding window and its flush protocol are
+//! policy: `portcullis_policy::ratelimit`, re-exported here.
 
 pub mod fields;
-mod flush;
 mod flusher;
 pub mod gate;
-pub mod hash;
 mod key;
-mod limiter;
 pub mod policy;
 mod redis_store;
-mod shard;
-mod slot;
-mod store;
-mod table;
-pub mod window;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod redis_tests;
 
-use std::collections::HashMap;
-
 pub use fields::FieldParts;
-pub use flush::{flush, FlushOutcome};
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
-pub use limiter::Limiter;
 pub use policy::{Combined, DecisionCounters, Policies, Policy, PolicyKey, MAX_POLICIES};
+pub use portcullis_policy::ratelimit::*;
+
 pub use redis_store::RedisStore;
-pub use shard::{approx_bytes_per_key, SHARDS};
-pub use slot::LOCAL_ONLY_MAX;
-pub use store::{Batch, CounterStore, Delta, GlobalCounts, LocalStore, StoreError, SyncResult};
-
-/// Default cap on the number of keys a [`Limiter`] tracks.
-pub const DEFAULT_MAX_TRACKED_KEYS: usize = 100_000;
-
-/// Limiter parameters; hot-reloadable through [`Limiter::set_params`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateLimitParams {
-    /// Window length in seconds (>= 1; 0 is treated as 1).
-    pub window_secs: u64,
-    /// Admitted requests per key per sliding window.
-    pub limit: u64,
-    /// Per-key limits overriding `limit`, by raw API key.
-    pub overrides: HashMap<String, u64>,
-    /// Longest key accepted by [`extract_key`] (the limiter itself does not check it).
-    pub max_key_bytes: usize,
-    /// Approximate cap on tracked keys (rounded up to a multiple of [`SHARDS`]).
-    pub max_tracked_keys: usize,
-}
-
-impl Default for RateLimitParams {
-    fn default() -> Self {
-        Self {
-            window_secs: 60,
-            limit: 600,
-            overrides: HashMap::new(),
-            max_key_bytes: 256,
-            max_tracked_keys: DEFAULT_MAX_TRACKED_KEYS,
-        }
-    }
-}
-
-/// Outcome of [`Limiter::check`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Admitted (and counted).
-    Allowed {
-        /// The key's limit.
-        limit: u64,
-        /// Whole requests still admissible after this one (`r` of the `RateLimit` field).
-        remaining: u64,
-        /// Seconds until the quota is fully restored if no more requests come (`t`).
-        reset_secs: u64,
-    },
-    /// Refused (not counted).
-    Limited {
-        /// The key's limit.
-        limit: u64,
-        /// Whole seconds (>= 1, rounded up) until this key is admitted again.
-        retry_after_secs: u64,
-        /// Same as `retry_after_secs`: seconds until `r` becomes >= 1 again (`t` of the
-        /// `RateLimit` field on a 429).
-        reset_secs: u64,
-    },
-}
-
-impl Decision {
-    /// Whether the request was admitted.
-    pub fn is_allowed(&self) -> bool {
-        matches!(self, Decision::Allowed { .. })
-    }
-}

@@ -409,8 +409,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((o.keys, o.admissions), (2, 4));
-        let plain = super::super::hash::stable_hash("k");
-        let named = super::super::hash::stable_hash("policy:burst\0k");
+        let plain = portcullis_policy::ratelimit::hash::stable_hash("k");
+        let named = portcullis_policy::ratelimit::hash::stable_hash("policy:burst\0k");
         assert_eq!(store.counts(plain, T0 / W).cur, 2);
         assert_eq!(store.counts(named, T0 / 10_000).cur, 2);
         assert_eq!(store.len(), 2);

@@ -61,9 +61,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::hash::hash_hex;
-use super::store::{Batch, CounterStore, Delta, GlobalCounts, SyncResult};
 use crate::store::{RedisClient, StoreError};
+use portcullis_policy::ratelimit::hash::hash_hex;
+use portcullis_policy::ratelimit::{Batch, CounterStore, Delta, GlobalCounts, SyncResult};
 
 /// Largest number of keys sent in one script call.
 pub const MAX_KEYS_PER_CALL: usize = 1_000;

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::hash::stable_hash;
-use super::limiter::tests::{simulate, T0};
 use super::*;
 use crate::store::RedisClient;
+use portcullis_policy::ratelimit::hash::stable_hash;
+use portcullis_policy::ratelimit::{simulate, SIM_T0 as T0};
 
 // The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
 // both mount it (the lib has no shared test module to mount it once).
@@ -132,7 +132,7 @@ async fn two_instances_converge_on_one_limit() {
         let ttl: i64 = redis::cmd("TTL").arg(k).query_async(&mut c).await.unwrap();
         assert!(ttl > 0, "{k} ttl {ttl}");
     }
-    let h = super::hash::hash_hex(stable_hash("hot"));
+    let h = portcullis_policy::ratelimit::hash::hash_hex(stable_hash("hot"));
     assert!(keys.iter().any(|k| k.contains(&h)));
 }
 

@@ -12,8 +12,8 @@
 use std::sync::Mutex;
 
 use super::clock::unix_ms;
-use super::error::StoreError;
 use super::redis::RedisClient;
+use super::StoreError;
 
 /// Tokens in a bucket of capacity `cap` refilling `cap` per `period_ms`, last
 /// holding `last` at `at_ms`, seen at `now_ms` (a clock going back counts as no time).

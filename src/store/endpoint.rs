@@ -9,7 +9,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{Client, ConnectionAddr, TlsCertificates, TlsMode};
 
-use super::error::StoreError;
+use super::StoreError;
 
 /// `[redis] mode`.
 #[derive(Clone, PartialEq, Eq)]

@@ -11,7 +11,6 @@
 pub mod bucket;
 pub mod clock;
 mod endpoint;
-mod error;
 mod redis;
 
 #[cfg(test)]
@@ -26,7 +25,7 @@ use std::time::Duration;
 pub use self::redis::{RedisClient, StoreConn, CLUSTER_SLOTS};
 pub use bucket::{FleetBucket, LocalBucket, Take};
 pub use endpoint::{probe, probe_blocking, Endpoint, Mode};
-pub use error::StoreError;
+pub use portcullis_policy::StoreError;
 
 /// Where the fleet's shared state lives.
 #[derive(Debug, Clone)]
@@ -62,5 +61,17 @@ impl Store {
             Store::Redis(_) => "redis",
             Store::Local => "local",
         }
+    }
+}
+
+/// A Redis client error as the store's one error type: a timeout, a lost or refused
+/// connection, or a command the server rejected.
+pub fn from_redis(e: ::redis::RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
+        StoreError::Connect(e.to_string())
+    } else {
+        StoreError::Command(e.to_string())
     }
 }

@@ -42,7 +42,7 @@ use tokio::sync::Mutex;
 use tokio::time::{timeout, Instant};
 
 use super::endpoint::{Endpoint, Target};
-use super::error::StoreError;
+use super::StoreError;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -259,7 +259,7 @@ impl RedisClient {
             Ok(Err(e)) => {
                 let hint = connect_hint(&e);
                 let text = format!("{hint}{e}");
-                match StoreError::from(e) {
+                match super::from_redis(e) {
                     StoreError::Timeout => StoreError::Timeout,
                     _ => StoreError::Connect(text),
                 }
@@ -314,7 +314,7 @@ impl RedisClient {
                 if !keeps_connection(&e) {
                     self.fail_generation(generation).await;
                 }
-                Err(e.into())
+                Err(super::from_redis(e))
             }
             Err(_) => {
                 // A hung (black-holed) connection must not be reused forever.

@@ -3,3 +3,12 @@
 //! No I/O crate is a dependency of this crate (no pingora, redis, prometheus, tokio, hyper or
 //! openssl): `cargo tree -p portcullis-policy -e normal` lists what it builds on. The app
 //! crate drives these policies; the store crate keeps their shared state.
+
+pub mod balance;
+pub mod cull;
+pub mod ratelimit;
+pub mod shed;
+mod store_error;
+pub mod window;
+
+pub use store_error::StoreError;

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-pub use crate::store::StoreError;
+pub use crate::StoreError;
 
 /// One key's unflushed admissions, relative to window index `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@
 
 use super::claim::ClaimOutcome;
 use super::params::CullParams;
-use crate::store::StoreError;
+use crate::StoreError;
 
 /// What the check loop knows about one backend this tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

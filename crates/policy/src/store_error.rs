@@ -32,15 +32,3 @@ impl fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
-
-impl From<redis::RedisError> for StoreError {
-    fn from(e: redis::RedisError) -> Self {
-        if e.is_timeout() {
-            StoreError::Timeout
-        } else if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
-            StoreError::Connect(e.to_string())
-        } else {
-            StoreError::Command(e.to_string())
-        }
-    }
-}

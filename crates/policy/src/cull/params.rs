@@ -40,8 +40,8 @@ impl Default for CullParams {
 impl CullParams {
     /// The parameters the budget tests use: `tokens` per 10 minutes, at most
     /// `fraction` of an upstream out, 10 s checks and a 60 s cooldown.
-    #[cfg(test)]
-    pub(crate) fn for_tests(tokens: u32, fraction: f64) -> Self {
+    #[doc(hidden)]
+    pub fn for_tests(tokens: u32, fraction: f64) -> Self {
         Self {
             tokens,
             token_period_secs: 600,

@@ -72,7 +72,7 @@ pub struct Limiter {
     pub(super) evictions: AtomicU64,
     pub(super) last_store_call_ms: AtomicU64,
     /// Serializes flushes and holds the batch that failed, retried as-is (same id).
-    pub(super) flush_state: tokio::sync::Mutex<FlushState>,
+    pub(super) flush_state: futures_util::lock::Mutex<FlushState>,
     /// Random per-limiter high half of batch ids.
     pub(super) instance_id: u64,
     /// Live instances sharing the store, as last reported by it (1 when it reports none).
@@ -103,7 +103,7 @@ impl Limiter {
             dropped_unsent: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             last_store_call_ms: AtomicU64::new(0),
-            flush_state: tokio::sync::Mutex::new(FlushState::default()),
+            flush_state: futures_util::lock::Mutex::new(FlushState::default()),
             instance_id: instance_id(),
             instances: AtomicU64::new(1),
             share_n: AtomicU64::new(1),
@@ -446,12 +446,11 @@ impl Limiter {
     }
 
     /// (window, prev, cur, global cur) of a key, for tests.
-    #[cfg(test)]
-    pub(crate) fn slot_counts_for_tests(&self, key: &str) -> (u64, u64, u64, u64) {
+    #[doc(hidden)]
+    pub fn slot_counts_for_tests(&self, key: &str) -> (u64, u64, u64, u64) {
         self.slot_counts(key).unwrap_or_default()
     }
 
-    #[cfg(test)]
     fn slot_counts<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Option<(u64, u64, u64, u64)> {
         let id = self.id_of(key.as_ref());
         let sh = lock(self.shard_of(id));

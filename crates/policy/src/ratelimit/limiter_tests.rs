@@ -1,12 +1,11 @@
 use super::super::flush::SYNC_EVERY;
 use super::super::shard::approx_bytes_per_key;
+use super::super::sim::{simulate, T0};
 use super::super::slot::estimate_at;
 use super::super::store::{Batch, CounterStore, Delta, LocalStore, StoreError, SyncResult};
 use super::*;
 
 const W: u64 = 60_000;
-/// An epoch-aligned window start far from 0.
-pub(crate) const T0: u64 = 1_000 * W;
 
 fn lim(limit: u64, window_secs: u64) -> Limiter {
     Limiter::new(RateLimitParams {
@@ -263,39 +262,6 @@ async fn two_limiters_share_local_store() {
         let r = *n as f64 / 600.0;
         assert!((0.95..=1.03).contains(&r), "window {i}: {n} admitted ({r})");
     }
-}
-
-/// Drives two limiters at 4x `limit` each (evenly spread) over `windows + 1` windows, both
-/// flushing every 50 ms (staggered); returns admitted (both together) per fixed window,
-/// leaving out the first window, which starts empty.
-pub(crate) async fn simulate(
-    a: &Limiter,
-    b: &Limiter,
-    store_a: &dyn CounterStore,
-    store_b: &dyn CounterStore,
-    limit: u64,
-    windows: u64,
-) -> Vec<u64> {
-    let wms = a.window_secs() * 1000;
-    let start = T0;
-    let per_iw = 4 * limit; // requests per instance per window
-    let mut per_window = vec![0u64; windows as usize + 1];
-    let mut next_flush = start + 50;
-    for k in 0..(windows + 1) * per_iw {
-        let t = start + k * wms / per_iw;
-        while next_flush <= t {
-            let _ = a.flush_once(store_a, next_flush).await;
-            let _ = b.flush_once(store_b, next_flush + 7).await;
-            next_flush += 50;
-        }
-        for l in [a, b] {
-            if l.check("hot", t).is_allowed() {
-                per_window[((t - start) / wms) as usize] += 1;
-            }
-        }
-    }
-    per_window.remove(0);
-    per_window
 }
 
 /// A LocalStore standing in for a shared store with `n` live instances; fails on demand.

@@ -1,0 +1,17 @@
+//! Culling policy (CONTRACT §7): which backend is failing, when an ejection may spend the
+//! fleet-wide disruption budget, and each backend's state machine. The driver that runs it
+//! against real backends and the budget stores are in the app and store crates.
+
+mod claim;
+mod evaluate;
+mod fleet;
+mod params;
+mod state;
+mod window;
+
+pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
+pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
+pub use fleet::{Buckets, FleetDelta};
+pub use params::{max_out, CullParams};
+pub use state::{Action, CullState, TickInput};
+pub use window::ErrorWindow;
