@@ -3,6 +3,7 @@
 //! (`rate_limit.window_seconds`, `upstreams[1].name`) and, where the TOML
 //! parser knows it, `line:column`.
 
+pub mod certs;
 mod edge;
 mod locate;
 pub mod redact;

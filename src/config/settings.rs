@@ -36,9 +36,9 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TlsSettings {
     pub listen: Vec<SocketAddr>,
-    pub min_version: crate::edge::tls::MinVersion,
+    pub min_version: crate::config::certs::MinVersion,
     /// In file order; the first is the default for unknown or missing SNI.
-    pub certificates: crate::edge::tls::CertSet,
+    pub certificates: crate::config::certs::CertSet,
 }
 
 /// How an upstream's backends are reached (CONTRACT §6).
@@ -49,7 +49,7 @@ pub struct UpstreamTransport {
     pub sni: String,
     pub verify: bool,
     /// Extra trust anchors (`ca_file`), read at load.
-    pub ca: Option<crate::edge::tls::CaBundle>,
+    pub ca: Option<crate::config::certs::CaBundle>,
     pub http2: bool,
 }
 

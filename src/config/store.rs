@@ -35,7 +35,7 @@ fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
         None
     } else {
         let path = std::path::Path::new(&r.ca_file);
-        if let Err(e) = crate::edge::tls::CaBundle::load(path) {
+        if let Err(e) = crate::config::certs::CaBundle::load(path) {
             return err("redis.ca_file", e);
         }
         match super::read_regular_file(path) {

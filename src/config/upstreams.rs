@@ -243,7 +243,7 @@ fn validate_transport(
     let ca = if u.ca_file.is_empty() {
         None
     } else {
-        match crate::edge::tls::CaBundle::load(std::path::Path::new(&u.ca_file)) {
+        match crate::config::certs::CaBundle::load(std::path::Path::new(&u.ca_file)) {
             Ok(c) => Some(c),
             Err(e) => return err(p("ca_file"), e),
         }

@@ -249,8 +249,8 @@ fn validate_tls(t: &TlsSection) -> VResult<TlsSettings> {
         listen.push(a);
     }
     let min_version = match t.min_version.as_str() {
-        "1.2" => crate::edge::tls::MinVersion::Tls12,
-        "1.3" => crate::edge::tls::MinVersion::Tls13,
+        "1.2" => crate::config::certs::MinVersion::Tls12,
+        "1.3" => crate::config::certs::MinVersion::Tls13,
         other => {
             return err(
                 "tls.min_version",
@@ -274,7 +274,7 @@ fn validate_tls(t: &TlsSection) -> VResult<TlsSettings> {
         }
         pairs.push((PathBuf::from(&c.cert), PathBuf::from(&c.key)));
     }
-    let certificates = crate::edge::tls::CertSet::load(&pairs)
+    let certificates = crate::config::certs::CertSet::load(&pairs)
         .map_err(|(i, field, reason)| (format!("tls.certificates[{i}].{field}"), reason))?;
     Ok(TlsSettings {
         listen,
