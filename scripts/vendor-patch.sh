@@ -1,34 +1,109 @@
 #!/usr/bin/env bash
-# Regenerate vendor/<crate>.patch from vendor/<crate> (vendor/README.md): the `diff -u` of
-# every file that differs from the published crates.io source, in the form
-# scripts/check-vendor.sh applies. Run it after changing a vendored crate.
+# Refresh one patch of the queue vendor/patches/ from the vendored trees, after editing
+# vendor/<crate>/ (vendor/README.md, "Workflow"), or start a new patch at the end of it.
 #
-#   bash scripts/vendor-patch.sh pingora-proxy
+#   bash scripts/vendor-patch.sh 0007-filled-header-not-a-copy   # refresh a patch
+#   bash scripts/vendor-patch.sh 0024-new-concern                 # a new one, last in series
+#
+# The patch becomes the difference between
+# - before: the published crates plus the patches before it in vendor/patches/series, and
+# - after: vendor/<crate>/ with the patches after it taken back out (reverse-applied, last
+#   first),
+# over every file of the vendored crates: so an edit in vendor/ lands in the named patch,
+# and the later patches still apply on top of it. Its header (the text before its first
+# `--- ` line) is kept; a new patch gets a header to fill in and is appended to the series.
+# Fails, changing nothing, when a later patch no longer reverse-applies (the edit touches
+# lines a later patch changes: put it in that patch, or refresh that one first) or a
+# published crate cannot be downloaded. Then run scripts/check-vendor.sh.
 set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-crate=${1:?usage: vendor-patch.sh <crate>}
-version=0.9.1
-[ -d "$repo/vendor/$crate" ] || { echo "vendor-patch.sh: no vendor/$crate" >&2; exit 1; }
+# shellcheck source=scripts/check-vendor.sh
+source "$(dirname "${BASH_SOURCE[0]}")/check-vendor.sh"
+name=${1:?usage: vendor-patch.sh NNNN-short-name}
+name=${name%.patch}.patch
+say() { printf 'vendor-patch.sh: %s\n' "$*" >&2; }
+case $name in
+  [0-9][0-9][0-9][0-9]-*.patch) ;;
+  *)
+    say "a patch is named NNNN-short-name (four digits, its place in the series)"
+    exit 1
+    ;;
+esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-file=$tmp/$crate-$version.crate
-cached=$(compgen -G "${CARGO_HOME:-$HOME/.cargo}/registry/cache/*/$crate-$version.crate" | head -1 || true)
-if [ -n "$cached" ]; then
-  cp "$cached" "$file"
-else
-  curl -sfL --retry 3 -o "$file" "https://static.crates.io/crates/$crate/$crate-$version.crate"
-fi
-tar xzf "$file" -C "$tmp"
-src=$tmp/$crate-$version
-out=$tmp/out.patch
-: >"$out"
-(cd "$repo/vendor/$crate" && find . -type f ! -name .cargo_vcs_info.json ! -name .cargo-ok | sed 's#^\./##' | LC_ALL=C sort) |
-  while read -r f; do
-    if [ ! -f "$src/$f" ]; then
-      diff -u --label "$crate-$version/$f (crates.io)" --label "vendor/$crate/$f" /dev/null "$repo/vendor/$crate/$f" >>"$out" || true
-    elif ! cmp -s "$src/$f" "$repo/vendor/$crate/$f"; then
-      diff -u --label "$crate-$version/$f (crates.io)" --label "vendor/$crate/$f" "$src/$f" "$repo/vendor/$crate/$f" >>"$out" || true
-    fi
+
+mapfile -t queue < <(series)
+new=1
+for n in "${queue[@]}"; do [ "$n" != "$name" ] || new=0; done
+[ $new -eq 0 ] || queue+=("$name")
+
+mkdir -p "$tmp/before" "$tmp/after"
+for crate in $(vendored_crates); do
+  rc=0
+  fetch_crate "$crate" "$tmp/before" || rc=$?
+  if [ $rc -ne 0 ]; then
+    say "cannot get the published $crate $version (download or checksum failed)"
+    exit 1
+  fi
+  mkdir -p "$tmp/after/$crate"
+  (cd "$repo/vendor/$crate" && tar cf - --exclude=.cargo_vcs_info.json --exclude=.cargo-ok .) |
+    tar xf - -C "$tmp/after/$crate"
+done
+
+# before: the published crates and the patches before this one
+before=1
+for n in "${queue[@]}"; do
+  [ "$n" != "$name" ] || break
+  for crate in $(vendored_crates); do
+    apply_part "$crate" "$patches/$n" "$tmp/before" ||
+      { say "vendor/patches/$n does not apply to the crates with the patches before it; run scripts/check-vendor.sh"; exit 1; }
   done
-cp "$out" "$repo/vendor/$crate.patch"
-echo "vendor-patch.sh: vendor/$crate.patch: $(grep -c '^+++ ' "$out") files" >&2
+done
+# after: the vendored trees without the patches after this one, last first
+later=()
+seen=0
+for n in "${queue[@]}"; do
+  [ $seen -eq 0 ] || later=("$n" "${later[@]}")
+  [ "$n" != "$name" ] || seen=1
+done
+for n in "${later[@]}"; do
+  for crate in $(vendored_crates); do
+    apply_part "$crate" "$patches/$n" "$tmp/after" -R ||
+      { say "vendor/patches/$n no longer reverse-applies over vendor/$crate: the edit touches its lines; put the edit in it, or refresh it first"; exit 1; }
+  done
+done
+
+out=$tmp/out.patch
+if [ $new -eq 0 ]; then
+  header "$patches/$name" >"$out"
+else
+  cat >"$out" <<'EOF'
+Subject: (what this patch changes, in one line)
+
+(What it changes and why, the measured gain and how it was measured, its tests.)
+
+Crates: (the crates it changes)
+Gain: (the measured gain, or "a bug fix")
+Drop when: (or "Send upstream as: ..."; the upstream issue or PR text)
+
+EOF
+fi
+before_ok=$(cd "$tmp/before" && find . -type f | sed 's#^\./##')
+after_ok=$(cd "$tmp/after" && find . -type f | sed 's#^\./##')
+files=$(printf '%s\n%s\n' "$before_ok" "$after_ok" | sed '/^$/d' | LC_ALL=C sort -u)
+changed=0
+for f in $files; do
+  a=$tmp/before/$f b=$tmp/after/$f la=a/$f lb=b/$f
+  [ -f "$a" ] || { a=/dev/null la=/dev/null; }
+  [ -f "$b" ] || { b=/dev/null lb=/dev/null; }
+  if ! cmp -s "$a" "$b"; then
+    diff -u --label "$la" --label "$lb" "$a" "$b" >>"$out" || true
+    changed=$((changed + 1))
+  fi
+done
+[ $changed -gt 0 ] || say "warning: $name changes nothing"
+cp "$out" "$patches/$name"
+if [ $new -eq 1 ]; then
+  echo "$name" >>"$patches/series"
+  say "vendor/patches/$name: new, appended to vendor/patches/series; fill in its header"
+fi
+say "vendor/patches/$name: $changed files, $(wc -l <"$out") lines"
