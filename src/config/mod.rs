@@ -7,6 +7,7 @@ pub mod certs;
 mod edge;
 mod locate;
 pub mod redact;
+pub mod resolve;
 mod schema;
 mod settings;
 mod store;

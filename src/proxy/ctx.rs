@@ -43,7 +43,7 @@ pub struct Ctx {
     /// A gRPC call failed by gRPC semantics (`grpc-status`): a backend error.
     pub(super) grpc_failed: bool,
     /// Trace context and upstream timing for the access log and metrics.
-    pub(super) obs: crate::observe::RequestObs,
+    pub(super) obs: super::telemetry::RequestObs,
     /// The client address (CONTRACT §7): the rate-limit key's and the logs'.
     pub(super) client: Option<std::net::IpAddr>,
     /// The request was routed (`request_filter` ran): `route` is its route.

@@ -27,6 +27,7 @@ mod ctx;
 mod failure;
 mod request;
 mod retry;
+mod telemetry;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -474,7 +475,7 @@ impl ProxyHttp for Proxy {
         };
         ctx.request_id = Some(id);
         ctx.obs
-            .propagate(req, self.shared.observe.new_trace_sample(&ctx.runtime))?;
+            .propagate(req, self.shared.observe.new_trace_sample(&ctx.runtime.config.tracing))?;
         Ok(())
     }
 
@@ -635,11 +636,11 @@ impl ProxyHttp for Proxy {
             let is_error = upstream_failed || status >= 500 || ctx.grpc_failed;
             b.record(crate::store::clock::unix_secs(), is_error);
         }
-        crate::observe::finish(
+        telemetry::finish(
             &self.shared,
             session,
             &mut ctx.obs,
-            crate::observe::Finished {
+            telemetry::Finished {
                 outcome,
                 status,
                 runtime: &ctx.runtime,
