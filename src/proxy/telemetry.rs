@@ -98,7 +98,6 @@ pub struct Finished<'a> {
     pub elapsed: Duration,
 }
 
-
 fn host_of(req: &RequestHeader) -> &str {
     req.headers
         .get(http::header::HOST)
