@@ -1,7 +1,10 @@
 //! Upstream pools: selection over healthy, not-culled backends by the
 //! upstream's balancing policy ([`crate::balance`]), active HTTP health
 //! checks, per-backend state shared with the culling gate, and the
-//! per-upstream bulkhead and retry budget.
+//! per-upstream bulkhead and retry budget. [`peer`]: the transport (TLS,
+//! HTTP/2) to a backend.
+
+pub mod peer;
 
 use crate::config::Upstream;
 use arc_swap::ArcSwap;
@@ -25,7 +28,7 @@ pub struct BackendState {
     pub addr: SocketAddr,
     pub addr_str: String,
     /// Requests and errors over the culling window (the hot-path accounting).
-    pub window: crate::cull::ErrorWindow,
+    pub window: portcullis_policy::cull::ErrorWindow,
     cull: AtomicU8,
     /// Dry run: the budget granted a cull that was not carried out.
     dry_run_cull: AtomicBool,
@@ -54,7 +57,7 @@ impl BackendState {
             upstream: upstream.to_string(),
             addr,
             addr_str: addr.to_string(),
-            window: crate::cull::ErrorWindow::new(window_secs),
+            window: portcullis_policy::cull::ErrorWindow::new(window_secs),
             cull: AtomicU8::new(CullMark::In as u8),
             dry_run_cull: AtomicBool::new(false),
             total_requests: AtomicU64::new(0),

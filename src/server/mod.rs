@@ -1,6 +1,15 @@
 //! Assemble the Pingora server: the proxy service on `server.listen`, the
 //! admin service on `admin_listen`, and the background services (health
 //! checks, rate-limit flusher, culling, SIGHUP reload).
+//!
+//! - [`app::EdgeApp`] wraps each accepted connection of the proxy listeners
+//!   (`max_connections`, TLS handshake timing, the PROXY header) and hands the HTTP
+//!   application an [`crate::edge::stream::EdgeStream`].
+//! - [`tls`]: the certificate of each TLS handshake, picked by SNI from the current
+//!   configuration ([`crate::config::certs`] holds the certificates).
+
+pub mod app;
+pub mod tls;
 
 use crate::admin::Admin;
 use crate::config::Config;
@@ -230,7 +239,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     // Edge first: the connection cap and the PROXY header come before anything else.
     let mut proxy = Service::new(
         "portcullis proxy".into(),
-        crate::edge::EdgeApp::new(
+        app::EdgeApp::new(
             crate::lifecycle::GracefulApp::new(http_proxy, Arc::clone(&connections)),
             Arc::clone(&shared),
         ),
@@ -241,7 +250,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let mut ready_addrs = listen.clone();
     if let Some(tls) = &tls {
         for addr in &tls.listen {
-            match crate::edge::tls::listener_settings(&shared, tls.min_version) {
+            match tls::listener_settings(&shared, tls.min_version) {
                 Ok(settings) => proxy.add_tls_with_settings(&addr.to_string(), None, settings),
                 Err(e) => {
                     tracing::error!(error = %e, listen = %addr, "cannot set up the TLS listener");
