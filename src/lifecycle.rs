@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::broadcast;
 
 const STARTING: u8 = 0;
@@ -129,21 +129,32 @@ async fn new_process_listens(path: &Path) -> bool {
     }
 }
 
-#[async_trait]
-impl ShutdownSignalWatch for DrainingShutdown {
-    async fn recv(&self) -> ShutdownSignal {
-        let (mut term, mut quit, mut int) = match (
+/// The signals that end the process: SIGTERM, SIGQUIT and SIGINT.
+struct Signals {
+    term: Signal,
+    quit: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> Option<Self> {
+        match (
             signal(SignalKind::terminate()),
             signal(SignalKind::quit()),
             signal(SignalKind::interrupt()),
         ) {
-            (Ok(t), Ok(q), Ok(i)) => (t, q, i),
-            _ => {
-                tracing::error!("cannot install signal handlers; exiting");
-                return ShutdownSignal::FastShutdown;
-            }
-        };
-        let kind = loop {
+            (Ok(term), Ok(quit), Ok(int)) => Some(Self { term, quit, int }),
+            _ => None,
+        }
+    }
+}
+
+impl DrainingShutdown {
+    /// Waits for the signal (or the watchdog's drain) that ends this process. SIGQUIT
+    /// counts only once a new process listens on `upgrade_sock`.
+    async fn next_signal(&self, signals: &mut Signals) -> ShutdownSignal {
+        let Signals { term, quit, int } = signals;
+        loop {
             let kind = tokio::select! {
                 _ = term.recv() => ShutdownSignal::GracefulTerminate,
                 _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
@@ -151,17 +162,17 @@ impl ShutdownSignalWatch for DrainingShutdown {
                 _ = self.lifecycle.draining() => ShutdownSignal::GracefulTerminate,
             };
             if !matches!(kind, ShutdownSignal::GracefulUpgrade) {
-                break kind;
+                return kind;
             }
             // Without a new process Pingora would still shut this one down after
             // failing to hand the listeners over: a full outage. Stay up instead.
             let listening = tokio::select! {
                 l = new_process_listens(&self.upgrade_sock) => l,
-                _ = term.recv() => break ShutdownSignal::GracefulTerminate,
-                _ = int.recv() => break ShutdownSignal::FastShutdown,
+                _ = term.recv() => return ShutdownSignal::GracefulTerminate,
+                _ = int.recv() => return ShutdownSignal::FastShutdown,
             };
             if listening {
-                break kind;
+                return kind;
             }
             tracing::error!(
                 event = "upgrade",
@@ -169,40 +180,38 @@ impl ShutdownSignalWatch for DrainingShutdown {
                 wait_seconds = UPGRADE_WAIT.as_secs(),
                 "SIGQUIT, but no new process listens on upgrade_sock (start `portcullis -u` first); staying up"
             );
-        };
-        match kind {
-            ShutdownSignal::FastShutdown => {
-                tracing::info!(event = "shutdown", mode = "fast", "SIGINT: exiting now");
-                force_exit_after(FAST_EXIT_GRACE);
-                return kind;
-            }
-            ShutdownSignal::GracefulUpgrade => {
-                // The new process is taking the listeners; readiness fails so that
-                // load balancers prefer it, and Pingora hands over the fds.
-                self.lifecycle.start_draining();
-                tracing::info!(
-                    event = "shutdown",
-                    mode = "upgrade",
-                    "SIGQUIT: handing listeners over"
-                );
-            }
-            _ => {
-                self.lifecycle.start_draining();
-                tracing::info!(
-                    event = "shutdown",
-                    mode = "graceful",
-                    drain_seconds = self.drain.as_secs(),
-                    "readiness failed; still proxying during drain"
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(self.drain) => {}
-                    _ = int.recv() => {
-                        force_exit_after(FAST_EXIT_GRACE);
-                        return ShutdownSignal::FastShutdown;
-                    }
-                }
-            }
         }
+    }
+
+    /// SIGQUIT: the new process is taking the listeners; readiness fails so that
+    /// load balancers prefer it, and Pingora hands over the fds.
+    fn hand_over(&self) {
+        self.lifecycle.start_draining();
+        tracing::info!(
+            event = "shutdown",
+            mode = "upgrade",
+            "SIGQUIT: handing listeners over"
+        );
+    }
+
+    /// SIGTERM: readiness fails and traffic is still proxied for `drain`. False when
+    /// SIGINT cut the drain short.
+    async fn drain_period(&self, int: &mut Signal) -> bool {
+        self.lifecycle.start_draining();
+        tracing::info!(
+            event = "shutdown",
+            mode = "graceful",
+            drain_seconds = self.drain.as_secs(),
+            "readiness failed; still proxying during drain"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(self.drain) => true,
+            _ = int.recv() => false,
+        }
+    }
+
+    /// Once Pingora has closed the listeners, exit as soon as nothing is in flight.
+    fn exit_when_idle(&self) {
         let phases = self.phases.lock().ok().and_then(|mut p| p.take());
         spawn_exit_when_idle(
             Arc::clone(&self.shedder),
@@ -210,6 +219,32 @@ impl ShutdownSignalWatch for DrainingShutdown {
             self.shutdown_timeout,
             phases,
         );
+    }
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for DrainingShutdown {
+    async fn recv(&self) -> ShutdownSignal {
+        let Some(mut signals) = Signals::install() else {
+            tracing::error!("cannot install signal handlers; exiting");
+            return ShutdownSignal::FastShutdown;
+        };
+        let kind = self.next_signal(&mut signals).await;
+        match kind {
+            ShutdownSignal::FastShutdown => {
+                tracing::info!(event = "shutdown", mode = "fast", "SIGINT: exiting now");
+                force_exit_after(FAST_EXIT_GRACE);
+                return kind;
+            }
+            ShutdownSignal::GracefulUpgrade => self.hand_over(),
+            _ => {
+                if !self.drain_period(&mut signals.int).await {
+                    force_exit_after(FAST_EXIT_GRACE);
+                    return ShutdownSignal::FastShutdown;
+                }
+            }
+        }
+        self.exit_when_idle();
         kind
     }
 }

@@ -1,7 +1,7 @@
 //! Certificate material of the configuration: `[tls]`'s certificates (read and checked,
 //! leaf against key, when the configuration is validated), SNI selection among them, an
 //! upstream's `ca_file` and `tls.min_version`. The edge's handshake callback
-//! (`edge::tls`) serves what this holds.
+//! (`server::tls`) serves what this holds.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use portcullis_policy::cull::CullParams;
 use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
 pub use crate::shed::Priority;
+use portcullis_policy::cull::CullParams;
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,11 +1,11 @@
 //! The edge: what the proxy checks about a client connection and its requests
 //! before any gate spends work (CONTRACT §7), and the edge protocols (CONTRACT §6):
-//! TLS termination with SNI ([`tls`]), upgrade tunnels ([`tunnel`]), gRPC outcomes
-//! ([`grpc`]) and the upstream transport (TLS, HTTP/2) of [`upstream_peer`].
+//! upgrade tunnels ([`tunnel`]) and gRPC outcomes ([`grpc`]). TLS termination
+//! (`server::tls`), the connection wrapper (`server::app`) and the upstream
+//! transport (`upstream::peer`) sit above the edge and use it.
 //!
-//! - [`app::EdgeApp`] wraps each accepted connection: `max_connections`, the
-//!   PROXY header ([`proxy_protocol`]) from `trusted_proxies` only, and an
-//!   [`stream::EdgeStream`] carrying the connection's identity and enforcing
+//! - [`proxy_protocol`]: the PROXY header (v1, v2), read from `trusted_proxies`
+//!   only; [`stream::EdgeStream`] carries the connection's identity and enforces
 //!   `client_header_timeout_ms` over a whole header block (408).
 //! - [`identity`]: the client address (PROXY source, trusted
 //!   `X-Forwarded-For`, or the peer): the `client_ip` rate-limit key and the
@@ -19,7 +19,6 @@
 //! - [`headers`]: per-route header rules, hop-by-hop fields, the headers a
 //!   gate reads, `X-Request-Id` hygiene.
 
-pub mod app;
 pub mod glitches;
 pub mod grpc;
 pub mod headers;
@@ -28,16 +27,13 @@ pub mod limits;
 pub mod proxied;
 pub mod proxy_protocol;
 pub mod stream;
-pub mod tls;
 pub mod tunnel;
-pub mod upstream_peer;
 
 use std::net::IpAddr;
 
 use pingora::protocols::Stream;
 use pingora::proxy::Session;
 
-pub use app::EdgeApp;
 pub use headers::HeaderRules;
 pub use identity::TrustedProxies;
 pub use proxied::ProxiedSources;

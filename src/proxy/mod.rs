@@ -250,7 +250,7 @@ impl ProxyHttp for Proxy {
         ctx.upstream.attempt = Some(Attempt::new(&backend));
         ctx.upstream.attempt_start = Some(now);
         let keep_case = self.shared.keep_header_case;
-        let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
+        let mut peer = crate::upstream::peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
         peer.options.read_timeout = if ctx.gates.tunnel.is_none() {
             Some(pool.read_timeout)

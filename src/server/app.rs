@@ -19,8 +19,8 @@ use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
-use super::proxy_protocol::{self, Parsed};
-use super::stream::{Conn, EdgeStream};
+use crate::edge::proxy_protocol::{self, Parsed};
+use crate::edge::stream::{Conn, EdgeStream};
 use crate::metrics::EdgeRefusal;
 use crate::state::Shared;
 

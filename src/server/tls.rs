@@ -22,7 +22,7 @@ use pingora::protocols::tls::TlsRef;
 use pingora::tls::ext;
 use pingora::tls::ssl::NameType;
 
-pub use crate::config::certs::{select, CaBundle, CertSet, LoadedCert, MinVersion};
+use crate::config::certs::MinVersion;
 use crate::state::Shared;
 
 /// Picks the certificate of each handshake from the current configuration.

@@ -1,0 +1,214 @@
+//! The background services of the server: active health checks, the rate-limit
+//! flusher, readiness, access-log reopening, SIGHUP reload (and DNS
+//! re-resolution), the watchdog and culling, all on the one fleet store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::{background_service, BackgroundService};
+use pingora::services::ServiceWithDependents;
+
+use crate::config::StoreSettings;
+use crate::cull::Budget;
+use crate::ratelimit::{CounterStore, LocalStore, RedisStore};
+use crate::state::Shared;
+use crate::store::Store;
+
+/// Runs active health checks of every pool of the current runtime, each at
+/// its own interval; follows reloads.
+struct HealthChecks {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecks {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut last: HashMap<String, Instant> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let rt = self.shared.runtime.load_full();
+            for pool in &rt.pools {
+                let Some(every) = pool.health_check_interval else {
+                    continue;
+                };
+                let due = last.get(&pool.name).is_none_or(|t| t.elapsed() >= every);
+                if due {
+                    last.insert(pool.name.clone(), Instant::now());
+                    pool.run_health_check().await;
+                }
+            }
+        }
+    }
+}
+
+/// Flushes rate-limit counts to the store in batches.
+struct Flusher {
+    shared: Arc<Shared>,
+    store: Arc<dyn CounterStore>,
+    interval: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Flusher {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let shared = Arc::clone(&self.shared);
+        crate::ratelimit::run_flusher(
+            move || shared.rate_limiters(),
+            Arc::clone(&self.store),
+            self.interval,
+            shutdown,
+        )
+        .await;
+    }
+}
+
+/// Readiness waits until every proxy listener accepts a connection, so
+/// `/readyz` never says 200 before traffic can be taken.
+struct Readiness {
+    shared: Arc<Shared>,
+    listen: Vec<std::net::SocketAddr>,
+}
+
+#[async_trait]
+impl BackgroundService for Readiness {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut pending = self.listen.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        while !pending.is_empty() {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let mut still = Vec::with_capacity(pending.len());
+            for addr in pending {
+                let connect = tokio::net::TcpStream::connect(addr);
+                match tokio::time::timeout(Duration::from_millis(500), connect).await {
+                    Ok(Ok(_)) => {}
+                    _ => still.push(addr),
+                }
+            }
+            pending = still;
+        }
+        if self.shared.lifecycle.mark_ready() {
+            tracing::info!(event = "ready", "proxy listeners accept; ready");
+        }
+    }
+}
+
+/// Reopens the access log on SIGUSR1 (logrotate).
+struct AccessLogReopen {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for AccessLogReopen {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let shared = Arc::clone(&self.shared);
+        crate::observe::access_log::reopen_on_sigusr1(
+            move || shared.observe.access_log.reopen(),
+            shutdown,
+        )
+        .await;
+    }
+}
+
+/// Reloads the config on SIGHUP.
+struct Reloader {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for Reloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        // DNS re-resolution is applied like a reload, so it runs here too.
+        tokio::select! {
+            _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
+            _ = crate::state::resolve::run(Arc::clone(&self.shared)) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// The one Redis client of the process, shared by the limiter's flusher, culling and
+/// the watchdog (one connection for the whole process).
+fn fleet_store(redis: Option<&StoreSettings>) -> Store {
+    match redis {
+        Some(r) => {
+            Store::with_endpoint(&r.endpoint, &r.key_prefix, r.timeout).unwrap_or_else(|e| {
+                // validated at load; only reachable if the URL became invalid
+                tracing::error!(error = %e, "invalid Redis settings; using the in-process store");
+                Store::Local
+            })
+        }
+        None => Store::Local,
+    }
+}
+
+/// Where the rate-limit flusher writes its counts, and how often.
+fn counter_store(
+    fleet_store: &Store,
+    redis: Option<&StoreSettings>,
+) -> (Arc<dyn CounterStore>, Duration) {
+    match (fleet_store, redis) {
+        (Store::Redis(client), Some(r)) => (
+            Arc::new(RedisStore::new(Arc::clone(client))),
+            r.flush_interval,
+        ),
+        _ => (Arc::new(LocalStore::new()), Duration::from_millis(50)),
+    }
+}
+
+/// Every background service, in the order the server adds them. `ready_addrs`: the
+/// proxy listeners readiness waits for.
+pub(super) fn services(
+    shared: &Arc<Shared>,
+    redis: Option<&StoreSettings>,
+    ready_addrs: Vec<std::net::SocketAddr>,
+) -> Vec<Box<dyn ServiceWithDependents>> {
+    let fleet_store = fleet_store(redis);
+    let (store, flush_interval) = counter_store(&fleet_store, redis);
+    // Every background service holds the shared state.
+    let sh = || Arc::clone(shared);
+    let health = background_service("health checks", HealthChecks { shared: sh() });
+    let flusher = background_service(
+        "rate-limit flusher",
+        Flusher {
+            shared: sh(),
+            store,
+            interval: flush_interval,
+        },
+    );
+    let budget = match &fleet_store {
+        Store::Redis(client) => Budget::shared(Arc::clone(client)),
+        Store::Local => Budget::local(),
+    };
+    let culling = crate::cull::driver::service(sh(), budget);
+    let readiness = background_service(
+        "readiness",
+        Readiness {
+            shared: sh(),
+            listen: ready_addrs,
+        },
+    );
+    let reloader = background_service("reload", Reloader { shared: sh() });
+    let access_log_reopen =
+        background_service("access log reopen", AccessLogReopen { shared: sh() });
+    let watchdog = crate::watchdog::Watchdog::new(sh(), &fleet_store);
+    let watchdog = background_service("watchdog", watchdog);
+    vec![
+        Box::new(health),
+        Box::new(flusher),
+        Box::new(reloader),
+        Box::new(access_log_reopen),
+        Box::new(readiness),
+        Box::new(watchdog),
+        Box::new(culling),
+    ]
+}
