@@ -4,7 +4,7 @@
 use super::schema::*;
 use super::settings::*;
 use super::store::validate_redis;
-use crate::cull::CullParams;
+use portcullis_policy::cull::CullParams;
 use crate::ratelimit::{KeySource, MissingKey, PolicyKey, RateLimitParams};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
