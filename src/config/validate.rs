@@ -4,8 +4,8 @@
 use super::schema::*;
 use super::settings::*;
 use super::store::validate_redis;
-use portcullis_policy::cull::CullParams;
 use crate::ratelimit::{KeySource, MissingKey, PolicyKey, RateLimitParams};
+use portcullis_policy::cull::CullParams;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use super::flush::FlushState;
 use super::hash::{stable_hash, stable_hash_in};
+use super::pending::FlushState;
 use super::shard::{lock, Shard, MAX_REFS, SHARDS, SHARD_BITS};
 use super::slot::{Slot, LOCAL_ONLY_MAX, RESTORED, SHARED, SYNCED, UNKNOWN};
 use super::table::{empty_slot, key_id};

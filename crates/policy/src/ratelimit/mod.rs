@@ -107,6 +107,7 @@
 mod flush;
 pub mod hash;
 mod limiter;
+mod pending;
 mod shard;
 mod sim;
 mod slot;
