@@ -3,182 +3,65 @@
 //! [`Refusal`]; the proxy phases (and `fail_to_proxy`) hand it to [`send`].
 //! Bodies are short, plain text and name the gate that answered (CONTRACT §3).
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use pingora::Result;
 
-use crate::metrics::Outcome;
-use crate::ratelimit::FieldParts;
+use crate::ratelimit::{FieldParts, Policies};
+pub use portcullis_policy::verdict::{RateFields, Refusal};
 
-/// The numbers of the `RateLimit-Policy` and `RateLimit` fields (IETF draft), for a
-/// 429 and for admitted responses alike; the policy name comes with them at
-/// [`RateFields::apply`], made once per config ([`FieldParts`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateFields {
-    /// Which policy these are of: an index in [`crate::ratelimit::Policies::list`] (0 is
-    /// `[rate_limit]`); its name comes at [`RateFields::apply`].
-    pub policy: usize,
-    pub limit: u64,
-    pub window_secs: u64,
-    pub remaining: u64,
-    /// Seconds until the quota resets (`t`).
-    pub reset_secs: u64,
+/// Add both `RateLimit` fields of `fields`, of the policy whose parts are `policy`, to
+/// `resp` (a 429, or an admitted response when the settings ask for them).
+pub fn apply_rate_fields(
+    fields: &RateFields,
+    policy: &FieldParts,
+    resp: &mut ResponseHeader,
+) -> Result<()> {
+    resp.insert_header(
+        &crate::edge::headers::names::RATELIMIT_POLICY,
+        policy.policy_value(fields.limit, fields.window_secs),
+    )?;
+    resp.insert_header(
+        &crate::edge::headers::names::RATELIMIT,
+        policy.ratelimit_value(fields.remaining, fields.reset_secs),
+    )?;
+    Ok(())
 }
 
-impl RateFields {
-    /// Add both fields, of the policy whose parts are `policy`, to `resp`.
-    pub fn apply(&self, policy: &FieldParts, resp: &mut ResponseHeader) -> Result<()> {
-        resp.insert_header(
-            &crate::edge::headers::names::RATELIMIT_POLICY,
-            policy.policy_value(self.limit, self.window_secs),
-        )?;
-        resp.insert_header(
-            &crate::edge::headers::names::RATELIMIT,
-            policy.ratelimit_value(self.remaining, self.reset_secs),
-        )?;
-        Ok(())
+/// The response header; `close` adds `Connection: close`.
+/// A 429 carries the `RateLimit` fields of the refusing policy, whose parts are `parts`.
+pub fn header(
+    refusal: &Refusal,
+    close: bool,
+    parts: Option<&FieldParts>,
+) -> Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build(refusal.status(), Some(6))?;
+    resp.insert_header(
+        "content-type",
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    )?;
+    resp.insert_header("content-length", refusal.body().len())?;
+    if let Some(secs) = refusal.retry_after() {
+        resp.insert_header("retry-after", secs)?;
     }
-}
-
-/// Why the proxy answers a request itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// The concurrency cap of the request's class is reached (503).
-    Shed { retry_after: u64 },
-    /// `shedding.max_tunnels` upgraded connections are open (503).
-    TunnelCap { retry_after: u64 },
-    /// The key is over its limit (429); `fields.remaining` is 0.
-    RateLimited {
-        retry_after: u64,
-        /// The refusing policy's field parts.
-        policy: Arc<FieldParts>,
-        fields: RateFields,
-    },
-    /// No key and `missing_key = "reject"` (401).
-    KeyMissing,
-    /// A key longer than `max_key_bytes` (400).
-    KeyTooLong,
-    /// More than one value for the key (400): never guess which one counts.
-    KeyAmbiguous,
-    /// No backend can take the request (503).
-    NoBackend { retry_after: u64 },
-    /// The request header block is over the limit (431).
-    HeaderTooLarge,
-    /// A request that cannot be forwarded unambiguously (400); the reason is for the body.
-    BadRequest(&'static str),
-    /// A body over `max_request_body_bytes` (413).
-    PayloadTooLarge,
-    /// The client's body stalled past `client_body_timeout_ms` (408).
-    RequestTimeout,
-    /// A transfer coding the proxy does not apply (501).
-    UnsupportedCoding,
-    /// The backend did not answer in time (504).
-    UpstreamTimeout,
-    /// The backend failed mid-exchange (502).
-    UpstreamError,
-    /// A fault in the proxy itself (500).
-    Internal,
-}
-
-impl Refusal {
-    pub fn status(&self) -> u16 {
-        match self {
-            Refusal::Shed { .. } | Refusal::NoBackend { .. } | Refusal::TunnelCap { .. } => 503,
-            Refusal::RateLimited { .. } => 429,
-            Refusal::KeyMissing => 401,
-            Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
-            Refusal::HeaderTooLarge => 431,
-            Refusal::PayloadTooLarge => 413,
-            Refusal::RequestTimeout => 408,
-            Refusal::UnsupportedCoding => 501,
-            Refusal::UpstreamTimeout => 504,
-            Refusal::UpstreamError => 502,
-            Refusal::Internal => 500,
-        }
+    if let (Refusal::RateLimited { fields, .. }, Some(parts)) = (refusal, parts) {
+        apply_rate_fields(fields, parts, &mut resp)?;
     }
-
-    /// The `outcome` label it is counted under.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Refusal::Shed { .. } | Refusal::TunnelCap { .. } => Outcome::Shed,
-            Refusal::RateLimited { .. } => Outcome::RateLimited,
-            Refusal::NoBackend { .. } => Outcome::NoBackend,
-            Refusal::KeyMissing
-            | Refusal::KeyTooLong
-            | Refusal::KeyAmbiguous
-            | Refusal::HeaderTooLarge
-            | Refusal::PayloadTooLarge
-            | Refusal::RequestTimeout
-            | Refusal::BadRequest(_)
-            | Refusal::UnsupportedCoding => Outcome::Rejected,
-            Refusal::UpstreamTimeout | Refusal::UpstreamError | Refusal::Internal => {
-                Outcome::UpstreamError
-            }
-        }
+    if close {
+        resp.insert_header("connection", "close")?;
     }
-
-    pub fn body(&self) -> &'static str {
-        match self {
-            Refusal::Shed { .. } => "portcullis: overloaded (load shed)\n",
-            Refusal::TunnelCap { .. } => "portcullis: too many open tunnels (max_tunnels)\n",
-            Refusal::RateLimited { .. } => "portcullis: rate limited\n",
-            Refusal::KeyMissing => "portcullis: API key required\n",
-            Refusal::KeyTooLong => "portcullis: API key too long\n",
-            Refusal::KeyAmbiguous => "portcullis: more than one API key in the request\n",
-            Refusal::NoBackend { .. } => "portcullis: no backend available\n",
-            Refusal::HeaderTooLarge => "portcullis: request header too large\n",
-            Refusal::BadRequest(why) => why,
-            Refusal::PayloadTooLarge => "portcullis: request body too large\n",
-            Refusal::RequestTimeout => "portcullis: request body timed out\n",
-            Refusal::UnsupportedCoding => "portcullis: transfer coding not implemented\n",
-            Refusal::UpstreamTimeout => "portcullis: upstream timed out\n",
-            Refusal::UpstreamError => "portcullis: upstream error\n",
-            Refusal::Internal => "portcullis: internal error\n",
-        }
-    }
-
-    /// `Retry-After` in whole seconds (at least 1), where the refusal has one.
-    pub fn retry_after(&self) -> Option<u64> {
-        match self {
-            Refusal::Shed { retry_after }
-            | Refusal::TunnelCap { retry_after }
-            | Refusal::NoBackend { retry_after }
-            | Refusal::RateLimited { retry_after, .. } => Some((*retry_after).max(1)),
-            _ => None,
-        }
-    }
-
-    /// The response header; `close` adds `Connection: close`.
-    pub fn header(&self, close: bool) -> Result<ResponseHeader> {
-        let mut resp = ResponseHeader::build(self.status(), Some(6))?;
-        resp.insert_header(
-            "content-type",
-            http::HeaderValue::from_static("text/plain; charset=utf-8"),
-        )?;
-        resp.insert_header("content-length", self.body().len())?;
-        if let Some(secs) = self.retry_after() {
-            resp.insert_header("retry-after", secs)?;
-        }
-        if let Refusal::RateLimited { fields, policy, .. } = self {
-            fields.apply(policy, &mut resp)?;
-        }
-        if close {
-            resp.insert_header("connection", "close")?;
-        }
-        Ok(resp)
-    }
+    Ok(resp)
 }
 
 /// The response header of `refusal`: built once per thread and cloned for
 /// every refusal but a 429 (whose `RateLimit` fields change with each request).
 /// A shed 503 under overload is the case this is for: cloning a built header
 /// is a copy of its two small maps, building one parses and inserts each field.
-fn header_for(refusal: &Refusal, close: bool) -> Result<Box<ResponseHeader>> {
-    if matches!(refusal, Refusal::RateLimited { .. }) {
-        return Ok(Box::new(refusal.header(close)?));
+fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box<ResponseHeader>> {
+    if let Refusal::RateLimited { fields, .. } = refusal {
+        let parts = policies.fields(fields.policy);
+        return Ok(Box::new(header(refusal, close, parts)?));
     }
     // Everything the header holds: status, Content-Length, Retry-After, Connection.
     let key = (
@@ -192,7 +75,7 @@ fn header_for(refusal: &Refusal, close: bool) -> Result<Box<ResponseHeader>> {
         if let Some((_, h)) = cache.iter().find(|(k, _)| *k == key) {
             return Ok(Box::new(h.clone()));
         }
-        let h = refusal.header(close)?;
+        let h = header(refusal, close, None)?;
         // Bounded: a `Retry-After` changed by reloads many times over is rebuilt.
         if cache.len() >= HEADER_CACHE_MAX {
             cache.clear();
@@ -213,12 +96,17 @@ thread_local! {
 
 /// Write the refusal to the client. `close` ends the connection after it
 /// (a body left unread, draining, or framing that forbids reuse).
-pub async fn send(session: &mut Session, refusal: &Refusal, close: bool) -> Result<()> {
+pub async fn send(
+    session: &mut Session,
+    refusal: &Refusal,
+    close: bool,
+    policies: &Policies,
+) -> Result<()> {
     if close {
         session.set_keepalive(None);
     }
     session
-        .write_response_header(header_for(refusal, close)?, false)
+        .write_response_header(header_for(refusal, close, policies)?, false)
         .await?;
     session
         .write_response_body(Some(Bytes::from_static(refusal.body().as_bytes())), true)
@@ -228,11 +116,11 @@ pub async fn send(session: &mut Session, refusal: &Refusal, close: bool) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Outcome;
 
     fn limited() -> Refusal {
         Refusal::RateLimited {
             retry_after: 0,
-            policy: Arc::new(FieldParts::new("default", 10, 60)),
             fields: RateFields {
                 policy: 0,
                 limit: 10,
@@ -281,6 +169,11 @@ mod tests {
 
     #[test]
     fn a_cached_header_is_the_built_one() {
+        // No policies: a 429 is built without its fields here (the next test has them).
+        let policies = Policies {
+            list: Vec::new(),
+            default_enabled: true,
+        };
         let refusals = [
             Refusal::Shed { retry_after: 2 },
             Refusal::Shed { retry_after: 3 },
@@ -293,8 +186,8 @@ mod tests {
         for _ in 0..2 {
             for r in &refusals {
                 for close in [false, true] {
-                    let got = header_for(r, close).unwrap();
-                    let want = r.header(close).unwrap();
+                    let got = header_for(r, close, &policies).unwrap();
+                    let want = header(r, close, None).unwrap();
                     assert_eq!(got.status, want.status, "{r:?}");
                     assert_eq!(got.headers, want.headers, "{r:?} close={close}");
                     let wire = |h: &ResponseHeader| {
@@ -310,7 +203,8 @@ mod tests {
 
     #[test]
     fn a_429_carries_both_ratelimit_fields_and_retry_after() {
-        let h = limited().header(true).unwrap();
+        let parts = FieldParts::new("default", 10, 60);
+        let h = header(&limited(), true, Some(&parts)).unwrap();
         let get = |n: &str| h.headers.get(n).unwrap().to_str().unwrap().to_string();
         assert_eq!(get("retry-after"), "1");
         assert_eq!(get("ratelimit-policy"), "\"default\";q=10;w=60");

@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use super::{Gate, RequestFacts};
 use crate::config::RateLimitSettings;
@@ -139,7 +138,6 @@ fn verdict(
             let p = &policies.list[policy];
             Err(Refusal::RateLimited {
                 retry_after: retry_after_secs,
-                policy: Arc::clone(&p.fields),
                 fields: RateFields {
                     policy,
                     limit,

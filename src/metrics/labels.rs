@@ -1,38 +1,9 @@
 //! The closed label values of the request, culling and edge metrics: every label a request
 //! can put on a series comes from one of these enums (never from a request value).
 
-/// How the proxy finished a request (`portcullis_requests_total{outcome}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Proxied = 0,
-    Shed,
-    RateLimited,
-    Rejected,
-    NoBackend,
-    UpstreamError,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 6] = [
-        Outcome::Proxied,
-        Outcome::Shed,
-        Outcome::RateLimited,
-        Outcome::Rejected,
-        Outcome::NoBackend,
-        Outcome::UpstreamError,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Proxied => "proxied",
-            Outcome::Shed => "shed",
-            Outcome::RateLimited => "rate_limited",
-            Outcome::Rejected => "rejected",
-            Outcome::NoBackend => "no_backend",
-            Outcome::UpstreamError => "upstream_error",
-        }
-    }
-}
+/// How the proxy finished a request (`portcullis_requests_total{outcome}`): the policy
+/// crate's verdict type, beside the refusals it labels.
+pub use portcullis_policy::verdict::Outcome;
 
 /// Result of one cull decision (`portcullis_cull_decisions_total{result}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -66,7 +66,7 @@ impl Proxy {
         let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
         // A refusal is a send like a response: coalesced with the turn's others.
         batch::coalesce(session).await;
-        respond::send(session, &refusal, close).await?;
+        respond::send(session, &refusal, close, &ctx.runtime.rate).await?;
         Ok(true)
     }
 
@@ -488,7 +488,7 @@ impl ProxyHttp for Proxy {
         }
         if let Some(fields) = ctx.gates.rate {
             if let Some(parts) = ctx.runtime.rate.fields(fields.policy) {
-                fields.apply(parts, resp)?;
+                respond::apply_rate_fields(&fields, parts, resp)?;
             }
         }
         if self.shared.lifecycle.is_draining() {
@@ -546,7 +546,7 @@ impl ProxyHttp for Proxy {
         // The connection is closed after this reply (`can_reuse_downstream: false`),
         // and the reply says so.
         if let Some(refusal) = refusal.filter(|_| session.response_written().is_none()) {
-            if let Err(err) = respond::send(session, &refusal, true).await {
+            if let Err(err) = respond::send(session, &refusal, true, &ctx.runtime.rate).await {
                 tracing::debug!(error = %err, "cannot send error response");
             }
         }

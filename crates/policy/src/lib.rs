@@ -9,6 +9,7 @@ pub mod cull;
 pub mod ratelimit;
 pub mod shed;
 mod store_error;
+pub mod verdict;
 pub mod window;
 
 pub use store_error::StoreError;

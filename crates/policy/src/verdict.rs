@@ -1,0 +1,159 @@
+//! The gates' verdict: why the proxy answers a request itself ([`Refusal`]), with the
+//! status, body, `Retry-After` and `outcome` label of each answer, and the numbers of the
+//! `RateLimit` fields ([`RateFields`]). The app's `respond` turns a refusal into a response.
+
+/// How the proxy finished a request (`portcullis_requests_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Proxied = 0,
+    Shed,
+    RateLimited,
+    Rejected,
+    NoBackend,
+    UpstreamError,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Proxied,
+        Outcome::Shed,
+        Outcome::RateLimited,
+        Outcome::Rejected,
+        Outcome::NoBackend,
+        Outcome::UpstreamError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Proxied => "proxied",
+            Outcome::Shed => "shed",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::Rejected => "rejected",
+            Outcome::NoBackend => "no_backend",
+            Outcome::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// The numbers of the `RateLimit-Policy` and `RateLimit` fields (IETF draft), for a
+/// 429 and for admitted responses alike; the policy name comes with them at
+/// the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateFields {
+    /// Which policy these are of: an index in the route's rate-limit policies (0 is
+    /// `[rate_limit]`); its name comes at the response.
+    pub policy: usize,
+    pub limit: u64,
+    pub window_secs: u64,
+    pub remaining: u64,
+    /// Seconds until the quota resets (`t`).
+    pub reset_secs: u64,
+}
+
+/// Why the proxy answers a request itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The concurrency cap of the request's class is reached (503).
+    Shed { retry_after: u64 },
+    /// `shedding.max_tunnels` upgraded connections are open (503).
+    TunnelCap { retry_after: u64 },
+    /// The key is over its limit (429); `fields.remaining` is 0.
+    RateLimited {
+        retry_after: u64,
+        /// The refusing policy's numbers; `fields.policy` names the policy.
+        fields: RateFields,
+    },
+    /// No key and `missing_key = "reject"` (401).
+    KeyMissing,
+    /// A key longer than `max_key_bytes` (400).
+    KeyTooLong,
+    /// More than one value for the key (400): never guess which one counts.
+    KeyAmbiguous,
+    /// No backend can take the request (503).
+    NoBackend { retry_after: u64 },
+    /// The request header block is over the limit (431).
+    HeaderTooLarge,
+    /// A request that cannot be forwarded unambiguously (400); the reason is for the body.
+    BadRequest(&'static str),
+    /// A body over `max_request_body_bytes` (413).
+    PayloadTooLarge,
+    /// The client's body stalled past `client_body_timeout_ms` (408).
+    RequestTimeout,
+    /// A transfer coding the proxy does not apply (501).
+    UnsupportedCoding,
+    /// The backend did not answer in time (504).
+    UpstreamTimeout,
+    /// The backend failed mid-exchange (502).
+    UpstreamError,
+    /// A fault in the proxy itself (500).
+    Internal,
+}
+
+impl Refusal {
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::Shed { .. } | Refusal::NoBackend { .. } | Refusal::TunnelCap { .. } => 503,
+            Refusal::RateLimited { .. } => 429,
+            Refusal::KeyMissing => 401,
+            Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
+            Refusal::HeaderTooLarge => 431,
+            Refusal::PayloadTooLarge => 413,
+            Refusal::RequestTimeout => 408,
+            Refusal::UnsupportedCoding => 501,
+            Refusal::UpstreamTimeout => 504,
+            Refusal::UpstreamError => 502,
+            Refusal::Internal => 500,
+        }
+    }
+
+    /// The `outcome` label it is counted under.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Refusal::Shed { .. } | Refusal::TunnelCap { .. } => Outcome::Shed,
+            Refusal::RateLimited { .. } => Outcome::RateLimited,
+            Refusal::NoBackend { .. } => Outcome::NoBackend,
+            Refusal::KeyMissing
+            | Refusal::KeyTooLong
+            | Refusal::KeyAmbiguous
+            | Refusal::HeaderTooLarge
+            | Refusal::PayloadTooLarge
+            | Refusal::RequestTimeout
+            | Refusal::BadRequest(_)
+            | Refusal::UnsupportedCoding => Outcome::Rejected,
+            Refusal::UpstreamTimeout | Refusal::UpstreamError | Refusal::Internal => {
+                Outcome::UpstreamError
+            }
+        }
+    }
+
+    pub fn body(&self) -> &'static str {
+        match self {
+            Refusal::Shed { .. } => "portcullis: overloaded (load shed)\n",
+            Refusal::TunnelCap { .. } => "portcullis: too many open tunnels (max_tunnels)\n",
+            Refusal::RateLimited { .. } => "portcullis: rate limited\n",
+            Refusal::KeyMissing => "portcullis: API key required\n",
+            Refusal::KeyTooLong => "portcullis: API key too long\n",
+            Refusal::KeyAmbiguous => "portcullis: more than one API key in the request\n",
+            Refusal::NoBackend { .. } => "portcullis: no backend available\n",
+            Refusal::HeaderTooLarge => "portcullis: request header too large\n",
+            Refusal::BadRequest(why) => why,
+            Refusal::PayloadTooLarge => "portcullis: request body too large\n",
+            Refusal::RequestTimeout => "portcullis: request body timed out\n",
+            Refusal::UnsupportedCoding => "portcullis: transfer coding not implemented\n",
+            Refusal::UpstreamTimeout => "portcullis: upstream timed out\n",
+            Refusal::UpstreamError => "portcullis: upstream error\n",
+            Refusal::Internal => "portcullis: internal error\n",
+        }
+    }
+
+    /// `Retry-After` in whole seconds (at least 1), where the refusal has one.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Refusal::Shed { retry_after }
+            | Refusal::TunnelCap { retry_after }
+            | Refusal::NoBackend { retry_after }
+            | Refusal::RateLimited { retry_after, .. } => Some((*retry_after).max(1)),
+            _ => None,
+        }
+    }
+}
