@@ -62,8 +62,7 @@ impl fmt::Debug for CertSet {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    super::read_regular_file(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+    super::read_regular_file(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 impl CertSet {

@@ -6,10 +6,15 @@
 pub mod certs;
 mod edge;
 mod locate;
+mod protection;
+mod ratelimit;
 pub mod redact;
 mod schema;
+mod server;
 mod settings;
 mod store;
+mod telemetry;
+mod tls;
 mod upstreams;
 mod validate;
 
