@@ -4,7 +4,7 @@
 use super::schema::*;
 use super::settings::*;
 use super::validate::{err, range, VResult, DAY, HOUR, MAX_COUNT, MINUTE_MS, WEEK};
-use crate::cull::CullParams;
+use portcullis_policy::cull::CullParams;
 
 pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
     range(
