@@ -32,6 +32,7 @@ pub mod config;
 pub mod cull;
 pub mod edge;
 pub mod framing;
+pub mod gate;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

@@ -133,7 +133,7 @@ impl BackgroundService for Reloader {
         // DNS re-resolution is applied like a reload, so it runs here too.
         tokio::select! {
             _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
-            _ = crate::balance::resolve::run(Arc::clone(&self.shared)) => {}
+            _ = crate::state::resolve::run(Arc::clone(&self.shared)) => {}
             _ = shutdown.changed() => {}
         }
     }
@@ -259,7 +259,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             .config
             .routes
             .iter()
-            .map(|r| crate::observe::request::route_label(r).into_owned())
+            .map(|r| crate::observe::route_label(r).into_owned())
             .collect();
         shared
             .metrics

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 pub use crate::store::clock::{unix_ms, unix_secs};
 
+pub mod resolve;
 mod route_table;
 pub use route_table::RouteTable;
 
@@ -116,9 +117,9 @@ impl Runtime {
         let route_series = config
             .routes
             .iter()
-            .map(|r| RouteSeries::new(crate::observe::request::route_label(r).into_owned()))
+            .map(|r| RouteSeries::new(crate::observe::route_label(r).into_owned()))
             .chain([
-                RouteSeries::new(crate::observe::request::route_label(&DEFAULT_ROUTE).into_owned()),
+                RouteSeries::new(crate::observe::route_label(&DEFAULT_ROUTE).into_owned()),
                 RouteSeries::new("none".to_string()),
             ])
             .collect();

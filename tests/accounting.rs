@@ -1,7 +1,7 @@
 //! Per-backend error accounting counts only the backend's faults: a client
 //! that hangs up mid-request must not push a healthy backend towards a cull.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::io::Write;
 use std::time::Duration;

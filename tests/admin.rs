@@ -1,6 +1,6 @@
 //! Admin endpoints (CONTRACT §4).
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

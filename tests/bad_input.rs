@@ -1,7 +1,7 @@
 //! Malformed and oversized input (CONTRACT §3: 400 malformed, 431 headers too large).
 //! None of it may reach a backend or take the proxy down.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

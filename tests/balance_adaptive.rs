@@ -2,7 +2,7 @@
 //! `min_concurrency`; §11 `portcullis_concurrency_limit`) against a real
 //! backend whose latency goes 10 ms -> 400 ms -> 10 ms under load.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

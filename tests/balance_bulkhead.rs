@@ -1,6 +1,6 @@
 //! Per-upstream bulkheads (CONTRACT §10 `max_inflight`).
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::thread;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Validation of the balancing keys (CONTRACT §10) by `--check`.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

@@ -1,7 +1,7 @@
 //! Retries on another backend and the retry budget (CONTRACT §10 `retries`,
 //! `retry_budget_ratio`; §11 `portcullis_retries_total`).
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

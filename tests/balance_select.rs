@@ -1,6 +1,6 @@
 //! Balancing policies (CONTRACT §10 `balance`, `weights`, `hash_key`) through the real binary.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Shuffle sharding (CONTRACT §10 `shard_size`).
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::collections::{BTreeSet, HashMap};
 use support::*;

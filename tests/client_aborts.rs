@@ -3,7 +3,7 @@
 //! text. A client that leaves between requests, or before its first byte, is not an
 //! abort; one that leaves mid-header is, once, and its line is not an ERROR.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

@@ -2,7 +2,7 @@
 //! the key path and the reason on stderr (plus line:col where the parser knows it).
 //! Errors are expected as `error: <file>:<line>:<col>: <key.path>: <reason>`.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::path::Path;
 use support::*;

@@ -11,7 +11,7 @@
 //! `.dockerignore` is read with Docker's rules: patterns in order, the last one that
 //! matches a path or one of its parent directories decides, `!` lets a path back in.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::fs;
 use std::io::Write;

@@ -9,7 +9,7 @@
 //! `state: "culled"` in that proxy's `/status`: the ejection happened before that, so any
 //! request the test starts later must not reach the culled backend.
 
-mod support;
+use portcullis_test_kit as support;
 
 use serde_json::Value;
 use std::collections::BTreeMap;

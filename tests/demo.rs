@@ -7,7 +7,7 @@
 //! is not what it claims; these tests also check each step's printed outcome, so
 //! the README's expected output stays true.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::fs;
 use std::process::{Child, Command, Stdio};

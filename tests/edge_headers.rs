@@ -3,7 +3,7 @@
 //! `Connection: <name>` cannot strip the API-key header a gate read, and
 //! `X-Request-Id` hygiene. The recording backend shows what arrived.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

@@ -4,7 +4,7 @@
 //! recording backend shows what `X-Forwarded-For` it got. PROXY v1 and v2
 //! headers are written byte by byte.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::Duration;
 use support::*;

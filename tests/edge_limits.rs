@@ -3,7 +3,7 @@
 //! against the real binary; the recording backend shows nothing arrived for
 //! each refusal; each refusal is counted in `portcullis_edge_refusals_total`.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::{Duration, Instant};
 use support::*;

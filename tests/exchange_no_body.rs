@@ -6,7 +6,7 @@
 //! - a response is streamed as it comes, not gathered: its header and first chunk reach
 //!   the client while the backend still holds the rest.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

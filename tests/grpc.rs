@@ -7,7 +7,7 @@
 //! server (`application/grpc`, HTTP 200, `grpc-status` in trailers via `add_trailer`)
 //! with `nghttp` (h2c) as the client.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

@@ -4,7 +4,7 @@
 //! Frames are written by hand ([`H2Raw`]); Pingora 0.9.1 runs the `h2` crate with
 //! SETTINGS_MAX_CONCURRENT_STREAMS 100 and SETTINGS_MAX_HEADER_LIST_SIZE 65536.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::Duration;
 use support::*;

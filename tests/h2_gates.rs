@@ -2,7 +2,7 @@
 //! clients: `curl --http2-prior-knowledge` (h2c on `listen`, `server.h2c = true`) and
 //! `curl --http2` over TLS (ALPN), many streams multiplexed on one connection.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::path::Path;
 use std::thread;
@@ -332,7 +332,7 @@ fn per_response_values_stay_out_of_the_hpack_table() {
         one_upstream(&backend)
     );
     let proxy = Proxy::start_with_server("h2c = true\n", &cfg);
-    let script = format!("{}/tests/support/h2_fields.py", env!("CARGO_MANIFEST_DIR"));
+    let script = support::py_helper("h2_fields.py");
     let out = std::process::Command::new("/usr/bin/python3")
         .args([&script, &proxy.addr(), "/hpack", "80", "x-api-key:k1"])
         .output()

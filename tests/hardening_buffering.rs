@@ -6,7 +6,7 @@
 //! made the proxy read the whole object into memory (RSS + the object's size), and the
 //! upstream finished sending it though nobody had read a byte.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

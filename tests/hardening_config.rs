@@ -8,7 +8,7 @@
 //! - `POST` admin endpoints need `server.admin_token` when set, and are refused
 //!   on a non-loopback admin listener without one.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::fs;
 use std::process::{Child, Command, Stdio};

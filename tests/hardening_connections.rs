@@ -7,7 +7,7 @@
 //! (header deadline, `admin_max_connections`). Real binary, raw sockets, `openssl
 //! s_client`; every wait is a poll with a deadline.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;

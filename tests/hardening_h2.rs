@@ -8,10 +8,10 @@
 //!   and its connection is closed; a client that makes many streams, and cancels a few,
 //!   is not.
 //!
-//! Stalled bodies are spoken by Debian's python3-h2 (`support/h2_stall.py`, which decodes
+//! Stalled bodies are spoken by Debian's python3-h2 (the kit's `py/h2_stall.py`, which decodes
 //! the statuses); resets by [`H2Raw`].
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -59,7 +59,7 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
     let proxy = Proxy::start_with_server(&server, &cfg);
     assert_eq!(proxy.get("/warm", &[]).status, 200);
 
-    let script = format!("{}/tests/support/h2_stall.py", env!("CARGO_MANIFEST_DIR"));
+    let script = support::py_helper("h2_stall.py");
     let mut child = Command::new("/usr/bin/python3")
         .args([&script, &proxy.addr(), "/stalled", "9", "15"])
         .stdout(Stdio::piped())
@@ -179,7 +179,7 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
 /// Runs `h2_stall.py` with `n` streams of `path` to completion: the streams, and the
 /// script's whole output.
 fn stall(proxy: &Proxy, path: &str, n: u32, seconds: u32) -> (Vec<Stalled>, String) {
-    let script = format!("{}/tests/support/h2_stall.py", env!("CARGO_MANIFEST_DIR"));
+    let script = support::py_helper("h2_stall.py");
     let out = Command::new("/usr/bin/python3")
         .args([
             &script,

@@ -4,7 +4,7 @@
 //! secret. Raw sockets against the real binary and a backend that records what
 //! arrived.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::io::Write;
 use std::net::TcpStream;

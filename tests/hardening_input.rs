@@ -3,7 +3,7 @@
 //! not regular never block a reload, route lookup does not grow with the routes, and idle
 //! tunnels have their own timeout. Real binary, real sockets, a recording backend.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::Duration;
 use support::*;

@@ -5,7 +5,7 @@
 //! Counting tests use a one-hour window; each first waits until the hour has at least a
 //! minute left, so no window boundary falls inside a test.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::*;

@@ -5,7 +5,7 @@
 //! Every measured figure is printed with `eprintln!` (run with `--nocapture`, or
 //! read nextest's captured output) so it can be reported.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

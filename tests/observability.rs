@@ -2,7 +2,7 @@
 //! metrics, the HTML status page in a real Chromium, and the shipped Grafana dashboard
 //! and alert rules against a real Prometheus scraping the proxy under load.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! with no eligible backend, traffic goes to all of them instead of a 503, and
 //! `portcullis_upstream_panic_mode` says so.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::Duration;
 use support::*;

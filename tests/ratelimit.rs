@@ -5,7 +5,7 @@
 //! (windows are aligned to the Unix epoch), never from fixed sleeps. Counting tests use a
 //! one-hour window so that no window boundary can change the outcome.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

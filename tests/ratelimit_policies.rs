@@ -5,7 +5,7 @@
 //! decisions. Once with the in-process store, once with two instances on a real Redis, and
 //! the Redis round trips with 1 and 3 policies under the same load.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::{Duration, Instant};
 use support::*;

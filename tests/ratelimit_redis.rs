@@ -7,7 +7,7 @@
 //! thread and every response is timestamped, so per-window figures are computed from the
 //! wall clock (windows are aligned to the Unix epoch). Figures are printed with eprintln!.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;

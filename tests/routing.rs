@@ -1,6 +1,6 @@
 //! Routing and forwarding (CONTRACT §2 `[[upstreams]]`, `[[routes]]`; §3 "no backend").
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::collections::HashSet;
 use support::*;

@@ -1,6 +1,6 @@
 //! Load shedding (CONTRACT §2 `[shedding]`, §3 load shed 503, §5.1).
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};

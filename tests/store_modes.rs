@@ -4,7 +4,7 @@
 //! a cluster, and the `--check` errors of §9's bad input. Real `redis-server`s (cluster,
 //! sentinels), real `portcullis` processes, real backends; figures go to stderr.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

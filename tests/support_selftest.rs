@@ -1,7 +1,7 @@
 //! Tests of the test support itself (no proxy needed): the backend, the client, the Redis
 //! wrapper and the metrics matcher must be right before any proxy test can be trusted.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::{Duration, Instant};
 use support::*;

@@ -3,7 +3,7 @@
 //! keeps the old ones; bad handshakes are refused without harming the listener.
 //! Certificates are made with `openssl`; clients are `openssl s_client` and `curl`.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

@@ -2,7 +2,7 @@
 //! upstream, against Debian's nginx serving TLS + h2 and h2c. A backend certificate that
 //! fails verification is never used and counts as a connect failure.
 
-mod support;
+use portcullis_test_kit as support;
 
 use support::*;
 

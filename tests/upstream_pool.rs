@@ -3,7 +3,7 @@
 //! socket left in CLOSE_WAIT, and is never used for a request. With several worker threads
 //! (2 in these tests) each thread pools its own idle connections and still reuses them.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::thread;
 use support::*;

@@ -2,7 +2,7 @@
 //! fleet-wide "self" token bucket in Redis grants it a token; otherwise it stays up,
 //! logs and counts `portcullis_watchdog_breaches_total{kind,result}`.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::Instant;
 use support::*;

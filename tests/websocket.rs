@@ -3,7 +3,7 @@
 //! (503 beyond) and `portcullis_tunnels_open` reports them; on shutdown tunnels are
 //! closed at `shutdown_timeout_seconds`.
 
-mod support;
+use portcullis_test_kit as support;
 
 use std::time::{Duration, Instant};
 use support::*;

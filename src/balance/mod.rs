@@ -9,7 +9,7 @@
 //! selectors (see [`crate::upstream`] for where its algorithms did not fit).
 
 pub mod key;
-pub mod resolve;
+
 pub mod selector;
 
 use std::time::Duration;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::cull::CullParams;
+use portcullis_policy::cull::CullParams;
 use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
 pub use crate::shed::Priority;
 

@@ -126,7 +126,7 @@ fn parse_backend(path: &str, s: &str) -> VResult<Vec<SocketAddr>> {
         return Ok(vec![a]);
     }
     let first = parse_addr(path, s)?;
-    match crate::balance::resolve::resolve_entry(s) {
+    match super::resolve::resolve_entry(s) {
         Ok(v) if !v.is_empty() => Ok(v),
         _ => Ok(vec![first]),
     }

@@ -7,12 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-// The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
-// both mount it (the lib has no shared test module to mount it once).
-#[allow(clippy::duplicate_mod)]
-#[path = "../../tests/support/redis.rs"]
-mod redis_server;
-use redis_server::RedisServer;
+// The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
+use portcullis_test_kit::RedisServer;
 
 fn budget(r: &RedisServer, prefix: &str) -> Budget {
     Budget::redis(&r.url(), prefix, Duration::from_millis(500)).unwrap()

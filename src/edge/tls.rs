@@ -75,4 +75,3 @@ pub fn listener_settings(
         })?;
     Ok(settings)
 }
-

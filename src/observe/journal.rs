@@ -2,7 +2,7 @@
 //! cull decisions and each ejected backend's lease. The culling driver
 //! writes here once per decision and per check, never on the request path.
 
-use crate::cull::CullState;
+use portcullis_policy::cull::CullState;
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

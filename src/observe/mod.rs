@@ -7,14 +7,12 @@
 pub mod access_log;
 pub mod journal;
 pub mod otlp;
-pub mod request;
 pub mod status_page;
 pub mod time;
 pub mod trace;
 
 pub use access_log::{AccessLog, AccessRecord};
 pub use journal::CullJournal;
-pub use request::{finish, Finished, RequestObs};
 pub use trace::TraceContext;
 
 /// The observability state a [`crate::state::Shared`] holds.
@@ -64,9 +62,9 @@ impl Observe {
 
     /// The share of new traces to sample: the config's `[tracing] sample`
     /// when spans are exported, else 0 (nothing records them).
-    pub fn new_trace_sample(&self, rt: &crate::state::Runtime) -> f64 {
+    pub fn new_trace_sample(&self, tracing: &crate::config::TracingSettings) -> f64 {
         if self.spans.is_some() {
-            rt.config.tracing.sample
+            tracing.sample
         } else {
             0.0
         }
@@ -78,5 +76,15 @@ impl Observe {
         if let Some(s) = &self.spans {
             s.shutdown();
         }
+    }
+}
+
+/// The `route` label and log field: the route's host and path prefix as
+/// configured (bounded by the config, never a request value).
+pub fn route_label(route: &crate::config::Route) -> std::borrow::Cow<'_, str> {
+    match (&route.host, route.path_prefix.as_str()) {
+        (None, "") => "default".into(),
+        (None, p) => p.into(),
+        (Some(h), p) => format!("{h}{p}").into(),
     }
 }

@@ -25,9 +25,9 @@ pub fn is_client_abort(e: &Error) -> bool {
 }
 
 /// The refusal that answers `e`, or `None` when there is nobody to answer (the
-/// client went away). A refusal a gate already chose (`ctx.refusal`) wins.
+/// client went away). A refusal a gate already chose (`ctx.answer.refusal`) wins.
 pub fn refusal_for(e: &Error, ctx: &Ctx) -> Option<Refusal> {
-    match &ctx.refusal {
+    match &ctx.answer.refusal {
         Some(r) => Some(r.clone()),
         None => error_refusal(e),
     }
@@ -68,7 +68,7 @@ pub fn plain_cause(e: &Error) -> Option<String> {
 /// One line per failed request.
 pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
     let path = session.req_header().uri.path();
-    let upstream = ctx.pool.as_ref().map_or("", |p| p.name.as_str());
+    let upstream = ctx.routing.pool.as_ref().map_or("", |p| p.name.as_str());
     let cause = plain_cause(e).unwrap_or_default();
     if is_client_abort(e) {
         tracing::debug!(
@@ -82,7 +82,7 @@ pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
         tracing::debug!(
             event = "request_refused",
             status,
-            client = ?ctx.client,
+            client = ?ctx.routing.client,
             error = e.etype().as_str(),
             path,
             cause,
@@ -91,12 +91,13 @@ pub fn log(session: &Session, e: &Error, ctx: &Ctx, status: u16) {
         tracing::error!(
             event = "proxy_error",
             status,
-            client = ?ctx.client,
+            client = ?ctx.routing.client,
             error = e.etype().as_str(),
             source = e.esource().as_str(),
             path,
             upstream,
             backend = ctx
+                .upstream
                 .backend
                 .as_ref()
                 .map(|b| b.addr.to_string())

@@ -27,6 +27,7 @@ mod ctx;
 mod failure;
 mod request;
 mod retry;
+mod telemetry;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,11 +40,12 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
 use crate::edge;
+use crate::gate;
 use crate::metrics::Outcome;
 use crate::ratelimit;
 use crate::respond::{self, Refusal};
 use crate::state::Shared;
-use crate::upstream::{Attempt, Bulkhead};
+use crate::upstream::Attempt;
 pub use ctx::Ctx;
 use request::{header_block_len, host_of, invalid_target};
 
@@ -58,7 +60,7 @@ impl Proxy {
 
     /// Answer a refusal from a phase that writes its own response.
     async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<bool> {
-        ctx.outcome = Some(refusal.outcome());
+        ctx.answer.outcome = Some(refusal.outcome());
         // Never read a body we are refusing: close instead of draining it.
         // While draining, ask keep-alive clients to reconnect elsewhere.
         let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
@@ -68,13 +70,40 @@ impl Proxy {
         Ok(true)
     }
 
-    /// Refuse through an error: `fail_to_proxy` answers with `ctx.refusal`.
+    /// Refuse through an error: `fail_to_proxy` answers with `ctx.answer.refusal`.
     fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
         session.set_keepalive(None);
         let status = refusal.status();
-        ctx.outcome = Some(refusal.outcome());
-        ctx.refusal = Some(refusal);
+        ctx.answer.outcome = Some(refusal.outcome());
+        ctx.answer.refusal = Some(refusal);
         Error::e_explain(ErrorType::HTTPStatus(status), "refused by a gate")
+    }
+
+    /// Routing: the route by host and longest path prefix, its upstream, and the client's
+    /// address (PROXY protocol and `trusted_proxies` applied).
+    fn route(&self, session: &Session, ctx: &mut Ctx) {
+        let rt = &*ctx.runtime;
+        let route = rt.route_index(host_of(session), session.req_header().uri.path());
+        ctx.routing.route = route;
+        ctx.routing.routed = true;
+        ctx.routing.pool = rt.pools.get(rt.route_at(route).upstream).cloned();
+        let server = &rt.config.server;
+        ctx.routing.client = edge::client_ip(
+            session,
+            &server.trusted_proxies,
+            server.proxy_protocol,
+            &self.shared.proxied,
+        );
+    }
+
+    /// An admitted upgrade: a tunnel is idle when no byte goes either way. The edge stream,
+    /// which sees both directions, times that, and neither side's reads are timed alone (a
+    /// side may be quiet while the other talks).
+    fn time_tunnel(session: &mut Session, idle: std::time::Duration) {
+        let timed_by_edge = crate::edge::conn(session)
+            .map(|conn| conn.tunnel(idle))
+            .is_some();
+        session.set_read_timeout((!timed_by_edge).then_some(idle));
     }
 }
 
@@ -162,106 +191,39 @@ impl ProxyHttp for Proxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        // Borrowed, not cloned: fields of `ctx` are disjoint, and a refusal
-        // (which needs all of `ctx`) ends the borrow.
+        self.route(session, ctx);
         let rt = &*ctx.runtime;
-        ctx.route = rt.route_index(host_of(session), session.req_header().uri.path());
-        ctx.routed = true;
-        let route = rt.route_at(ctx.route);
-        ctx.pool = rt.pools.get(route.upstream).cloned();
-        let server = &rt.config.server;
-        ctx.client = edge::client_ip(
-            session,
-            &server.trusted_proxies,
-            server.proxy_protocol,
-            &self.shared.proxied,
-        );
-
-        // Gate 1: load shedding, before any other work.
-        match self.shared.shedder.try_acquire(route.priority) {
-            Some(g) => ctx._guard = Some(g),
-            None => {
-                let retry_after = rt.config.shedding.retry_after_secs;
-                return self
-                    .refuse(session, ctx, Refusal::Shed { retry_after })
-                    .await;
-            }
-        }
-
-        // Gate 1b: an upgrade (WebSocket) request needs a tunnel slot.
-        if session.is_upgrade_req() {
-            match self
-                .shared
-                .tunnels
-                .try_reserve(rt.config.shedding.max_tunnels)
-            {
-                Some(slot) => {
-                    ctx.tunnel = Some(slot);
-                    // A tunnel is idle when no byte goes either way: the edge stream,
-                    // which sees both directions, times that, and neither side's reads
-                    // are timed alone (a side may be quiet while the other talks).
-                    let idle = rt.config.server.tunnel_idle_timeout;
-                    let timed_by_edge = crate::edge::conn(session)
-                        .map(|conn| conn.tunnel(idle))
-                        .is_some();
-                    session.set_read_timeout((!timed_by_edge).then_some(idle));
-                }
-                None => {
-                    let retry_after = rt.config.shedding.retry_after_secs;
-                    return self
-                        .refuse(session, ctx, Refusal::TunnelCap { retry_after })
-                        .await;
-                }
-            }
-        }
-
-        // Gate 1c: the upstream's bulkhead (`max_inflight`), shed as well.
-        if let Some(pool) = ctx.pool.as_deref() {
-            match pool.enter() {
-                Bulkhead::Unlimited => {}
-                Bulkhead::Entered(g) => ctx._bulkhead = Some(g),
-                Bulkhead::Full => {
-                    self.shared
-                        .metrics
-                        .bulkhead_shed
-                        .with_label_values(&[pool.name.as_str()])
-                        .inc();
-                    tracing::debug!(event = "bulkhead_shed", upstream = %pool.name);
-                    let retry_after = rt.config.shedding.retry_after_secs;
-                    return self
-                        .refuse(session, ctx, Refusal::Shed { retry_after })
-                        .await;
-                }
-            }
-        }
-
-        // Gate 2: per-key rate limiting, from local state only.
         let req = session.req_header();
-        let verdict = ratelimit::gate::check(
-            &rt.config.rate_limit,
-            &rt.rate,
-            &ratelimit::gate::Request {
-                headers: &req.headers,
-                uri: &req.uri,
-                client_ip: ctx.client,
-            },
+        let facts = gate::RequestFacts {
+            priority: rt.route_at(ctx.routing.route).priority,
+            headers: &req.headers,
+            uri: &req.uri,
+            client_ip: ctx.routing.client,
+            upgrade: session.is_upgrade_req(),
+        };
+        let verdict = gate::admit(
+            &self.shared,
+            rt,
+            ctx.routing.pool.as_deref(),
+            &facts,
             crate::store::clock::unix_ms(),
+            &mut ctx.gates,
         );
-        match verdict {
-            Ok(fields) => {
-                ctx.rate = fields;
-                Ok(false)
-            }
-            Err(refusal) => self.refuse(session, ctx, refusal).await,
+        if let Err(refusal) = verdict {
+            return self.refuse(session, ctx, refusal).await;
         }
+        if ctx.gates.tunnel.is_some() {
+            Self::time_tunnel(session, rt.config.server.tunnel_idle_timeout);
+        }
+        Ok(false)
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let retry_after = ctx.runtime.config.shedding.retry_after_secs;
-        let Some(pool) = ctx.pool.as_deref() else {
+        let Some(pool) = ctx.routing.pool.as_deref() else {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
-        if ctx.attempt_start.is_none() {
+        if ctx.upstream.attempt_start.is_none() {
             // First attempt: the retry budget counts requests, not attempts.
             pool.shared
                 .budget
@@ -273,24 +235,24 @@ impl ProxyHttp for Proxy {
                 &pool.balance.hash_key,
                 &req.headers,
                 &req.uri,
-                ctx.client,
+                ctx.routing.client,
             );
-            pool.select(&ctx.tried, &key)
+            pool.select(&ctx.upstream.tried, &key)
         } else {
-            pool.select(&ctx.tried, b"")
+            pool.select(&ctx.upstream.tried, b"")
         };
         let Some(backend) = picked else {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
-        ctx.tried.push(backend.addr);
+        ctx.upstream.tried.push(backend.addr);
         let now = Instant::now();
         ctx.obs.backend_chosen(now);
-        ctx.attempt = Some(Attempt::new(&backend));
-        ctx.attempt_start = Some(now);
+        ctx.upstream.attempt = Some(Attempt::new(&backend));
+        ctx.upstream.attempt_start = Some(now);
         let keep_case = self.shared.keep_header_case;
         let mut peer = crate::edge::upstream_peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
-        peer.options.read_timeout = if ctx.tunnel.is_none() {
+        peer.options.read_timeout = if ctx.gates.tunnel.is_none() {
             Some(pool.read_timeout)
         } else if crate::edge::conn(session).is_some() {
             // An upgrade request: the edge stream closes the tunnel once nothing has
@@ -302,7 +264,7 @@ impl ProxyHttp for Proxy {
         };
         peer.options.write_timeout = Some(pool.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
-        ctx.backend = Some(backend);
+        ctx.upstream.backend = Some(backend);
         Ok(Box::new(peer))
     }
 
@@ -326,8 +288,8 @@ impl ProxyHttp for Proxy {
         self.shared
             .metrics
             .edge_refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
-        ctx.refusal = Some(Refusal::PayloadTooLarge);
-        ctx.outcome = Some(Outcome::Rejected);
+        ctx.answer.refusal = Some(Refusal::PayloadTooLarge);
+        ctx.answer.outcome = Some(Outcome::Rejected);
         Error::e_explain(ErrorType::HTTPStatus(413), "request body too large")
     }
 
@@ -345,21 +307,22 @@ impl ProxyHttp for Proxy {
             error = e.etype().as_str(),
             cause = failure::plain_cause(&e).unwrap_or_default(),
         );
-        if let Some(b) = ctx.backend.take() {
+        if let Some(b) = ctx.upstream.backend.take() {
             b.record(crate::store::clock::unix_secs(), true);
-            if let Some(pool) = &ctx.pool {
+            if let Some(pool) = &ctx.routing.pool {
                 self.shared
                     .metrics
                     .record_backend(&b.series, &pool.name, &b.addr_str, None, None);
             }
         }
-        ctx.attempt = None;
-        let untried = ctx
-            .pool
-            .as_ref()
-            .is_some_and(|p| p.backends.iter().any(|b| !ctx.tried.contains(&b.addr)));
+        ctx.upstream.attempt = None;
+        let untried = ctx.routing.pool.as_ref().is_some_and(|p| {
+            p.backends
+                .iter()
+                .any(|b| !ctx.upstream.tried.contains(&b.addr))
+        });
         if untried {
-            if let Some(p) = &ctx.pool {
+            if let Some(p) = &ctx.routing.pool {
                 // Outside the budget (nothing was sent), but counted in it.
                 p.shared
                     .budget
@@ -369,7 +332,7 @@ impl ProxyHttp for Proxy {
             e.set_retry(true);
         } else {
             let retry_after = ctx.runtime.config.shedding.retry_after_secs;
-            ctx.refusal = Some(Refusal::NoBackend { retry_after });
+            ctx.answer.refusal = Some(Refusal::NoBackend { retry_after });
             e.set_retry(false);
         }
         e
@@ -387,11 +350,11 @@ impl ProxyHttp for Proxy {
         let status = resp.status.as_u16();
         ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
-            if let Some(b) = ctx.backend.take() {
+            if let Some(b) = ctx.upstream.backend.take() {
                 b.record(crate::store::clock::unix_secs(), true);
             }
-            ctx.attempt = None;
-            ctx.retrying = true;
+            ctx.upstream.attempt = None;
+            ctx.upstream.retrying = true;
             return Error::e_explain(
                 ErrorType::HTTPStatus(status),
                 "backend answered 502/503; retrying on another backend",
@@ -411,7 +374,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
         client_reused: bool,
     ) -> Box<Error> {
-        if std::mem::take(&mut ctx.retrying) {
+        if std::mem::take(&mut ctx.upstream.retrying) {
             e.set_retry(true);
             return e;
         }
@@ -419,17 +382,17 @@ impl ProxyHttp for Proxy {
             && matches!(e.retry, pingora::RetryType::ReusedOnly)
             && retry::replayable(session);
         if stale {
-            if let Some(b) = &ctx.backend {
-                ctx.tried.forget(&b.addr);
+            if let Some(b) = &ctx.upstream.backend {
+                ctx.upstream.tried.forget(&b.addr);
             }
             e.set_retry(true);
             return e;
         }
         if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
-            if let Some(b) = ctx.backend.take() {
+            if let Some(b) = ctx.upstream.backend.take() {
                 b.record(crate::store::clock::unix_secs(), true);
             }
-            ctx.attempt = None;
+            ctx.upstream.attempt = None;
             e.set_retry(true);
             return e;
         }
@@ -451,7 +414,11 @@ impl ProxyHttp for Proxy {
             edge::headers::restore(&session.req_header().headers, req, &[name]);
         }
         request::set_forwarded(session, req, &self.shared.proxied)?;
-        if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
+        if let Some(rules) = ctx
+            .routing
+            .route
+            .and_then(|i| ctx.runtime.config.routes.get(i))
+        {
             let rules = &rules.headers;
             edge::headers::apply(req, &rules.request_remove, &rules.request_set);
         }
@@ -472,9 +439,13 @@ impl ProxyHttp for Proxy {
                 id
             }
         };
-        ctx.request_id = Some(id);
-        ctx.obs
-            .propagate(req, self.shared.observe.new_trace_sample(&ctx.runtime))?;
+        ctx.answer.request_id = Some(id);
+        ctx.obs.propagate(
+            req,
+            self.shared
+                .observe
+                .new_trace_sample(&ctx.runtime.config.tracing),
+        )?;
         Ok(())
     }
 
@@ -488,30 +459,34 @@ impl ProxyHttp for Proxy {
         batch::coalesce(session).await;
         edge::headers::strip_response_hop_by_hop(resp);
         request::frame_for_client(session, resp)?;
-        if let Some(rules) = ctx.route.and_then(|i| ctx.runtime.config.routes.get(i)) {
+        if let Some(rules) = ctx
+            .routing
+            .route
+            .and_then(|i| ctx.runtime.config.routes.get(i))
+        {
             let rules = &rules.headers;
             edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
         }
-        if let Some(id) = &ctx.request_id {
+        if let Some(id) = &ctx.answer.request_id {
             resp.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
         }
         if let Some(code) = crate::edge::grpc::status_of(&resp.headers) {
             // a trailers-only gRPC response
-            ctx.grpc_failed = crate::edge::grpc::is_backend_error(code);
+            ctx.answer.grpc_failed = crate::edge::grpc::is_backend_error(code);
         }
-        if ctx.tunnel.is_some() {
+        if ctx.gates.tunnel.is_some() {
             if resp.status.as_u16() == 101 {
                 // The tunnel is open: no longer an in-flight request.
-                if let Some(t) = ctx.tunnel.as_mut() {
+                if let Some(t) = ctx.gates.tunnel.as_mut() {
                     t.mark_open();
                 }
-                ctx._guard = None;
+                ctx.gates.inflight = None;
                 ctx._in_flight = None;
             } else {
-                ctx.tunnel = None;
+                ctx.gates.tunnel = None;
             }
         }
-        if let Some(fields) = ctx.rate {
+        if let Some(fields) = ctx.gates.rate {
             if let Some(parts) = ctx.runtime.rate.fields(fields.policy) {
                 fields.apply(parts, resp)?;
             }
@@ -531,7 +506,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         if let Some(code) = crate::edge::grpc::status_of(trailers) {
-            ctx.grpc_failed = crate::edge::grpc::is_backend_error(code);
+            ctx.answer.grpc_failed = crate::edge::grpc::is_backend_error(code);
         }
         Ok(())
     }
@@ -548,8 +523,8 @@ impl ProxyHttp for Proxy {
             // and the bulkhead) before its last bytes go out, not after, in `logging`. A
             // client that sends its next request as soon as it has this response must
             // find the slot free (a serial client is never shed at a cap of one).
-            ctx._guard = None;
-            ctx._bulkhead = None;
+            ctx.gates.inflight = None;
+            ctx.gates.bulkhead = None;
         }
         Ok(None)
     }
@@ -558,7 +533,7 @@ impl ProxyHttp for Proxy {
         let refusal = failure::refusal_for(e, ctx);
         let status = refusal.as_ref().map_or(0, Refusal::status);
         let outcome = refusal.as_ref().map_or(Outcome::Rejected, Refusal::outcome);
-        ctx.outcome.get_or_insert(outcome);
+        ctx.answer.outcome.get_or_insert(outcome);
         if refusal == Some(Refusal::RequestTimeout) {
             self.shared
                 .metrics
@@ -610,7 +585,7 @@ impl ProxyHttp for Proxy {
             conn.request_done();
         }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let outcome = ctx.outcome.unwrap_or(if e.is_some() {
+        let outcome = ctx.answer.outcome.unwrap_or(if e.is_some() {
             Outcome::UpstreamError
         } else {
             Outcome::Proxied
@@ -618,7 +593,7 @@ impl ProxyHttp for Proxy {
         // One clock read for the latency sample and the request's duration.
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(ctx.start);
-        if let (Some(_), Some(t0), None) = (&ctx.backend, ctx.attempt_start, e) {
+        if let (Some(_), Some(t0), None) = (&ctx.upstream.backend, ctx.upstream.attempt_start, e) {
             if status > 0 && status < 500 {
                 // The adaptive limit learns from answered requests only.
                 self.shared
@@ -626,28 +601,30 @@ impl ProxyHttp for Proxy {
                     .on_latency(now, now.saturating_duration_since(t0));
             }
         }
-        let backend = ctx.backend.take();
+        let backend = ctx.upstream.backend.take();
         if let Some(b) = &backend {
             // The backend's fault only: a 5xx, or an error on the upstream side
             // (timeouts, resets). A client hanging up is not the backend's error.
             let upstream_failed =
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
-            let is_error = upstream_failed || status >= 500 || ctx.grpc_failed;
+            let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
             b.record(crate::store::clock::unix_secs(), is_error);
         }
-        crate::observe::finish(
+        telemetry::finish(
             &self.shared,
             session,
             &mut ctx.obs,
-            crate::observe::Finished {
+            telemetry::Finished {
                 outcome,
                 status,
                 runtime: &ctx.runtime,
-                route: ctx.runtime.route_series(ctx.routed, ctx.route),
-                pool: ctx.pool.as_deref(),
+                route: ctx
+                    .runtime
+                    .route_series(ctx.routing.routed, ctx.routing.route),
+                pool: ctx.routing.pool.as_deref(),
                 backend: backend.as_deref(),
-                request_id: ctx.request_id.as_ref().and_then(|v| v.to_str().ok()),
-                client: ctx.client,
+                request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
+                client: ctx.routing.client,
                 elapsed,
             },
         );
@@ -655,8 +632,8 @@ impl ProxyHttp for Proxy {
             event = "request",
             status,
             outcome = outcome.as_str(),
-            client = ?ctx.client,
-            upstream = ctx.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
+            client = ?ctx.routing.client,
+            upstream = ctx.routing.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
             elapsed_us = elapsed.as_micros() as u64,
         );
     }

@@ -47,13 +47,13 @@ pub fn is_reset(e: &pingora::Error) -> bool {
 /// Take a retry for a 502/503/reset if every rule allows it; counts the
 /// decision (`sent` / `budget_exhausted`).
 pub fn take(session: &mut Session, ctx: &mut Ctx, metrics: &Metrics) -> bool {
-    let Some(pool) = ctx.pool.clone() else {
+    let Some(pool) = ctx.routing.pool.clone() else {
         return false;
     };
-    if ctx.retries_used >= pool.balance.retries
+    if ctx.upstream.retries_used >= pool.balance.retries
         || session.response_written().is_some()
         || !replayable(session)
-        || !pool.has_untried(&ctx.tried)
+        || !pool.has_untried(&ctx.upstream.tried)
     {
         return false;
     }
@@ -63,8 +63,8 @@ pub fn take(session: &mut Session, ctx: &mut Ctx, metrics: &Metrics) -> bool {
         .try_retry(crate::store::clock::unix_secs());
     metrics.retry(&pool.name, granted);
     if granted {
-        ctx.retries_used += 1;
-        tracing::debug!(event = "retry", upstream = %pool.name, attempt = ctx.retries_used);
+        ctx.upstream.retries_used += 1;
+        tracing::debug!(event = "retry", upstream = %pool.name, attempt = ctx.upstream.retries_used);
     }
     granted
 }

@@ -6,7 +6,7 @@
 
 pub mod fields;
 mod flusher;
-pub mod gate;
+
 mod key;
 pub mod policy;
 mod redis_store;

@@ -8,12 +8,8 @@ use crate::store::RedisClient;
 use portcullis_policy::ratelimit::hash::stable_hash;
 use portcullis_policy::ratelimit::{simulate, SIM_T0 as T0};
 
-// The kit's launcher, the one place that starts `redis-server`; cull and ratelimit tests
-// both mount it (the lib has no shared test module to mount it once).
-#[allow(clippy::duplicate_mod)]
-#[path = "../../tests/support/redis.rs"]
-mod redis_server;
-use redis_server::RedisServer;
+// The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
+use portcullis_test_kit::RedisServer;
 
 /// A `redis-server` that allows `DEBUG SLEEP`, or `None` (skip) when none is installed.
 fn start() -> Option<RedisServer> {

@@ -11,10 +11,8 @@ use crate::cull::{Budget, ClaimOutcome, CullParams};
 use crate::ratelimit::{Batch, CounterStore, Delta, GlobalCounts, RedisStore};
 use crate::store::{Endpoint, Mode};
 
-#[allow(clippy::duplicate_mod)]
-#[path = "../../tests/support/redis.rs"]
-mod redis_server;
-use redis_server::{RedisCluster, RedisServer};
+// The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
+use portcullis_test_kit::{RedisCluster, RedisServer};
 
 fn cluster_client(c: &RedisCluster, prefix: &str) -> Arc<RedisClient> {
     let ep = Endpoint {

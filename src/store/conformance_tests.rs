@@ -11,11 +11,8 @@ use std::time::{Duration, Instant};
 
 use super::{FleetBucket, RedisClient, Take};
 
-// The kit's launcher, the one place that starts `redis-server`.
-#[allow(clippy::duplicate_mod)]
-#[path = "../../tests/support/redis.rs"]
-mod redis_server;
-use redis_server::RedisServer;
+// The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
+use portcullis_test_kit::RedisServer;
 
 /// What one take must answer.
 #[derive(Debug, Clone, Copy)]

@@ -11,7 +11,7 @@ use super::*;
 const PYTHON: &str = "/usr/bin/python3";
 
 fn script() -> String {
-    format!("{}/tests/support/grpc_peer.py", env!("CARGO_MANIFEST_DIR"))
+    py_helper("grpc_peer.py")
 }
 
 pub struct GrpcServer {

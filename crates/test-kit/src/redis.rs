@@ -1,10 +1,8 @@
 //! The one place in the Rust code that starts `redis-server`: a real server on a free port
 //! (never 6379), owned by the test, that it can kill and restart.
 //!
-//! Self-contained (std + `tempfile` only) so the crate's own unit tests include it too:
-//! `#[path = "../../tests/support/redis.rs"] mod redis_server;` in `src/*/redis_tests.rs`.
+//! The library's own unit tests (`src/*/redis_tests.rs`) use it too.
 //! Starting blocks (a few ms); async tests call it once at setup.
-#![allow(dead_code)]
 
 use std::fs;
 use std::io::{self, Read, Write};

@@ -1,21 +1,30 @@
 //! The rate-limit gate: which key a request is limited by under each policy (its API key,
 //! or its client address), and the local sliding-window decisions of every policy that
-//! applies, combined ([`super::policy`]), as a verdict. No I/O; the proxy answers a
-//! refusal through `respond`.
+//! applies, combined ([`crate::ratelimit::policy`]), as a verdict. No I/O; the proxy
+//! answers a refusal through `respond`.
 
 use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
+use super::{Gate, RequestFacts};
 use crate::config::RateLimitSettings;
+use crate::ratelimit::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
 use crate::respond::{RateFields, Refusal};
 
-/// The request as the gate sees it.
-pub struct Request<'a> {
-    pub headers: &'a http::HeaderMap,
-    pub uri: &'a http::Uri,
-    pub client_ip: Option<IpAddr>,
+/// The route's rate-limit policies under the config's `[rate_limit]` settings.
+pub struct RateLimit<'a> {
+    pub settings: &'a RateLimitSettings,
+    pub policies: &'a Policies,
+}
+
+impl Gate for RateLimit<'_> {
+    /// The `RateLimit` fields of the admitted response, when the settings ask for them.
+    type Admit = Option<RateFields>;
+    #[inline]
+    fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
+        check(self.settings, self.policies, facts, now_ms)
+    }
 }
 
 fn ip_key(client_ip: Option<IpAddr>) -> String {
@@ -27,10 +36,10 @@ fn ip_key(client_ip: Option<IpAddr>) -> String {
 
 /// Admit the request (with the `RateLimit` fields for its response when the settings ask
 /// for them on admitted responses) or refuse it, naming the refusing policy.
-pub fn check(
+fn check(
     rl: &RateLimitSettings,
     policies: &Policies,
-    req: &Request<'_>,
+    req: &RequestFacts<'_>,
     now_ms: u64,
 ) -> Result<Option<RateFields>, Refusal> {
     if policies.list.len() > 1 {
@@ -64,7 +73,7 @@ pub fn check(
 fn check_all(
     rl: &RateLimitSettings,
     policies: &Policies,
-    req: &Request<'_>,
+    req: &RequestFacts<'_>,
     now_ms: u64,
 ) -> Result<Option<RateFields>, Refusal> {
     let path = req.uri.path();

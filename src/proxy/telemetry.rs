@@ -3,9 +3,9 @@
 //! writes its access-log line. The proxy's phases call in here; nothing here
 //! decides how a request is answered.
 
-use super::access_log::{should_log, AccessRecord};
-use super::trace::{random_u128, TraceContext};
-use crate::config::Route;
+use crate::observe::access_log::{should_log, AccessRecord};
+use crate::observe::trace::{random_u128, TraceContext};
+
 use crate::metrics::Outcome;
 use crate::state::{unix_ms, Runtime, Shared};
 use crate::upstream::{BackendState, Pool};
@@ -98,16 +98,6 @@ pub struct Finished<'a> {
     pub elapsed: Duration,
 }
 
-/// The `route` label and log field: the route's host and path prefix as
-/// configured (bounded by the config, never a request value).
-pub fn route_label(route: &Route) -> std::borrow::Cow<'_, str> {
-    match (&route.host, route.path_prefix.as_str()) {
-        (None, "") => "default".into(),
-        (None, p) => p.into(),
-        (Some(h), p) => format!("{h}{p}").into(),
-    }
-}
-
 fn host_of(req: &RequestHeader) -> &str {
     req.headers
         .get(http::header::HOST)
@@ -131,7 +121,7 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
         );
     }
 
-    let new_trace_sample = shared.observe.new_trace_sample(f.runtime);
+    let new_trace_sample = shared.observe.new_trace_sample(&f.runtime.config.tracing);
     let trace = obs.trace_for(session.req_header(), new_trace_sample);
     if let Some(spans) = &shared.observe.spans {
         if trace.sampled() {
@@ -142,7 +132,7 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
 }
 
 fn record_span(
-    spans: &super::otlp::SpanSink,
+    spans: &crate::observe::otlp::SpanSink,
     session: &Session,
     f: &Finished<'_>,
     route: &str,
@@ -150,7 +140,7 @@ fn record_span(
 ) {
     let req = session.req_header();
     let end = std::time::SystemTime::now();
-    spans.record(&super::otlp::ServerSpan {
+    spans.record(&crate::observe::otlp::ServerSpan {
         trace,
         method: req.method.as_str(),
         route,
@@ -246,6 +236,8 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Route;
+    use crate::observe::route_label;
 
     #[test]
     fn route_labels_come_from_the_config() {

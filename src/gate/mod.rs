@@ -1,0 +1,168 @@
+//! The request gates, each behind one signature ([`Gate::check`]): load shedding by
+//! priority class and the adaptive cap ([`Shed`]), the cap on open tunnels ([`Tunnel`]),
+//! an upstream's bulkhead ([`Bulkhead`]) and the rate-limit policies ([`RateLimit`]).
+//!
+//! A gate reads the [`RequestFacts`] and the time, and either admits the request (handing
+//! back what the admission holds: a concurrency slot, a tunnel slot, the `RateLimit`
+//! fields) or refuses it with a [`Refusal`], which `respond` alone turns into a response.
+//! [`admit`] runs them in CONTRACT §3's order and keeps what each admitted in an
+//! [`Admitted`], which lives as long as the request. A new gate (the tenant checks)
+//! implements [`Gate`] and takes its place in [`admit`].
+
+mod ratelimit;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::config::Priority;
+use crate::edge::tunnel::{TunnelSlot, Tunnels};
+use crate::metrics::Metrics;
+use crate::respond::{RateFields, Refusal};
+use crate::shed::{InflightGuard, Shedder};
+use crate::state::{Runtime, Shared};
+use crate::upstream::{BulkheadGuard, Pool};
+
+pub use ratelimit::RateLimit;
+
+/// What the gates know of a request: read once from its header, before any gate runs.
+pub struct RequestFacts<'a> {
+    /// The priority class of the request's route.
+    pub priority: Priority,
+    pub headers: &'a http::HeaderMap,
+    pub uri: &'a http::Uri,
+    /// The client's address (PROXY protocol and `trusted_proxies` applied).
+    pub client_ip: Option<IpAddr>,
+    /// An upgrade (WebSocket) request: it will hold a tunnel.
+    pub upgrade: bool,
+}
+
+/// One gate: admit the request, with what the admission holds, or refuse it.
+pub trait Gate {
+    /// What an admission holds until the request ends (a slot released on drop).
+    type Admit;
+    fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal>;
+}
+
+/// What the gates admitted a request with; each slot is released when this is dropped.
+#[derive(Default)]
+pub struct Admitted {
+    /// Held while the request is in flight (load shedding's count).
+    pub inflight: Option<InflightGuard>,
+    /// An upgrade request's tunnel slot (reserved, then open after the `101`).
+    pub tunnel: Option<TunnelSlot>,
+    /// Held while the request is in flight: the upstream's bulkhead slot.
+    pub bulkhead: Option<BulkheadGuard>,
+    /// The `RateLimit` fields of an admitted response (when the settings ask for them).
+    pub rate: Option<RateFields>,
+}
+
+/// The concurrency cap by priority class (the adaptive cap moves it): 503 when full.
+pub struct Shed<'a> {
+    pub shedder: &'a Arc<Shedder>,
+    pub retry_after: u64,
+}
+
+impl Gate for Shed<'_> {
+    type Admit = InflightGuard;
+    #[inline]
+    fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<InflightGuard, Refusal> {
+        self.shedder
+            .try_acquire(facts.priority)
+            .ok_or(Refusal::Shed {
+                retry_after: self.retry_after,
+            })
+    }
+}
+
+/// `shedding.max_tunnels`: an upgrade request needs a tunnel slot; other requests pass.
+pub struct Tunnel<'a> {
+    pub tunnels: &'a Arc<Tunnels>,
+    pub max: u64,
+    pub retry_after: u64,
+}
+
+impl Gate for Tunnel<'_> {
+    type Admit = Option<TunnelSlot>;
+    #[inline]
+    fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+        if !facts.upgrade {
+            return Ok(None);
+        }
+        match self.tunnels.try_reserve(self.max) {
+            Some(slot) => Ok(Some(slot)),
+            None => Err(Refusal::TunnelCap {
+                retry_after: self.retry_after,
+            }),
+        }
+    }
+}
+
+/// An upstream's `max_inflight`: shed (503) when the upstream is full, counted per upstream.
+pub struct Bulkhead<'a> {
+    pub pool: Option<&'a Pool>,
+    pub metrics: &'a Metrics,
+    pub retry_after: u64,
+}
+
+impl Gate for Bulkhead<'_> {
+    type Admit = Option<BulkheadGuard>;
+    #[inline]
+    fn check(&self, _facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+        let Some(pool) = self.pool else {
+            return Ok(None);
+        };
+        match pool.enter() {
+            crate::upstream::Bulkhead::Unlimited => Ok(None),
+            crate::upstream::Bulkhead::Entered(g) => Ok(Some(g)),
+            crate::upstream::Bulkhead::Full => {
+                self.metrics
+                    .bulkhead_shed
+                    .with_label_values(&[pool.name.as_str()])
+                    .inc();
+                tracing::debug!(event = "bulkhead_shed", upstream = %pool.name);
+                Err(Refusal::Shed {
+                    retry_after: self.retry_after,
+                })
+            }
+        }
+    }
+}
+
+/// Run every gate in order (shed, tunnels, bulkhead, rate limit), keeping in `admitted`
+/// what each one admitted, until one refuses. A refusal leaves the earlier admissions in
+/// `admitted`: the request holds its slots until its refusal is written.
+pub fn admit(
+    shared: &Shared,
+    rt: &Runtime,
+    pool: Option<&Pool>,
+    facts: &RequestFacts<'_>,
+    now_ms: u64,
+    admitted: &mut Admitted,
+) -> Result<(), Refusal> {
+    let retry_after = rt.config.shedding.retry_after_secs;
+    admitted.inflight = Some(
+        Shed {
+            shedder: &shared.shedder,
+            retry_after,
+        }
+        .check(facts, now_ms)?,
+    );
+    admitted.tunnel = Tunnel {
+        tunnels: &shared.tunnels,
+        max: rt.config.shedding.max_tunnels,
+        retry_after,
+    }
+    .check(facts, now_ms)?;
+    admitted.bulkhead = Bulkhead {
+        pool,
+        metrics: &shared.metrics,
+        retry_after,
+    }
+    .check(facts, now_ms)?;
+    admitted.rate = RateLimit {
+        settings: &rt.config.rate_limit,
+        policies: &rt.rate,
+    }
+    .check(facts, now_ms)?;
+    Ok(())
+}
