@@ -22,6 +22,22 @@ pub(super) struct ServerEdge {
 }
 
 pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
+    let trusted_proxies = trusted_peers(s)?;
+    client_limits(s)?;
+    connection_limits(s)?;
+    Ok(ServerEdge {
+        tunnel_idle_timeout: Duration::from_secs(s.tunnel_idle_timeout_seconds),
+        trusted_proxies,
+        client_header_timeout: Duration::from_millis(s.client_header_timeout_ms),
+        client_body_timeout: Duration::from_millis(s.client_body_timeout_ms),
+        idle_timeout: Duration::from_millis(s.idle_timeout_ms),
+        tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
+    })
+}
+
+/// `trusted_proxies`, each entry checked on its own, and `proxy_protocol`, which
+/// needs them.
+fn trusted_peers(s: &ServerSection) -> VResult<TrustedProxies> {
     let mut trusted = Vec::with_capacity(s.trusted_proxies.len());
     for (i, e) in s.trusted_proxies.iter().enumerate() {
         match TrustedProxies::parse(&[e]) {
@@ -41,6 +57,11 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
             "needs server.trusted_proxies: a PROXY header is accepted only from a trusted peer",
         );
     }
+    Ok(trusted_proxies)
+}
+
+/// The client limits: request body size, header and body timeouts, connections.
+fn client_limits(s: &ServerSection) -> VResult<()> {
     range(
         "server.max_request_body_bytes",
         s.max_request_body_bytes,
@@ -68,8 +89,12 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         1,
         10_000_000,
         "",
-    )?;
-    // Issue 40, connections (CONTRACT §17).
+    )
+}
+
+/// Issue 40, connections (CONTRACT §17): idle and handshake timeouts, admin
+/// connections, HTTP/2 glitches, idle tunnels.
+fn connection_limits(s: &ServerSection) -> VResult<()> {
     range(
         "server.idle_timeout_ms",
         s.idle_timeout_ms,
@@ -104,15 +129,7 @@ pub(super) fn validate_server_edge(s: &ServerSection) -> VResult<ServerEdge> {
         1,
         7 * 24 * 3600,
         "seconds",
-    )?;
-    Ok(ServerEdge {
-        tunnel_idle_timeout: Duration::from_secs(s.tunnel_idle_timeout_seconds),
-        trusted_proxies,
-        client_header_timeout: Duration::from_millis(s.client_header_timeout_ms),
-        client_body_timeout: Duration::from_millis(s.client_body_timeout_ms),
-        idle_timeout: Duration::from_millis(s.idle_timeout_ms),
-        tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
-    })
+    )
 }
 
 pub(super) fn validate_header_rules(i: usize, r: &RouteSection) -> VResult<HeaderRules> {

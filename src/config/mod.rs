@@ -6,11 +6,16 @@
 pub mod certs;
 mod edge;
 mod locate;
+mod protection;
+mod ratelimit;
 pub mod redact;
 pub mod resolve;
 mod schema;
+mod server;
 mod settings;
 mod store;
+mod telemetry;
+mod tls;
 mod upstreams;
 mod validate;
 

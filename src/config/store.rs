@@ -30,21 +30,40 @@ fn host_ports(path: &str, list: &[String], what: &str) -> VResult<()> {
 
 /// `[redis] mode` and the keys that go with it (CONTRACT §9).
 fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
-    use crate::store::{Endpoint, Mode};
-    let ca_pem = if r.ca_file.is_empty() {
-        None
-    } else {
-        let path = std::path::Path::new(&r.ca_file);
-        if let Err(e) = crate::config::certs::CaBundle::load(path) {
-            return err("redis.ca_file", e);
-        }
-        match super::read_regular_file(path) {
-            Ok(b) => Some(b),
-            Err(e) => return err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
-        }
-    };
+    use crate::store::Endpoint;
+    let ca_pem = load_ca_pem(r)?;
+    keys_of_other_modes(r)?;
     let standalone = r.mode == "standalone";
-    if !standalone && r.url.is_some() {
+    let mode = validate_mode(r, ca_pem.is_some())?;
+    if !standalone && ca_pem.is_some() && !r.tls {
+        return err("redis.ca_file", "ca_file needs tls = true");
+    }
+    Ok(Endpoint {
+        mode,
+        password: r.password.expose().to_string(),
+        tls: r.tls,
+        ca_pem,
+    })
+}
+
+/// `ca_file`: a CA bundle that loads, read as PEM bytes; `None` when empty.
+fn load_ca_pem(r: &RedisSection) -> VResult<Option<Vec<u8>>> {
+    if r.ca_file.is_empty() {
+        return Ok(None);
+    }
+    let path = std::path::Path::new(&r.ca_file);
+    if let Err(e) = crate::config::certs::CaBundle::load(path) {
+        return err("redis.ca_file", e);
+    }
+    match super::read_regular_file(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) => err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
+    }
+}
+
+/// `url`, `nodes` and `sentinels` are refused outside their own mode.
+fn keys_of_other_modes(r: &RedisSection) -> VResult<()> {
+    if r.mode != "standalone" && r.url.is_some() {
         return err(
             "redis.url",
             format!(
@@ -64,74 +83,77 @@ fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
     if r.mode != "sentinel" && !r.sentinels.is_empty() {
         return err("redis.sentinels", "sentinels are for mode = \"sentinel\"");
     }
-    let mode = match r.mode.as_str() {
-        "standalone" => {
-            let url = r
-                .url
-                .as_ref()
-                .map_or("redis://127.0.0.1:6379", |u| u.expose());
-            if let Err(e) = redis::Client::open(url) {
-                return err(
-                    "redis.url",
-                    format!(
-                        "invalid Redis URL {:?} ({e}): expected redis[s]://[user:password@]host:port[/db]",
-                        super::redact::redact_url(url)
-                    ),
-                );
-            }
-            if !r.password.is_empty() {
-                return err(
-                    "redis.password",
-                    "password is for cluster/sentinel nodes; in standalone mode put it in the url (redis://:password@host:port)",
-                );
-            }
-            if r.tls && !url.starts_with("rediss://") {
-                return err(
-                    "redis.tls",
-                    "tls is for cluster/sentinel nodes; in standalone mode use a rediss:// url",
-                );
-            }
-            if ca_pem.is_some() && !url.starts_with("rediss://") {
-                return err("redis.ca_file", "ca_file needs a rediss:// url");
-            }
-            Mode::Standalone {
-                url: url.to_string(),
-            }
-        }
+    Ok(())
+}
+
+/// `mode` and its addresses.
+fn validate_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode> {
+    use crate::store::Mode;
+    Ok(match r.mode.as_str() {
+        "standalone" => standalone_mode(r, has_ca)?,
         "cluster" => {
             host_ports("redis.nodes", &r.nodes, "seed node")?;
             Mode::Cluster {
                 nodes: r.nodes.clone(),
             }
         }
-        "sentinel" => {
-            host_ports("redis.sentinels", &r.sentinels, "sentinel")?;
-            if r.master_name.is_empty() || r.master_name.contains(char::is_whitespace) {
-                return err(
-                    "redis.master_name",
-                    "must be a non-empty name without spaces",
-                );
-            }
-            Mode::Sentinel {
-                sentinels: r.sentinels.clone(),
-                master_name: r.master_name.clone(),
-            }
-        }
+        "sentinel" => sentinel_mode(r)?,
         other => {
             return err(
                 "redis.mode",
                 format!("unknown mode {other:?}: expected standalone, cluster or sentinel"),
             )
         }
-    };
-    if !standalone && ca_pem.is_some() && !r.tls {
-        return err("redis.ca_file", "ca_file needs tls = true");
+    })
+}
+
+/// `mode = "standalone"`: one URL, which carries the password and TLS.
+fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode> {
+    let url = r
+        .url
+        .as_ref()
+        .map_or("redis://127.0.0.1:6379", |u| u.expose());
+    if let Err(e) = redis::Client::open(url) {
+        return err(
+            "redis.url",
+            format!(
+                "invalid Redis URL {:?} ({e}): expected redis[s]://[user:password@]host:port[/db]",
+                super::redact::redact_url(url)
+            ),
+        );
     }
-    Ok(Endpoint {
-        mode,
-        password: r.password.expose().to_string(),
-        tls: r.tls,
-        ca_pem,
+    if !r.password.is_empty() {
+        return err(
+            "redis.password",
+            "password is for cluster/sentinel nodes; in standalone mode put it in the url (redis://:password@host:port)",
+        );
+    }
+    if r.tls && !url.starts_with("rediss://") {
+        return err(
+            "redis.tls",
+            "tls is for cluster/sentinel nodes; in standalone mode use a rediss:// url",
+        );
+    }
+    if has_ca && !url.starts_with("rediss://") {
+        return err("redis.ca_file", "ca_file needs a rediss:// url");
+    }
+    Ok(crate::store::Mode::Standalone {
+        url: url.to_string(),
+    })
+}
+
+/// `mode = "sentinel"`: the sentinels and the master's name.
+fn sentinel_mode(r: &RedisSection) -> VResult<crate::store::Mode> {
+    host_ports("redis.sentinels", &r.sentinels, "sentinel")?;
+    if r.master_name.is_empty() || r.master_name.contains(char::is_whitespace) {
+        return err(
+            "redis.master_name",
+            "must be a non-empty name without spaces",
+        );
+    }
+    Ok(crate::store::Mode::Sentinel {
+        sentinels: r.sentinels.clone(),
+        master_name: r.master_name.clone(),
     })
 }
 

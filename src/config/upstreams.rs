@@ -15,80 +15,109 @@ pub(super) fn validate_upstreams(ups: &[UpstreamSection]) -> VResult<Vec<Upstrea
     let mut names = HashSet::new();
     let mut out = Vec::with_capacity(ups.len());
     for (i, u) in ups.iter().enumerate() {
-        let p = |k: &str| format!("upstreams[{i}].{k}");
-        if u.name.is_empty() {
-            return err(p("name"), "must not be empty");
-        }
-        if !names.insert(u.name.as_str()) {
-            return err(p("name"), format!("duplicate upstream name {:?}", u.name));
-        }
-        if u.backends.is_empty() {
-            return err(p("backends"), "at least one backend is required");
-        }
-        if !u.weights.is_empty() && u.weights.len() != u.backends.len() {
-            return err(
-                p("weights"),
-                format!(
-                    "has {} entries for {} backends: give one weight per backend (or none)",
-                    u.weights.len(),
-                    u.backends.len()
-                ),
-            );
-        }
-        for (j, w) in u.weights.iter().enumerate() {
-            range(&format!("upstreams[{i}].weights[{j}]"), *w, 1, 1000, "")?;
-        }
-        let mut backends = Vec::with_capacity(u.backends.len());
-        let mut weights = Vec::new();
-        let mut entries = Vec::with_capacity(u.backends.len());
-        for (j, b) in u.backends.iter().enumerate() {
-            let path = format!("upstreams[{i}].backends[{j}]");
-            let w = u.weights.get(j).map_or(1, |w| *w as u32);
-            for a in parse_backend(&path, b)? {
-                if backends.contains(&a) {
-                    return err(path, format!("duplicate backend {b}"));
-                }
-                backends.push(a);
-                weights.push(w);
-            }
-            entries.push((b.clone(), w));
-        }
-        if u.weights.is_empty() {
-            weights.clear();
-        }
-        let balance = validate_balance(i, u, weights, backends.len())?;
-        if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
-            return err(p("health_check_path"), "must be empty or start with '/'");
-        }
-        range(
-            &p("health_check_interval_seconds"),
-            u.health_check_interval_seconds,
-            1,
-            DAY,
-            "seconds",
-        )?;
-        range(
-            &p("connect_timeout_ms"),
-            u.connect_timeout_ms,
-            1,
-            10 * MINUTE_MS,
-            "ms",
-        )?;
-        range(&p("read_timeout_ms"), u.read_timeout_ms, 1, DAY_MS, "ms")?;
-        let transport = validate_transport(u, &p)?;
-        out.push(Upstream {
-            name: u.name.clone(),
-            backends,
-            health_check_path: u.health_check_path.clone(),
-            health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
-            connect_timeout: Duration::from_millis(u.connect_timeout_ms),
-            read_timeout: Duration::from_millis(u.read_timeout_ms),
-            entries,
-            transport,
-            balance,
-        });
+        out.push(validate_upstream(i, u, &mut names)?);
     }
     Ok(out)
+}
+
+/// One `[[upstreams]]` entry, the `i`th; `names` holds the names seen before it.
+fn validate_upstream<'a>(
+    i: usize,
+    u: &'a UpstreamSection,
+    names: &mut HashSet<&'a str>,
+) -> VResult<Upstream> {
+    let p = |k: &str| format!("upstreams[{i}].{k}");
+    if u.name.is_empty() {
+        return err(p("name"), "must not be empty");
+    }
+    if !names.insert(u.name.as_str()) {
+        return err(p("name"), format!("duplicate upstream name {:?}", u.name));
+    }
+    let (backends, weights, entries) = validate_backends(i, u)?;
+    let balance = validate_balance(i, u, weights, backends.len())?;
+    validate_health_and_timeouts(u, &p)?;
+    let transport = validate_transport(u, &p)?;
+    Ok(Upstream {
+        name: u.name.clone(),
+        backends,
+        health_check_path: u.health_check_path.clone(),
+        health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
+        connect_timeout: Duration::from_millis(u.connect_timeout_ms),
+        read_timeout: Duration::from_millis(u.read_timeout_ms),
+        entries,
+        transport,
+        balance,
+    })
+}
+
+/// The addresses of an upstream's resolved backends, their weights (empty when
+/// `weights` is not set) and the entries as written with their weight.
+type Backends = (Vec<SocketAddr>, Vec<u32>, Vec<(String, u32)>);
+
+/// `backends` and `weights`: at least one backend, one weight per backend or
+/// none, no address twice.
+fn validate_backends(i: usize, u: &UpstreamSection) -> VResult<Backends> {
+    if u.backends.is_empty() {
+        return err(
+            format!("upstreams[{i}].backends"),
+            "at least one backend is required",
+        );
+    }
+    if !u.weights.is_empty() && u.weights.len() != u.backends.len() {
+        return err(
+            format!("upstreams[{i}].weights"),
+            format!(
+                "has {} entries for {} backends: give one weight per backend (or none)",
+                u.weights.len(),
+                u.backends.len()
+            ),
+        );
+    }
+    for (j, w) in u.weights.iter().enumerate() {
+        range(&format!("upstreams[{i}].weights[{j}]"), *w, 1, 1000, "")?;
+    }
+    let mut backends = Vec::with_capacity(u.backends.len());
+    let mut weights = Vec::new();
+    let mut entries = Vec::with_capacity(u.backends.len());
+    for (j, b) in u.backends.iter().enumerate() {
+        let path = format!("upstreams[{i}].backends[{j}]");
+        let w = u.weights.get(j).map_or(1, |w| *w as u32);
+        for a in parse_backend(&path, b)? {
+            if backends.contains(&a) {
+                return err(path, format!("duplicate backend {b}"));
+            }
+            backends.push(a);
+            weights.push(w);
+        }
+        entries.push((b.clone(), w));
+    }
+    if u.weights.is_empty() {
+        weights.clear();
+    }
+    Ok((backends, weights, entries))
+}
+
+/// `health_check_path`, `health_check_interval_seconds` and the connect and read
+/// timeouts.
+fn validate_health_and_timeouts(u: &UpstreamSection, p: &dyn Fn(&str) -> String) -> VResult<()> {
+    if !u.health_check_path.is_empty() && !u.health_check_path.starts_with('/') {
+        return err(p("health_check_path"), "must be empty or start with '/'");
+    }
+    range(
+        &p("health_check_interval_seconds"),
+        u.health_check_interval_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    range(
+        &p("connect_timeout_ms"),
+        u.connect_timeout_ms,
+        1,
+        10 * MINUTE_MS,
+        "ms",
+    )?;
+    range(&p("read_timeout_ms"), u.read_timeout_ms, 1, DAY_MS, "ms")
 }
 
 /// A backend entry: an address, or a hostname and all its addresses of one family.

@@ -1,0 +1,149 @@
+//! Validation of the protective sections: `[shedding]` (overload shedding),
+//! `[culling]` (removing failing backends) and `[watchdog]` (the process watchdog).
+
+use super::schema::*;
+use super::settings::*;
+use super::validate::{err, range, VResult, DAY, HOUR, MAX_COUNT, MINUTE_MS, WEEK};
+use portcullis_policy::cull::CullParams;
+
+pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
+    range(
+        "shedding.max_concurrency",
+        s.max_concurrency,
+        0,
+        10_000_000,
+        "requests",
+    )?;
+    range(
+        "shedding.retry_after_seconds",
+        s.retry_after_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    range(
+        "shedding.max_tunnels",
+        s.max_tunnels,
+        0,
+        10_000_000,
+        "tunnels",
+    )?;
+    if s.adaptive {
+        if s.max_concurrency == 0 {
+            return err(
+                "shedding.adaptive",
+                "needs a max_concurrency above 0 (the ceiling of the learned cap)",
+            );
+        }
+        range(
+            "shedding.min_concurrency",
+            s.min_concurrency,
+            1,
+            s.max_concurrency,
+            "requests (at most max_concurrency)",
+        )?;
+    }
+    Ok(SheddingSettings {
+        max_concurrency: s.max_concurrency,
+        retry_after_secs: s.retry_after_seconds,
+        adaptive: s.adaptive,
+        min_concurrency: s.min_concurrency,
+        max_tunnels: s.max_tunnels,
+    })
+}
+
+pub(super) fn validate_culling(c: &CullingSection) -> VResult<CullingSettings> {
+    range(
+        "culling.window_seconds",
+        c.window_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    range(
+        "culling.error_threshold",
+        c.error_threshold,
+        1,
+        MAX_COUNT,
+        "errors",
+    )?;
+    range(
+        "culling.check_interval_seconds",
+        c.check_interval_seconds,
+        1,
+        HOUR,
+        "seconds",
+    )?;
+    range("culling.tokens", u64::from(c.tokens), 0, 1_000_000, "")?;
+    range(
+        "culling.token_period_seconds",
+        c.token_period_seconds,
+        1,
+        WEEK,
+        "seconds",
+    )?;
+    range(
+        "culling.cooldown_seconds",
+        c.cooldown_seconds,
+        1,
+        DAY,
+        "seconds",
+    )?;
+    if !(0.0..=1.0).contains(&c.max_culled_fraction) {
+        return err("culling.max_culled_fraction", "must be between 0.0 and 1.0");
+    }
+    if !c.webhook_url.is_empty() && !c.webhook_url.starts_with("http://") {
+        return err("culling.webhook_url", "must be empty or an http:// URL");
+    }
+    Ok(CullingSettings {
+        enabled: c.enabled,
+        params: CullParams {
+            window_secs: c.window_seconds,
+            error_threshold: c.error_threshold,
+            check_interval_secs: c.check_interval_seconds,
+            tokens: c.tokens,
+            token_period_secs: c.token_period_seconds,
+            max_culled_fraction: c.max_culled_fraction,
+            cooldown_secs: c.cooldown_seconds,
+            dry_run: c.dry_run,
+        },
+        webhook_url: c.webhook_url.clone(),
+    })
+}
+
+pub(super) fn validate_watchdog(w: &WatchdogSection) -> VResult<WatchdogSettings> {
+    if !(0.0..=1.0).contains(&w.max_error_rate) {
+        return err("watchdog.max_error_rate", "must be between 0.0 and 1.0");
+    }
+    range("watchdog.max_rss_mb", w.max_rss_mb, 0, 1 << 20, "MiB")?;
+    range(
+        "watchdog.max_stall_ms",
+        w.max_stall_ms,
+        1,
+        10 * MINUTE_MS,
+        "ms",
+    )?;
+    range(
+        "watchdog.min_requests",
+        w.min_requests,
+        1,
+        MAX_COUNT,
+        "requests",
+    )?;
+    range(
+        "watchdog.check_interval_seconds",
+        w.check_interval_seconds,
+        1,
+        HOUR,
+        "seconds",
+    )?;
+    range("watchdog.tokens", u64::from(w.tokens), 0, 1_000_000, "")?;
+    range(
+        "watchdog.token_period_seconds",
+        w.token_period_seconds,
+        1,
+        WEEK,
+        "seconds",
+    )?;
+    Ok(w.clone())
+}

@@ -1,0 +1,115 @@
+//! Validation of `[server]`: the listen addresses, the process keys (threads,
+//! drain, upgrade socket, admin token), the request and response buffer sizes and
+//! the admin listener; the edge keys are checked in `edge.rs`.
+
+use super::edge::{validate_server_edge, ServerEdge};
+use super::schema::*;
+use super::settings::*;
+use super::validate::{err, listen_addrs, parse_addr, range, VResult, HOUR};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub(super) fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
+    let listen = listen_addrs("server.listen", &s.listen)?;
+    process_keys(s)?;
+    buffer_sizes(s)?;
+    let edge = validate_server_edge(s)?;
+    let admin_listen = admin_listen(s, &listen)?;
+    Ok(server_settings(s, listen, admin_listen, edge))
+}
+
+/// `threads`, the drain and shutdown timers, `admin_token` and `upgrade_sock`.
+fn process_keys(s: &ServerSection) -> VResult<()> {
+    range("server.threads", s.threads as u64, 1, 1024, "")?;
+    range("server.drain_seconds", s.drain_seconds, 0, HOUR, "seconds")?;
+    range(
+        "server.shutdown_timeout_seconds",
+        s.shutdown_timeout_seconds,
+        0,
+        HOUR,
+        "seconds",
+    )?;
+    range(
+        "server.keepalive_timeout_seconds",
+        s.keepalive_timeout_seconds,
+        0,
+        HOUR,
+        "seconds",
+    )?;
+    let token = s.admin_token.expose();
+    if token.len() > 1024 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return err(
+            "server.admin_token",
+            "must be at most 1024 visible ASCII characters (no spaces)",
+        );
+    }
+    if s.upgrade_sock.is_empty() {
+        return err("server.upgrade_sock", "must not be empty");
+    }
+    Ok(())
+}
+
+/// `max_request_header_bytes` and `max_response_buffer_bytes`.
+fn buffer_sizes(s: &ServerSection) -> VResult<()> {
+    range(
+        "server.max_request_header_bytes",
+        s.max_request_header_bytes as u64,
+        1024,
+        1_048_575,
+        "bytes",
+    )?;
+    range(
+        "server.max_response_buffer_bytes",
+        s.max_response_buffer_bytes as u64,
+        4096,
+        1 << 30,
+        "bytes",
+    )
+}
+
+/// `admin_listen`: an address apart from every `listen` address.
+fn admin_listen(s: &ServerSection, listen: &[SocketAddr]) -> VResult<SocketAddr> {
+    let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
+    if listen.contains(&admin_listen) {
+        return err(
+            "server.admin_listen",
+            "must differ from every server.listen address",
+        );
+    }
+    Ok(admin_listen)
+}
+
+/// The validated section as settings.
+fn server_settings(
+    s: &ServerSection,
+    listen: Vec<SocketAddr>,
+    admin_listen: SocketAddr,
+    edge: ServerEdge,
+) -> ServerSettings {
+    ServerSettings {
+        listen,
+        admin_listen,
+        threads: s.threads,
+        drain: Duration::from_secs(s.drain_seconds),
+        shutdown_timeout: Duration::from_secs(s.shutdown_timeout_seconds),
+        upgrade_sock: PathBuf::from(&s.upgrade_sock),
+        max_request_header_bytes: s.max_request_header_bytes,
+        keepalive_seconds: s.keepalive_timeout_seconds,
+        h2c: s.h2c,
+        preserve_header_case: s.preserve_header_case,
+        admin_token: s.admin_token.clone(),
+        trusted_proxies: edge.trusted_proxies,
+        proxy_protocol: s.proxy_protocol,
+        max_request_body_bytes: s.max_request_body_bytes,
+        client_header_timeout: edge.client_header_timeout,
+        client_body_timeout: edge.client_body_timeout,
+        max_connections: s.max_connections,
+        max_response_buffer_bytes: s.max_response_buffer_bytes,
+        idle_timeout: edge.idle_timeout,
+        tls_handshake_timeout: edge.tls_handshake_timeout,
+        admin_max_connections: s.admin_max_connections,
+        tunnel_idle_timeout: edge.tunnel_idle_timeout,
+        h2_max_glitches: s.h2_max_glitches,
+    }
+}

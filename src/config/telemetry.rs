@@ -1,0 +1,57 @@
+//! Validation of the observability sections (CONTRACT §8): `[access_log]` and
+//! `[tracing]`.
+
+use super::schema::*;
+use super::settings::*;
+use super::validate::{err, range, VResult};
+use std::path::PathBuf;
+
+pub(super) fn validate_access_log(a: &AccessLogSection) -> VResult<AccessLogSettings> {
+    if !(0.0..=1.0).contains(&a.sample) {
+        return err("access_log.sample", "must be between 0.0 and 1.0");
+    }
+    range(
+        "access_log.queue_lines",
+        a.queue_lines as u64,
+        1,
+        1 << 24,
+        "lines",
+    )?;
+    Ok(AccessLogSettings {
+        enabled: a.enabled,
+        path: (!a.path.is_empty()).then(|| PathBuf::from(&a.path)),
+        sample: a.sample,
+        queue_lines: a.queue_lines,
+    })
+}
+
+pub(super) fn validate_tracing(t: &TracingSection) -> VResult<TracingSettings> {
+    if !(0.0..=1.0).contains(&t.sample) {
+        return err("tracing.sample", "must be between 0.0 and 1.0");
+    }
+    let endpoint = t.otlp_endpoint.trim();
+    if endpoint.is_empty() {
+        return Ok(TracingSettings {
+            otlp_endpoint: None,
+            sample: t.sample,
+        });
+    }
+    let uri: http::Uri = match endpoint.parse() {
+        Ok(u) => u,
+        Err(e) => return err("tracing.otlp_endpoint", format!("not a URL ({e})")),
+    };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return err(
+            "tracing.otlp_endpoint",
+            "must be an http:// or https:// URL with a host, e.g. \"http://127.0.0.1:4318\" \
+             (OTLP/HTTP; /v1/traces is appended unless the path already ends with it)",
+        );
+    }
+    if uri.query().is_some() {
+        return err("tracing.otlp_endpoint", "must not have a query string");
+    }
+    Ok(TracingSettings {
+        otlp_endpoint: Some(endpoint.to_string()),
+        sample: t.sample,
+    })
+}
