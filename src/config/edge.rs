@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use super::check::{err, range, VResult};
 use super::schema::{RouteSection, ServerSection};
-use super::validate::{err, range, VResult};
 use crate::edge::{headers::is_managed, HeaderRules, TrustedProxies};
 
 const HOUR_MS: u64 = 3_600_000;

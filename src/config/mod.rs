@@ -4,6 +4,7 @@
 //! parser knows it, `line:column`.
 
 pub mod certs;
+mod check;
 mod edge;
 mod locate;
 mod protection;

@@ -1,9 +1,9 @@
 //! Validation of the protective sections: `[shedding]` (overload shedding),
 //! `[culling]` (removing failing backends) and `[watchdog]` (the process watchdog).
 
+use super::check::{err, range, VResult, DAY, HOUR, MAX_COUNT, MINUTE_MS, WEEK};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, range, VResult, DAY, HOUR, MAX_COUNT, MINUTE_MS, WEEK};
 use portcullis_policy::cull::CullParams;
 
 pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {

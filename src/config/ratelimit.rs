@@ -1,9 +1,9 @@
 //! Validation of `[rate_limit]` and its `[[rate_limit.policies]]` (CONTRACT §9):
 //! key sources, limits and windows, per-key overrides and policy names.
 
+use super::check::{err, range, VResult, DAY, MAX_COUNT};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, range, VResult, DAY, MAX_COUNT};
 use crate::ratelimit::{KeySource, MissingKey, PolicyKey, RateLimitParams};
 use std::collections::BTreeMap;
 

@@ -2,10 +2,10 @@
 //! drain, upgrade socket, admin token), the request and response buffer sizes and
 //! the admin listener; the edge keys are checked in `edge.rs`.
 
+use super::check::{err, listen_addrs, parse_addr, range, VResult, HOUR};
 use super::edge::{validate_server_edge, ServerEdge};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, listen_addrs, parse_addr, range, VResult, HOUR};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,9 +1,9 @@
 //! Validation of `[redis]` (CONTRACT §5, §9): the store's mode and addresses, AUTH and TLS,
 //! the key prefix and the timings. Errors are `(key_path, reason)` as in `validate`.
 
+use super::check::{err, range, VResult, MINUTE_MS};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, range, VResult, MINUTE_MS};
 use std::time::Duration;
 
 /// `[redis]` addresses: `host:port` entries, at least one.

@@ -1,9 +1,9 @@
 //! Validation of the observability sections (CONTRACT §8): `[access_log]` and
 //! `[tracing]`.
 
+use super::check::{err, range, VResult};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, range, VResult};
 use std::path::PathBuf;
 
 pub(super) fn validate_access_log(a: &AccessLogSection) -> VResult<AccessLogSettings> {

@@ -2,9 +2,9 @@
 //! the certificates, loaded by `certs.rs`.
 
 use super::certs::{CertSet, MinVersion};
+use super::check::{err, listen_addrs, VResult};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, listen_addrs, VResult};
 use std::path::PathBuf;
 
 pub(super) fn validate_tls(t: &TlsSection) -> VResult<TlsSettings> {

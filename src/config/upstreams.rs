@@ -1,9 +1,9 @@
 //! Validation of `[[upstreams]]` (backends, balancing, retries, shards) and
 //! `[[routes]]` into settings; the rest of the file is in `validate.rs`.
 
+use super::check::{err, parse_addr, range, VResult, DAY, DAY_MS, MINUTE_MS};
 use super::schema::*;
 use super::settings::*;
-use super::validate::{err, parse_addr, range, VResult, DAY, DAY_MS, MINUTE_MS};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
