@@ -1,5 +1,5 @@
 //! Log setup: one JSON line per event on stderr, filtered by `RUST_LOG`, with
-//! two rules that hold whatever `RUST_LOG` says (CONTRACT §1, §7):
+//! a rule that holds whatever `RUST_LOG` says (CONTRACT §1, §7):
 //!
 //! - **Pingora's crates are capped at info.** Their debug and trace lines print
 //!   whole request headers and raw header buffers (API keys, query strings,
@@ -8,15 +8,14 @@
 //!   lift it. Pingora logs through the `log` crate: its records reach tracing
 //!   through `tracing-log`, whose events carry the real module in the
 //!   `log.target` field; the cap reads it from there.
-//! - **A client hanging up is not an error.** Pingora 0.9.1 reads the request
-//!   header before any `ProxyHttp` hook runs, and reports a client that hangs up
-//!   mid-header only with an ERROR line ("Fail to proxy: … while reading request
-//!   headers"): its error reaches no proxy phase. That line is dropped here. The
-//!   abort is counted in `portcullis_client_aborts_total` (and logged at debug)
-//!   by the edge stream, which sees the client leave mid-header
-//!   (`edge::stream::EdgeStream::count_aborts`), not from this log text. Aborts
-//!   later in the request are counted from Pingora's error kind
-//!   (`Proxy::fail_to_proxy`).
+//!
+//! A client hanging up is not an error: Pingora reads the request header before any
+//! `ProxyHttp` hook runs, and the vendored pingora-proxy logs a client that leaves
+//! mid-header at debug (vendor/patches, `header-phase-client-gone`), not at ERROR. The
+//! abort is counted in `portcullis_client_aborts_total` by the edge stream, which sees the
+//! client leave mid-header (`edge::stream::EdgeStream::count_aborts`); aborts later in
+//! the request are counted from Pingora's error kind (`Proxy::fail_to_proxy`). Nothing
+//! here reads a log line's text.
 
 use std::fmt;
 use tracing::field::{Field, Visit};
@@ -41,38 +40,21 @@ pub fn under_cap(target: &str, level: &Level) -> bool {
     !is_pingora(target) || *level <= PINGORA_CAP
 }
 
-/// Whether a Pingora log line reports a client that went away before its
-/// request header was complete (or before the 400 for it could be written):
-/// such a line is dropped (the abort is counted by the edge stream).
-pub fn is_header_phase_abort(target: &str, level: &Level, message: &str) -> bool {
-    target.starts_with("pingora_proxy")
-        && *level == Level::ERROR
-        && (message.contains("while reading request headers")
-            || message.starts_with("failed to send error response to downstream"))
-}
-
-/// The fields of an event that the filters need: the real target of a
-/// `log`-crate record and the message.
+/// The field of an event that the filter needs: the real target of a `log`-crate
+/// record.
 #[derive(Default)]
 struct Fields {
     log_target: Option<String>,
-    message: String,
 }
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "log.target" => self.log_target = Some(value.to_string()),
-            "message" => self.message = value.to_string(),
-            _ => {}
+        if field.name() == "log.target" {
+            self.log_target = Some(value.to_string());
         }
     }
 
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
-        }
-    }
+    fn record_debug(&mut self, _field: &Field, _value: &dyn fmt::Debug) {}
 }
 
 impl Fields {
@@ -87,9 +69,9 @@ impl Fields {
     }
 }
 
-/// `RUST_LOG` (an [`EnvFilter`]), then the cap on Pingora's crates and the
-/// drop of header-phase client aborts. One filter rather than two stacked
-/// ones: a second per-layer filter on the same layer did not veto events.
+/// `RUST_LOG` (an [`EnvFilter`]), then the cap on Pingora's crates. One filter
+/// rather than two stacked ones: a second per-layer filter on the same layer did
+/// not veto events.
 struct CappedEnv {
     env: EnvFilter,
 }
@@ -106,9 +88,7 @@ where
         let meta = event.metadata();
         let fields = Fields::of(event);
         let target = fields.target(meta);
-        under_cap(target, meta.level())
-            && !is_header_phase_abort(target, meta.level(), &fields.message)
-            && Filter::<S>::event_enabled(&self.env, event, cx)
+        under_cap(target, meta.level()) && Filter::<S>::event_enabled(&self.env, event, cx)
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
@@ -179,32 +159,5 @@ mod tests {
         }
         assert!(under_cap("portcullis::proxy", &Level::TRACE));
         assert!(under_cap("redis", &Level::DEBUG));
-    }
-
-    #[test]
-    fn header_phase_aborts_are_recognised() {
-        // The exact text Pingora 0.9.1 logs (pingora-proxy src/lib.rs, handle_new_request).
-        let msg = "Fail to proxy: Downstream ConnectionClosed context: while reading request headers, bytes already read: 113, downstream session type: h1";
-        assert!(is_header_phase_abort("pingora_proxy", &Level::ERROR, msg));
-        let reset = "Fail to proxy: Downstream ReadError context: while reading request headers cause: Connection reset by peer (os error 104), downstream session type: h1";
-        assert!(is_header_phase_abort("pingora_proxy", &Level::ERROR, reset));
-        assert!(is_header_phase_abort(
-            "pingora_proxy",
-            &Level::ERROR,
-            "failed to send error response to downstream: WriteError"
-        ));
-        // an upstream failure stays an error
-        let upstream = "Fail to proxy: Upstream ConnectionClosed context: while reading response headers, bytes already read: 0";
-        assert!(!is_header_phase_abort(
-            "pingora_proxy",
-            &Level::ERROR,
-            upstream
-        ));
-        assert!(!is_header_phase_abort(
-            "portcullis::proxy",
-            &Level::ERROR,
-            msg
-        ));
-        assert!(!is_header_phase_abort("pingora_proxy", &Level::WARN, msg));
     }
 }

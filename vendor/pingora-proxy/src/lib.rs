@@ -368,8 +368,17 @@ where
                         .respond_error(400)
                         .await
                         .unwrap_or_else(|e| {
-                            error!("failed to send error response to downstream: {e}");
+                            // the client is gone: nothing the proxy can act on
+                            debug!("failed to send error response to downstream: {e}");
                         });
+                } else if matches!(e.etype, ConnectionClosed | ReadError) {
+                    // the client went away before its request header was complete: its
+                    // business, not a fault of the proxy (a server logs it, if at all, as
+                    // a client abort, not as an error)
+                    debug!(
+                        "Fail to proxy: {e}, downstream session type: {}",
+                        downstream_session.session_type()
+                    );
                 } else {
                     // otherwise the connection must be broken, no need to send anything
                     error!(
