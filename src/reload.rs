@@ -81,10 +81,9 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
 /// certificates and keys never blocks the calling thread (the admin listener's, or the
 /// one watching SIGHUP), whatever the files are (CONTRACT §17).
 pub async fn reload_off_thread(shared: &Arc<Shared>) -> Result<(), ConfigError> {
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let s = Arc::clone(shared);
     let task = tokio::task::spawn_blocking(move || {
-        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = s.reloading.lock().unwrap_or_else(|p| p.into_inner());
         reload(&s)
     });
     match task.await {

@@ -198,6 +198,8 @@ pub struct Shared {
     /// The runtime serving proxy traffic, seen by the first request (the
     /// watchdog measures event-loop stalls there).
     proxy_runtime: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// Held by the reload under way (`reload::reload_off_thread`): one at a time.
+    pub reloading: std::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -231,6 +233,7 @@ impl Shared {
             id_prefix: (unix_ms() ^ (u64::from(std::process::id()) << 40)) & 0xffff_ffff_ffff,
             id_counter: AtomicU64::new(0),
             proxy_runtime: std::sync::OnceLock::new(),
+            reloading: std::sync::Mutex::new(()),
         })
     }
 
