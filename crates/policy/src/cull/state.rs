@@ -93,16 +93,7 @@ impl CullState {
     pub fn on_tick(&mut self, input: TickInput, params: &CullParams) -> Action {
         let now = input.now_ms;
         if params.dry_run {
-            // Dry run never ejects; make sure nothing stays ejected from before a reload.
-            let was_ejected = self.is_ejected();
-            *self = CullState::Up;
-            return if was_ejected {
-                Action::Readmit
-            } else if input.candidate && input.fleet_claimed != Some(true) {
-                Action::Claim
-            } else {
-                Action::None
-            };
+            return self.dry_run_tick(&input);
         }
         match *self {
             CullState::Up => {
@@ -118,32 +109,9 @@ impl CullState {
                     Action::None
                 }
             }
-            CullState::Following { since_ms, seen_ms } => match input.fleet_claimed {
-                Some(false) => {
-                    *self = CullState::Up;
-                    Action::Readmit
-                }
-                Some(true) => {
-                    *self = CullState::Following {
-                        since_ms,
-                        seen_ms: now,
-                    };
-                    Action::None
-                }
-                None => {
-                    // The holder renewed at most one interval after we last saw the
-                    // claim, and cannot have renewed since the store became unreachable.
-                    let lapsed_at = seen_ms
-                        .saturating_add(params.lease_ttl_ms())
-                        .saturating_add(params.check_interval_secs.max(1).saturating_mul(1000));
-                    if now >= lapsed_at {
-                        *self = CullState::Up;
-                        Action::Readmit
-                    } else {
-                        Action::None
-                    }
-                }
-            },
+            CullState::Following { since_ms, seen_ms } => {
+                self.following_tick(since_ms, seen_ms, &input, params)
+            }
             CullState::Culled {
                 since_ms,
                 probe_at_ms,
@@ -170,6 +138,57 @@ impl CullState {
                 } else {
                     // The previous probe's result never came back: probe again.
                     Action::Probe
+                }
+            }
+        }
+    }
+
+    /// A tick in dry run: never ejects, and nothing stays ejected from before a reload;
+    /// a candidate still asks for a claim (a dry-run claim spends no token).
+    fn dry_run_tick(&mut self, input: &TickInput) -> Action {
+        let was_ejected = self.is_ejected();
+        *self = CullState::Up;
+        if was_ejected {
+            Action::Readmit
+        } else if input.candidate && input.fleet_claimed != Some(true) {
+            Action::Claim
+        } else {
+            Action::None
+        }
+    }
+
+    /// A tick while following another instance's cull of this backend.
+    fn following_tick(
+        &mut self,
+        since_ms: u64,
+        seen_ms: u64,
+        input: &TickInput,
+        params: &CullParams,
+    ) -> Action {
+        let now = input.now_ms;
+        match input.fleet_claimed {
+            Some(false) => {
+                *self = CullState::Up;
+                Action::Readmit
+            }
+            Some(true) => {
+                *self = CullState::Following {
+                    since_ms,
+                    seen_ms: now,
+                };
+                Action::None
+            }
+            None => {
+                // The holder renewed at most one interval after we last saw the
+                // claim, and cannot have renewed since the store became unreachable.
+                let lapsed_at = seen_ms
+                    .saturating_add(params.lease_ttl_ms())
+                    .saturating_add(params.check_interval_secs.max(1).saturating_mul(1000));
+                if now >= lapsed_at {
+                    *self = CullState::Up;
+                    Action::Readmit
+                } else {
+                    Action::None
                 }
             }
         }

@@ -263,48 +263,16 @@ impl Limiter {
 
         if s.blocked_until > now_ms {
             let ms = s.blocked_until - now_ms;
-            let secs = window::ceil_secs(ms).max(1);
-            return Decision::Limited {
-                limit,
-                retry_after_secs: secs,
-                reset_secs: secs,
-            };
+            return limited(limit, window::ceil_secs(ms).max(1));
         }
 
-        let prev = s.prev();
-        let mut cur = s.cur();
-        if s.flags & RESTORED != 0 {
-            // After a loss, until news, the estimate of the other instances' unsynced
-            // admissions is part of what is known, also while the share (which otherwise
-            // carries it) is suspended by a store outage.
-            cur = cur.saturating_add(u64::from(s.est));
-        }
-        let own = s.own_prev().saturating_add(s.own_cur());
-        let at = Sliding {
-            prev,
-            cur,
-            w: wms,
-            e,
-        };
+        let (at, own) = known(s, wms, e);
+        let cur = at.cur;
         if at.admits(limit) {
-            // A key that may have been forgotten (evicted) admits no more than a key kept
-            // local before its first sync, which tells its real counts.
-            let unknown = s.flags & (UNKNOWN | SYNCED) == UNKNOWN
-                && own >= LOCAL_ONLY_MAX
-                && self.healthy.load(Ordering::Relaxed);
-            // Several instances: this one's share of what the fleet had left at the last
-            // sync (see the module doc). Refused only for the share: retry after the next
-            // syncs, not cached.
-            let n = self.share_n.load(Ordering::Relaxed);
-            if unknown
-                || (n > 1 && !window::within_share(s.known_global(wms, e), s.own(), limit, n))
-            {
+            if self.over_share(s, own, limit, wms, e) {
+                // Refused only for the share: retry after the next syncs, not cached.
                 s.flags |= SHARED;
-                return Decision::Limited {
-                    limit,
-                    retry_after_secs: SHARE_RETRY_SECS,
-                    reset_secs: SHARE_RETRY_SECS,
-                };
+                return limited(limit, SHARE_RETRY_SECS);
             }
             if count {
                 s.l_cur = s.l_cur.saturating_add(1);
@@ -322,13 +290,21 @@ impl Limiter {
             s.flags |= SHARED;
             let ms = at.retry_after_ms(limit).max(1);
             s.blocked_until = now_ms.saturating_add(ms);
-            let secs = window::ceil_secs(ms).max(1);
-            Decision::Limited {
-                limit,
-                retry_after_secs: secs,
-                reset_secs: secs,
-            }
+            limited(limit, window::ceil_secs(ms).max(1))
         }
+    }
+
+    /// Whether a key the window admits is still refused: a key that may have been
+    /// forgotten (evicted) admits no more than a key kept local before its first sync,
+    /// which tells its real counts; and with several instances, this one keeps to its
+    /// share of what the fleet had left at the last sync (see the module doc).
+    #[inline]
+    fn over_share(&self, s: &Slot, own: u64, limit: u64, wms: u64, e: u64) -> bool {
+        let unknown = s.flags & (UNKNOWN | SYNCED) == UNKNOWN
+            && own >= LOCAL_ONLY_MAX
+            && self.healthy.load(Ordering::Relaxed);
+        let n = self.share_n.load(Ordering::Relaxed);
+        unknown || (n > 1 && !window::within_share(s.known_global(wms, e), s.own(), limit, n))
     }
 
     /// Adds a slot for a new key, evicting one under the shard's cap. A key evicted before
@@ -467,6 +443,38 @@ fn instance_id() -> u64 {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     RandomState::new().hash_one((t, std::process::id()))
+}
+
+/// What is known of a key now: its sliding window (the last known global counts plus
+/// this instance's unsynced admissions) and this instance's own admissions over its
+/// current and previous windows.
+#[inline]
+fn known(s: &Slot, wms: u64, e: u64) -> (Sliding, u64) {
+    let mut cur = s.cur();
+    if s.flags & RESTORED != 0 {
+        // After a loss, until news, the estimate of the other instances' unsynced
+        // admissions is part of what is known, also while the share (which otherwise
+        // carries it) is suspended by a store outage.
+        cur = cur.saturating_add(u64::from(s.est));
+    }
+    let own = s.own_prev().saturating_add(s.own_cur());
+    let at = Sliding {
+        prev: s.prev(),
+        cur,
+        w: wms,
+        e,
+    };
+    (at, own)
+}
+
+/// A refusal whose `Retry-After` and reset are both `secs`.
+#[inline]
+fn limited(limit: u64, secs: u64) -> Decision {
+    Decision::Limited {
+        limit,
+        retry_after_secs: secs,
+        reset_secs: secs,
+    }
 }
 
 #[cfg(test)]
