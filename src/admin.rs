@@ -148,20 +148,22 @@ impl Admin {
     fn refresh_metrics(&self) {
         let s = &self.shared;
         let m = &s.metrics;
-        m.inflight.set(s.shedder.inflight() as i64);
-        m.concurrency_limit.set(s.shedder.cap() as i64);
-        m.ready.set(i64::from(s.lifecycle.is_ready()));
-        m.ratelimit_store_healthy
+        m.shed.inflight.set(s.shedder.inflight() as i64);
+        m.shed.concurrency_limit.set(s.shedder.cap() as i64);
+        m.lifecycle.ready.set(i64::from(s.lifecycle.is_ready()));
+        m.ratelimit
+            .store_healthy
             .set(i64::from(s.limiter.store_healthy()));
-        m.ratelimit_tracked_keys
+        m.ratelimit
+            .tracked_keys
             .set(s.limiter.tracked_keys() as i64);
         add_since(
-            &m.ratelimit_store_errors,
+            &m.ratelimit.store_errors,
             &self.store_errors_seen,
             s.limiter.store_errors_total(),
         );
         add_since(
-            &m.ratelimit_store_late_answers,
+            &m.ratelimit.store_late_answers,
             &self.store_late_seen,
             s.limiter.late_answers_total(),
         );
@@ -176,17 +178,20 @@ impl Admin {
                 let prev = seen
                     .entry((pool.name.clone(), b.addr_str.clone()))
                     .or_insert(0);
-                m.backend_errors
+                m.cull
+                    .backend_errors
                     .with_label_values(&[pool.name.as_str(), b.addr_str.as_str()])
                     // a re-added backend starts from zero again
                     .inc_by(errors.checked_sub(*prev).unwrap_or(errors));
                 *prev = errors;
             }
-            m.upstream_panic_mode
+            m.cull
+                .upstream_panic_mode
                 .with_label_values(&[pool.name.as_str()])
                 .set(i64::from(pool.panic_mode.load(Ordering::Relaxed)));
             for b in &pool.backends {
-                m.backend_culled
+                m.cull
+                    .backend_culled
                     .with_label_values(&[pool.name.as_str(), b.addr_str.as_str()])
                     .set(i64::from(b.is_culled()));
             }
@@ -265,7 +270,7 @@ impl Admin {
             "culling": {
                 "enabled": culling.enabled,
                 "dry_run": culling.params.dry_run,
-                "tokens_available": s.metrics.cull_tokens_available.get(),
+                "tokens_available": s.metrics.cull.tokens_available.get(),
                 "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,

@@ -53,6 +53,7 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
             shared.apply(next);
             shared
                 .metrics
+                .lifecycle
                 .config_reloads
                 .with_label_values(&["ok"])
                 .inc();
@@ -62,6 +63,7 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
         Err(e) => {
             shared
                 .metrics
+                .lifecycle
                 .config_reloads
                 .with_label_values(&["error"])
                 .inc();

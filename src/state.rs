@@ -42,7 +42,7 @@ fn build_policies(
     metrics: &Metrics,
 ) -> Policies {
     let rl = &config.rate_limit;
-    let vec = &metrics.ratelimit_policy_decisions;
+    let vec = &metrics.ratelimit.policy_decisions;
     let mut list = vec![Policy {
         name: Arc::clone(&rl.policy_name),
         key: PolicyKey::Source(rl.source.clone()),
@@ -222,7 +222,7 @@ impl Shared {
             runtime: ArcSwap::from_pointee(runtime),
             shedder,
             limiter,
-            tunnels: crate::edge::tunnel::Tunnels::new(metrics.tunnels_open.clone()),
+            tunnels: crate::edge::tunnel::Tunnels::new(metrics.edge.tunnels_open.clone()),
             proxied: Arc::default(),
             metrics,
             observe,

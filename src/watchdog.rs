@@ -241,10 +241,10 @@ impl Watchdog {
     fn counts(&self) -> Counts {
         let m = &self.shared.metrics;
         Counts {
-            requests: m.requests_total(Outcome::Proxied)
-                + m.requests_total(Outcome::UpstreamError)
-                + m.requests_total(Outcome::NoBackend),
-            errors: m.requests_total(Outcome::UpstreamError),
+            requests: m.proxy.requests_total(Outcome::Proxied)
+                + m.proxy.requests_total(Outcome::UpstreamError)
+                + m.proxy.requests_total(Outcome::NoBackend),
+            errors: m.proxy.requests_total(Outcome::UpstreamError),
         }
     }
 
@@ -295,6 +295,7 @@ impl Watchdog {
         let metrics = &self.shared.metrics;
         for b in &found {
             metrics
+                .lifecycle
                 .watchdog_breaches
                 .with_label_values(&[b.kind.as_str(), verdict.as_str()])
                 .inc();
@@ -488,6 +489,7 @@ mod tests {
         assert_eq!(
             shared
                 .metrics
+                .lifecycle
                 .watchdog_breaches
                 .with_label_values(&["rss", "no_store"])
                 .get(),

@@ -84,7 +84,7 @@ impl BackgroundService for Culling {
 impl Culling {
     pub fn new(shared: Arc<Shared>, budget: Budget) -> Self {
         let tokens = shared.runtime.load().config.culling.params.tokens;
-        shared.metrics.cull_tokens_available.set(i64::from(tokens));
+        shared.metrics.cull.tokens_available.set(i64::from(tokens));
         Self { shared, budget }
     }
 
@@ -103,7 +103,8 @@ impl Culling {
             Ok(s) => self
                 .shared
                 .metrics
-                .cull_tokens_available
+                .cull
+                .tokens_available
                 .set(s.tokens_available.floor() as i64),
             Err(e) => {
                 tracing::warn!(event = "cull", error = %e, "budget store unreachable; no new culls")
@@ -305,7 +306,7 @@ impl Culling {
             },
             Err(_) => CullResult::StoreError,
         };
-        self.shared.metrics.cull_decision(result);
+        self.shared.metrics.cull.decision(result);
         self.journal(pool, b, result, errors);
         tracing::info!(
             event = "cull_decision",
@@ -336,7 +337,7 @@ impl Culling {
         b.set_dry_run_cull(false);
         b.window.reset();
         if was {
-            self.shared.metrics.cull_decision(CullResult::Readmitted);
+            self.shared.metrics.cull.decision(CullResult::Readmitted);
             self.journal(pool, b, CullResult::Readmitted, 0);
             tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, "backend readmitted");
         }
@@ -365,7 +366,7 @@ fn report_systemic(
 ) {
     match eval {
         Evaluation::Systemic { failing, total } => {
-            shared.metrics.cull_decision(CullResult::Systemic);
+            shared.metrics.cull.decision(CullResult::Systemic);
             if systemic.insert(pool.name.clone()) {
                 tracing::warn!(
                     event = "cull",

@@ -116,6 +116,7 @@ impl Gate for Bulkhead<'_> {
             crate::upstream::Bulkhead::Entered(g) => Ok(Some(g)),
             crate::upstream::Bulkhead::Full => {
                 self.metrics
+                    .shed
                     .bulkhead_shed
                     .with_label_values(&[pool.name.as_str()])
                     .inc();

@@ -184,7 +184,8 @@ impl ProxyHttp for Proxy {
         if edge::limits::declared_too_large(&session.req_header().headers, max_body) {
             self.shared
                 .metrics
-                .edge_refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
+                .edge
+                .refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
             return Self::refuse_early(session, ctx, Refusal::PayloadTooLarge);
         }
         Ok(())
@@ -287,7 +288,8 @@ impl ProxyHttp for Proxy {
         *body = None;
         self.shared
             .metrics
-            .edge_refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
+            .edge
+            .refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
         ctx.answer.refusal = Some(Refusal::PayloadTooLarge);
         ctx.answer.outcome = Some(Outcome::Rejected);
         Error::e_explain(ErrorType::HTTPStatus(413), "request body too large")
@@ -310,9 +312,13 @@ impl ProxyHttp for Proxy {
         if let Some(b) = ctx.upstream.backend.take() {
             b.record(crate::store::clock::unix_secs(), true);
             if let Some(pool) = &ctx.routing.pool {
-                self.shared
-                    .metrics
-                    .record_backend(&b.series, &pool.name, &b.addr_str, None, None);
+                self.shared.metrics.proxy.record_backend(
+                    &b.series,
+                    &pool.name,
+                    &b.addr_str,
+                    None,
+                    None,
+                );
             }
         }
         ctx.upstream.attempt = None;
@@ -327,7 +333,7 @@ impl ProxyHttp for Proxy {
                 p.shared
                     .budget
                     .record_retry(crate::store::clock::unix_secs());
-                self.shared.metrics.retry(&p.name, true);
+                self.shared.metrics.proxy.retry(&p.name, true);
             }
             e.set_retry(true);
         } else {
@@ -537,10 +543,11 @@ impl ProxyHttp for Proxy {
         if refusal == Some(Refusal::RequestTimeout) {
             self.shared
                 .metrics
-                .edge_refusal(crate::metrics::EdgeRefusal::BodyTimeout);
+                .edge
+                .refusal(crate::metrics::EdgeRefusal::BodyTimeout);
         }
         if failure::is_client_abort(e) {
-            self.shared.metrics.client_aborts.inc();
+            self.shared.metrics.proxy.client_aborts.inc();
         }
         failure::log(session, e, ctx, status);
         // The connection is closed after this reply (`can_reuse_downstream: false`),

@@ -61,7 +61,7 @@ pub fn take(session: &mut Session, ctx: &mut Ctx, metrics: &Metrics) -> bool {
         .shared
         .budget
         .try_retry(crate::store::clock::unix_secs());
-    metrics.retry(&pool.name, granted);
+    metrics.proxy.retry(&pool.name, granted);
     if granted {
         ctx.upstream.retries_used += 1;
         tracing::debug!(event = "retry", upstream = %pool.name, attempt = ctx.upstream.retries_used);

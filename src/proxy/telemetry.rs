@@ -109,7 +109,7 @@ fn host_of(req: &RequestHeader) -> &str {
 /// Record the request's metrics and write its access-log line.
 pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finished<'_>) {
     let route = f.route.label.as_str();
-    let m = &shared.metrics;
+    let m = &shared.metrics.proxy;
     m.record_route(f.route, f.outcome, f.status, f.elapsed.as_secs_f64());
     if let (Some(pool), Some(b)) = (f.pool, f.backend) {
         m.record_backend(

@@ -142,13 +142,13 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
         let server = &rt.config.server;
         let metrics = &self.shared.metrics;
         let now_open = self.open.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics.client_connections.inc();
+        metrics.edge.client_connections.inc();
         let open = Open {
             open: Arc::clone(&self.open),
-            gauge: metrics.client_connections.clone(),
+            gauge: metrics.edge.client_connections.clone(),
         };
         if now_open > server.max_connections {
-            metrics.edge_refusal(EdgeRefusal::ConnectionLimit);
+            metrics.edge.refusal(EdgeRefusal::ConnectionLimit);
             return None;
         }
         Some(Accepted {
@@ -200,13 +200,13 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
         let over_tls = stream.get_ssl_digest().is_some();
         if server.proxy_protocol && !over_tls {
             if !trusted {
-                metrics.edge_refusal(EdgeRefusal::ProxyUntrusted);
+                metrics.edge.refusal(EdgeRefusal::ProxyUntrusted);
                 tracing::debug!(event = "proxy_protocol_refused", peer = ?peer, "peer not trusted");
                 return None;
             }
             let read = tokio::time::timeout_at(deadline, read_proxy_header(&mut stream)).await;
             let Ok(Some((source, rest))) = read else {
-                metrics.edge_refusal(EdgeRefusal::ProxyInvalid);
+                metrics.edge.refusal(EdgeRefusal::ProxyInvalid);
                 tracing::debug!(event = "proxy_protocol_refused", peer = ?peer, "no valid PROXY header");
                 return None;
             };
@@ -225,10 +225,10 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
             replay,
             server.client_header_timeout,
             deadline,
-            metrics.edge_refusal_counter(EdgeRefusal::HeaderTimeout),
+            metrics.edge.refusal_counter(EdgeRefusal::HeaderTimeout),
             server.h2c,
         );
-        edge.count_aborts(metrics.client_aborts.clone());
+        edge.count_aborts(metrics.proxy.client_aborts.clone());
         if alpn_h2 {
             // HTTP/2: the header deadlines follow its frames, not HTTP/1's.
             edge.multiplexed();

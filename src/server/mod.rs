@@ -116,7 +116,8 @@ fn http_proxy(conf: &Arc<ServerConf>, shared: &Arc<Shared>, s: &Startup) -> Http
         s.max_glitches,
         shared
             .metrics
-            .edge_refusal_counter(crate::metrics::EdgeRefusal::H2Glitches),
+            .edge
+            .refusal_counter(crate::metrics::EdgeRefusal::H2Glitches),
     ));
     let mut h2_options = pingora::protocols::http::v2::server::default_h2_options();
     h2_options.max_local_error_reset_streams(Some(s.max_glitches as usize));
@@ -175,12 +176,13 @@ fn init_metrics(shared: &Arc<Shared>) {
             .collect();
         shared
             .metrics
+            .proxy
             .init_routes(labels.iter().map(String::as_str).chain(["default"]));
     }
     // Read at each scrape; a weak handle so the registry does not keep
     // the shared state alive.
     let weak = Arc::downgrade(shared);
-    shared.metrics.set_sampler(move || {
+    shared.metrics.access_log.set_sampler(move || {
         weak.upgrade()
             .map_or(0, |s| s.observe.access_log.dropped_lines())
     });

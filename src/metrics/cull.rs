@@ -1,0 +1,79 @@
+//! Culling's metrics: per-backend errors and cull state, the decisions, the fleet's tokens
+//! and each upstream's panic mode.
+
+use super::{registered, CullResult};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+pub struct CullMetrics {
+    /// Copied from the backends at each scrape.
+    pub backend_culled: IntGaugeVec,
+    /// Copied from the backends' error windows at each scrape.
+    pub backend_errors: IntCounterVec,
+    decisions: IntCounterVec,
+    pub tokens_available: IntGauge,
+    pub upstream_panic_mode: IntGaugeVec,
+}
+
+impl CullMetrics {
+    /// Define culling's series and register them in `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        let backend_culled = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new("portcullis_backend_culled", "1 while a backend is culled"),
+                &["upstream", "backend"],
+            ),
+        );
+        let backend_errors = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_backend_errors_total",
+                    "Errors (5xx, failed connects, timeouts) seen per backend",
+                ),
+                &["upstream", "backend"],
+            ),
+        );
+        let decisions = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_cull_decisions_total",
+                    "Cull decisions by result",
+                ),
+                &["result"],
+            ),
+        );
+        for r in CullResult::ALL {
+            decisions.with_label_values(&[r.as_str()]);
+        }
+        let tokens_available = registered(
+            registry,
+            IntGauge::new(
+                "portcullis_cull_tokens_available",
+                "Fleet-wide cull tokens available at the last check",
+            ),
+        );
+        let upstream_panic_mode = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "portcullis_upstream_panic_mode",
+                    "1 while an upstream has no eligible backend and routes to all (fail-open)",
+                ),
+                &["upstream"],
+            ),
+        );
+        Self {
+            backend_culled,
+            backend_errors,
+            decisions,
+            tokens_available,
+            upstream_panic_mode,
+        }
+    }
+
+    pub fn decision(&self, r: CullResult) {
+        self.decisions.with_label_values(&[r.as_str()]).inc();
+    }
+}

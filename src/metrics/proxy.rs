@@ -1,0 +1,250 @@
+//! The proxy's metrics: requests by outcome, route and status class, their durations, the
+//! requests sent to each backend, retries and client aborts. The request path records
+//! through handles resolved once (per outcome, per route, per backend): an atomic add,
+//! not a label look-up.
+
+use super::{code_class, registered, Outcome, LATENCY_BUCKETS};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Index of [`code_class`] (and "error" for no answer) in a series cache.
+fn class_index(status: Option<u16>) -> usize {
+    match status {
+        None => 6,
+        Some(100..=199) => 0,
+        Some(200..=299) => 1,
+        Some(300..=399) => 2,
+        Some(400..=499) => 3,
+        Some(500..=599) => 4,
+        Some(_) => 5,
+    }
+}
+
+/// The `portcullis_requests_total` series of one route label, each resolved
+/// on first use and then kept: recording is an atomic add, not a label
+/// look-up (hash, lock, clone) per request. A series appears in the
+/// exposition exactly when it did with `with_label_values`.
+#[derive(Debug)]
+pub struct RouteSeries {
+    pub label: String,
+    requests: [[OnceLock<IntCounter>; 7]; 6],
+}
+
+impl RouteSeries {
+    pub fn new(label: String) -> Self {
+        Self {
+            label,
+            requests: Default::default(),
+        }
+    }
+}
+
+/// The `portcullis_upstream_*` series of one backend, resolved on first use
+/// (see [`RouteSeries`]). The labels of a backend never change: a backend's
+/// state is keyed by its upstream's name and its address.
+#[derive(Debug, Default)]
+pub struct BackendSeries {
+    requests: [OnceLock<IntCounter>; 7],
+    duration: OnceLock<Histogram>,
+}
+
+pub struct ProxyMetrics {
+    requests: IntCounterVec,
+    /// Per outcome, for the watchdog (the labelled counter is split by route and code).
+    outcome_totals: [AtomicU64; 6],
+    durations: [Histogram; 6],
+    upstream_requests: IntCounterVec,
+    upstream_durations: HistogramVec,
+    /// `portcullis_client_aborts_total`: requests whose client hung up before the
+    /// response was complete (mid-header, counted by `edge::stream`; mid-body or while
+    /// the backend was answering, from the downstream error Pingora hands to
+    /// `fail_to_proxy`). Normal traffic, not an error: logged at debug.
+    pub client_aborts: IntCounter,
+    /// Retries on another backend, by `result` = sent | budget_exhausted.
+    retries: IntCounterVec,
+}
+
+impl ProxyMetrics {
+    /// Define the proxy's series and register them in `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        let requests = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_requests_total",
+                    "Requests by how the proxy finished them, route and status class",
+                ),
+                &["outcome", "route", "code"],
+            ),
+        );
+        let durations_vec = registered(
+            registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "portcullis_request_duration_seconds",
+                    "Time from request headers to the end of the response",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["outcome"],
+            ),
+        );
+        let durations = Outcome::ALL.map(|o| durations_vec.with_label_values(&[o.as_str()]));
+        let (upstream_requests, upstream_durations) = register_upstream(registry);
+        let client_aborts = registered(
+            registry,
+            IntCounter::new(
+                "portcullis_client_aborts_total",
+                "Requests the client abandoned before the response was complete",
+            ),
+        );
+        let retries = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_retries_total",
+                    "Retries on another backend by upstream and result (sent, budget_exhausted)",
+                ),
+                &["upstream", "result"],
+            ),
+        );
+        Self {
+            requests,
+            outcome_totals: Default::default(),
+            durations,
+            upstream_requests,
+            upstream_durations,
+            client_aborts,
+            retries,
+        }
+    }
+
+    /// Count a retry decision for `upstream` (`sent` or `budget_exhausted`).
+    pub fn retry(&self, upstream: &str, sent: bool) {
+        let result = if sent { "sent" } else { "budget_exhausted" };
+        self.retries.with_label_values(&[upstream, result]).inc();
+    }
+
+    /// One finished request. `route` comes from the config (bounded), never
+    /// from a request value.
+    #[inline]
+    pub fn record(&self, outcome: Outcome, route: &str, status: u16, seconds: f64) {
+        let i = outcome as usize;
+        self.requests
+            .with_label_values(&[outcome.as_str(), route, code_class(status)])
+            .inc();
+        self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
+        self.durations[i].observe(seconds);
+    }
+
+    /// [`ProxyMetrics::record`] through the route's cached series.
+    pub fn record_route(&self, series: &RouteSeries, outcome: Outcome, status: u16, seconds: f64) {
+        let i = outcome as usize;
+        series.requests[i][class_index(Some(status))]
+            .get_or_init(|| {
+                self.requests.with_label_values(&[
+                    outcome.as_str(),
+                    &series.label,
+                    code_class(status),
+                ])
+            })
+            .inc();
+        self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
+        self.durations[i].observe(seconds);
+    }
+
+    /// [`ProxyMetrics::record_upstream`] through the backend's cached series.
+    pub fn record_backend(
+        &self,
+        series: &BackendSeries,
+        upstream: &str,
+        backend: &str,
+        status: Option<u16>,
+        seconds: Option<f64>,
+    ) {
+        series.requests[class_index(status)]
+            .get_or_init(|| {
+                let code = status.map_or("error", code_class);
+                self.upstream_requests
+                    .with_label_values(&[upstream, backend, code])
+            })
+            .inc();
+        if let Some(s) = seconds {
+            series
+                .duration
+                .get_or_init(|| self.upstream_durations.with_label_values(&[upstream]))
+                .observe(s);
+        }
+    }
+
+    /// Create the `portcullis_requests_total` series each outcome usually
+    /// takes on each of `routes` at 0, so that dashboards and alerts see every
+    /// gate before its first request (series are otherwise created lazily).
+    pub fn init_routes<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+        for route in routes {
+            for (outcome, code) in [
+                (Outcome::Proxied, "2xx"),
+                (Outcome::Shed, "5xx"),
+                (Outcome::RateLimited, "4xx"),
+                (Outcome::Rejected, "4xx"),
+                (Outcome::NoBackend, "5xx"),
+                (Outcome::UpstreamError, "5xx"),
+            ] {
+                self.requests
+                    .with_label_values(&[outcome.as_str(), route, code]);
+            }
+        }
+    }
+
+    /// One request sent to a backend: `status` is its answer, `None` when it
+    /// gave none (connect failure, timeout, reset).
+    pub fn record_upstream(
+        &self,
+        upstream: &str,
+        backend: &str,
+        status: Option<u16>,
+        seconds: Option<f64>,
+    ) {
+        let code = status.map_or("error", code_class);
+        self.upstream_requests
+            .with_label_values(&[upstream, backend, code])
+            .inc();
+        if let Some(s) = seconds {
+            self.upstream_durations
+                .with_label_values(&[upstream])
+                .observe(s);
+        }
+    }
+
+    pub fn requests_total(&self, outcome: Outcome) -> u64 {
+        self.outcome_totals[outcome as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// `portcullis_upstream_requests_total` and `portcullis_upstream_duration_seconds`.
+fn register_upstream(registry: &Registry) -> (IntCounterVec, HistogramVec) {
+    let requests = registered(
+        registry,
+        IntCounterVec::new(
+            Opts::new(
+                "portcullis_upstream_requests_total",
+                "Requests sent to a backend, by the status class it answered (error: no answer)",
+            ),
+            &["upstream", "backend", "code"],
+        ),
+    );
+    let durations = registered(
+        registry,
+        HistogramVec::new(
+            HistogramOpts::new(
+                "portcullis_upstream_duration_seconds",
+                "Time from choosing a backend to its response header",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["upstream"],
+        ),
+    );
+    (requests, durations)
+}
