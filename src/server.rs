@@ -4,7 +4,6 @@
 
 use crate::admin::Admin;
 use crate::config::Config;
-use crate::cull::Budget;
 use crate::lifecycle::DrainingShutdown;
 use crate::proxy::Proxy;
 use crate::ratelimit::{CounterStore, LocalStore, RedisStore};
@@ -312,11 +311,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
             interval: flush_interval,
         },
     );
-    let budget = match &fleet_store {
-        Store::Redis(client) => Budget::shared(Arc::clone(client)),
-        Store::Local => Budget::local(),
-    };
-    let culling = crate::cull::driver::service(sh(), budget);
+    let culling = crate::cull::driver::service(sh(), fleet_store.budget());
     let readiness = background_service(
         "readiness",
         Readiness {

@@ -1,6 +1,6 @@
 //! One table of token-bucket cases run against both twins: the Redis bucket
-//! ([`FleetBucket::redis`], the Lua arithmetic against a real `redis-server` on a
-//! free port) and the in-process one ([`FleetBucket::local`], the Rust arithmetic).
+//! ([`RedisBucket`](crate::RedisBucket), the Lua arithmetic against a real `redis-server` on a
+//! free port) and the in-process one ([`LocalBucket`](crate::LocalBucket), the Rust arithmetic).
 //! Both run on real time (the server's clock, the process's clock): the table's
 //! periods are long, so that the few milliseconds a case takes change its results
 //! by less than the tolerance; one refill case with a short period is polled.
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{FleetBucket, RedisClient, Take};
+use crate::{FleetBucket, RedisClient, Store, Take};
 
 // The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
 use portcullis_test_kit::RedisServer;
@@ -101,10 +101,13 @@ fn check(twin: &str, case: &Case, i: usize, got: &Take, want: Expect) {
 }
 
 /// The twins under test: the in-process bucket, and the Redis one when a server runs.
-fn twins(redis: Option<&Arc<RedisClient>>, name: &str) -> Vec<(&'static str, FleetBucket)> {
-    let mut out = vec![("local", FleetBucket::local())];
+fn twins(
+    redis: Option<&Arc<RedisClient>>,
+    name: &str,
+) -> Vec<(&'static str, Arc<dyn FleetBucket>)> {
+    let mut out = vec![("local", Store::Local.bucket(name))];
     if let Some(client) = redis {
-        out.push(("redis", FleetBucket::redis(Arc::clone(client), name)));
+        out.push(("redis", Store::Redis(Arc::clone(client)).bucket(name)));
     }
     out
 }
