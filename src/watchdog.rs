@@ -206,7 +206,7 @@ impl Verdict {
 pub struct Watchdog {
     shared: Arc<Shared>,
     /// The fleet "self" bucket; `None` without `[redis]`.
-    bucket: Option<FleetBucket>,
+    bucket: Option<Arc<dyn FleetBucket>>,
     instance: String,
     proxy_probe: Arc<StallProbe>,
     own_probe: Arc<StallProbe>,
@@ -225,7 +225,7 @@ impl Watchdog {
     /// without one there is no fleet budget and the watchdog never restarts.
     pub fn new(shared: Arc<Shared>, store: &Store) -> Self {
         let bucket = match store {
-            Store::Redis(client) => Some(FleetBucket::redis(Arc::clone(client), "self")),
+            Store::Redis(_) => Some(store.bucket("self")),
             Store::Local => None,
         };
         Self {

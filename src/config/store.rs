@@ -113,7 +113,7 @@ fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode
         .url
         .as_ref()
         .map_or("redis://127.0.0.1:6379", |u| u.expose());
-    if let Err(e) = redis::Client::open(url) {
+    if let Err(e) = crate::store::check_url(url) {
         return err(
             "redis.url",
             format!(

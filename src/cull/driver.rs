@@ -8,7 +8,7 @@
 //! takes `now`, so a test can drive ticks on its own clock.
 
 use super::{
-    evaluate_sharded, http, webhook, Action, BackendSample, Buckets, Budget, BudgetSnapshot,
+    evaluate_sharded, http, webhook, Action, BackendSample, Buckets, BudgetSnapshot, BudgetStore,
     ClaimOutcome, CullParams, CullState, Evaluation, FleetDelta, StoreError, TickInput,
 };
 use crate::metrics::CullResult;
@@ -47,7 +47,7 @@ struct Step<'a> {
 /// The culling driver: performs what the policy decides.
 pub struct Culling {
     shared: Arc<Shared>,
-    budget: Budget,
+    budget: Arc<dyn BudgetStore>,
 }
 
 /// What the loop remembers between ticks.
@@ -59,7 +59,7 @@ pub struct Memory {
 }
 
 /// The background service over `budget` (fleet-wide in Redis, or in-process).
-pub fn service(shared: Arc<Shared>, budget: Budget) -> GenBackgroundService<Culling> {
+pub fn service(shared: Arc<Shared>, budget: Arc<dyn BudgetStore>) -> GenBackgroundService<Culling> {
     background_service("culling", Culling::new(shared, budget))
 }
 
@@ -82,7 +82,7 @@ impl BackgroundService for Culling {
 }
 
 impl Culling {
-    pub fn new(shared: Arc<Shared>, budget: Budget) -> Self {
+    pub fn new(shared: Arc<Shared>, budget: Arc<dyn BudgetStore>) -> Self {
         let tokens = shared.runtime.load().config.culling.params.tokens;
         shared.metrics.cull.tokens_available.set(i64::from(tokens));
         Self { shared, budget }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::driver::{Culling, Memory};
-use super::Budget;
+use super::LocalBudget;
 use crate::state::Shared;
 
 /// A backend whose every answer has the status the test sets.
@@ -54,7 +54,7 @@ async fn a_failing_backend_is_ejected_probed_and_readmitted_on_the_tests_clock()
         .map(|a| a.parse().unwrap())
         .collect();
     let shared = shared(&[bad, good[0], good[1]]);
-    let driver = Culling::new(Arc::clone(&shared), Budget::local());
+    let driver = Culling::new(Arc::clone(&shared), Arc::new(LocalBudget::new()));
     let mut memory = Memory::default();
     let pool = Arc::clone(&shared.runtime.load().pools[0]);
     let state = |addr: SocketAddr| {
@@ -101,7 +101,7 @@ async fn backends_failing_alike_are_never_ejected() {
         .map(|a| a.parse().unwrap())
         .collect();
     let shared = shared(&addrs);
-    let driver = Culling::new(Arc::clone(&shared), Budget::local());
+    let driver = Culling::new(Arc::clone(&shared), Arc::new(LocalBudget::new()));
     let mut memory = Memory::default();
     let pool = Arc::clone(&shared.runtime.load().pools[0]);
     let t0: u64 = 2_000_000_000_000;

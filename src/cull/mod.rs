@@ -4,7 +4,7 @@
 //!
 //! Everything here is plain policy that takes `now` explicitly (or reads it from
 //! the store's clock); the proxy wires it into the request path (`ErrorWindow::record`)
-//! and into the periodic check loop (`evaluate`, `Budget`, `CullState`).
+//! and into the periodic check loop (`evaluate`, `BudgetStore`, `CullState`).
 //!
 //! Design notes (see also `CONTRACT.md` §2 `[culling]`, §4, §5.4):
 //! * An error is counted per response; the check loop compares each backend's
@@ -15,22 +15,15 @@
 //!   All checks and the commit happen in one atomic Lua script (one round trip).
 //! * Redis unreachable or slow → `Err(StoreError)`; the caller must not cull.
 
-mod budget;
 pub mod driver;
 mod http;
-mod local;
-mod redis_store;
 mod webhook;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod driver_tests;
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod redis_tests;
 
-pub use budget::Budget;
-pub use local::LocalBudget;
 pub use portcullis_policy::cull::*;
 pub use portcullis_policy::StoreError;
-pub use redis_store::RedisBudget;
+// The budget stores (`BudgetStore`, the trait, comes with the policy above).
+pub use portcullis_store::budget::{LocalBudget, RedisBudget};

@@ -1,6 +1,6 @@
 //! Per-API-key rate limiting at the edge (CONTRACT §4): the request's key ([`extract_key`]),
 //! the policies of a route ([`Policies`]), the gate ([`gate`]), the `RateLimit` fields
-//! ([`fields`]), the Redis counter store ([`RedisStore`]) and the flusher task
+//! ([`fields`]), the Redis counter store ([`RedisStore`], from the store crate) and the flusher task
 //! ([`run_flusher`]). The limiter itself, its sliding window and its flush protocol are
 //! policy: `portcullis_policy::ratelimit`, re-exported here.
 
@@ -9,16 +9,11 @@ mod flusher;
 
 mod key;
 pub mod policy;
-mod redis_store;
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod redis_tests;
 
 pub use fields::FieldParts;
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
 pub use policy::{Combined, DecisionCounters, Policies, Policy, PolicyKey, MAX_POLICIES};
 pub use portcullis_policy::ratelimit::*;
-
-pub use redis_store::RedisStore;
+// The Redis counter store (crates/store).
+pub use portcullis_store::RedisStore;

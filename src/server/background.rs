@@ -12,7 +12,6 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
 
 use crate::config::StoreSettings;
-use crate::cull::Budget;
 use crate::ratelimit::{CounterStore, LocalStore, RedisStore};
 use crate::state::Shared;
 use crate::store::Store;
@@ -185,11 +184,7 @@ pub(super) fn services(
             interval: flush_interval,
         },
     );
-    let budget = match &fleet_store {
-        Store::Redis(client) => Budget::shared(Arc::clone(client)),
-        Store::Local => Budget::local(),
-    };
-    let culling = crate::cull::driver::service(sh(), budget);
+    let culling = crate::cull::driver::service(sh(), fleet_store.budget());
     let readiness = background_service(
         "readiness",
         Readiness {

@@ -5,6 +5,7 @@
 //! crate drives these policies; the store crate keeps their shared state.
 
 pub mod balance;
+pub mod bucket;
 pub mod cull;
 pub mod ratelimit;
 pub mod shed;

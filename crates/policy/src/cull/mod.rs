@@ -2,6 +2,7 @@
 //! fleet-wide disruption budget, and each backend's state machine. The driver that runs it
 //! against real backends and the budget stores are in the app and store crates.
 
+mod budget_store;
 mod claim;
 mod evaluate;
 mod fleet;
@@ -9,6 +10,7 @@ mod params;
 mod state;
 mod window;
 
+pub use budget_store::BudgetStore;
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use fleet::{Buckets, FleetDelta};

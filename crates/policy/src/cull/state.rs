@@ -10,7 +10,7 @@
 //!                                                      deadline passed) → Readmit
 //! ```
 //!
-//! The check loop, each tick: read [`super::Budget::snapshot`] once (→ `fleet_claimed`
+//! The check loop, each tick: read [`super::BudgetStore::snapshot`] once (→ `fleet_claimed`
 //! per backend, `None` when the store is unreachable), run [`super::evaluate`] per
 //! upstream (→ `candidate`), then for each backend call [`CullState::on_tick`] and
 //! perform the returned [`Action`], feeding store/probe results back through

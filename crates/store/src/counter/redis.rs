@@ -7,7 +7,7 @@
 //! also sets its TTL (2 windows of its policy + 60 s) with `EXPIRE`, in the same script.
 //!
 //! Several rate-limit policies: their keys differ by hash (a named policy hashes its name
-//! with the key, see [`super::Limiter::for_policy`]) and every policy's deltas travel in the
+//! with the key, see `Limiter::for_policy` in the policy crate) and every policy's deltas travel in the
 //! same batch, each with its own TTL: one flush is one call however many policies there are.
 //!
 //! One flush = one `EVALSHA` carrying every delta of the batch (batches over
@@ -61,7 +61,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::store::{RedisClient, StoreError};
+use crate::{RedisClient, StoreError};
 use portcullis_policy::ratelimit::hash::hash_hex;
 use portcullis_policy::ratelimit::{Batch, CounterStore, Delta, GlobalCounts, SyncResult};
 

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use super::*;
-use crate::store::RedisClient;
+use crate::{RedisClient, StoreError};
 use portcullis_policy::ratelimit::hash::stable_hash;
 use portcullis_policy::ratelimit::{simulate, SIM_T0 as T0};
+use portcullis_policy::ratelimit::{Limiter, RateLimitParams};
 
 // The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
 use portcullis_test_kit::RedisServer;
@@ -17,8 +18,8 @@ fn start() -> Option<RedisServer> {
         .then(|| RedisServer::start_with_args(&["--enable-debug-command", "yes"]))
 }
 
-async fn conn(port: u16) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+async fn conn(port: u16) -> ::redis::RedisResult<::redis::aio::MultiplexedConnection> {
+    let c = ::redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
     c.get_multiplexed_async_connection().await
 }
 
@@ -39,7 +40,7 @@ fn client(port: u16, prefix: &str, timeout_ms: u64) -> RedisStore {
 
 async fn evalsha_calls(port: u16) -> u64 {
     let mut c = conn(port).await.unwrap();
-    let info: String = redis::cmd("INFO")
+    let info: String = ::redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut c)
         .await
@@ -111,7 +112,7 @@ async fn two_instances_converge_on_one_limit() {
 
     // Everything written starts with the prefix, has a TTL and never holds the raw key.
     let mut c = conn(srv.port()).await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let keys: Vec<String> = ::redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut c)
         .await
@@ -125,7 +126,11 @@ async fn two_instances_converge_on_one_limit() {
             "{k}"
         );
         assert!(!k.contains("hot"), "{k}");
-        let ttl: i64 = redis::cmd("TTL").arg(k).query_async(&mut c).await.unwrap();
+        let ttl: i64 = ::redis::cmd("TTL")
+            .arg(k)
+            .query_async(&mut c)
+            .await
+            .unwrap();
         assert!(ttl > 0, "{k} ttl {ttl}");
     }
     let h = portcullis_policy::ratelimit::hash::hash_hex(stable_hash("hot"));
@@ -174,7 +179,7 @@ async fn outage_keeps_deltas_and_delivers_them() {
     }
     assert!(l.store_healthy());
     let mut c = conn(srv.port()).await.unwrap();
-    let v: i64 = redis::cmd("GET")
+    let v: i64 = ::redis::cmd("GET")
         .arg(&key)
         .query_async(&mut c)
         .await
@@ -206,11 +211,11 @@ async fn lost_counts_are_restored_once() {
     a.flush_once(&sa, t + 7).await.unwrap();
     let key = sa.redis_key(stable_hash("k"), t / 3_600_000);
     let mut c = conn(srv.port()).await.unwrap();
-    let get = |c: &mut redis::aio::MultiplexedConnection| {
+    let get = |c: &mut ::redis::aio::MultiplexedConnection| {
         let key = key.clone();
         let mut c = c.clone();
         async move {
-            let v: Option<i64> = redis::cmd("GET")
+            let v: Option<i64> = ::redis::cmd("GET")
                 .arg(&key)
                 .query_async(&mut c)
                 .await
@@ -220,7 +225,7 @@ async fn lost_counts_are_restored_once() {
     };
     let known = get(&mut c).await;
     assert!(known.is_some_and(|v| v >= 100), "{known:?}");
-    let _: String = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    let _: String = ::redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
     assert_eq!(get(&mut c).await, None);
     // Both keep refusing, sync (the refusals queue the key), and restore 100 between them.
     for (i, (l, st)) in [(&a, &sa), (&b, &sb)].into_iter().enumerate() {
@@ -233,7 +238,7 @@ async fn lost_counts_are_restored_once() {
         known,
         "restored once, not once per instance"
     );
-    let ttl: i64 = redis::cmd("TTL")
+    let ttl: i64 = ::redis::cmd("TTL")
         .arg(&key)
         .query_async(&mut c)
         .await
@@ -299,7 +304,7 @@ async fn debug_sleep_times_out_then_recovers() {
     let port = srv.port();
     let sleeper = tokio::spawn(async move {
         let mut c = conn(port).await.unwrap();
-        let _: redis::RedisResult<String> = redis::cmd("DEBUG")
+        let _: ::redis::RedisResult<String> = ::redis::cmd("DEBUG")
             .arg("SLEEP")
             .arg("1")
             .query_async(&mut c)
@@ -319,7 +324,7 @@ async fn debug_sleep_times_out_then_recovers() {
     }
     assert!(l.store_healthy());
     let mut c = conn(srv.port()).await.unwrap();
-    let v: i64 = redis::cmd("GET")
+    let v: i64 = ::redis::cmd("GET")
         .arg(st.redis_key(stable_hash("k"), T0 / 60_000))
         .query_async(&mut c)
         .await
@@ -356,7 +361,7 @@ async fn fleet_size_is_learned_and_a_new_key_is_shared() {
     a.flush_once(&sa, T0 + 1_500).await.unwrap();
     b.flush_once(&sb, T0 + 1_500).await.unwrap();
     let mut c = conn(srv.port()).await.unwrap();
-    let in_redis: i64 = redis::cmd("GET")
+    let in_redis: i64 = ::redis::cmd("GET")
         .arg(sa.redis_key(stable_hash("fresh"), T0 / 60_000))
         .query_async(&mut c)
         .await
@@ -368,19 +373,23 @@ async fn fleet_size_is_learned_and_a_new_key_is_shared() {
     assert!((190..=201).contains(&total), "{total}");
 
     // Heartbeat keys: prefixed, hash-tagged, with a TTL.
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let keys: Vec<String> = ::redis::cmd("KEYS")
         .arg("fl:rl:{instances}:*")
         .query_async(&mut c)
         .await
         .unwrap();
     assert!(!keys.is_empty());
     for k in &keys {
-        let ttl: i64 = redis::cmd("TTL").arg(k).query_async(&mut c).await.unwrap();
+        let ttl: i64 = ::redis::cmd("TTL")
+            .arg(k)
+            .query_async(&mut c)
+            .await
+            .unwrap();
         assert!(ttl > 0, "{k} ttl {ttl}");
     }
 
     // `b` stops: after two heartbeat buckets `a` is alone again and gets the whole limit.
-    let later = T0 + 1_500 + 2 * super::redis_store::HEARTBEAT_BUCKET_MS + 1;
+    let later = T0 + 1_500 + 2 * HEARTBEAT_BUCKET_MS + 1;
     a.flush_once(&sa, later).await.unwrap();
     assert_eq!(a.instances(), 1);
     let alone = (0..300)
@@ -392,7 +401,7 @@ async fn fleet_size_is_learned_and_a_new_key_is_shared() {
 /// `total_commands_processed` of the server (counts the commands a script runs too).
 async fn total_commands(port: u16) -> u64 {
     let mut c = conn(port).await.unwrap();
-    let info: String = redis::cmd("INFO")
+    let info: String = ::redis::cmd("INFO")
         .arg("stats")
         .query_async(&mut c)
         .await

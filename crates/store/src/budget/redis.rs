@@ -15,11 +15,12 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use redis::{Script, Value};
 
 use crate::refill_lua;
-use crate::store::{RedisClient, StoreError};
-use portcullis_policy::cull::{max_out, CullParams};
+use crate::{RedisClient, StoreError};
+use portcullis_policy::cull::{max_out, BudgetStore, CullParams};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 use portcullis_policy::cull::{Buckets, FleetDelta};
 
@@ -188,98 +189,6 @@ impl RedisBudget {
         )
     }
 
-    /// See [`super::Budget::claim`].
-    pub async fn claim(
-        &self,
-        upstream: &str,
-        backend: &str,
-        total: u32,
-        params: &CullParams,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let tokens_key = self.tokens_key();
-        let claims_key = self.claims_key(upstream);
-        let limit = max_out(total, params.max_culled_fraction);
-        let lease = params.lease_ttl_ms();
-        let dry = params.dry_run;
-        let reply: Vec<i64> = self
-            .client
-            .run(|mut c| async move {
-                self.claim
-                    .key(&tokens_key)
-                    .key(&claims_key)
-                    .arg(backend)
-                    .arg(params.tokens)
-                    .arg(params.token_period_ms())
-                    .arg(limit)
-                    .arg(lease)
-                    .arg(if dry { "1" } else { "0" })
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        let [code, milli, a, b] = reply[..] else {
-            return Err(StoreError::Protocol(format!("claim reply {reply:?}")));
-        };
-        let tokens = milli as f64 / 1000.0;
-        Ok(match code {
-            0 => ClaimOutcome::Granted {
-                tokens_left: tokens,
-                expires_ms: to_u64(a),
-                dry_run: dry,
-            },
-            1 => ClaimOutcome::Renewed {
-                expires_ms: to_u64(a),
-            },
-            2 => ClaimOutcome::NoToken {
-                retry_after_ms: u64::try_from(a).unwrap_or(u64::MAX),
-            },
-            3 => ClaimOutcome::OverBudget {
-                active: u32::try_from(a).unwrap_or(u32::MAX),
-                max_out: u32::try_from(b).unwrap_or(0),
-            },
-            other => return Err(StoreError::Protocol(format!("claim code {other}"))),
-        })
-    }
-
-    /// See [`super::Budget::renew`].
-    pub async fn renew(
-        &self,
-        upstream: &str,
-        backend: &str,
-        lease_ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
-        let key = self.claims_key(upstream);
-        let r: i64 = self
-            .client
-            .run(|mut c| async move {
-                self.renew
-                    .key(&key)
-                    .arg(backend)
-                    .arg(lease_ttl_ms.max(1))
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(r == 1)
-    }
-
-    /// See [`super::Budget::release`].
-    pub async fn release(&self, upstream: &str, backend: &str) -> Result<bool, StoreError> {
-        let key = self.claims_key(upstream);
-        let n: i64 = self
-            .client
-            .run(|mut c| async move {
-                redis::cmd("HDEL")
-                    .arg(&key)
-                    .arg(backend)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(n > 0)
-    }
-
-    /// See [`super::Budget::snapshot`].
     /// Key of one backend's fleet error bucket.
     pub fn errors_key(&self, upstream: &str, backend: &str, bucket: u64) -> String {
         format!(
@@ -290,7 +199,7 @@ impl RedisBudget {
 
     /// Add this instance's deltas to the current bucket and read the fleet's
     /// `(requests, errors)` per backend over the window, in one round trip.
-    pub async fn exchange_errors(
+    async fn fleet_errors(
         &self,
         upstream: &str,
         deltas: &[FleetDelta],
@@ -348,8 +257,113 @@ impl RedisBudget {
             })
             .collect())
     }
+}
 
-    pub async fn snapshot(
+#[async_trait]
+impl BudgetStore for RedisBudget {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn claim(
+        &self,
+        upstream: &str,
+        backend: &str,
+        total: u32,
+        params: &CullParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let tokens_key = self.tokens_key();
+        let claims_key = self.claims_key(upstream);
+        let limit = max_out(total, params.max_culled_fraction);
+        let lease = params.lease_ttl_ms();
+        let dry = params.dry_run;
+        let reply: Vec<i64> = self
+            .client
+            .run(|mut c| async move {
+                self.claim
+                    .key(&tokens_key)
+                    .key(&claims_key)
+                    .arg(backend)
+                    .arg(params.tokens)
+                    .arg(params.token_period_ms())
+                    .arg(limit)
+                    .arg(lease)
+                    .arg(if dry { "1" } else { "0" })
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let [code, milli, a, b] = reply[..] else {
+            return Err(StoreError::Protocol(format!("claim reply {reply:?}")));
+        };
+        let tokens = milli as f64 / 1000.0;
+        Ok(match code {
+            0 => ClaimOutcome::Granted {
+                tokens_left: tokens,
+                expires_ms: to_u64(a),
+                dry_run: dry,
+            },
+            1 => ClaimOutcome::Renewed {
+                expires_ms: to_u64(a),
+            },
+            2 => ClaimOutcome::NoToken {
+                retry_after_ms: u64::try_from(a).unwrap_or(u64::MAX),
+            },
+            3 => ClaimOutcome::OverBudget {
+                active: u32::try_from(a).unwrap_or(u32::MAX),
+                max_out: u32::try_from(b).unwrap_or(0),
+            },
+            other => return Err(StoreError::Protocol(format!("claim code {other}"))),
+        })
+    }
+
+    async fn renew(
+        &self,
+        upstream: &str,
+        backend: &str,
+        lease_ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let key = self.claims_key(upstream);
+        let r: i64 = self
+            .client
+            .run(|mut c| async move {
+                self.renew
+                    .key(&key)
+                    .arg(backend)
+                    .arg(lease_ttl_ms.max(1))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(r == 1)
+    }
+
+    async fn release(&self, upstream: &str, backend: &str) -> Result<bool, StoreError> {
+        let key = self.claims_key(upstream);
+        let n: i64 = self
+            .client
+            .run(|mut c| async move {
+                redis::cmd("HDEL")
+                    .arg(&key)
+                    .arg(backend)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn exchange_errors(
+        &self,
+        upstream: &str,
+        deltas: &[FleetDelta],
+        now_secs: u64,
+        buckets: Buckets,
+    ) -> Option<Result<Vec<(u64, u64)>, StoreError>> {
+        Some(self.fleet_errors(upstream, deltas, now_secs, buckets).await)
+    }
+
+    async fn snapshot(
         &self,
         upstreams: &[&str],
         params: &CullParams,
@@ -390,14 +404,12 @@ impl RedisBudget {
         })
     }
 
-    /// See [`super::Budget::active_claims`].
-    pub async fn active_claims(&self, upstream: &str) -> Result<Vec<ActiveClaim>, StoreError> {
+    async fn active_claims(&self, upstream: &str) -> Result<Vec<ActiveClaim>, StoreError> {
         let mut s = self.snapshot(&[upstream], &CullParams::default()).await?;
         Ok(s.claims.pop().unwrap_or_default())
     }
 
-    /// See [`super::Budget::tokens_available`].
-    pub async fn tokens_available(&self, params: &CullParams) -> Result<f64, StoreError> {
+    async fn tokens_available(&self, params: &CullParams) -> Result<f64, StoreError> {
         Ok(self.snapshot(&[], params).await?.tokens_available)
     }
 }

@@ -1,13 +1,17 @@
 //! In-process budget for a single instance (no `[redis]`), with the same semantics
 //! as the Redis script. Time is injected (`now_ms`, Unix milliseconds) so the
-//! arithmetic is testable; [`super::Budget::Local`] feeds it the wall clock.
+//! arithmetic is testable; its [`BudgetStore`] implementation feeds it the wall clock.
 //! Memory is bounded by the configuration: claims per upstream ≤ its backends.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::store::bucket::{ms_until_one, refill};
-use portcullis_policy::cull::{max_out, CullParams};
+use async_trait::async_trait;
+
+use crate::bucket::{ms_until_one, refill};
+use crate::clock::unix_ms;
+use crate::StoreError;
+use portcullis_policy::cull::{max_out, Buckets, BudgetStore, CullParams, FleetDelta};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 
 #[derive(Debug, Default)]
@@ -35,8 +39,8 @@ impl LocalBudget {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// See [`super::Budget::claim`].
-    pub fn claim(
+    /// [`BudgetStore::claim`] at `now_ms`.
+    pub fn claim_at(
         &self,
         now_ms: u64,
         upstream: &str,
@@ -101,8 +105,8 @@ impl LocalBudget {
         }
     }
 
-    /// See [`super::Budget::renew`].
-    pub fn renew(&self, now_ms: u64, upstream: &str, backend: &str, lease_ttl_ms: u64) -> bool {
+    /// [`BudgetStore::renew`] at `now_ms`.
+    pub fn renew_at(&self, now_ms: u64, upstream: &str, backend: &str, lease_ttl_ms: u64) -> bool {
         let mut st = self.lock();
         let Some(claims) = st.claims.get_mut(upstream) else {
             return false;
@@ -120,8 +124,8 @@ impl LocalBudget {
         }
     }
 
-    /// See [`super::Budget::release`].
-    pub fn release(&self, upstream: &str, backend: &str) -> bool {
+    /// [`BudgetStore::release`] (no clock needed).
+    pub fn remove(&self, upstream: &str, backend: &str) -> bool {
         let mut st = self.lock();
         let removed = st
             .claims
@@ -153,13 +157,13 @@ impl LocalBudget {
         out
     }
 
-    /// See [`super::Budget::active_claims`].
-    pub fn active_claims(&self, now_ms: u64, upstream: &str) -> Vec<ActiveClaim> {
+    /// [`BudgetStore::active_claims`] at `now_ms`.
+    pub fn active_claims_at(&self, now_ms: u64, upstream: &str) -> Vec<ActiveClaim> {
         Self::active_locked(&self.lock(), now_ms, upstream)
     }
 
-    /// See [`super::Budget::tokens_available`].
-    pub fn tokens_available(&self, now_ms: u64, params: &CullParams) -> f64 {
+    /// [`BudgetStore::tokens_available`] at `now_ms`.
+    pub fn tokens_available_at(&self, now_ms: u64, params: &CullParams) -> f64 {
         let st = self.lock();
         refill(
             st.bucket,
@@ -169,8 +173,13 @@ impl LocalBudget {
         )
     }
 
-    /// See [`super::Budget::snapshot`].
-    pub fn snapshot(&self, now_ms: u64, upstreams: &[&str], params: &CullParams) -> BudgetSnapshot {
+    /// [`BudgetStore::snapshot`] at `now_ms`.
+    pub fn snapshot_at(
+        &self,
+        now_ms: u64,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> BudgetSnapshot {
         let st = self.lock();
         BudgetSnapshot {
             tokens_available: refill(
@@ -184,6 +193,63 @@ impl LocalBudget {
                 .map(|u| Self::active_locked(&st, now_ms, u))
                 .collect(),
         }
+    }
+}
+
+#[async_trait]
+impl BudgetStore for LocalBudget {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    async fn claim(
+        &self,
+        upstream: &str,
+        backend: &str,
+        total: u32,
+        params: &CullParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.claim_at(unix_ms(), upstream, backend, total, params))
+    }
+
+    async fn renew(
+        &self,
+        upstream: &str,
+        backend: &str,
+        lease_ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(self.renew_at(unix_ms(), upstream, backend, lease_ttl_ms))
+    }
+
+    async fn release(&self, upstream: &str, backend: &str) -> Result<bool, StoreError> {
+        Ok(self.remove(upstream, backend))
+    }
+
+    async fn active_claims(&self, upstream: &str) -> Result<Vec<ActiveClaim>, StoreError> {
+        Ok(self.active_claims_at(unix_ms(), upstream))
+    }
+
+    async fn tokens_available(&self, params: &CullParams) -> Result<f64, StoreError> {
+        Ok(self.tokens_available_at(unix_ms(), params))
+    }
+
+    /// `None`: a single instance's own error window already is the whole fleet's.
+    async fn exchange_errors(
+        &self,
+        _upstream: &str,
+        _deltas: &[FleetDelta],
+        _now_secs: u64,
+        _buckets: Buckets,
+    ) -> Option<Result<Vec<(u64, u64)>, StoreError>> {
+        None
+    }
+
+    async fn snapshot(
+        &self,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> Result<BudgetSnapshot, StoreError> {
+        Ok(self.snapshot_at(unix_ms(), upstreams, params))
     }
 }
 
@@ -206,56 +272,56 @@ mod tests {
     fn smooth_refill_and_cap() {
         let b = LocalBudget::new();
         let p = params(4, 1.0);
-        assert_eq!(b.tokens_available(T0, &p), 4.0, "starts full");
+        assert_eq!(b.tokens_available_at(T0, &p), 4.0, "starts full");
         for i in 0..4 {
-            assert!(granted(&b.claim(T0, "u", &format!("b{i}"), 100, &p)));
+            assert!(granted(&b.claim_at(T0, "u", &format!("b{i}"), 100, &p)));
         }
-        assert_eq!(b.tokens_available(T0, &p), 0.0);
+        assert_eq!(b.tokens_available_at(T0, &p), 0.0);
         assert!(matches!(
-            b.claim(T0, "u", "b9", 100, &p),
+            b.claim_at(T0, "u", "b9", 100, &p),
             ClaimOutcome::NoToken {
                 retry_after_ms: 150_000
             }
         ));
         // Half a period refills half the bucket.
-        assert_eq!(b.tokens_available(T0 + 300_000, &p), 2.0);
-        assert_eq!(b.tokens_available(T0 + 75_000, &p), 0.5);
+        assert_eq!(b.tokens_available_at(T0 + 300_000, &p), 2.0);
+        assert_eq!(b.tokens_available_at(T0 + 75_000, &p), 0.5);
         // Capped at `tokens`.
-        assert_eq!(b.tokens_available(T0 + 10 * 600_000, &p), 4.0);
+        assert_eq!(b.tokens_available_at(T0 + 10 * 600_000, &p), 4.0);
         // Clock going backwards gives no tokens (and no panic).
-        assert_eq!(b.tokens_available(T0 - 1000, &p), 0.0);
+        assert_eq!(b.tokens_available_at(T0 - 1000, &p), 0.0);
     }
 
     #[test]
     fn no_token_claims_do_not_consume() {
         let b = LocalBudget::new();
         let p = params(1, 1.0);
-        assert!(granted(&b.claim(T0, "u", "a", 10, &p)));
+        assert!(granted(&b.claim_at(T0, "u", "a", 10, &p)));
         assert!(matches!(
-            b.claim(T0 + 1, "u", "b", 10, &p),
+            b.claim_at(T0 + 1, "u", "b", 10, &p),
             ClaimOutcome::NoToken { .. }
         ));
         // Exactly one period after the grant there is one token again.
-        assert!(granted(&b.claim(T0 + 600_000, "u", "b", 10, &p)));
+        assert!(granted(&b.claim_at(T0 + 600_000, "u", "b", 10, &p)));
     }
 
     #[test]
     fn fraction_limits_per_upstream() {
         let b = LocalBudget::new();
         let p = params(100, 0.5);
-        assert!(granted(&b.claim(T0, "u", "a", 4, &p)));
-        assert!(granted(&b.claim(T0, "u", "b", 4, &p)));
+        assert!(granted(&b.claim_at(T0, "u", "a", 4, &p)));
+        assert!(granted(&b.claim_at(T0, "u", "b", 4, &p)));
         assert_eq!(
-            b.claim(T0, "u", "c", 4, &p),
+            b.claim_at(T0, "u", "c", 4, &p),
             ClaimOutcome::OverBudget {
                 active: 2,
                 max_out: 2
             }
         );
         // Another upstream has its own budget.
-        assert!(granted(&b.claim(T0, "v", "c", 4, &p)));
+        assert!(granted(&b.claim_at(T0, "v", "c", 4, &p)));
         // Over-budget claims do not spend tokens.
-        assert_eq!(b.tokens_available(T0, &p), 97.0);
+        assert_eq!(b.tokens_available_at(T0, &p), 97.0);
     }
 
     #[test]
@@ -263,12 +329,12 @@ mod tests {
         let b = LocalBudget::new();
         let p = params(100, 1.0);
         assert!(matches!(
-            b.claim(T0, "one", "a", 1, &p),
+            b.claim_at(T0, "one", "a", 1, &p),
             ClaimOutcome::OverBudget { max_out: 0, .. }
         ));
-        assert!(granted(&b.claim(T0, "two", "a", 2, &p)));
+        assert!(granted(&b.claim_at(T0, "two", "a", 2, &p)));
         assert!(matches!(
-            b.claim(T0, "two", "b", 2, &p),
+            b.claim_at(T0, "two", "b", 2, &p),
             ClaimOutcome::OverBudget {
                 active: 1,
                 max_out: 1
@@ -281,19 +347,19 @@ mod tests {
         let b = LocalBudget::new();
         let p = params(2, 1.0);
         let lease = p.lease_ttl_ms();
-        assert!(granted(&b.claim(T0, "u", "a", 10, &p)));
-        assert_eq!(b.tokens_available(T0, &p), 1.0);
+        assert!(granted(&b.claim_at(T0, "u", "a", 10, &p)));
+        assert_eq!(b.tokens_available_at(T0, &p), 1.0);
         // Claiming again while held renews for free.
         assert_eq!(
-            b.claim(T0 + 5, "u", "a", 10, &p),
+            b.claim_at(T0 + 5, "u", "a", 10, &p),
             ClaimOutcome::Renewed {
                 expires_ms: T0 + 5 + lease
             }
         );
-        assert!(b.renew(T0 + 10, "u", "a", lease));
-        assert_eq!(b.tokens_available(T0 + 10, &p) as u32, 1);
+        assert!(b.renew_at(T0 + 10, "u", "a", lease));
+        assert_eq!(b.tokens_available_at(T0 + 10, &p) as u32, 1);
         assert_eq!(
-            b.active_claims(T0 + 10, "u"),
+            b.active_claims_at(T0 + 10, "u"),
             vec![ActiveClaim {
                 backend: "a".into(),
                 expires_ms: T0 + 10 + lease,
@@ -301,8 +367,8 @@ mod tests {
             }]
         );
         // Renewing something not held fails.
-        assert!(!b.renew(T0, "u", "zzz", lease));
-        assert!(!b.renew(T0, "nope", "a", lease));
+        assert!(!b.renew_at(T0, "u", "zzz", lease));
+        assert!(!b.renew_at(T0, "nope", "a", lease));
     }
 
     #[test]
@@ -310,32 +376,32 @@ mod tests {
         let b = LocalBudget::new();
         let p = params(100, 0.5);
         let lease = p.lease_ttl_ms();
-        assert!(granted(&b.claim(T0, "u", "a", 2, &p)));
+        assert!(granted(&b.claim_at(T0, "u", "a", 2, &p)));
         assert!(matches!(
-            b.claim(T0, "u", "b", 2, &p),
+            b.claim_at(T0, "u", "b", 2, &p),
             ClaimOutcome::OverBudget { .. }
         ));
         // Still active one ms before expiry.
-        assert_eq!(b.active_claims(T0 + lease - 1, "u").len(), 1);
+        assert_eq!(b.active_claims_at(T0 + lease - 1, "u").len(), 1);
         assert!(matches!(
-            b.claim(T0 + lease - 1, "u", "b", 2, &p),
+            b.claim_at(T0 + lease - 1, "u", "b", 2, &p),
             ClaimOutcome::OverBudget { .. }
         ));
         // Expired: the slot is free, and renewing the old lease fails.
-        assert!(b.active_claims(T0 + lease, "u").is_empty());
-        assert!(!b.renew(T0 + lease, "u", "a", lease));
-        assert!(granted(&b.claim(T0 + lease, "u", "b", 2, &p)));
+        assert!(b.active_claims_at(T0 + lease, "u").is_empty());
+        assert!(!b.renew_at(T0 + lease, "u", "a", lease));
+        assert!(granted(&b.claim_at(T0 + lease, "u", "b", 2, &p)));
     }
 
     #[test]
     fn release_frees_budget_without_refund() {
         let b = LocalBudget::new();
         let p = params(3, 0.5);
-        assert!(granted(&b.claim(T0, "u", "a", 2, &p)));
-        assert!(b.release("u", "a"));
-        assert!(!b.release("u", "a"));
-        assert!(granted(&b.claim(T0, "u", "b", 2, &p)));
-        assert_eq!(b.tokens_available(T0, &p), 1.0);
+        assert!(granted(&b.claim_at(T0, "u", "a", 2, &p)));
+        assert!(b.remove("u", "a"));
+        assert!(!b.remove("u", "a"));
+        assert!(granted(&b.claim_at(T0, "u", "b", 2, &p)));
+        assert_eq!(b.tokens_available_at(T0, &p), 1.0);
     }
 
     #[test]
@@ -345,7 +411,7 @@ mod tests {
         p.dry_run = true;
         for _ in 0..3 {
             assert_eq!(
-                b.claim(T0, "u", "a", 4, &p),
+                b.claim_at(T0, "u", "a", 4, &p),
                 ClaimOutcome::Granted {
                     tokens_left: 0.0,
                     expires_ms: T0 + p.lease_ttl_ms(),
@@ -353,17 +419,17 @@ mod tests {
                 }
             );
         }
-        assert_eq!(b.tokens_available(T0, &p), 1.0);
-        assert!(b.active_claims(T0, "u").is_empty());
+        assert_eq!(b.tokens_available_at(T0, &p), 1.0);
+        assert!(b.active_claims_at(T0, "u").is_empty());
     }
 
     #[test]
     fn snapshot_reads_everything() {
         let b = LocalBudget::new();
         let p = params(5, 0.5);
-        assert!(granted(&b.claim(T0, "u", "a", 4, &p)));
-        assert!(granted(&b.claim(T0, "v", "x", 4, &p)));
-        let s = b.snapshot(T0, &["u", "w", "v"], &p);
+        assert!(granted(&b.claim_at(T0, "u", "a", 4, &p)));
+        assert!(granted(&b.claim_at(T0, "v", "x", 4, &p)));
+        let s = b.snapshot_at(T0, &["u", "w", "v"], &p);
         assert_eq!(s.tokens_available, 3.0);
         assert_eq!(s.claims.len(), 3);
         assert_eq!(s.claims[0][0].backend, "a");

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{FleetBucket, RedisClient, Take};
-use crate::cull::{Budget, ClaimOutcome, CullParams};
-use crate::ratelimit::{Batch, CounterStore, Delta, GlobalCounts, RedisStore};
-use crate::store::{Endpoint, Mode};
+use crate::{BudgetStore, FleetBucket, RedisBucket, RedisBudget, RedisClient, Take};
+use crate::{CounterStore, Endpoint, Mode, RedisStore};
+use portcullis_policy::cull::{ClaimOutcome, CullParams};
+use portcullis_policy::ratelimit::{Batch, Delta, GlobalCounts};
 
 // The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
 use portcullis_test_kit::{RedisCluster, RedisServer};
@@ -83,7 +83,7 @@ async fn flush_across_slots_counts_once_and_budget_runs_on_its_slot() {
     }
 
     // Culling: the claim script's keys share the `{prefix}` tag, one slot.
-    let budget = Budget::shared(Arc::clone(&client));
+    let budget = RedisBudget::new(Arc::clone(&client));
     let params = CullParams {
         tokens: 1,
         ..CullParams::default()
@@ -94,7 +94,7 @@ async fn flush_across_slots_counts_once_and_budget_runs_on_its_slot() {
     assert!(matches!(second, ClaimOutcome::NoToken { .. }), "{second:?}");
     assert_eq!(budget.active_claims("app").await.unwrap().len(), 1);
 
-    let bucket = FleetBucket::redis(Arc::clone(&client), "self");
+    let bucket = RedisBucket::new(Arc::clone(&client), "self");
     assert!(matches!(
         bucket.take(1, 60_000).await.unwrap(),
         Take::Granted { .. }

@@ -6,12 +6,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::{RedisClient, StoreError};
+use portcullis_policy::cull::{Buckets, ClaimOutcome, CullParams, FleetDelta};
 
 // The kit's launcher (crates/test-kit), the one place that starts `redis-server`.
 use portcullis_test_kit::RedisServer;
 
-fn budget(r: &RedisServer, prefix: &str) -> Budget {
-    Budget::redis(&r.url(), prefix, Duration::from_millis(500)).unwrap()
+/// A budget on its own [`RedisClient`] (an instance of its own).
+fn redis_budget(url: &str, prefix: &str, timeout: Duration) -> RedisBudget {
+    RedisBudget::new(Arc::new(RedisClient::new(url, prefix, timeout).unwrap()))
+}
+
+fn budget(r: &RedisServer, prefix: &str) -> RedisBudget {
+    redis_budget(&r.url(), prefix, Duration::from_millis(500))
 }
 
 fn params(tokens: u32, fraction: f64) -> CullParams {
@@ -179,11 +186,11 @@ async fn keys_are_prefixed_tagged_and_expire() {
     let p = params(10, 0.5);
     assert!(b.claim("app", "a", 4, &p).await.unwrap().is_held());
     assert!(b.claim("api", "x", 4, &p).await.unwrap().is_held());
-    let mut c = redis::Client::open(r.url())
+    let mut c = ::redis::Client::open(r.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    let mut keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
     keys.sort();
     assert_eq!(
         keys,
@@ -194,7 +201,7 @@ async fn keys_are_prefixed_tagged_and_expire() {
         ]
     );
     for k in &keys {
-        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).unwrap();
+        let ttl: i64 = ::redis::cmd("PTTL").arg(k).query(&mut c).unwrap();
         assert!(ttl > 0, "{k} has no TTL");
     }
     let s = b.snapshot(&["app", "none", "api"], &p).await.unwrap();
@@ -228,7 +235,7 @@ async fn redis_down_errors_quickly_then_recovers() {
         return;
     };
     let timeout = Duration::from_millis(200);
-    let b = Budget::redis(&r.url(), "t7", timeout).unwrap();
+    let b = redis_budget(&r.url(), "t7", timeout);
     let p = params(10, 0.5);
     assert!(b.claim("app", "a", 4, &p).await.unwrap().is_held());
     r.kill();
@@ -244,7 +251,7 @@ async fn redis_down_errors_quickly_then_recovers() {
     // A black-holed address (accepts nothing, answers nothing) is bounded too.
     let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let hole_url = format!("redis://{}/", hole.local_addr().unwrap());
-    let hb = Budget::redis(&hole_url, "t7", timeout).unwrap();
+    let hb = redis_budget(&hole_url, "t7", timeout);
     let t = Instant::now();
     assert!(matches!(
         hb.claim("app", "b", 4, &p).await,
@@ -344,21 +351,21 @@ async fn fleet_error_counts_add_up_across_instances() {
         .unwrap();
     assert_eq!(forgiven, vec![(0, 0)]);
     // every bucket key is prefixed and expires
-    let mut c = redis::Client::open(r.url())
+    let mut c = ::redis::Client::open(r.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let keys: Vec<String> = ::redis::cmd("KEYS")
         .arg("fl:cull:*err*")
         .query(&mut c)
         .unwrap();
     assert_eq!(keys.len(), 3, "{keys:?}");
     for k in &keys {
-        let ttl: i64 = redis::cmd("TTL").arg(k).query(&mut c).unwrap();
+        let ttl: i64 = ::redis::cmd("TTL").arg(k).query(&mut c).unwrap();
         assert!(ttl > 0, "{k} has no TTL");
     }
     // the in-process budget has no fleet counters: the local window is the fleet
-    assert!(Budget::local()
+    assert!(LocalBudget::new()
         .exchange_errors("app", &[d("x", 1, 1, 0)], now, buckets)
         .await
         .is_none());

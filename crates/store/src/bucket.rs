@@ -2,18 +2,22 @@
 //!
 //! The arithmetic exists once in Rust ([`refill`], [`ms_until_one`]) and once in
 //! Lua (`refill_lua!`, spliced into every script that reads a bucket), and one
-//! conformance table (`src/store/conformance_tests.rs`) runs both against the same
+//! conformance table (`conformance_tests.rs`) runs both against the same
 //! cases. The bucket is stored as `(tokens, at_ms)`; a missing bucket is full.
 //!
-//! [`FleetBucket`] is a plain bucket shared by the fleet through Redis (or held in
-//! process): the watchdog's restart budget. Culling's disruption budget uses the
-//! same arithmetic inside its claim script.
+//! [`FleetBucket`] (the trait, in the policy crate) is a plain bucket shared by the fleet:
+//! the watchdog's restart budget. [`RedisBucket`] holds it in Redis, [`LocalBucket`] in
+//! process. Culling's disruption budget uses the same arithmetic inside its claim script
+//! ([`crate::budget`]).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
 
 use super::clock::unix_ms;
 use super::redis::RedisClient;
 use super::StoreError;
+use portcullis_policy::bucket::{FleetBucket, Take};
 
 /// Tokens in a bucket of capacity `cap` refilling `cap` per `period_ms`, last
 /// holding `last` at `at_ms`, seen at `now_ms` (a clock going back counts as no time).
@@ -90,15 +94,6 @@ return {1, math.floor((tok - 1) * 1000)}
 "#
 );
 
-/// What [`FleetBucket::take`] got.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Take {
-    /// A token was taken; `tokens_left` remain.
-    Granted { tokens_left: f64 },
-    /// Empty; the next token in `retry_after_ms` (`u64::MAX`: never).
-    Empty { retry_after_ms: u64 },
-}
-
 /// An in-process bucket; time is injected so the arithmetic is testable.
 #[derive(Debug, Default)]
 pub struct LocalBucket {
@@ -107,7 +102,7 @@ pub struct LocalBucket {
 
 impl LocalBucket {
     /// Take one token at `now_ms` if there is one.
-    pub fn take(&self, cap: f64, period_ms: u64, now_ms: u64) -> Take {
+    pub fn take_at(&self, cap: f64, period_ms: u64, now_ms: u64) -> Take {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let tok = refill(*last, cap, period_ms, now_ms);
         if tok < 1.0 {
@@ -122,63 +117,58 @@ impl LocalBucket {
     }
 }
 
-/// A token bucket shared by every instance of the fleet (Redis) or held in process.
-#[derive(Debug)]
-pub enum FleetBucket {
-    Redis {
-        client: std::sync::Arc<RedisClient>,
-        key: String,
-        script: Box<redis::Script>,
-    },
-    Local(LocalBucket),
+#[async_trait]
+impl FleetBucket for LocalBucket {
+    async fn take(&self, cap: u32, period_ms: u64) -> Result<Take, StoreError> {
+        Ok(self.take_at(f64::from(cap), period_ms.max(1), unix_ms()))
+    }
 }
 
-impl FleetBucket {
+/// A token bucket shared by every instance of the fleet through Redis (one Lua script per
+/// take, on the server's clock).
+#[derive(Debug)]
+pub struct RedisBucket {
+    client: Arc<RedisClient>,
+    key: String,
+    script: redis::Script,
+}
+
+impl RedisBucket {
     /// The bucket `name` in Redis, under `<prefix>-<name>:` (its own keyspace).
-    pub fn redis(client: std::sync::Arc<RedisClient>, name: &str) -> Self {
+    pub fn new(client: Arc<RedisClient>, name: &str) -> Self {
         let p = format!("{}-{name}", client.prefix());
-        FleetBucket::Redis {
+        RedisBucket {
             key: format!("{p}:bucket:{{{p}}}:tokens"),
             client,
-            script: Box::new(redis::Script::new(TAKE_LUA)),
+            script: redis::Script::new(TAKE_LUA),
         }
     }
+}
 
-    /// An in-process bucket.
-    pub fn local() -> Self {
-        FleetBucket::Local(LocalBucket::default())
-    }
-
-    /// Take one token if the bucket (capacity `cap`, refilled over `period_ms`) has one.
-    pub async fn take(&self, cap: u32, period_ms: u64) -> Result<Take, StoreError> {
+#[async_trait]
+impl FleetBucket for RedisBucket {
+    async fn take(&self, cap: u32, period_ms: u64) -> Result<Take, StoreError> {
         let period_ms = period_ms.max(1);
-        match self {
-            FleetBucket::Local(b) => Ok(b.take(f64::from(cap), period_ms, unix_ms())),
-            FleetBucket::Redis {
-                client,
-                key,
-                script,
-            } => {
-                let reply: Vec<i64> = client
-                    .run(|mut c| async move {
-                        script
-                            .key(key)
-                            .arg(cap)
-                            .arg(period_ms)
-                            .invoke_async(&mut c)
-                            .await
-                    })
-                    .await?;
-                match reply[..] {
-                    [1, milli] => Ok(Take::Granted {
-                        tokens_left: milli as f64 / 1000.0,
-                    }),
-                    [0, ms] => Ok(Take::Empty {
-                        retry_after_ms: u64::try_from(ms).unwrap_or(u64::MAX),
-                    }),
-                    _ => Err(StoreError::Protocol(format!("bucket reply {reply:?}"))),
-                }
-            }
+        let (key, script) = (&self.key, &self.script);
+        let reply: Vec<i64> = self
+            .client
+            .run(|mut c| async move {
+                script
+                    .key(key)
+                    .arg(cap)
+                    .arg(period_ms)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        match reply[..] {
+            [1, milli] => Ok(Take::Granted {
+                tokens_left: milli as f64 / 1000.0,
+            }),
+            [0, ms] => Ok(Take::Empty {
+                retry_after_ms: u64::try_from(ms).unwrap_or(u64::MAX),
+            }),
+            _ => Err(StoreError::Protocol(format!("bucket reply {reply:?}"))),
         }
     }
 }
@@ -191,23 +181,23 @@ mod tests {
     fn local_bucket_refills_over_its_period() {
         let b = LocalBucket::default();
         let t0 = 1_000_000;
-        assert_eq!(b.take(2.0, 1000, t0), Take::Granted { tokens_left: 1.0 });
-        assert_eq!(b.take(2.0, 1000, t0), Take::Granted { tokens_left: 0.0 });
+        assert_eq!(b.take_at(2.0, 1000, t0), Take::Granted { tokens_left: 1.0 });
+        assert_eq!(b.take_at(2.0, 1000, t0), Take::Granted { tokens_left: 0.0 });
         assert_eq!(
-            b.take(2.0, 1000, t0),
+            b.take_at(2.0, 1000, t0),
             Take::Empty {
                 retry_after_ms: 500
             }
         );
         assert_eq!(
-            b.take(2.0, 1000, t0 + 500),
+            b.take_at(2.0, 1000, t0 + 500),
             Take::Granted { tokens_left: 0.0 }
         );
         // A clock going back adds nothing.
-        assert!(matches!(b.take(2.0, 1000, t0), Take::Empty { .. }));
+        assert!(matches!(b.take_at(2.0, 1000, t0), Take::Empty { .. }));
         // Never above the capacity.
         assert_eq!(
-            b.take(2.0, 1000, t0 + 100_000),
+            b.take_at(2.0, 1000, t0 + 100_000),
             Take::Granted { tokens_left: 1.0 }
         );
     }
@@ -216,7 +206,7 @@ mod tests {
     fn empty_bucket_never_refills() {
         let b = LocalBucket::default();
         assert_eq!(
-            b.take(0.0, 1000, 5),
+            b.take_at(0.0, 1000, 5),
             Take::Empty {
                 retry_after_ms: u64::MAX
             }

@@ -1,0 +1,76 @@
+//! The disruption budget's store: the trait the culling driver holds (`Arc<dyn BudgetStore>`),
+//! implemented in the store crate by the fleet-wide Redis budget and the in-process one, with
+//! the same semantics (one conformance table runs both).
+//!
+//! Semantics of [`BudgetStore::claim`] (checked and committed atomically):
+//! 1. Expired claims of the upstream are pruned.
+//! 2. The backend already holds an active claim → its lease is renewed, no token
+//!    is spent: [`ClaimOutcome::Renewed`].
+//! 3. Active claims + 1 > [`max_out`](super::max_out)`(total, max_culled_fraction)`
+//!    → [`ClaimOutcome::OverBudget`] (never the last backend; `total ≤ 1` is always over).
+//! 4. Fewer than one token in the fleet bucket → [`ClaimOutcome::NoToken`]. The bucket
+//!    holds at most `tokens` and refills continuously at `tokens / token_period`.
+//! 5. Otherwise one token is taken and the claim recorded with expiry
+//!    `now + lease_ttl`: [`ClaimOutcome::Granted`].
+//!
+//! With `dry_run`, steps 1–5 are evaluated but nothing is written. Every call reads the
+//! store's own clock (Redis `TIME`, or the process's wall clock). Any `Err` means the store
+//! could not answer: the caller must not cull.
+
+use async_trait::async_trait;
+
+use super::{ActiveClaim, Buckets, BudgetSnapshot, ClaimOutcome, CullParams, FleetDelta};
+use crate::StoreError;
+
+/// A disruption budget: a fleet bucket of tokens and per-upstream claims held as leases.
+#[async_trait]
+pub trait BudgetStore: Send + Sync + std::fmt::Debug {
+    /// `"redis"` or `"local"` (for `/status` and logs).
+    fn kind(&self) -> &'static str;
+
+    /// Try to cull `backend` of `upstream` (which has `total` backends). See the module doc.
+    async fn claim(
+        &self,
+        upstream: &str,
+        backend: &str,
+        total: u32,
+        params: &CullParams,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Extend an active claim to `now + lease_ttl_ms`. `Ok(false)`: there was no active
+    /// claim (it expired or was released) — the backend should be readmitted.
+    async fn renew(
+        &self,
+        upstream: &str,
+        backend: &str,
+        lease_ttl_ms: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Drop a claim (the backend is readmitted). `Ok(true)` if one was removed.
+    /// The token spent on it is not refunded.
+    async fn release(&self, upstream: &str, backend: &str) -> Result<bool, StoreError>;
+
+    /// Active claims of one upstream, sorted by backend.
+    async fn active_claims(&self, upstream: &str) -> Result<Vec<ActiveClaim>, StoreError>;
+
+    /// Tokens in the fleet bucket now.
+    async fn tokens_available(&self, params: &CullParams) -> Result<f64, StoreError>;
+
+    /// Fleet-wide `(requests, errors)` per backend over the window, after adding
+    /// this instance's deltas. `None` for a store that is not shared (the in-process
+    /// budget): the local window already is the whole fleet.
+    async fn exchange_errors(
+        &self,
+        upstream: &str,
+        deltas: &[FleetDelta],
+        now_secs: u64,
+        buckets: Buckets,
+    ) -> Option<Result<Vec<(u64, u64)>, StoreError>>;
+
+    /// Tokens and the active claims of every listed upstream, in one round trip.
+    async fn snapshot(
+        &self,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> Result<BudgetSnapshot, StoreError>;
+}

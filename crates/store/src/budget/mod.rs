@@ -1,0 +1,14 @@
+//! Culling's disruption budget ([`BudgetStore`], defined by the policy crate with its
+//! semantics): [`RedisBudget`], fleet-wide, and [`LocalBudget`], a single instance's, with
+//! the same semantics (the conformance table in `conformance_tests.rs` runs both).
+
+mod local;
+mod redis;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod redis_tests;
+
+pub use self::local::LocalBudget;
+pub use self::redis::RedisBudget;
+pub use portcullis_policy::cull::BudgetStore;
