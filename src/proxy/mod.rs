@@ -24,10 +24,13 @@
 
 mod batch;
 mod ctx;
+mod early;
 mod failure;
 mod request;
+mod response;
 mod retry;
 mod telemetry;
+mod upstream_request;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,12 +45,11 @@ use pingora::ErrorType;
 use crate::edge;
 use crate::gate;
 use crate::metrics::Outcome;
-use crate::ratelimit;
 use crate::respond::{self, Refusal};
 use crate::state::Shared;
 use crate::upstream::Attempt;
 pub use ctx::Ctx;
-use request::{header_block_len, host_of, invalid_target};
+use request::host_of;
 
 pub struct Proxy {
     pub shared: Arc<Shared>,
@@ -123,72 +125,18 @@ impl ProxyHttp for Proxy {
         self.shared.note_proxy_runtime();
         let server = &ctx.runtime.config.server;
         request::set_connection_options(session, server);
-        let max_header = server.max_request_header_bytes;
-        let framing = crate::framing::check(&session.req_header().headers, || {
-            session
-                .as_downstream()
-                .as_http1()
-                .map(|h1| h1.get_headers_raw_bytes())
-        });
-        if framing.is_err() {
-            return Self::refuse_early(
-                session,
-                ctx,
-                Refusal::BadRequest("portcullis: bad request\n"),
-            );
-        }
-        if invalid_target(session) {
-            return Self::refuse_early(
-                session,
-                ctx,
-                Refusal::BadRequest("portcullis: invalid byte in request target\n"),
-            );
-        }
-        if crate::framing::asterisk_target_misused(
-            &session.req_header().method,
-            session.req_header().raw_path(),
-        ) {
-            return Self::refuse_early(
-                session,
-                ctx,
-                Refusal::BadRequest("portcullis: request target * is for OPTIONS only\n"),
-            );
-        }
-        // `Content-Length: 5, 5` goes upstream as `5`: a list is never passed on.
-        match crate::framing::content_length_list(&session.req_header().headers) {
-            Ok(None) => {}
-            Ok(Some(one)) => {
-                session
-                    .req_header_mut()
-                    .insert_header(http::header::CONTENT_LENGTH, one)?;
-            }
-            Err(()) => {
-                return Self::refuse_early(
-                    session,
-                    ctx,
-                    Refusal::BadRequest("portcullis: bad request\n"),
-                );
+        match early::first_refusal(session, server)? {
+            None => Ok(()),
+            Some(refusal) => {
+                if refusal == Refusal::PayloadTooLarge {
+                    self.shared
+                        .metrics
+                        .edge
+                        .refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
+                }
+                Self::refuse_early(session, ctx, refusal)
             }
         }
-        if request::data_past_zero_length(session) {
-            return Self::refuse_early(
-                session,
-                ctx,
-                Refusal::BadRequest("portcullis: body past content-length: 0\n"),
-            );
-        }
-        if header_block_len(session) > max_header {
-            return Self::refuse_early(session, ctx, Refusal::HeaderTooLarge);
-        }
-        let max_body = server.max_request_body_bytes;
-        if edge::limits::declared_too_large(&session.req_header().headers, max_body) {
-            self.shared
-                .metrics
-                .edge
-                .refusal(crate::metrics::EdgeRefusal::BodyTooLarge);
-            return Self::refuse_early(session, ctx, Refusal::PayloadTooLarge);
-        }
-        Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
@@ -412,47 +360,7 @@ impl ProxyHttp for Proxy {
         req: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        // The request header is sent upstream right after this phase.
-        batch::coalesce(session).await;
-        // The gate's key header stays as the client sent it, whatever its
-        // `Connection` field nominated.
-        if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
-            edge::headers::restore(&session.req_header().headers, req, &[name]);
-        }
-        request::set_forwarded(session, req, &self.shared.proxied)?;
-        if let Some(rules) = ctx
-            .routing
-            .route
-            .and_then(|i| ctx.runtime.config.routes.get(i))
-        {
-            let rules = &rules.headers;
-            edge::headers::apply(req, &rules.request_remove, &rules.request_set);
-        }
-        request::keep_http10_without_host(session, req);
-        if session.as_downstream().is_http2() {
-            request::join_cookie_crumbs(req)?;
-        }
-        let id = match req
-            .headers
-            .get(edge::headers::names::X_REQUEST_ID.name())
-            .filter(|v| edge::headers::valid_request_id(v.as_bytes()) && v.to_str().is_ok())
-        {
-            // A shared reference to the parsed header's bytes, not a copy.
-            Some(id) => edge::headers::unique(id.clone()),
-            None => {
-                let id = self.shared.next_request_id_value();
-                req.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
-                id
-            }
-        };
-        ctx.answer.request_id = Some(id);
-        ctx.obs.propagate(
-            req,
-            self.shared
-                .observe
-                .new_trace_sample(&ctx.runtime.config.tracing),
-        )?;
-        Ok(())
+        upstream_request::prepare(&self.shared, session, req, ctx).await
     }
 
     async fn response_filter(
@@ -461,48 +369,7 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        // The response is sent to the client right after this phase.
-        batch::coalesce(session).await;
-        edge::headers::strip_response_hop_by_hop(resp);
-        request::frame_for_client(session, resp)?;
-        if let Some(rules) = ctx
-            .routing
-            .route
-            .and_then(|i| ctx.runtime.config.routes.get(i))
-        {
-            let rules = &rules.headers;
-            edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
-        }
-        if let Some(id) = &ctx.answer.request_id {
-            resp.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
-        }
-        if let Some(code) = crate::edge::grpc::status_of(&resp.headers) {
-            // a trailers-only gRPC response
-            ctx.answer.grpc_failed = crate::edge::grpc::is_backend_error(code);
-        }
-        if ctx.gates.tunnel.is_some() {
-            if resp.status.as_u16() == 101 {
-                // The tunnel is open: no longer an in-flight request.
-                if let Some(t) = ctx.gates.tunnel.as_mut() {
-                    t.mark_open();
-                }
-                ctx.gates.inflight = None;
-                ctx._in_flight = None;
-            } else {
-                ctx.gates.tunnel = None;
-            }
-        }
-        if let Some(fields) = ctx.gates.rate {
-            if let Some(parts) = ctx.runtime.rate.fields(fields.policy) {
-                respond::apply_rate_fields(&fields, parts, resp)?;
-            }
-        }
-        if self.shared.lifecycle.is_draining() {
-            // Draining: ask keep-alive clients to reconnect (to another instance).
-            session.set_keepalive(None);
-            resp.insert_header("connection", "close")?;
-        }
-        Ok(())
+        response::prepare(&self.shared, session, resp, ctx).await
     }
 
     fn upstream_response_trailer_filter(

@@ -1,0 +1,64 @@
+//! `response_filter`: the response header as it goes to the client: hop-by-hop fields
+//! removed, framing for the client's protocol, the route's header rules, X-Request-Id, the
+//! gRPC status, an upgrade's tunnel opened, the `RateLimit` fields, and `Connection: close`
+//! while draining.
+
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use pingora::Result;
+
+use super::{batch, request, Ctx};
+use crate::edge;
+use crate::respond;
+use crate::state::Shared;
+
+/// Prepare `resp`, the response header about to be sent to the client.
+pub(super) async fn prepare(
+    shared: &Shared,
+    session: &mut Session,
+    resp: &mut ResponseHeader,
+    ctx: &mut Ctx,
+) -> Result<()> {
+    // The response is sent to the client right after this phase.
+    batch::coalesce(session).await;
+    edge::headers::strip_response_hop_by_hop(resp);
+    request::frame_for_client(session, resp)?;
+    if let Some(rules) = ctx
+        .routing
+        .route
+        .and_then(|i| ctx.runtime.config.routes.get(i))
+    {
+        let rules = &rules.headers;
+        edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
+    }
+    if let Some(id) = &ctx.answer.request_id {
+        resp.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
+    }
+    if let Some(code) = crate::edge::grpc::status_of(&resp.headers) {
+        // a trailers-only gRPC response
+        ctx.answer.grpc_failed = crate::edge::grpc::is_backend_error(code);
+    }
+    if ctx.gates.tunnel.is_some() {
+        if resp.status.as_u16() == 101 {
+            // The tunnel is open: no longer an in-flight request.
+            if let Some(t) = ctx.gates.tunnel.as_mut() {
+                t.mark_open();
+            }
+            ctx.gates.inflight = None;
+            ctx._in_flight = None;
+        } else {
+            ctx.gates.tunnel = None;
+        }
+    }
+    if let Some(fields) = ctx.gates.rate {
+        if let Some(parts) = ctx.runtime.rate.fields(fields.policy) {
+            respond::apply_rate_fields(&fields, parts, resp)?;
+        }
+    }
+    if shared.lifecycle.is_draining() {
+        // Draining: ask keep-alive clients to reconnect (to another instance).
+        session.set_keepalive(None);
+        resp.insert_header("connection", "close")?;
+    }
+    Ok(())
+}
