@@ -184,7 +184,7 @@ impl Limiter {
 
     /// As [`Limiter::check`], but an admission is not counted: whether this policy would
     /// admit the request. A request checked against several policies is counted against
-    /// each only once every one of them admits it (see [`super::policy`]).
+    /// each only once every one of them admits it (see the app's `ratelimit::policy`).
     pub fn peek<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
         self.decide_key(key.as_ref(), now_ms, false)
     }

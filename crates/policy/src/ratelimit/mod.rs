@@ -3,7 +3,7 @@
 //!
 //! * Decisions ([`Limiter::check`]) are purely in-memory, never await and never touch the
 //!   store. Only admitted requests are counted.
-//! * A background task ([`run_flusher`]) periodically sends every touched key's unflushed
+//! * A background task (the app's flusher task (`run_flusher`)) periodically sends every touched key's unflushed
 //!   admissions to the store in one batch and receives the global counts of the key's
 //!   current and previous windows back. Each key's estimate is
 //!   `last known global counts + own in-flight + own unflushed admissions`.
@@ -19,10 +19,10 @@
 //! * If the store fails, decisions continue on the last known global counts plus the local
 //!   admissions; unflushed deltas are kept (bounded by the tracked-key cap) and delivered when
 //!   the store is back.
-//! * Keys are bytes ([`extract_key`] never converts them lossily): two keys are one key only
+//! * Keys are bytes (the app's `extract_key` never converts them lossily): two keys are one key only
 //!   if they are equal byte for byte. A request with more than one value for the key (two
 //!   key headers, two `Authorization` headers, a repeated query parameter) is
-//!   [`KeyOutcome::Duplicate`]: answered 400, never forwarded, never counted.
+//!   `KeyOutcome::Duplicate`: answered 400, never forwarded, never counted.
 //!
 //! ## Hardening against floods and data loss
 //!
@@ -61,7 +61,7 @@
 //! would admit the full limit before its first flush). So while the store is healthy:
 //!
 //! * Each sync also reports the number `n` of live instances sharing the store (the Redis
-//!   store keeps a heartbeat per instance in the same script call; see [`RedisStore`]). It is
+//!   store keeps a heartbeat per instance in the same script call; see `RedisStore` (the store crate)). It is
 //!   kept on the limiter ([`Limiter::instances`]); 1 for the in-process store.
 //! * A request is admitted only if, in addition to the usual check, this instance's own
 //!   admissions not yet in the global view (unflushed and in flight, weighed by the window
@@ -84,7 +84,7 @@
 //! 50 ms interval, 22 or 23 in 12 of 2,000 runs with answers of 50 to 60 ms; see
 //! `fleet_share_alternating_requests_with_slow_answers`). An answer that comes back a flush
 //! interval or more after it was sent does not lower the estimate of the other instances'
-//! unsynced admissions ([`slot::apply`]).
+//! unsynced admissions (`slot::apply`).
 //!
 //! Refusing rather than admitting is deliberate: the contract prefers accuracy (never far
 //! above the limit) and a refused client is told to retry in a second, when the fleet view is
@@ -101,7 +101,7 @@
 //! open-addressed table of slots, `table.rs`), the flush
 //! protocol in `flush.rs` and its background loop in `flusher.rs`; the store trait and the
 //! in-process store in `store.rs`, the Redis store (on the process's one
-//! [`crate::store::RedisClient`]) in `redis_store.rs`. Window math: see [`window`]. Key
+//! the store crate's `RedisClient`) in `redis_store.rs`. Window math: see [`window`]. Key
 //! hashing for the store: see [`hash`].
 
 mod flush;
@@ -136,7 +136,7 @@ pub struct RateLimitParams {
     pub limit: u64,
     /// Per-key limits overriding `limit`, by raw API key.
     pub overrides: HashMap<String, u64>,
-    /// Longest key accepted by [`extract_key`] (the limiter itself does not check it).
+    /// Longest key accepted by the app's `extract_key` (the limiter itself does not check it).
     pub max_key_bytes: usize,
     /// Approximate cap on tracked keys (rounded up to a multiple of [`SHARDS`]).
     pub max_tracked_keys: usize,
