@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
-pub use crate::shed::Priority;
-use portcullis_policy::cull::CullParams;
+pub use crate::shed::{Priority, SheddingSettings};
+pub use portcullis_policy::cull::CullingSettings;
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,19 +142,6 @@ pub struct Route {
     pub headers: crate::edge::HeaderRules,
 }
 
-/// `[shedding]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SheddingSettings {
-    /// 0 = no cap.
-    pub max_concurrency: u64,
-    pub retry_after_secs: u64,
-    /// Open upgraded connections (WebSocket etc.); 0 = no cap.
-    pub max_tunnels: u64,
-    /// Gradient limit learned from upstream latency.
-    pub adaptive: bool,
-    pub min_concurrency: u64,
-}
-
 /// `[rate_limit]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateLimitSettings {
@@ -181,15 +168,6 @@ pub struct RatePolicySettings {
     pub path_prefix: String,
     /// Window, limit, overrides (`keys`) and the memory cap (`[rate_limit]`'s).
     pub params: RateLimitParams,
-}
-
-/// `[culling]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CullingSettings {
-    pub enabled: bool,
-    pub params: CullParams,
-    /// `""`: no webhook.
-    pub webhook_url: String,
 }
 
 /// `[watchdog]`: the proxy culls itself through a fleet-wide budget. Read straight from

@@ -14,6 +14,6 @@ pub use budget_store::BudgetStore;
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use fleet::{Buckets, FleetDelta};
-pub use params::{max_out, CullParams};
+pub use params::{max_out, CullParams, CullingSettings};
 pub use state::{Action, CullState, TickInput};
 pub use window::ErrorWindow;

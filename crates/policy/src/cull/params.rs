@@ -92,6 +92,15 @@ pub fn max_out(total: u32, fraction: f64) -> u32 {
     raw.min(total - 1)
 }
 
+/// `[culling]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CullingSettings {
+    pub enabled: bool,
+    pub params: CullParams,
+    /// `""`: no webhook.
+    pub webhook_url: String,
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

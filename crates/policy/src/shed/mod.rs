@@ -131,6 +131,19 @@ impl Shedder {
     }
 }
 
+/// `[shedding]`: the settings of the class cap, the adaptive cap and the tunnel cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SheddingSettings {
+    /// 0 = no cap.
+    pub max_concurrency: u64,
+    pub retry_after_secs: u64,
+    /// Open upgraded connections (WebSocket etc.); 0 = no cap.
+    pub max_tunnels: u64,
+    /// Gradient limit learned from upstream latency.
+    pub adaptive: bool,
+    pub min_concurrency: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
