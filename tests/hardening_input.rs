@@ -314,7 +314,7 @@ fn h2_cookie_crumbs_are_joined_into_one_field() {
     let frames = c.until_stream_ends(1, DEADLINE);
     assert!(answered(&frames, 1, 0x88), "no 200: {frames:?}");
     let got = b.last_received().expect("forwarded");
-    let cookies = got.headers_named("cookie");
+    let cookies = got.header_all("cookie");
     assert_eq!(cookies, vec!["a=1; b=2; c=3"], "{:?}", got.headers);
 }
 
@@ -340,7 +340,7 @@ fn a_content_length_list_goes_upstream_as_one_value() {
         assert_eq!(r.status, 200, "{fields:?}: {r:?}");
         let got = b.last_received().expect("forwarded");
         assert_eq!(got.path, format!("/cl-list-{i}"));
-        let lengths = got.headers_named("content-length");
+        let lengths = got.header_all("content-length");
         assert_eq!(lengths, vec!["5"], "{fields:?}: {:?}", got.headers);
         assert_eq!(got.body, b"hello");
     }

@@ -175,7 +175,7 @@ fn forwarding_headers() {
     );
     let rec = a.last_received().expect("received");
     assert_eq!(
-        rec.headers_named("x-request-id").len(),
+        rec.header_all("x-request-id").len(),
         1,
         "exactly one X-Request-Id forwarded: {:?}",
         rec.headers

@@ -42,13 +42,9 @@ impl Received {
         header_of(&self.headers, name)
     }
 
-    /// The value of every `name` field (any case), in the order received.
-    pub fn headers_named(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect()
+    /// All values of header `name` (case-insensitive), in the order received.
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        header_all_of(&self.headers, name)
     }
 }
 
@@ -393,7 +389,9 @@ fn read_body(r: &mut Buffered<TcpStream>, headers: &[(String, String)]) -> io::R
 /// The status the backend's mode answers `rec` with, and `rec` back; `None` when the
 /// mode ends the connection without an answer (`rec` is recorded then).
 fn status_for(st: &BackendState, w: &TcpStream, rec: Received) -> Option<(u16, Received)> {
-    let status = match *lock(&st.mode) {
+    // A copy: the lock is not held while the mode sleeps or waits.
+    let mode = *lock(&st.mode);
+    let status = match mode {
         Mode::Ok => 200,
         Mode::Fail(s) => s,
         Mode::Slow(d) => {
