@@ -41,19 +41,11 @@ pub const LINGER: Duration = Duration::from_millis(50);
 /// A batch this large is written at once.
 pub const HIGH_WATER: usize = 256 * 1024;
 
-/// One request, as written to the log. Field names are the contract's.
-#[derive(Debug)]
-pub struct AccessRecord<'a> {
-    /// Written as `ts`, RFC 3339 with milliseconds, UTC.
-    pub unix_ms: u64,
+/// What a request's access-log line and its trace span both say of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Exchange<'a> {
     pub request_id: &'a str,
-    /// Written as 32 lower-case hex digits.
-    pub trace_id: u128,
-    pub client_ip: Option<IpAddr>,
     pub method: &'a str,
-    pub host: &'a str,
-    /// The URI path only: never the query string.
-    pub path: &'a str,
     /// `HTTP/1.1`, `HTTP/2.0`, ...
     pub protocol: &'a str,
     /// 0 when no response was sent (the client went away first).
@@ -63,6 +55,20 @@ pub struct AccessRecord<'a> {
     pub route: &'a str,
     pub upstream: &'a str,
     pub backend: &'a str,
+}
+
+/// One request, as written to the log. Field names are the contract's.
+#[derive(Debug)]
+pub struct AccessRecord<'a> {
+    /// Written as `ts`, RFC 3339 with milliseconds, UTC.
+    pub unix_ms: u64,
+    /// Written as 32 lower-case hex digits.
+    pub trace_id: u128,
+    pub client_ip: Option<IpAddr>,
+    pub host: &'a str,
+    /// The URI path only: never the query string.
+    pub path: &'a str,
+    pub exchange: Exchange<'a>,
     pub bytes_sent: u64,
     /// Written as `duration_ms` with three decimals.
     pub duration_us: u64,
@@ -189,9 +195,10 @@ fn json_strs<const N: usize>(out: &mut Vec<u8>, names: [&str; N], values: [&str;
 impl AccessRecord<'_> {
     /// Append the record as one JSON object and a newline.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        let x = &self.exchange;
         out.extend_from_slice(b"{\"ts\":");
         json_ts(out, self.unix_ms);
-        json_strs(out, ["request_id"], [self.request_id]);
+        json_strs(out, ["request_id"], [x.request_id]);
         json_key(out, "trace_id");
         json_hex128(out, self.trace_id);
         json_key(out, "client_ip");
@@ -201,11 +208,11 @@ impl AccessRecord<'_> {
             let _ = write!(out, "{ip}");
         }
         out.push(b'"');
-        let request = [self.method, self.host, self.path, self.protocol];
+        let request = [x.method, self.host, self.path, x.protocol];
         json_strs(out, ["method", "host", "path", "protocol"], request);
         json_key(out, "status");
-        json_u64(out, u64::from(self.status));
-        let answer = [self.outcome, self.route, self.upstream, self.backend];
+        json_u64(out, u64::from(x.status));
+        let answer = [x.outcome, x.route, x.upstream, x.backend];
         json_strs(out, ["outcome", "route", "upstream", "backend"], answer);
         json_key(out, "bytes_sent");
         json_u64(out, self.bytes_sent);
@@ -516,18 +523,20 @@ mod tests {
     fn rec(path: &str) -> AccessRecord<'_> {
         AccessRecord {
             unix_ms: 1_795_367_783_005,
-            request_id: "r1",
             trace_id: 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736,
             client_ip: Some("127.0.0.1".parse().expect("ip")),
-            method: "GET",
             host: "h\"x",
             path,
-            protocol: "HTTP/1.1",
-            status: 200,
-            outcome: "proxied",
-            route: "/",
-            upstream: "app",
-            backend: "127.0.0.1:1",
+            exchange: Exchange {
+                request_id: "r1",
+                method: "GET",
+                protocol: "HTTP/1.1",
+                status: 200,
+                outcome: "proxied",
+                route: "/",
+                upstream: "app",
+                backend: "127.0.0.1:1",
+            },
             bytes_sent: 3,
             duration_us: 1_500,
             upstream_us: None,
