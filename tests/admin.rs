@@ -18,11 +18,30 @@ fn config(a: &Backend, b: &Backend) -> String {
     upstreams(&[("app", &[a, b]), ("other", &[a])])
 }
 
-#[test]
-fn healthz_and_readyz() {
+/// Backends A and B, and a proxy with [`config`] in front of them.
+fn started() -> (Backend, Backend, Proxy) {
     let a = Backend::start("A");
     let b = Backend::start("B");
     let p = Proxy::start(&config(&a, &b));
+    (a, b, p)
+}
+
+/// `GET path` on the admin listener: a 200 whose `Content-Type` starts with `content_type`.
+fn admin_get_typed(p: &Proxy, path: &str, content_type: &str) -> Resp {
+    let r = p.admin_get(path);
+    assert_eq!(r.status, 200, "{path}: {r:?}");
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with(content_type)),
+        "{path}: content-type {:?}, want {content_type}",
+        r.header("content-type")
+    );
+    r
+}
+
+#[test]
+fn healthz_and_readyz() {
+    let (a, b, p) = started();
     assert_eq!(p.admin_get("/healthz").status, 200);
     assert_eq!(p.admin_get("/readyz").status, 200);
     // admin endpoints are not proxied
@@ -59,17 +78,8 @@ fn readyz_implies_the_proxy_listener_accepts() {
 
 #[test]
 fn status_json_shape() {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let p = Proxy::start(&config(&a, &b));
-    let r = p.admin_get("/status");
-    assert_eq!(r.status, 200);
-    assert!(
-        r.header("content-type")
-            .is_some_and(|c| c.contains("application/json")),
-        "content-type {:?}",
-        r.header("content-type")
-    );
+    let (a, b, p) = started();
+    admin_get_typed(&p, "/status", "application/json");
     let s = p.status_json();
     assert_eq!(s["state"], "ready", "{s}");
     assert!(s["inflight"].is_u64(), "inflight: {s}");
@@ -130,17 +140,8 @@ backends = ["{}"]
 
 #[test]
 fn metrics_exposes_every_contract_metric() {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let p = Proxy::start(&config(&a, &b));
-    let r = p.admin_get("/metrics");
-    assert_eq!(r.status, 200);
-    assert!(
-        r.header("content-type")
-            .is_some_and(|c| c.starts_with("text/plain")),
-        "prometheus text content-type, got {:?}",
-        r.header("content-type")
-    );
+    let (a, _b, p) = started();
+    let r = admin_get_typed(&p, "/metrics", "text/plain");
     let text = r.body_str();
     let missing: Vec<&&str> = METRICS.iter().filter(|m| !has_metric(&text, m)).collect();
     assert!(
@@ -167,9 +168,7 @@ fn metrics_exposes_every_contract_metric() {
 
 #[test]
 fn metrics_count_traffic() {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let p = Proxy::start(&config(&a, &b));
+    let (_a, _b, p) = started();
     let n = 15;
     for i in 0..n {
         assert_eq!(p.get(&format!("/m/{i}"), &[]).status, 200);
@@ -213,8 +212,6 @@ fn metrics_count_traffic() {
 
 #[test]
 fn unknown_admin_path_is_404() {
-    let a = Backend::start("A");
-    let b = Backend::start("B");
-    let p = Proxy::start(&config(&a, &b));
+    let (_a, _b, p) = started();
     assert_eq!(p.admin_get("/nope").status, 404);
 }

@@ -149,6 +149,17 @@ fn start_proxies(n: usize, conf: &str) -> Vec<Proxy> {
     (0..n).map(|_| Proxy::start(conf)).collect()
 }
 
+/// A Redis, [`four_backends`] and `proxies` proxies in front of them, culling with
+/// [`CullCfg::new`] through that Redis: the Redis, the backends, the configuration and
+/// the proxies.
+fn cull_fleet(proxies: usize) -> (RedisServer, Vec<Backend>, CullCfg, Vec<Proxy>) {
+    let redis = RedisServer::start();
+    let bs = four_backends();
+    let cfg = CullCfg::new(Some(&redis));
+    let ps = start_proxies(proxies, &cfg.render(&bs));
+    (redis, bs, cfg, ps)
+}
+
 /// [`Load`] through every proxy of `ps`, once each has answered `ok_each` requests with 2xx.
 fn warm_load(ps: &[Proxy], ok_each: usize) -> Load {
     let addrs: Vec<String> = ps.iter().map(Proxy::addr).collect();
@@ -330,10 +341,7 @@ fn fail_and_wait_cull(ps: &[Proxy], load: &Load, bad: &Backend, mode: Mode) -> C
 
 #[test]
 fn failing_backend_is_culled_within_two_intervals_on_every_instance() {
-    let redis = RedisServer::start();
-    let bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis));
-    let ps = start_proxies(2, &cfg.render(&bs));
+    let (redis, bs, cfg, ps) = cull_fleet(2);
     let load = warm_load(&ps, 40);
 
     let bad = &bs[1];
@@ -416,10 +424,8 @@ fn failing_backend_is_culled_within_two_intervals_on_every_instance() {
 
 #[test]
 fn culled_backend_receives_no_requests_from_any_instance() {
-    let redis = RedisServer::start();
-    let bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis)); // cooldown 30 s: no probe during the test
-    let ps = start_proxies(2, &cfg.render(&bs));
+    // cooldown 30 s: no probe during the test
+    let (_redis, bs, _cfg, ps) = cull_fleet(2);
     let load = warm_load(&ps, 40);
 
     let bad = &bs[2];
@@ -481,10 +487,7 @@ fn culled_backend_receives_no_requests_from_any_instance() {
 
 #[test]
 fn client_visible_errors_during_a_cull_are_only_the_backends_own() {
-    let redis = RedisServer::start();
-    let bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis));
-    let ps = start_proxies(2, &cfg.render(&bs));
+    let (_redis, bs, _cfg, ps) = cull_fleet(2);
     let load = warm_load(&ps, 40);
 
     let bad = &bs[3];
@@ -544,10 +547,7 @@ fn client_visible_errors_during_a_cull_are_only_the_backends_own() {
 
 #[test]
 fn stopped_backend_is_culled_and_clients_see_no_errors() {
-    let redis = RedisServer::start();
-    let mut bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis));
-    let ps = start_proxies(2, &cfg.render(&bs));
+    let (_redis, mut bs, _cfg, ps) = cull_fleet(2);
     let load = warm_load(&ps, 40);
 
     // The backend goes away between two requests (a request it had already accepted
@@ -726,10 +726,8 @@ fn without_a_token_a_second_failing_backend_is_not_culled() {
 
 #[test]
 fn all_backends_failing_alike_is_systemic_and_nothing_is_culled() {
-    let redis = RedisServer::start();
-    let bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis)); // max_culled_fraction 0.5 → at most 2 of 4
-    let ps = start_proxies(1, &cfg.render(&bs));
+    // max_culled_fraction 0.5 → at most 2 of 4
+    let (redis, bs, cfg, ps) = cull_fleet(1);
     let p = &ps[0];
     let load = warm_load(&ps, 20);
 
@@ -844,10 +842,7 @@ fn two_failing_with_fraction_quarter_culls_only_one() {
 
 #[test]
 fn with_redis_down_nothing_is_culled_and_traffic_is_served() {
-    let mut redis = RedisServer::start();
-    let bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis));
-    let ps = start_proxies(1, &cfg.render(&bs));
+    let (mut redis, bs, _cfg, ps) = cull_fleet(1);
     let p = &ps[0];
     let load = warm_load(&ps, 20);
     // The budget store answered at least once (the gauge comes from a snapshot).
@@ -964,10 +959,7 @@ fn with_redis_down_an_existing_cull_ends_with_its_lease_on_every_instance() {
 
 #[test]
 fn slow_requests_in_flight_at_ejection_complete_with_200() {
-    let redis = RedisServer::start();
-    let bs = four_backends();
-    let cfg = CullCfg::new(Some(&redis));
-    let ps = start_proxies(1, &cfg.render(&bs));
+    let (_redis, bs, _cfg, ps) = cull_fleet(1);
     let p = &ps[0];
     let bad = &bs[1];
 

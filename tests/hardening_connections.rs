@@ -303,23 +303,37 @@ fn half_client_hello(addr: &str) -> TcpStream {
     s
 }
 
-#[test]
-fn stalled_tls_handshakes_count_against_max_connections_and_time_out() {
+/// A proxy in front of one backend, also listening with TLS (a certificate for
+/// `tls.test`) on `tls_addr`.
+struct TlsProxy {
+    proxy: Proxy,
+    tls_addr: String,
+    _backend: Backend,
+    _cert_dir: tempfile::TempDir,
+}
+
+/// A [`TlsProxy`] with `server` as its `[server]` settings.
+fn tls_proxy(server: &str) -> TlsProxy {
     let dir = tempfile::tempdir().expect("tempdir");
     let cert = make_cert(dir.path(), "c", "tls.test", &["tls.test"]);
-    let b = Backend::start("app");
+    let backend = Backend::start("app");
     let tls_addr = format!("127.0.0.1:{}", free_port());
-    let p = Proxy::start_with_server(
-        "max_connections = 4\ntls_handshake_timeout_ms = 1000",
-        &format!(
-            "{}{}",
-            one_upstream(&b),
-            tls_table(&tls_addr, "1.2", &[&cert])
-        ),
-    );
-    wait_no_connections(&p);
+    let config = one_upstream(&backend) + &tls_table(&tls_addr, "1.2", &[&cert]);
+    TlsProxy {
+        proxy: Proxy::start_with_server(server, &config),
+        tls_addr,
+        _backend: backend,
+        _cert_dir: dir,
+    }
+}
+
+#[test]
+fn stalled_tls_handshakes_count_against_max_connections_and_time_out() {
+    let t = tls_proxy("max_connections = 4\ntls_handshake_timeout_ms = 1000");
+    let (p, tls_addr) = (&t.proxy, &t.tls_addr);
+    wait_no_connections(p);
     let open = || p.metric("portcullis_client_connections").unwrap_or(-1.0);
-    let mut stalled: Vec<TcpStream> = (0..4).map(|_| half_client_hello(&tls_addr)).collect();
+    let mut stalled: Vec<TcpStream> = (0..4).map(|_| half_client_hello(tls_addr)).collect();
     // Counted from accept: every slot is taken, the plain listener refuses.
     eventually(
         Duration::from_secs(5),
@@ -337,7 +351,7 @@ fn stalled_tls_handshakes_count_against_max_connections_and_time_out() {
     eventually(DEADLINE, || "no slot freed".into(), || answered(&p.addr()));
     // A real handshake still works.
     let out = tls_exchange(
-        &tls_addr,
+        tls_addr,
         "tls.test",
         b"GET /tls HTTP/1.1\r\nHost: tls.test\r\nConnection: close\r\n\r\n",
     );
@@ -357,20 +371,10 @@ fn stalled_tls_handshakes_count_against_max_connections_and_time_out() {
 
 #[test]
 fn a_flood_of_half_sent_client_hellos_is_capped_timed_out_and_logged_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = make_cert(dir.path(), "c", "tls.test", &["tls.test"]);
-    let b = Backend::start("app");
-    let tls_addr = format!("127.0.0.1:{}", free_port());
-    let p = Proxy::start_with_server(
-        "max_connections = 100\ntls_handshake_timeout_ms = 1500",
-        &format!(
-            "{}{}",
-            one_upstream(&b),
-            tls_table(&tls_addr, "1.2", &[&cert])
-        ),
-    );
-    wait_no_connections(&p);
-    let mut flood: Vec<TcpStream> = (0..400).map(|_| half_client_hello(&tls_addr)).collect();
+    let t = tls_proxy("max_connections = 100\ntls_handshake_timeout_ms = 1500");
+    let (p, tls_addr) = (&t.proxy, &t.tls_addr);
+    wait_no_connections(p);
+    let mut flood: Vec<TcpStream> = (0..400).map(|_| half_client_hello(tls_addr)).collect();
     let open = || p.metric("portcullis_client_connections").unwrap_or(-1.0);
     // 100 held, the other 300 closed at once (before their handshake).
     eventually(
@@ -399,18 +403,8 @@ fn a_flood_of_half_sent_client_hellos_is_capped_timed_out_and_logged_once() {
 fn an_idle_http2_connection_over_tls_is_closed_after_the_header_deadline() {
     // openssl s_client negotiates h2 and sends the preface and SETTINGS, then no
     // request; it exits when the proxy closes the connection.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = make_cert(dir.path(), "c", "tls.test", &["tls.test"]);
-    let b = Backend::start("app");
-    let tls_addr = format!("127.0.0.1:{}", free_port());
-    let _p = Proxy::start_with_server(
-        "client_header_timeout_ms = 800\nidle_timeout_ms = 60000",
-        &format!(
-            "{}{}",
-            one_upstream(&b),
-            tls_table(&tls_addr, "1.2", &[&cert])
-        ),
-    );
+    let t = tls_proxy("client_header_timeout_ms = 800\nidle_timeout_ms = 60000");
+    let tls_addr = &t.tls_addr;
     let mut child = Command::new("openssl")
         .args([
             "s_client",
@@ -421,7 +415,7 @@ fn an_idle_http2_connection_over_tls_is_closed_after_the_header_deadline() {
             "tls.test",
             "-connect",
         ])
-        .arg(&tls_addr)
+        .arg(tls_addr)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -42,6 +42,43 @@ fn errors_in_window(p: &Proxy) -> Option<u64> {
     p.status_json()["upstreams"][0]["backends"][0]["errors_in_window"].as_u64()
 }
 
+/// Waits (up to [`DEADLINE`]) until the metric `selector` reads `value`.
+fn wait_metric(p: &Proxy, selector: &str, value: f64) {
+    eventually(
+        DEADLINE,
+        || format!("{selector} != {value}; metrics:\n{}", p.metrics()),
+        || metric(p, selector) == value,
+    );
+}
+
+/// None of it was the backend's fault: no request counted as `upstream_error`, no
+/// error in the backend's window.
+fn assert_backend_blameless(p: &Proxy) {
+    assert_eq!(
+        metric(p, r#"portcullis_requests_total{outcome="upstream_error"}"#),
+        0.0,
+        "{}",
+        p.metrics()
+    );
+    assert_eq!(errors_in_window(p), Some(0), "{}", p.status_json());
+}
+
+/// The streams `h2_stall.py` reported in its output `text`.
+fn stalled_streams(text: &str) -> Vec<Stalled> {
+    text.lines()
+        .filter(|l| l.contains("\"stream\""))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// The `[server]` part of the stall tests: h2c, and the body timeout [`BODY_TIMEOUT`].
+fn body_timeout_server() -> String {
+    format!(
+        "h2c = true\nclient_body_timeout_ms = {}\n",
+        BODY_TIMEOUT.as_millis()
+    )
+}
+
 #[test]
 fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
     let backend = Backend::start("app");
@@ -52,11 +89,7 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
          [shedding]\nmax_concurrency = 10\n\n[rate_limit]\nenabled = false\n",
         backend.addr()
     );
-    let server = format!(
-        "h2c = true\nclient_body_timeout_ms = {}\n",
-        BODY_TIMEOUT.as_millis()
-    );
-    let proxy = Proxy::start_with_server(&server, &cfg);
+    let proxy = Proxy::start_with_server(&body_timeout_server(), &cfg);
     assert_eq!(proxy.get("/warm", &[]).status, 200);
 
     let script = support::py_helper("h2_stall.py");
@@ -92,11 +125,7 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
         let _ = e.read_to_string(&mut stderr);
     }
     assert!(status.success(), "h2_stall.py: {status}\n{rest}\n{stderr}");
-    let streams: Vec<Stalled> = rest
-        .lines()
-        .filter(|l| l.contains("\"stream\""))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect();
+    let streams = stalled_streams(&rest);
     assert_eq!(streams.len(), 9, "{rest}");
     eprintln!("cap full while stalled: {during}\n{rest}");
     for s in &streams {
@@ -127,28 +156,14 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
     );
 
     // The slots are back: a normal request is served, not shed.
-    eventually(
-        DEADLINE,
-        || {
-            format!(
-                "inflight {}",
-                metric(&proxy, "portcullis_inflight_requests")
-            )
-        },
-        || metric(&proxy, "portcullis_inflight_requests") == 0.0,
-    );
+    wait_metric(&proxy, "portcullis_inflight_requests", 0.0);
     assert_eq!(proxy.get("/after", &[]).status, 200);
 
     // The client's fault, counted as the HTTP/1.1 body timeout is: never the backend's.
-    eventually(
-        DEADLINE,
-        || format!("metrics:\n{}", proxy.metrics()),
-        || {
-            metric(
-                &proxy,
-                r#"portcullis_edge_refusals_total{reason="body_timeout"}"#,
-            ) == 9.0
-        },
+    wait_metric(
+        &proxy,
+        r#"portcullis_edge_refusals_total{reason="body_timeout"}"#,
+        9.0,
     );
     assert_eq!(
         metric(
@@ -159,16 +174,7 @@ fn stalled_h2_bodies_get_408_count_against_the_client_and_free_their_slots() {
         "{}",
         proxy.metrics()
     );
-    assert_eq!(
-        metric(
-            &proxy,
-            r#"portcullis_requests_total{outcome="upstream_error"}"#
-        ),
-        0.0,
-        "{}",
-        proxy.metrics()
-    );
-    assert_eq!(errors_in_window(&proxy), Some(0), "{}", proxy.status_json());
+    assert_backend_blameless(&proxy);
     assert!(
         !proxy.logs().contains("upstream_error") && !proxy.logs().contains("proxy_error"),
         "{}",
@@ -197,12 +203,7 @@ fn stall(proxy: &Proxy, path: &str, n: u32, seconds: u32) -> (Vec<Stalled>, Stri
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let streams = text
-        .lines()
-        .filter(|l| l.contains("\"stream\""))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect();
-    (streams, text)
+    (stalled_streams(&text), text)
 }
 
 /// Once the response has started there is no 408 to send: the stalled stream is reset,
@@ -218,11 +219,7 @@ fn a_stalled_h2_body_after_the_response_started_gets_rst_stream() {
         "[[upstreams]]\nname = \"app\"\nbackends = [\"{addr}\"]\nread_timeout_ms = 30000\n\n\
          [rate_limit]\nenabled = false\n"
     );
-    let server = format!(
-        "h2c = true\nclient_body_timeout_ms = {}\n",
-        BODY_TIMEOUT.as_millis()
-    );
-    let proxy = Proxy::start_with_server(&server, &cfg);
+    let proxy = Proxy::start_with_server(&body_timeout_server(), &cfg);
     let (streams, text) = stall(&proxy, "/early", 1, 8);
     let s = &streams[0];
     assert_eq!(s.status, Some(200), "the response had started: {text}");
@@ -236,26 +233,12 @@ fn a_stalled_h2_body_after_the_response_started_gets_rst_stream() {
             && u128::from(ms) >= BODY_TIMEOUT.as_millis() * 9 / 10,
         "reset after {ms} ms (timeout {BODY_TIMEOUT:?}): {text}"
     );
-    eventually(
-        DEADLINE,
-        || format!("metrics:\n{}", proxy.metrics()),
-        || {
-            metric(
-                &proxy,
-                r#"portcullis_edge_refusals_total{reason="body_timeout"}"#,
-            ) == 1.0
-        },
+    wait_metric(
+        &proxy,
+        r#"portcullis_edge_refusals_total{reason="body_timeout"}"#,
+        1.0,
     );
-    assert_eq!(
-        metric(
-            &proxy,
-            r#"portcullis_requests_total{outcome="upstream_error"}"#
-        ),
-        0.0,
-        "{}",
-        proxy.metrics()
-    );
-    assert_eq!(errors_in_window(&proxy), Some(0), "{}", proxy.status_json());
+    assert_backend_blameless(&proxy);
 }
 
 fn glitch_proxy(backend: &Backend, max_glitches: u32) -> Proxy {
@@ -341,15 +324,10 @@ fn rapid_reset_after_accept_gets_goaway_enhance_your_calm() {
         end.closed,
         "the connection stays open after GOAWAY: {end:?}"
     );
-    eventually(
-        DEADLINE,
-        || format!("metrics:\n{}", proxy.metrics()),
-        || {
-            metric(
-                &proxy,
-                r#"portcullis_edge_refusals_total{reason="h2_glitches"}"#,
-            ) == 1.0
-        },
+    wait_metric(
+        &proxy,
+        r#"portcullis_edge_refusals_total{reason="h2_glitches"}"#,
+        1.0,
     );
     // Nothing of it is the backend's fault, and other clients are served.
     backend.set_mode(Mode::Ok);

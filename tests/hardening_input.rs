@@ -220,6 +220,26 @@ fn refused(frames: &[Frame], stream: u32) -> bool {
     })
 }
 
+/// A response HEADERS frame on `stream` whose `:status` is the HPACK static index byte
+/// `status` (0x88 is 200, 0x8c is 400).
+fn answered(frames: &[Frame], stream: u32, status: u8) -> bool {
+    frames.iter().any(|(kind, _, id, payload)| {
+        *kind == 0x1 && *id == stream && payload.first() == Some(&status)
+    })
+}
+
+/// The request head `method path` for authority `x`, then `extra` fields.
+fn request_block(method: &str, path: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut fields = vec![
+        (":method", method),
+        (":scheme", "http"),
+        (":authority", "x"),
+        (":path", path),
+    ];
+    fields.extend_from_slice(extra);
+    hpack_block(&fields)
+}
+
 fn h2c_proxy(b: &Backend) -> Proxy {
     Proxy::start_with_server("h2c = true\n", &no_limits(b))
 }
@@ -232,13 +252,7 @@ fn h2_data_past_content_length_zero_is_refused_and_not_forwarded() {
     let b = Backend::start("app");
     let p = h2c_proxy(&b);
     let mut c = RawH2::connect(&p.addr());
-    let block = hpack_block(&[
-        (":method", "GET"),
-        (":scheme", "http"),
-        (":authority", "x"),
-        (":path", "/cl0-data"),
-        ("content-length", "0"),
-    ]);
+    let block = request_block("GET", "/cl0-data", &[("content-length", "0")]);
     c.send(&[
         h2_frame(0x1, 0x4, 1, &block),
         h2_frame(0x0, 0x1, 1, b"smuggled"),
@@ -246,20 +260,10 @@ fn h2_data_past_content_length_zero_is_refused_and_not_forwarded() {
     let frames = c.until_stream_ends(1, DEADLINE);
     assert!(refused(&frames, 1), "stream 1 not refused: {frames:?}");
     // A well-formed request on the same connection still goes through.
-    let ok = hpack_block(&[
-        (":method", "GET"),
-        (":scheme", "http"),
-        (":authority", "x"),
-        (":path", "/after"),
-    ]);
+    let ok = request_block("GET", "/after", &[]);
     c.send(&[h2_frame(0x1, 0x5, 3, &ok)]);
     let frames = c.until_stream_ends(3, DEADLINE);
-    assert!(
-        frames
-            .iter()
-            .any(|(k, _, id, p)| *k == 0x1 && *id == 3 && p.first() == Some(&0x88)),
-        "no 200 on stream 3: {frames:?}"
-    );
+    assert!(answered(&frames, 3, 0x88), "no 200 on stream 3: {frames:?}");
     let paths = b.received_paths();
     assert_eq!(paths, vec!["/after".to_string()], "forwarded: {paths:?}");
 }
@@ -273,18 +277,11 @@ fn asterisk_target_on_anything_but_options_is_400() {
     let mut c = RawH2::connect(&p.addr());
     for (i, method) in ["GET", "POST", "DELETE"].iter().enumerate() {
         let id = 1 + 2 * u32::try_from(i).expect("few");
-        let block = hpack_block(&[
-            (":method", method),
-            (":scheme", "http"),
-            (":authority", "x"),
-            (":path", "*"),
-        ]);
+        let block = request_block(method, "*", &[]);
         c.send(&[h2_frame(0x1, 0x5, id, &block)]);
         let frames = c.until_stream_ends(id, DEADLINE);
         assert!(
-            frames
-                .iter()
-                .any(|(k, _, s, p)| *k == 0x1 && *s == id && p.first() == Some(&0x8c)),
+            answered(&frames, id, 0x8c),
             "{method} * over h2: no 400: {frames:?}"
         );
     }
@@ -311,30 +308,13 @@ fn h2_cookie_crumbs_are_joined_into_one_field() {
     let b = Backend::start("app");
     let p = h2c_proxy(&b);
     let mut c = RawH2::connect(&p.addr());
-    let block = hpack_block(&[
-        (":method", "GET"),
-        (":scheme", "http"),
-        (":authority", "x"),
-        (":path", "/crumbs"),
-        ("cookie", "a=1"),
-        ("cookie", "b=2"),
-        ("cookie", "c=3"),
-    ]);
+    let crumbs = [("cookie", "a=1"), ("cookie", "b=2"), ("cookie", "c=3")];
+    let block = request_block("GET", "/crumbs", &crumbs);
     c.send(&[h2_frame(0x1, 0x5, 1, &block)]);
     let frames = c.until_stream_ends(1, DEADLINE);
-    assert!(
-        frames
-            .iter()
-            .any(|(k, _, s, p)| *k == 0x1 && *s == 1 && p.first() == Some(&0x88)),
-        "no 200: {frames:?}"
-    );
+    assert!(answered(&frames, 1, 0x88), "no 200: {frames:?}");
     let got = b.last_received().expect("forwarded");
-    let cookies: Vec<&str> = got
-        .headers
-        .iter()
-        .filter(|(k, _)| k.eq_ignore_ascii_case("cookie"))
-        .map(|(_, v)| v.as_str())
-        .collect();
+    let cookies = got.header_all("cookie");
     assert_eq!(cookies, vec!["a=1; b=2; c=3"], "{:?}", got.headers);
 }
 
@@ -360,12 +340,7 @@ fn a_content_length_list_goes_upstream_as_one_value() {
         assert_eq!(r.status, 200, "{fields:?}: {r:?}");
         let got = b.last_received().expect("forwarded");
         assert_eq!(got.path, format!("/cl-list-{i}"));
-        let lengths: Vec<&str> = got
-            .headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-            .map(|(_, v)| v.as_str())
-            .collect();
+        let lengths = got.header_all("content-length");
         assert_eq!(lengths, vec!["5"], "{fields:?}: {:?}", got.headers);
         assert_eq!(got.body, b"hello");
     }

@@ -171,6 +171,25 @@ fn readyz(admin: &str) -> Option<u16> {
         .map(|r| r.status)
 }
 
+/// Backends `fast` and `held` (holding its requests), and a proxy (drain 1 s, shutdown
+/// timeout 30 s) in front of them, with one request to `held` in flight: its thread.
+fn proxy_with_a_held_request() -> (Backend, Backend, Proxy, JoinHandle<std::io::Result<Resp>>) {
+    let fast = Backend::start("fast");
+    let held = Backend::start("held");
+    held.set_mode(Mode::Hold);
+    let p = Proxy::start_with_server(
+        "drain_seconds = 1\nshutdown_timeout_seconds = 30\n",
+        &two_upstreams(&fast, &held),
+    );
+    let req = spawn_get(&p.addr(), "/slow/held");
+    eventually(
+        DEADLINE,
+        || "request never reached the held backend".into(),
+        || held.in_flight() == 1,
+    );
+    (fast, held, p, req)
+}
+
 fn spawn_get(addr: &str, path: &str) -> JoinHandle<std::io::Result<Resp>> {
     let addr = addr.to_string();
     let path = path.to_string();
@@ -318,19 +337,7 @@ fn sigterm_drains_under_load_without_failures() {
 /// completes — not after `shutdown_timeout_seconds`.
 #[test]
 fn inflight_request_outlives_the_listeners_then_exit_is_prompt() {
-    let fast = Backend::start("fast");
-    let held = Backend::start("held");
-    held.set_mode(Mode::Hold);
-    let mut p = Proxy::start_with_server(
-        "drain_seconds = 1\nshutdown_timeout_seconds = 30\n",
-        &two_upstreams(&fast, &held),
-    );
-    let req = spawn_get(&p.addr(), "/slow/held");
-    eventually(
-        DEADLINE,
-        || "request never reached the held backend".into(),
-        || held.in_flight() == 1,
-    );
+    let (_fast, held, mut p, req) = proxy_with_a_held_request();
     let t0 = Instant::now();
     p.signal("TERM");
     eventually(
@@ -531,19 +538,7 @@ fn upgrade_under_load_drops_nothing() {
 /// process does not exit under it), and the new process gets the new requests.
 #[test]
 fn upgrade_keeps_inflight_request_of_old_process() {
-    let fast = Backend::start("fast");
-    let held = Backend::start("held");
-    held.set_mode(Mode::Hold);
-    let mut old = Proxy::start_with_server(
-        "drain_seconds = 1\nshutdown_timeout_seconds = 30\n",
-        &two_upstreams(&fast, &held),
-    );
-    let req = spawn_get(&old.addr(), "/slow/held");
-    eventually(
-        DEADLINE,
-        || "request never reached the held backend".into(),
-        || held.in_flight() == 1,
-    );
+    let (_fast, held, mut old, req) = proxy_with_a_held_request();
     let mut new = old.spawn_upgrade_listening();
     let t_quit = Instant::now();
     old.signal("QUIT");

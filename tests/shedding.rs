@@ -83,11 +83,17 @@ fn fill(
     );
 }
 
-#[test]
-fn cap_reached_sheds_extra_requests_at_once() {
+/// A backend holding its requests, and a proxy with `max_concurrency = cap` before it.
+fn holding(cap: u32) -> (Backend, Proxy) {
     let b = Backend::start("app");
     b.set_mode(Mode::Hold);
-    let p = Proxy::start(&config(&b, 4));
+    let p = Proxy::start(&config(&b, cap));
+    (b, p)
+}
+
+#[test]
+fn cap_reached_sheds_extra_requests_at_once() {
+    let (b, p) = holding(4);
     let shed_before = p
         .metric(r#"portcullis_requests_total{outcome="shed"}"#)
         .unwrap_or(0.0);
@@ -135,9 +141,7 @@ fn cap_reached_sheds_extra_requests_at_once() {
 #[test]
 fn priority_classes_shed_at_their_thresholds() {
     // cap 20: low is shed at 15 in flight (75%), normal at 18 (90%), critical at 20.
-    let b = Backend::start("app");
-    b.set_mode(Mode::Hold);
-    let p = Proxy::start(&config(&b, 20));
+    let (b, p) = holding(20);
     let mut held = Vec::new();
 
     fill(&p, &b, "/critical/fill", 14, &mut held);
@@ -194,9 +198,7 @@ fn backend_never_sees_more_than_the_cap() {
 
 #[test]
 fn zero_disables_the_cap() {
-    let b = Backend::start("app");
-    b.set_mode(Mode::Hold);
-    let p = Proxy::start(&config(&b, 0));
+    let (b, p) = holding(0);
     let mut held = Vec::new();
     fill(&p, &b, "/low/x", 40, &mut held);
     b.release_all();
@@ -212,9 +214,7 @@ fn zero_disables_the_cap() {
 
 #[test]
 fn inflight_gauge_follows_held_requests() {
-    let b = Backend::start("app");
-    b.set_mode(Mode::Hold);
-    let p = Proxy::start(&config(&b, 10));
+    let (b, p) = holding(10);
     let mut held = Vec::new();
     fill(&p, &b, "/normal/g", 3, &mut held);
     assert_eventually!(

@@ -295,22 +295,26 @@ fn requirepass_right_and_wrong_password() {
     );
 }
 
+/// In `dir`: a CA named `ca_cn`, an unrelated CA, and a certificate for `name` (valid
+/// for localhost and 127.0.0.1) that the first signed.
+fn server_certs(
+    dir: &std::path::Path,
+    ca_cn: &str,
+    name: &str,
+) -> (CertFiles, CertFiles, CertFiles) {
+    let ca = make_ca(dir, "ca", ca_cn);
+    let other = make_ca(dir, "other", "someone else");
+    let cert = make_signed_cert(dir, name, &ca, name, &["localhost"], &["127.0.0.1"]);
+    (ca, other, cert)
+}
+
 /// `--tls-port`: `rediss://` with `ca_file` = the CA that signed the server's certificate
 /// is healthy; with another CA the handshake fails: unhealthy, a log line naming TLS,
 /// traffic served.
 #[test]
 fn tls_right_and_wrong_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ca = make_ca(dir.path(), "ca", "pcx test CA");
-    let other = make_ca(dir.path(), "other", "someone else");
-    let cert = make_signed_cert(
-        dir.path(),
-        "redis",
-        &ca,
-        "redis",
-        &["localhost"],
-        &["127.0.0.1"],
-    );
+    let (ca, other, cert) = server_certs(dir.path(), "pcx test CA", "redis");
     let r = RedisServer::start_tls(&cert.cert, &cert.key, &ca.cert);
     let port = r.tls_port().expect("tls port");
     let b = Backend::start("app");
@@ -510,16 +514,7 @@ fn check_rejects_non_cluster_seeds_unknown_master_and_cluster_with_url() {
 #[test]
 fn cluster_over_tls_right_and_wrong_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ca = make_ca(dir.path(), "ca", "pcx cluster CA");
-    let other = make_ca(dir.path(), "other", "someone else");
-    let cert = make_signed_cert(
-        dir.path(),
-        "node",
-        &ca,
-        "node",
-        &["localhost"],
-        &["127.0.0.1"],
-    );
+    let (ca, other, cert) = server_certs(dir.path(), "pcx cluster CA", "node");
     let cluster = RedisCluster::start_tls(3, 0, &cert.cert, &cert.key, &ca.cert);
     let b = Backend::start("app");
     let redis = |ca: &CertFiles| {

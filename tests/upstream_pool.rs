@@ -8,6 +8,20 @@ use portcullis_test_kit as support;
 use std::thread;
 use support::*;
 
+/// Waits (up to [`DEADLINE`]) until the TCP states of the proxy's sockets to `b` pass `ok`.
+fn wait_sockets(b: &Backend, ok: impl Fn(&[u8]) -> bool) {
+    eventually(
+        DEADLINE,
+        || {
+            format!(
+                "proxy's sockets to the backend: {:?}",
+                tcp_states_to(b.port())
+            )
+        },
+        || ok(&tcp_states_to(b.port())),
+    );
+}
+
 #[test]
 fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
     let mut b = Backend::start("a");
@@ -22,34 +36,15 @@ fn idle_connections_are_reused_and_closed_once_the_upstream_closes_them() {
         opened <= 5,
         "20 sequential requests opened {opened} connections"
     );
-    eventually(
-        DEADLINE,
-        || {
-            format!(
-                "proxy's sockets to the backend: {:?}",
-                tcp_states_to(b.port())
-            )
-        },
-        || count_state(&tcp_states_to(b.port()), TCP_ESTABLISHED) == opened as usize,
-    );
+    wait_sockets(&b, |s| count_state(s, TCP_ESTABLISHED) == opened as usize);
 
     // the upstream closes the idle connections: the proxy closes its side (none left
     // ESTABLISHED or in CLOSE_WAIT; a closed socket may linger in TIME_WAIT without an fd)
     b.stop();
     b.restart();
-    eventually(
-        DEADLINE,
-        || {
-            format!(
-                "proxy's sockets to the backend: {:?}",
-                tcp_states_to(b.port())
-            )
-        },
-        || {
-            let s = tcp_states_to(b.port());
-            count_state(&s, TCP_ESTABLISHED) == 0 && count_state(&s, TCP_CLOSE_WAIT) == 0
-        },
-    );
+    wait_sockets(&b, |s| {
+        count_state(s, TCP_ESTABLISHED) == 0 && count_state(s, TCP_CLOSE_WAIT) == 0
+    });
     assert_eq!(p.get("/", &[]).status, 200);
     assert_eq!(
         b.connections(),
@@ -82,16 +77,7 @@ fn pooled_connections_the_upstream_closed_cost_no_request() {
     for h in held {
         assert_eq!(h.join().expect("client thread"), 200);
     }
-    eventually(
-        DEADLINE,
-        || {
-            format!(
-                "proxy's sockets to the backend: {:?}",
-                tcp_states_to(b.port())
-            )
-        },
-        || count_state(&tcp_states_to(b.port()), TCP_ESTABLISHED) == 6,
-    );
+    wait_sockets(&b, |s| count_state(s, TCP_ESTABLISHED) == 6);
 
     // the upstream closes all six; the next requests, sent at once, all succeed
     b.stop();
@@ -103,16 +89,7 @@ fn pooled_connections_the_upstream_closed_cost_no_request() {
             "request {i} after the upstream closed the pool"
         );
     }
-    eventually(
-        DEADLINE,
-        || {
-            format!(
-                "proxy's sockets to the backend: {:?}",
-                tcp_states_to(b.port())
-            )
-        },
-        || count_state(&tcp_states_to(b.port()), TCP_CLOSE_WAIT) == 0,
-    );
+    wait_sockets(&b, |s| count_state(s, TCP_CLOSE_WAIT) == 0);
 }
 
 #[test]

@@ -16,15 +16,20 @@ fn ws_upstream(echo: &WsEchoServer) -> String {
     )
 }
 
+/// A proxy in front of `echo` with `shedding` (one `key = value` line) as its
+/// `[shedding]` table and no rate limit.
+fn ws_proxy(echo: &WsEchoServer, shedding: &str) -> Proxy {
+    Proxy::start(&format!(
+        "{}[shedding]\n{shedding}\n\n[rate_limit]\nenabled = false\n",
+        ws_upstream(echo)
+    ))
+}
+
 #[test]
 fn echo_through_a_tunnel_that_is_not_an_inflight_request() {
     let echo = WsEchoServer::start();
     // a cap of one in-flight request: an open tunnel must not hold it
-    let cfg = format!(
-        "{}[shedding]\nmax_concurrency = 1\n\n[rate_limit]\nenabled = false\n",
-        ws_upstream(&echo)
-    );
-    let proxy = Proxy::start(&cfg);
+    let proxy = ws_proxy(&echo, "max_concurrency = 1");
     let mut ws = WsClient::open(&proxy.addr(), "/chat");
     assert_eq!(ws.echo("hello"), "hello");
     let big = "x".repeat(70_000);
@@ -61,11 +66,7 @@ fn echo_through_a_tunnel_that_is_not_an_inflight_request() {
 #[test]
 fn max_tunnels_refuses_beyond_the_cap_with_503() {
     let echo = WsEchoServer::start();
-    let cfg = format!(
-        "{}[shedding]\nmax_tunnels = 2\n\n[rate_limit]\nenabled = false\n",
-        ws_upstream(&echo)
-    );
-    let proxy = Proxy::start(&cfg);
+    let proxy = ws_proxy(&echo, "max_tunnels = 2");
     let mut a = WsClient::open(&proxy.addr(), "/a");
     let b = WsClient::open(&proxy.addr(), "/b");
     match WsClient::connect(&proxy.addr(), "/c") {

@@ -38,20 +38,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 bench_init callgrind
 MODE=${MODE:-h1}
-if access_log_option; then
-  TARGETS=${TARGETS:-pc_log_off pc_log_all pc_log_1pct}
-  CONNS=${CONNS:-1}
-  API_KEY=${API_KEY-}
-fi
-if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-haproxy pc_off}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
+if counter_defaults "haproxy pc_off"; then CONNS=${CONNS:-1}; fi
 N1=${N1:-500}
 N2=${N2:-2500}
 CONNS=${CONNS:-4}
 WARM=${WARM:-200}
 STREAMS=${STREAMS:-10}
-PROXY_THREADS=${PROXY_THREADS:-1}
-OUT=${OUT:-$HERE/out/callgrind}
-mkdir -p "$OUT"
 
 need valgrind callgrind_control callgrind_annotate h2load nginx haproxy redis-server curl
 proxy_fixture

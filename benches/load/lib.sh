@@ -306,6 +306,25 @@ access_log_option() {
   esac
 }
 
+# counter_defaults H2TLS_TARGETS: the settings callgrind.sh and syscalls.sh share, each
+# kept when already set. With ACCESS_LOG (access_log_option): TARGETS the three
+# access-log targets and API_KEY empty. Then TARGETS H2TLS_TARGETS with MODE=h2tls, else
+# "haproxy bare pc_off pc_on"; PROXY_THREADS 1; OUT benches/load/out/BENCH (created).
+# True when ACCESS_LOG is on, so the caller can set its own defaults for it.
+counter_defaults() {
+  local log=1
+  if access_log_option; then
+    log=0
+    TARGETS=${TARGETS:-pc_log_off pc_log_all pc_log_1pct}
+    API_KEY=${API_KEY-}
+  fi
+  if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-$1}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
+  PROXY_THREADS=${PROXY_THREADS:-1}
+  OUT=${OUT:-$HERE/out/$BENCH}
+  mkdir -p "$OUT" || die "cannot create $OUT"
+  return "$log"
+}
+
 # log_settle TARGET SECONDS: for an access-log target (pc_log_*), wait SECONDS so its log
 # writer, which lingers 50 ms before a write, has written what the last requests logged.
 log_settle() {

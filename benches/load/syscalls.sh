@@ -28,20 +28,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 bench_init syscalls
 MODE=${MODE:-h1}
-if access_log_option; then
-  TARGETS=${TARGETS:-pc_log_off pc_log_all pc_log_1pct}
+if counter_defaults "haproxy pc_on"; then
   N=${N:-5000}
   CONNS=${CONNS:-8}
   WARM=${WARM:-200}
-  API_KEY=${API_KEY-}
 fi
-if [ "$MODE" = h2tls ]; then TARGETS=${TARGETS:-haproxy pc_on}; else TARGETS=${TARGETS:-haproxy bare pc_off pc_on}; fi
 N=${N:-20000}
 CONNS=${CONNS:-32}
 WARM=${WARM:-2000}
-PROXY_THREADS=${PROXY_THREADS:-1}
-OUT=${OUT:-$HERE/out/syscalls}
-mkdir -p "$OUT"
 
 need strace h2load nginx haproxy redis-server openssl
 proxy_fixture

@@ -41,19 +41,11 @@ pub const LINGER: Duration = Duration::from_millis(50);
 /// A batch this large is written at once.
 pub const HIGH_WATER: usize = 256 * 1024;
 
-/// One request, as written to the log. Field names are the contract's.
-#[derive(Debug)]
-pub struct AccessRecord<'a> {
-    /// Written as `ts`, RFC 3339 with milliseconds, UTC.
-    pub unix_ms: u64,
+/// What a request's access-log line and its trace span both say of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Exchange<'a> {
     pub request_id: &'a str,
-    /// Written as 32 lower-case hex digits.
-    pub trace_id: u128,
-    pub client_ip: Option<IpAddr>,
     pub method: &'a str,
-    pub host: &'a str,
-    /// The URI path only: never the query string.
-    pub path: &'a str,
     /// `HTTP/1.1`, `HTTP/2.0`, ...
     pub protocol: &'a str,
     /// 0 when no response was sent (the client went away first).
@@ -63,6 +55,20 @@ pub struct AccessRecord<'a> {
     pub route: &'a str,
     pub upstream: &'a str,
     pub backend: &'a str,
+}
+
+/// One request, as written to the log. Field names are the contract's.
+#[derive(Debug)]
+pub struct AccessRecord<'a> {
+    /// Written as `ts`, RFC 3339 with milliseconds, UTC.
+    pub unix_ms: u64,
+    /// Written as 32 lower-case hex digits.
+    pub trace_id: u128,
+    pub client_ip: Option<IpAddr>,
+    pub host: &'a str,
+    /// The URI path only: never the query string.
+    pub path: &'a str,
+    pub exchange: Exchange<'a>,
     pub bytes_sent: u64,
     /// Written as `duration_ms` with three decimals.
     pub duration_us: u64,
@@ -171,43 +177,48 @@ fn json_ts(out: &mut Vec<u8>, unix_ms: u64) {
     ]);
 }
 
+/// `,"name":` before a field's value (names need no escaping).
+fn json_key(out: &mut Vec<u8>, name: &str) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+/// `,"name":"value"` for each name and value, in order.
+fn json_strs<const N: usize>(out: &mut Vec<u8>, names: [&str; N], values: [&str; N]) {
+    for (name, value) in names.into_iter().zip(values) {
+        json_key(out, name);
+        json_str(out, value);
+    }
+}
+
 impl AccessRecord<'_> {
     /// Append the record as one JSON object and a newline.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        let x = &self.exchange;
         out.extend_from_slice(b"{\"ts\":");
         json_ts(out, self.unix_ms);
-        out.extend_from_slice(b",\"request_id\":");
-        json_str(out, self.request_id);
-        out.extend_from_slice(b",\"trace_id\":");
+        json_strs(out, ["request_id"], [x.request_id]);
+        json_key(out, "trace_id");
         json_hex128(out, self.trace_id);
-        out.extend_from_slice(b",\"client_ip\":\"");
+        json_key(out, "client_ip");
+        out.push(b'"');
         if let Some(ip) = self.client_ip {
             // digits, dots, colons and hex: nothing to escape
             let _ = write!(out, "{ip}");
         }
-        out.extend_from_slice(b"\",\"method\":");
-        json_str(out, self.method);
-        out.extend_from_slice(b",\"host\":");
-        json_str(out, self.host);
-        out.extend_from_slice(b",\"path\":");
-        json_str(out, self.path);
-        out.extend_from_slice(b",\"protocol\":");
-        json_str(out, self.protocol);
-        out.extend_from_slice(b",\"status\":");
-        json_u64(out, u64::from(self.status));
-        out.extend_from_slice(b",\"outcome\":");
-        json_str(out, self.outcome);
-        out.extend_from_slice(b",\"route\":");
-        json_str(out, self.route);
-        out.extend_from_slice(b",\"upstream\":");
-        json_str(out, self.upstream);
-        out.extend_from_slice(b",\"backend\":");
-        json_str(out, self.backend);
-        out.extend_from_slice(b",\"bytes_sent\":");
+        out.push(b'"');
+        let request = [x.method, self.host, self.path, x.protocol];
+        json_strs(out, ["method", "host", "path", "protocol"], request);
+        json_key(out, "status");
+        json_u64(out, u64::from(x.status));
+        let answer = [x.outcome, x.route, x.upstream, x.backend];
+        json_strs(out, ["outcome", "route", "upstream", "backend"], answer);
+        json_key(out, "bytes_sent");
         json_u64(out, self.bytes_sent);
-        out.extend_from_slice(b",\"duration_ms\":");
+        json_key(out, "duration_ms");
         json_ms(out, self.duration_us);
-        out.extend_from_slice(b",\"upstream_ms\":");
+        json_key(out, "upstream_ms");
         match self.upstream_us {
             Some(us) => json_ms(out, us),
             None => out.extend_from_slice(b"null"),
@@ -512,18 +523,20 @@ mod tests {
     fn rec(path: &str) -> AccessRecord<'_> {
         AccessRecord {
             unix_ms: 1_795_367_783_005,
-            request_id: "r1",
             trace_id: 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736,
             client_ip: Some("127.0.0.1".parse().expect("ip")),
-            method: "GET",
             host: "h\"x",
             path,
-            protocol: "HTTP/1.1",
-            status: 200,
-            outcome: "proxied",
-            route: "/",
-            upstream: "app",
-            backend: "127.0.0.1:1",
+            exchange: Exchange {
+                request_id: "r1",
+                method: "GET",
+                protocol: "HTTP/1.1",
+                status: 200,
+                outcome: "proxied",
+                route: "/",
+                upstream: "app",
+                backend: "127.0.0.1:1",
+            },
             bytes_sent: 3,
             duration_us: 1_500,
             upstream_us: None,
@@ -555,6 +568,19 @@ mod tests {
         r.unix_ms += 994;
         r.client_ip = None;
         r.encode(&mut out);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            concat!(
+                r#"{"ts":"2026-11-22T17:16:23.999Z","request_id":"r1","#,
+                r#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","client_ip":"","#,
+                r#""method":"GET","host":"h\"x","path":"/","protocol":"HTTP/1.1","#,
+                r#""status":200,"outcome":"proxied","route":"/","upstream":"app","#,
+                r#""backend":"127.0.0.1:1","bytes_sent":3,"duration_ms":1.500,"#,
+                r#""upstream_ms":null}"#,
+                "\n"
+            ),
+            "the contract's fields, in order"
+        );
         let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         assert_eq!(v["ts"], "2026-11-22T17:16:23.999Z");
         assert_eq!(v["client_ip"], "");

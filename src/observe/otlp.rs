@@ -16,6 +16,7 @@
 //! spans refused because the queue is full (the exporter is slow or the
 //! endpoint hangs) and spans whose export failed (the endpoint is down).
 
+use super::access_log::Exchange;
 use super::trace::TraceContext;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -58,14 +59,7 @@ pub fn traces_url(endpoint: &str) -> String {
 /// What one finished request contributes to its span.
 pub struct ServerSpan<'a> {
     pub trace: TraceContext,
-    pub method: &'a str,
-    pub route: &'a str,
-    pub status: u16,
-    pub outcome: &'a str,
-    pub upstream: &'a str,
-    pub backend: &'a str,
-    pub protocol: &'a str,
-    pub request_id: &'a str,
+    pub exchange: Exchange<'a>,
     pub start: SystemTime,
     pub end: SystemTime,
 }
@@ -216,7 +210,7 @@ impl SpanSink {
 
 /// The OTLP span for one request.
 pub fn span_data(s: &ServerSpan<'_>, scope: InstrumentationScope) -> SpanData {
-    let tc = &s.trace;
+    let (tc, x) = (&s.trace, &s.exchange);
     let context = SpanContext::new(
         TraceId::from(tc.trace_id),
         SpanId::from(tc.span_id),
@@ -224,30 +218,30 @@ pub fn span_data(s: &ServerSpan<'_>, scope: InstrumentationScope) -> SpanData {
         false,
         TraceState::NONE,
     );
-    let name: Cow<'static, str> = if s.route.is_empty() {
-        Cow::Owned(s.method.to_string())
+    let name: Cow<'static, str> = if x.route.is_empty() {
+        Cow::Owned(x.method.to_string())
     } else {
-        Cow::Owned(format!("{} {}", s.method, s.route))
+        Cow::Owned(format!("{} {}", x.method, x.route))
     };
-    let status = if s.status >= 500 || s.status == 0 {
+    let status = if x.status >= 500 || x.status == 0 {
         Status::error("")
     } else {
         Status::Unset
     };
     let mut attributes = vec![
-        KeyValue::new("http.request.method", s.method.to_string()),
-        KeyValue::new("http.route", s.route.to_string()),
-        KeyValue::new("http.response.status_code", i64::from(s.status)),
+        KeyValue::new("http.request.method", x.method.to_string()),
+        KeyValue::new("http.route", x.route.to_string()),
+        KeyValue::new("http.response.status_code", i64::from(x.status)),
         KeyValue::new("network.protocol.name", "http"),
-        KeyValue::new("portcullis.protocol", s.protocol.to_string()),
-        KeyValue::new("portcullis.outcome", s.outcome.to_string()),
-        KeyValue::new("portcullis.request_id", s.request_id.to_string()),
+        KeyValue::new("portcullis.protocol", x.protocol.to_string()),
+        KeyValue::new("portcullis.outcome", x.outcome.to_string()),
+        KeyValue::new("portcullis.request_id", x.request_id.to_string()),
     ];
-    if !s.upstream.is_empty() {
-        attributes.push(KeyValue::new("portcullis.upstream", s.upstream.to_string()));
+    if !x.upstream.is_empty() {
+        attributes.push(KeyValue::new("portcullis.upstream", x.upstream.to_string()));
     }
-    if !s.backend.is_empty() {
-        attributes.push(KeyValue::new("portcullis.backend", s.backend.to_string()));
+    if !x.backend.is_empty() {
+        attributes.push(KeyValue::new("portcullis.backend", x.backend.to_string()));
     }
     SpanData {
         span_context: context,
@@ -296,14 +290,16 @@ mod tests {
         let d = span_data(
             &ServerSpan {
                 trace: tc,
-                method: "GET",
-                route: "/api",
-                status: 502,
-                outcome: "upstream_error",
-                upstream: "app",
-                backend: "127.0.0.1:9",
-                protocol: "HTTP/1.1",
-                request_id: "r1",
+                exchange: Exchange {
+                    request_id: "r1",
+                    method: "GET",
+                    protocol: "HTTP/1.1",
+                    status: 502,
+                    outcome: "upstream_error",
+                    route: "/api",
+                    upstream: "app",
+                    backend: "127.0.0.1:9",
+                },
                 start: now - Duration::from_millis(3),
                 end: now,
             },

@@ -3,7 +3,7 @@
 //! writes its access-log line. The proxy's phases call in here; nothing here
 //! decides how a request is answered.
 
-use crate::observe::access_log::{should_log, AccessRecord};
+use crate::observe::access_log::{should_log, AccessRecord, Exchange};
 use crate::observe::trace::{random_u128, TraceContext};
 
 use crate::metrics::Outcome;
@@ -142,17 +142,24 @@ fn record_span(
     let end = std::time::SystemTime::now();
     spans.record(&crate::observe::otlp::ServerSpan {
         trace,
-        method: req.method.as_str(),
-        route,
-        status: f.status,
-        outcome: f.outcome.as_str(),
-        upstream: f.pool.map(|p| p.name.as_str()).unwrap_or(""),
-        backend: f.backend.map(|b| b.addr_str.as_str()).unwrap_or(""),
-        protocol: protocol_name(req.version),
-        request_id: f.request_id.unwrap_or(""),
+        exchange: exchange(req, f, route),
         start: end.checked_sub(f.elapsed).unwrap_or(end),
         end,
     });
+}
+
+/// What the access log and the span share of the finished request `f`.
+fn exchange<'a>(req: &'a RequestHeader, f: &Finished<'a>, route: &'a str) -> Exchange<'a> {
+    Exchange {
+        request_id: f.request_id.unwrap_or(""),
+        method: req.method.as_str(),
+        protocol: protocol_name(req.version),
+        status: f.status,
+        outcome: f.outcome.as_str(),
+        route,
+        upstream: f.pool.map(|p| p.name.as_str()).unwrap_or(""),
+        backend: f.backend.map(|b| b.addr_str.as_str()).unwrap_or(""),
+    }
 }
 
 fn write_line(
@@ -193,18 +200,14 @@ fn write_line(
     let host = &host[..floor_char_boundary(host, 256)];
     shared.observe.access_log.write(&AccessRecord {
         unix_ms: unix_ms(),
-        request_id,
         trace_id: trace,
         client_ip,
-        method: req.method.as_str(),
         host,
         path: req.uri.path(),
-        protocol: protocol_name(req.version),
-        status: f.status,
-        outcome: f.outcome.as_str(),
-        route,
-        upstream: f.pool.map(|p| p.name.as_str()).unwrap_or(""),
-        backend: f.backend.map(|b| b.addr_str.as_str()).unwrap_or(""),
+        exchange: Exchange {
+            request_id,
+            ..exchange(req, f, route)
+        },
         bytes_sent: session.body_bytes_sent() as u64,
         duration_us: f.elapsed.as_micros() as u64,
         upstream_us: obs.upstream_ms.map(|ms| (ms * 1000.0).round() as u64),

@@ -41,6 +41,11 @@ impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
         header_of(&self.headers, name)
     }
+
+    /// All values of header `name` (case-insensitive), in the order received.
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        header_all_of(&self.headers, name)
+    }
 }
 
 struct BackendState {
@@ -301,148 +306,187 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// A request head as the backend parsed it.
+struct Head {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    /// The `x` of `HTTP/1.x`.
+    minor: u8,
+}
+
+impl Head {
+    /// Whether the connection ends after this request's response: `Connection: close`,
+    /// or HTTP/1.0 without `Connection: keep-alive`.
+    fn closes(&self) -> bool {
+        let connection = |token: &str| {
+            header_of(&self.headers, "connection")
+                .is_some_and(|v| v.to_ascii_lowercase().contains(token))
+        };
+        connection("close") || (self.minor == 0 && !connection("keep-alive"))
+    }
+}
+
+/// The next request head on the connection, consumed from `r`; `None` when the client
+/// closed between requests or sent a head that does not parse (answered 400 on `w`).
+fn read_head(r: &mut Buffered<TcpStream>, w: &mut TcpStream) -> io::Result<Option<Head>> {
+    loop {
+        let parsed = {
+            let mut hs = [httparse::EMPTY_HEADER; 256];
+            let mut req = httparse::Request::new(&mut hs);
+            match req.parse(&r.buf) {
+                Ok(httparse::Status::Complete(n)) => Some((
+                    Head {
+                        method: req.method.unwrap_or("").to_string(),
+                        path: req.path.unwrap_or("").to_string(),
+                        headers: req
+                            .headers
+                            .iter()
+                            .map(|h| {
+                                let value = String::from_utf8_lossy(h.value).into_owned();
+                                (h.name.to_string(), value)
+                            })
+                            .collect(),
+                        minor: req.version.unwrap_or(1),
+                    },
+                    n,
+                )),
+                Ok(httparse::Status::Partial) => None,
+                Err(_) => {
+                    let _ = w.write_all(
+                        b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                    );
+                    return Ok(None);
+                }
+            }
+        };
+        match parsed {
+            Some((head, n)) => {
+                r.take(n);
+                return Ok(Some(head));
+            }
+            None => {
+                if r.fill()? == 0 {
+                    return Ok(None); // clean close between requests
+                }
+            }
+        }
+    }
+}
+
+/// The request body (chunked, or `Content-Length` bytes, or none). With
+/// `Expect: 100-continue` it is read only if the client sends it: fine for these tests.
+fn read_body(r: &mut Buffered<TcpStream>, headers: &[(String, String)]) -> io::Result<Vec<u8>> {
+    if is_chunked(headers) {
+        r.chunked()
+    } else if let Some(cl) = header_of(headers, "content-length") {
+        r.fixed(cl.trim().parse().unwrap_or(0))
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// The status the backend's mode answers `rec` with, and `rec` back; `None` when the
+/// mode ends the connection without an answer (`rec` is recorded then).
+fn status_for(st: &BackendState, w: &TcpStream, rec: Received) -> Option<(u16, Received)> {
+    // A copy: the lock is not held while the mode sleeps or waits.
+    let mode = *lock(&st.mode);
+    let status = match mode {
+        Mode::Ok => 200,
+        Mode::Fail(s) => s,
+        Mode::Slow(d) => {
+            thread::sleep(d);
+            200
+        }
+        Mode::Hang => {
+            lock(&st.received).push(rec);
+            wait_for_change(st, false);
+            return None;
+        }
+        Mode::Hold => {
+            if !wait_for_change(st, true) {
+                lock(&st.received).push(rec);
+                return None;
+            }
+            200
+        }
+        Mode::Close => {
+            lock(&st.received).push(rec);
+            let _ = w.shutdown(Shutdown::Both);
+            return None;
+        }
+    };
+    Some((status, rec))
+}
+
+/// The response to `rec`: the `x-echo-*` fields, and as body the backend's name (or the
+/// request body, with `x-echo-body: 1`); no body for HEAD.
+fn response(st: &BackendState, status: u16, rec: &Received, close: bool) -> Vec<u8> {
+    let echo_body = rec.header("x-echo-body").is_some_and(|v| v == "1");
+    let body = if echo_body {
+        &rec.body[..]
+    } else {
+        st.name.as_bytes()
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\nx-backend: {}\r\nx-echo-path: {}\r\nx-echo-method: {}\r\nx-echo-body-len: {}\r\nx-echo-body-fnv: {}\r\n",
+        reason(status),
+        st.name,
+        rec.path,
+        rec.method,
+        rec.body.len(),
+        fnv1a(&rec.body),
+    );
+    for (h, echo) in [
+        ("host", "x-echo-host"),
+        ("x-forwarded-for", "x-echo-xff"),
+        ("x-forwarded-proto", "x-echo-proto"),
+        ("x-request-id", "x-echo-request-id"),
+    ] {
+        if let Some(v) = rec.header(h) {
+            head.push_str(&format!("{echo}: {v}\r\n"));
+        }
+    }
+    head.push_str(&format!("content-length: {}\r\n", body.len()));
+    if close {
+        head.push_str("connection: close\r\n");
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    if rec.method != "HEAD" {
+        out.extend_from_slice(body);
+    }
+    out
+}
+
 fn serve_conn(stream: TcpStream, st: &BackendState) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut w = stream.try_clone()?;
     let mut r = Buffered::new(stream);
     loop {
-        // ---- head
-        let (method, path, headers, version_minor, consumed) = loop {
-            let parsed = {
-                let mut hs = [httparse::EMPTY_HEADER; 256];
-                let mut req = httparse::Request::new(&mut hs);
-                match req.parse(&r.buf) {
-                    Ok(httparse::Status::Complete(n)) => Some((
-                        req.method.unwrap_or("").to_string(),
-                        req.path.unwrap_or("").to_string(),
-                        req.headers
-                            .iter()
-                            .map(|h| {
-                                (
-                                    h.name.to_string(),
-                                    String::from_utf8_lossy(h.value).into_owned(),
-                                )
-                            })
-                            .collect::<Vec<_>>(),
-                        req.version.unwrap_or(1),
-                        n,
-                    )),
-                    Ok(httparse::Status::Partial) => None,
-                    Err(_) => {
-                        let _ = w.write_all(
-                            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        );
-                        return Ok(());
-                    }
-                }
-            };
-            match parsed {
-                Some(p) => break p,
-                None => {
-                    if r.fill()? == 0 {
-                        return Ok(()); // clean close between requests
-                    }
-                }
-            }
+        let Some(head) = read_head(&mut r, &mut w)? else {
+            return Ok(());
         };
-        r.take(consumed);
         st.requests.fetch_add(1, Ordering::SeqCst);
-        let _guard = InFlight::enter(st);
-
-        // ---- body
-        let body = if is_chunked(&headers) {
-            r.chunked()?
-        } else if let Some(cl) = header_of(&headers, "content-length") {
-            let n: usize = cl.trim().parse().unwrap_or(0);
-            r.fixed(n)?
-        } else {
-            Vec::new()
-        };
-        if header_of(&headers, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
-            // body already read above only if the client sent it; fine for our tests
-        }
-
+        let guard = InFlight::enter(st);
+        let body = read_body(&mut r, &head.headers)?;
+        let close = head.closes();
         let rec = Received {
-            method: method.clone(),
-            path: path.clone(),
-            headers: headers.clone(),
+            method: head.method,
+            path: head.path,
+            headers: head.headers,
             body,
         };
-
-        // ---- behaviour
-        let mode = *lock(&st.mode);
-        let status = match mode {
-            Mode::Ok => 200,
-            Mode::Fail(s) => s,
-            Mode::Slow(d) => {
-                thread::sleep(d);
-                200
-            }
-            Mode::Hang => {
-                lock(&st.received).push(rec);
-                wait_for_change(st, false);
-                return Ok(());
-            }
-            Mode::Hold => {
-                if !wait_for_change(st, true) {
-                    lock(&st.received).push(rec);
-                    return Ok(());
-                }
-                200
-            }
-            Mode::Close => {
-                lock(&st.received).push(rec);
-                let _ = w.shutdown(Shutdown::Both);
-                return Ok(());
-            }
+        let Some((status, rec)) = status_for(st, &w, rec) else {
+            return Ok(());
         };
         if st.stopped.load(Ordering::SeqCst) {
             return Ok(());
         }
-
-        // ---- response
-        let close = header_of(&headers, "connection")
-            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
-            || (version_minor == 0
-                && !header_of(&headers, "connection")
-                    .is_some_and(|v| v.to_ascii_lowercase().contains("keep-alive")));
-        let echo_body = header_of(&headers, "x-echo-body").is_some_and(|v| v == "1");
-        let resp_body: Vec<u8> = if echo_body {
-            rec.body.clone()
-        } else {
-            st.name.as_bytes().to_vec()
-        };
-        let mut head = format!(
-            "HTTP/1.1 {status} {}\r\nx-backend: {}\r\nx-echo-path: {}\r\nx-echo-method: {}\r\nx-echo-body-len: {}\r\nx-echo-body-fnv: {}\r\n",
-            reason(status),
-            st.name,
-            path,
-            method,
-            rec.body.len(),
-            fnv1a(&rec.body),
-        );
-        for (h, echo) in [
-            ("host", "x-echo-host"),
-            ("x-forwarded-for", "x-echo-xff"),
-            ("x-forwarded-proto", "x-echo-proto"),
-            ("x-request-id", "x-echo-request-id"),
-        ] {
-            if let Some(v) = header_of(&headers, h) {
-                head.push_str(&format!("{echo}: {v}\r\n"));
-            }
-        }
-        head.push_str(&format!("content-length: {}\r\n", resp_body.len()));
-        if close {
-            head.push_str("connection: close\r\n");
-        }
-        head.push_str("\r\n");
+        let out = response(st, status, &rec, close);
         lock(&st.received).push(rec);
-        let mut out = head.into_bytes();
-        if method != "HEAD" {
-            out.extend_from_slice(&resp_body);
-        }
         w.write_all(&out)?;
-        drop(_guard);
+        drop(guard);
         if close {
             let _ = w.shutdown(Shutdown::Write);
             return Ok(());

@@ -18,19 +18,12 @@ pub struct Resp {
 impl Resp {
     /// First value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        header_of(&self.headers, name)
     }
 
     /// All values of header `name` (case-insensitive).
     pub fn header_all(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect()
+        header_all_of(&self.headers, name)
     }
 
     pub fn body_str(&self) -> String {
@@ -135,6 +128,15 @@ impl<S: Read> Buffered<S> {
         while self.fill()? > 0 {}
         Ok(std::mem::take(&mut self.buf))
     }
+}
+
+/// Every value of `name` (case-insensitive) in `headers`, in order.
+pub(super) fn header_all_of<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .collect()
 }
 
 pub(super) fn header_of<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {

@@ -28,70 +28,10 @@ impl Nginx {
         let tls_addr = format!("127.0.0.1:{}", free_port());
         let h2c_addr = format!("127.0.0.1:{}", free_port());
         let http_addr = format!("127.0.0.1:{}", free_port());
-        let d = dir.path().display();
-        let conf = format!(
-            r#"daemon off;
-master_process off;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-  access_log {d}/access.log;
-  client_body_temp_path {d}/body;
-  proxy_temp_path {d}/proxy;
-  fastcgi_temp_path {d}/fastcgi;
-  uwsgi_temp_path {d}/uwsgi;
-  scgi_temp_path {d}/scgi;
-  server {{
-    listen {tls_addr} ssl http2;
-    ssl_certificate {cert};
-    ssl_certificate_key {key};
-    location / {{ return 200 "nginx $server_protocol $ssl_server_name\n"; }}
-  }}
-  server {{
-    listen {h2c_addr} http2;
-    location /grpc-fail {{
-      default_type application/grpc;
-      add_trailer grpc-status 14;
-      add_trailer grpc-message unavailable;
-      return 200 "";
-    }}
-    location /grpc-ok {{
-      default_type application/grpc;
-      add_trailer grpc-status 0;
-      return 200 "";
-    }}
-    location / {{ return 200 "nginx $server_protocol\n"; }}
-  }}
-  server {{
-    listen {http_addr};
-    location /files/ {{ alias {d}/www/; }}
-    location / {{ return 200 "nginx $server_protocol host=[$http_host]\n"; }}
-  }}
-}}
-"#,
-            cert = cert.cert.display(),
-            key = cert.key.display(),
-        );
+        let conf = config(dir.path(), &cert, &tls_addr, &h2c_addr, &http_addr);
         let conf_path = dir.path().join("nginx.conf");
         fs::write(&conf_path, conf).expect("write nginx.conf");
-        let nginx = ["/usr/sbin/nginx", "nginx"]
-            .into_iter()
-            .find(|p| Command::new(p).arg("-v").output().is_ok())
-            .expect("nginx installed (scripts/setup.sh)");
-        let child = Command::new(nginx)
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .arg("-c")
-            .arg(&conf_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn nginx");
+        let child = spawn(dir.path(), &conf_path);
         let n = Nginx {
             child: Some(child),
             dir,
@@ -140,4 +80,80 @@ impl Drop for Nginx {
             let _ = c.wait();
         }
     }
+}
+
+/// The configuration of an [`Nginx`] in `dir` (see [`Nginx::start`]).
+fn config(
+    dir: &std::path::Path,
+    cert: &CertFiles,
+    tls_addr: &str,
+    h2c_addr: &str,
+    http_addr: &str,
+) -> String {
+    let d = dir.display();
+    format!(
+        r#"daemon off;
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+  access_log {d}/access.log;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  server {{
+    listen {tls_addr} ssl http2;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    location / {{ return 200 "nginx $server_protocol $ssl_server_name\n"; }}
+  }}
+  server {{
+    listen {h2c_addr} http2;
+    location /grpc-fail {{
+      default_type application/grpc;
+      add_trailer grpc-status 14;
+      add_trailer grpc-message unavailable;
+      return 200 "";
+    }}
+    location /grpc-ok {{
+      default_type application/grpc;
+      add_trailer grpc-status 0;
+      return 200 "";
+    }}
+    location / {{ return 200 "nginx $server_protocol\n"; }}
+  }}
+  server {{
+    listen {http_addr};
+    location /files/ {{ alias {d}/www/; }}
+    location / {{ return 200 "nginx $server_protocol host=[$http_host]\n"; }}
+  }}
+}}
+"#,
+        cert = cert.cert.display(),
+        key = cert.key.display(),
+    )
+}
+
+/// nginx in the foreground with `dir` as its prefix and `conf` as its configuration.
+fn spawn(dir: &std::path::Path, conf: &std::path::Path) -> Child {
+    let nginx = ["/usr/sbin/nginx", "nginx"]
+        .into_iter()
+        .find(|p| Command::new(p).arg("-v").output().is_ok())
+        .expect("nginx installed (scripts/setup.sh)");
+    Command::new(nginx)
+        .arg("-p")
+        .arg(dir)
+        .arg("-e")
+        .arg(dir.join("error.log"))
+        .arg("-c")
+        .arg(conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn nginx")
 }

@@ -227,23 +227,58 @@ mod tests {
         assert_eq!(retry_after_ms(5, 0, 1, 1_000, 0), 1_000);
     }
 
+    /// Calls `f` with every combination of one value per axis, the first axis outermost.
+    fn grid<const N: usize>(axes: [&[u64]; N], mut f: impl FnMut([u64; N])) {
+        if axes.iter().any(|a| a.is_empty()) {
+            return;
+        }
+        let mut at = [0usize; N];
+        loop {
+            f(std::array::from_fn(|i| axes[i][at[i]]));
+            // the next combination, as an odometer turns
+            let mut i = N;
+            loop {
+                if i == 0 {
+                    return;
+                }
+                i -= 1;
+                at[i] += 1;
+                if at[i] < axes[i].len() {
+                    break;
+                }
+                at[i] = 0;
+            }
+        }
+    }
+
+    /// `from..to` as an axis of [`grid`].
+    fn axis(from: u64, to: u64) -> Vec<u64> {
+        (from..to).collect()
+    }
+
+    #[test]
+    fn grid_visits_every_combination_once_in_order() {
+        let mut seen = Vec::new();
+        grid([&axis(0, 2), &[7, 8, 9]], |c| seen.push(c));
+        assert_eq!(seen, [[0, 7], [0, 8], [0, 9], [1, 7], [1, 8], [1, 9]]);
+        grid([&axis(0, 2), &[]], |c| panic!("{c:?} from an empty axis"));
+    }
+
     #[test]
     fn retry_after_matches_brute_force() {
         let w = 1_000;
-        for limit in 1..6u64 {
-            for prev in 0..12u64 {
-                for cur in 0..12u64 {
-                    for e in [0u64, 1, 250, 499, 500, 777, 998, 999] {
-                        let got = retry_after_ms(prev, cur, limit, w, e);
-                        assert_eq!(
-                            got,
-                            brute_retry(prev, cur, limit, w, e),
-                            "prev {prev} cur {cur} limit {limit} e {e}"
-                        );
-                    }
-                }
-            }
-        }
+        let es = [0u64, 1, 250, 499, 500, 777, 998, 999];
+        grid(
+            [&axis(1, 6), &axis(0, 12), &axis(0, 12), &es],
+            |[limit, prev, cur, e]| {
+                let got = retry_after_ms(prev, cur, limit, w, e);
+                assert_eq!(
+                    got,
+                    brute_retry(prev, cur, limit, w, e),
+                    "prev {prev} cur {cur} limit {limit} e {e}"
+                );
+            },
+        );
     }
 
     #[test]
@@ -272,31 +307,27 @@ mod tests {
         // n = 1: the share never refuses what `admits` admits (so it can be skipped);
         // n >= 2: the share admits nothing `admits` would refuse.
         let w = 1_000;
-        for limit in 0..8u64 {
-            for gp in 0..6u64 {
-                for gc in 0..6u64 {
-                    for op in 0..4u64 {
-                        for oc in 0..4u64 {
-                            for e in [0u64, 1, 250, 500, 999] {
-                                let a = admits(gp + op, gc + oc, limit, w, e);
-                                let case = format!("{gp} {gc} {op} {oc} {limit} {e}");
-                                if a {
-                                    assert!(
-                                        within_share((gp, gc), (op, oc), limit, 1, w, e),
-                                        "{case}"
-                                    );
-                                }
-                                for n in 2..5 {
-                                    if within_share((gp, gc), (op, oc), limit, n, w, e) {
-                                        assert!(a, "n {n}: {case}");
-                                    }
-                                }
-                            }
-                        }
-                    }
+        let es = [0u64, 1, 250, 500, 999];
+        let axes: [&[u64]; 6] = [
+            &axis(0, 8),
+            &axis(0, 6),
+            &axis(0, 6),
+            &axis(0, 4),
+            &axis(0, 4),
+            &es,
+        ];
+        grid(axes, |[limit, gp, gc, op, oc, e]| {
+            let a = admits(gp + op, gc + oc, limit, w, e);
+            let case = format!("{gp} {gc} {op} {oc} {limit} {e}");
+            if a {
+                assert!(within_share((gp, gc), (op, oc), limit, 1, w, e), "{case}");
+            }
+            for n in 2..5 {
+                if within_share((gp, gc), (op, oc), limit, n, w, e) {
+                    assert!(a, "n {n}: {case}");
                 }
             }
-        }
+        });
     }
 
     #[test]
