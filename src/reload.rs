@@ -32,6 +32,7 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
                 old.tracing.otlp_endpoint != new.tracing.otlp_endpoint,
                 "tracing.otlp_endpoint",
             ),
+            (old.log != new.log, "log.format"),
             (
                 old.tls.as_ref().map(|t| (&t.listen, t.min_version))
                     != new.tls.as_ref().map(|t| (&t.listen, t.min_version)),
