@@ -13,9 +13,14 @@
 //! idle. Without a new process it logs why and stays up (stock Pingora would
 //! shut down anyway). SIGINT: exit now.
 //!
+//! Under systemd ([`notify`]): `STOPPING=1` when draining starts (SIGTERM, a watchdog
+//! restart) or on SIGINT; none on a SIGQUIT hand-over, where a new process carries on.
+//!
 //! [`GracefulApp`] wraps the proxy application: it counts client connections and
 //! keeps serving connections accepted just before the listeners closed for
 //! [`ACCEPT_GRACE`], which Pingora's cleanup would otherwise drop unanswered.
+
+pub mod notify;
 
 use crate::shed::Shedder;
 use async_trait::async_trait;
@@ -198,6 +203,7 @@ impl DrainingShutdown {
     /// SIGINT cut the drain short.
     async fn drain_period(&self, int: &mut Signal) -> bool {
         self.lifecycle.start_draining();
+        notify::stopping();
         tracing::info!(
             event = "shutdown",
             mode = "graceful",
@@ -233,6 +239,7 @@ impl ShutdownSignalWatch for DrainingShutdown {
         match kind {
             ShutdownSignal::FastShutdown => {
                 tracing::info!(event = "shutdown", mode = "fast", "SIGINT: exiting now");
+                notify::stopping();
                 force_exit_after(FAST_EXIT_GRACE);
                 return kind;
             }

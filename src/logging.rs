@@ -1,5 +1,11 @@
-//! Log setup: one JSON line per event on stderr, filtered by `RUST_LOG`, with
-//! a rule that holds whatever `RUST_LOG` says (CONTRACT §1, §7):
+//! Log setup: one line per event on stderr, filtered by `RUST_LOG`, with a rule
+//! that holds whatever `RUST_LOG` says (CONTRACT §1, §7, §16).
+//!
+//! - **The format is `[log] format`**, chosen once at start ([`Format::choose`]): `json`
+//!   (one JSON object per line), `text` (one readable line per event: time, level,
+//!   target, message, then the same fields as `key=value`), or `auto`, text when
+//!   stderr is a terminal (a person is reading) and JSON otherwise (a file, a pipe,
+//!   journald, a container runtime). Both go through the same filter below.
 //!
 //! - **Pingora's crates are capped at info.** Their debug and trace lines print
 //!   whole request headers and raw header buffers (API keys, query strings,
@@ -17,7 +23,9 @@
 //! the request are counted from Pingora's error kind (`Proxy::fail_to_proxy`). Nothing
 //! here reads a log line's text.
 
+use crate::config::LogFormat;
 use std::fmt;
+use std::io::IsTerminal;
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
@@ -25,7 +33,7 @@ use tracing::{span, Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{EnvFilter, Registry};
 
 /// The most verbose level let through from Pingora's crates.
 pub const PINGORA_CAP: Level = Level::INFO;
@@ -127,16 +135,53 @@ where
     }
 }
 
-/// Installs the subscriber (and the `log` bridge). Call once, before Pingora starts.
-pub fn init() {
+/// The format the process's own log lines are written in, once `auto` is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Text,
+}
+
+impl Format {
+    /// `[log] format`, with `auto` decided by whether stderr is a terminal.
+    pub fn choose(configured: LogFormat, stderr_is_terminal: bool) -> Self {
+        match configured {
+            LogFormat::Json => Format::Json,
+            LogFormat::Text => Format::Text,
+            LogFormat::Auto if stderr_is_terminal => Format::Text,
+            LogFormat::Auto => Format::Json,
+        }
+    }
+}
+
+/// `RUST_LOG` (default `info`) under the Pingora cap.
+fn capped_env() -> CappedEnv {
     let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_writer(std::io::stderr)
-        .with_filter(CappedEnv { env });
-    let _ = tracing_subscriber::registry().with(fmt).try_init();
+    CappedEnv { env }
+}
+
+/// Installs the subscriber (and the `log` bridge) writing `format` (`[log] format`) to
+/// stderr. Call once, before Pingora starts; a reload does not change the format.
+pub fn init(format: LogFormat) {
+    let terminal = std::io::stderr().is_terminal();
+    let layer: Box<dyn Layer<Registry> + Send + Sync> = match Format::choose(format, terminal) {
+        Format::Json => Box::new(
+            tracing_subscriber::fmt::layer()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_writer(std::io::stderr)
+                .with_filter(capped_env()),
+        ),
+        // Colours only for a terminal: `text` forced into a file stays plain.
+        Format::Text => Box::new(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(terminal)
+                .with_writer(std::io::stderr)
+                .with_filter(capped_env()),
+        ),
+    };
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 #[cfg(test)]
@@ -159,5 +204,15 @@ mod tests {
         }
         assert!(under_cap("portcullis::proxy", &Level::TRACE));
         assert!(under_cap("redis", &Level::DEBUG));
+    }
+
+    #[test]
+    fn auto_is_text_on_a_terminal_and_json_otherwise() {
+        assert_eq!(Format::choose(LogFormat::Auto, true), Format::Text);
+        assert_eq!(Format::choose(LogFormat::Auto, false), Format::Json);
+        for terminal in [true, false] {
+            assert_eq!(Format::choose(LogFormat::Json, terminal), Format::Json);
+            assert_eq!(Format::choose(LogFormat::Text, terminal), Format::Text);
+        }
     }
 }

@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         println!("OK");
         return ExitCode::SUCCESS;
     }
-    portcullis::logging::init();
+    portcullis::logging::init(config.log.format);
     portcullis::server::run(config, cli.conf, cli.upgrade);
     ExitCode::SUCCESS
 }

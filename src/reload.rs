@@ -1,12 +1,28 @@
 //! Hot reload (SIGHUP or `POST /reload`): re-read and validate the file, then
-//! swap the runtime atomically. An invalid file keeps the old config.
+//! swap the runtime atomically. An invalid file keeps the old config. Under systemd
+//! the reload is announced ([`notify`]).
 
 use crate::config::{self, ConfigError};
+use crate::lifecycle::notify;
 use crate::state::Shared;
 use std::sync::Arc;
 
-/// Reload from the file the process was started with.
+/// Reload from the file the process was started with. Under systemd it is announced
+/// (`RELOADING=1`, then `READY=1` whatever the outcome) while the proxy is ready: not
+/// during start-up (`READY=1` is still to come) nor while draining (`STOPPING=1` was
+/// sent).
 pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
+    if shared.lifecycle.is_ready() {
+        notify::reloading();
+    }
+    let result = load_and_apply(shared);
+    if shared.lifecycle.is_ready() {
+        notify::ready();
+    }
+    result
+}
+
+fn load_and_apply(shared: &Arc<Shared>) -> Result<(), ConfigError> {
     let result = config::load(&shared.config_path).inspect(|next| {
         let cur = shared.runtime.load();
         let (old, new) = (&cur.config, next);
@@ -32,6 +48,7 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
                 old.tracing.otlp_endpoint != new.tracing.otlp_endpoint,
                 "tracing.otlp_endpoint",
             ),
+            (old.log != new.log, "log.format"),
             (
                 old.tls.as_ref().map(|t| (&t.listen, t.min_version))
                     != new.tls.as_ref().map(|t| (&t.listen, t.min_version)),

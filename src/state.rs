@@ -11,7 +11,6 @@ use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use crate::store::clock::{unix_ms, unix_secs};
@@ -193,8 +192,6 @@ pub struct Shared {
     pub config_path: std::path::PathBuf,
     /// `server.preserve_header_case` as started (both directions; restart to change).
     pub keep_header_case: bool,
-    id_prefix: u64,
-    id_counter: AtomicU64,
     /// The runtime serving proxy traffic, seen by the first request (the
     /// watchdog measures event-loop stalls there).
     proxy_runtime: std::sync::OnceLock<tokio::runtime::Handle>,
@@ -230,33 +227,24 @@ impl Shared {
             store_kind,
             config_path,
             keep_header_case,
-            id_prefix: (unix_ms() ^ (u64::from(std::process::id()) << 40)) & 0xffff_ffff_ffff,
-            id_counter: AtomicU64::new(0),
             proxy_runtime: std::sync::OnceLock::new(),
             reloading: std::sync::Mutex::new(()),
         })
     }
 
-    /// A unique request id: per-process prefix plus a counter, 28 hex digits.
+    /// A new request id: 128 random bits as 32 lowercase hex digits. Random rather than a
+    /// counter, so that ids do not tell anyone the request rate ([`random_id_bits`]).
     pub fn next_request_id(&self) -> String {
-        String::from_utf8_lossy(&self.next_request_id_bytes()).into_owned()
+        String::from_utf8_lossy(&next_request_id_bytes()).into_owned()
     }
 
     /// [`Shared::next_request_id`] as a header value (hex: always valid), marked unique
     /// (`edge::headers::unique`: HTTP/2 sends it unindexed).
     pub fn next_request_id_value(&self) -> http::HeaderValue {
         crate::edge::headers::unique(
-            http::HeaderValue::from_bytes(&self.next_request_id_bytes())
+            http::HeaderValue::from_bytes(&next_request_id_bytes())
                 .unwrap_or_else(|_| http::HeaderValue::from_static("")),
         )
-    }
-
-    fn next_request_id_bytes(&self) -> [u8; 28] {
-        let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
-        let mut b = [0u8; 28];
-        crate::observe::trace::hex_lower(u128::from(self.id_prefix), &mut b[..12]);
-        crate::observe::trace::hex_lower(u128::from(n), &mut b[12..]);
-        b
     }
 
     /// Remember the runtime the calling request runs on (once; then one atomic load).
@@ -290,5 +278,94 @@ impl Shared {
         let prev = self.runtime.load();
         let next = Runtime::build(config, Some(&prev), &self.limiter, &self.metrics);
         self.runtime.store(Arc::new(next));
+    }
+}
+
+/// Length of a generated request id: 128 bits in hex.
+pub const REQUEST_ID_LEN: usize = 32;
+
+fn next_request_id_bytes() -> [u8; REQUEST_ID_LEN] {
+    let mut b = [0u8; REQUEST_ID_LEN];
+    crate::observe::trace::hex_lower(random_id_bits(), &mut b);
+    b
+}
+
+thread_local! {
+    /// The generator of request ids: WyRand (`fastrand`), one per thread, so drawing an
+    /// id takes no lock and touches no shared cache line. Seeded from the OS: std's
+    /// `RandomState` takes its first keys of each thread from the OS's random source
+    /// (fastrand's own thread-local generator is seeded from the clock and thread id).
+    static ID_RNG: std::cell::RefCell<fastrand::Rng> = std::cell::RefCell::new(fastrand::Rng::with_seed({
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id())
+    }));
+}
+
+/// 128 random bits (two draws of the thread's generator): not a cryptographic secret,
+/// only an id that is unique in practice and says nothing about how many came before.
+fn random_id_bits() -> u128 {
+    ID_RNG.with(|r| r.borrow_mut().u128(..))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Arc<Shared> {
+        let cfg = crate::config::parse(
+            "t.toml",
+            "[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\"]\n",
+        )
+        .expect("valid config");
+        Shared::new(cfg, "t.toml".into())
+    }
+
+    fn is_id(id: &str) -> bool {
+        id.len() == REQUEST_ID_LEN && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
+    #[test]
+    fn request_ids_are_32_lowercase_hex_digits_and_differ() {
+        let s = shared();
+        let (a, b) = (s.next_request_id(), s.next_request_id());
+        assert!(is_id(&a) && is_id(&b), "{a} {b}");
+        assert_ne!(a, b);
+        let v = s.next_request_id_value();
+        let v = v.to_str().expect("ascii header value");
+        assert!(is_id(v), "{v}");
+    }
+
+    #[test]
+    fn consecutive_request_ids_share_no_prefix() {
+        // A counter (the old scheme) shares its first 12 digits across every id of a
+        // process. Random ids: two of 100 sharing 8 given hex digits has a chance of
+        // about 1e-6.
+        let s = shared();
+        let ids: Vec<String> = (0..100).map(|_| s.next_request_id()).collect();
+        let mut prefixes: Vec<&str> = ids.iter().map(|i| &i[..8]).collect();
+        prefixes.sort_unstable();
+        prefixes.dedup();
+        assert_eq!(prefixes.len(), ids.len(), "{ids:?}");
+        // ... and neither do their ends (a counter's last digits step by one).
+        let mut suffixes: Vec<&str> = ids.iter().map(|i| &i[24..]).collect();
+        suffixes.sort_unstable();
+        suffixes.dedup();
+        assert_eq!(suffixes.len(), ids.len(), "{ids:?}");
+    }
+
+    #[test]
+    fn threads_draw_different_ids() {
+        // Each thread seeds its own generator: two threads must not repeat each other.
+        let s = shared();
+        let other = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || (0..50).map(|_| s.next_request_id()).collect::<Vec<_>>())
+                .join()
+                .expect("thread")
+        };
+        let mine: Vec<String> = (0..50).map(|_| s.next_request_id()).collect();
+        for id in &mine {
+            assert!(!other.contains(id), "{id} drawn on both threads");
+        }
     }
 }

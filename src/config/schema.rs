@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-pub use super::settings::{RedisUrl, Secret};
+pub use super::settings::{LogFormat, RedisUrl, Secret};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -29,6 +29,9 @@ pub struct FileConfig {
     pub access_log: AccessLogSection,
     #[serde(default)]
     pub tracing: TracingSection,
+    /// `[log]`: how the process's own log lines are written (CONTRACT §16).
+    #[serde(default)]
+    pub log: LogSection,
     /// `[tls]`: TLS listeners (CONTRACT §6); absent = none.
     pub tls: Option<TlsSection>,
 }
@@ -492,4 +495,13 @@ impl Default for TracingSection {
             sample: 0.01,
         }
     }
+}
+
+/// `[log]`: the format of the process's own log lines on stderr (not the access log).
+/// Read at start only.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// `auto` (text when stderr is a terminal, JSON otherwise), `json` or `text`.
+    pub format: LogFormat,
 }

@@ -28,6 +28,7 @@ pub struct Config {
     pub watchdog: WatchdogSettings,
     pub access_log: AccessLogSettings,
     pub tracing: TracingSettings,
+    pub log: LogSettings,
     /// `[tls]`: TLS listeners and their certificates (loaded); `None` = none.
     pub tls: Option<TlsSettings>,
 }
@@ -225,6 +226,27 @@ pub struct TracingSettings {
     /// Share of new traces (no valid `traceparent`) whose spans are exported;
     /// a continued trace follows the client's sampled flag. Reloadable.
     pub sample: f64,
+}
+
+/// `[log]`: the process's own log lines (stderr). Fixed for the process's life: the
+/// subscriber is installed once, before the server starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogSettings {
+    pub format: LogFormat,
+}
+
+/// `[log] format`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text when stderr is a terminal (a person is reading), JSON otherwise.
+    #[default]
+    Auto,
+    /// One JSON object per line.
+    Json,
+    /// One human-readable line per event: time, level, target, message, then the fields
+    /// as `key=value`.
+    Text,
 }
 
 /// A secret value (the admin token): compared, never printed.

@@ -1,5 +1,5 @@
-//! Validation of the observability sections (CONTRACT §8): `[access_log]` and
-//! `[tracing]`.
+//! Validation of the observability sections (CONTRACT §8, §16): `[access_log]`,
+//! `[tracing]` and `[log]`.
 
 use super::check::{err, range, VResult};
 use super::schema::*;
@@ -54,4 +54,10 @@ pub(super) fn validate_tracing(t: &TracingSection) -> VResult<TracingSettings> {
         otlp_endpoint: Some(endpoint.to_string()),
         sample: t.sample,
     })
+}
+
+/// `[log]`: `format` is one of the names serde already checked (a bad one is an error at
+/// `log.format` with its line); nothing else to check.
+pub(super) fn validate_log(l: &LogSection) -> VResult<LogSettings> {
+    Ok(LogSettings { format: l.format })
 }

@@ -183,3 +183,26 @@ fn bad_rate_limit_policies_name_the_key_path() {
     let e = check(&format!("{MIN}[rate_limit]\nkey = \"client_ip\"\n")).unwrap_err();
     assert_eq!(e.key_path, "rate_limit.key");
 }
+
+#[test]
+fn log_format_defaults_to_auto_and_takes_the_three_names() {
+    assert_eq!(check(MIN).expect("valid").log.format, LogFormat::Auto);
+    for (name, format) in [
+        ("auto", LogFormat::Auto),
+        ("json", LogFormat::Json),
+        ("text", LogFormat::Text),
+    ] {
+        let c = check(&format!("{MIN}[log]\nformat = \"{name}\"\n")).expect(name);
+        assert_eq!(c.log.format, format, "{name}");
+    }
+}
+
+#[test]
+fn bad_log_format_names_the_key_path_and_line() {
+    let e = check(&format!("{MIN}[log]\nformat = \"xml\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "log.format");
+    assert_eq!(e.line_col.map(|l| l.0), Some(5), "{e}");
+    assert!(e.reason.contains("xml"), "{e}");
+    let e = check(&format!("{MIN}[log]\nlevel = \"debug\"\n")).unwrap_err();
+    assert_eq!(e.key_path, "log.level");
+}

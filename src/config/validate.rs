@@ -1,6 +1,6 @@
 //! Validation of the file schema into runtime types, one section per file:
 //! `server.rs`, `edge.rs`, `store.rs`, `upstreams.rs`, `protection.rs`,
-//! `ratelimit.rs`, `tls.rs`, `telemetry.rs`. This file holds the order of the
+//! `ratelimit.rs`, `tls.rs`, `telemetry.rs` (also `[log]`). This file holds the order of the
 //! checks; the helpers they share are in `check.rs`.
 
 use super::check::VResult;
@@ -10,7 +10,7 @@ use super::schema::*;
 use super::server::validate_server;
 use super::settings::*;
 use super::store::validate_redis;
-use super::telemetry::{validate_access_log, validate_tracing};
+use super::telemetry::{validate_access_log, validate_log, validate_tracing};
 use super::tls::validate_tls;
 use super::upstreams::{validate_routes, validate_upstreams};
 
@@ -30,6 +30,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     }
     let access_log = validate_access_log(&raw.access_log)?;
     let tracing = validate_tracing(&raw.tracing)?;
+    let log = validate_log(&raw.log)?;
     Ok(Config {
         tls,
         server,
@@ -42,5 +43,6 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
         watchdog,
         access_log,
         tracing,
+        log,
     })
 }

@@ -1,6 +1,7 @@
 //! The background services of the server: active health checks, the rate-limit
 //! flusher, readiness, access-log reopening, SIGHUP reload (and DNS
-//! re-resolution), the watchdog and culling, all on the one fleet store.
+//! re-resolution), the watchdog and culling, all on the one fleet store; and systemd's
+//! watchdog pings when it asked for them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -97,6 +98,7 @@ impl BackgroundService for Readiness {
         }
         if self.shared.lifecycle.mark_ready() {
             tracing::info!(event = "ready", "proxy listeners accept; ready");
+            crate::lifecycle::notify::ready();
         }
     }
 }
@@ -197,7 +199,7 @@ pub(super) fn services(
         background_service("access log reopen", AccessLogReopen { shared: sh() });
     let watchdog = crate::watchdog::Watchdog::new(sh(), &fleet_store);
     let watchdog = background_service("watchdog", watchdog);
-    vec![
+    let mut all: Vec<Box<dyn ServiceWithDependents>> = vec![
         Box::new(health),
         Box::new(flusher),
         Box::new(reloader),
@@ -205,5 +207,11 @@ pub(super) fn services(
         Box::new(readiness),
         Box::new(watchdog),
         Box::new(culling),
-    ]
+    ];
+    // `WATCHDOG=1` to systemd, when it asked for it.
+    if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {
+        let pings = crate::lifecycle::notify::WatchdogPings { interval };
+        all.push(Box::new(background_service("systemd watchdog", pings)));
+    }
+    all
 }

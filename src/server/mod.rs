@@ -209,6 +209,10 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let conf = server_conf(&config);
     let s = Startup::of(&config);
 
+    if upgrade {
+        // Under systemd the new process of an upgrade becomes the service's main process.
+        crate::lifecycle::notify::announce_main_pid_when_ready();
+    }
     let shared = Shared::new(config, config_path);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
