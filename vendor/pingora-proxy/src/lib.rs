@@ -372,9 +372,9 @@ where
                             debug!("failed to send error response to downstream: {e}");
                         });
                 } else if matches!(e.etype, ConnectionClosed | ReadError) {
-                    // the client went away before its request header was complete: its
-                    // business, not a fault of the proxy (a server logs it, if at all, as
-                    // a client abort, not as an error)
+                    // portcullis patch (client gone mid-header): the client went away
+                    // before its request header was complete: its business, not a fault
+                    // of the proxy (logged, if at all, as a client abort, not an error)
                     debug!(
                         "Fail to proxy: {e}, downstream session type: {}",
                         downstream_session.session_type()
