@@ -100,6 +100,16 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The JSON Schema (draft 2020-12) of the config file, pretty-printed: generated from the
+/// types the parser reads (`schema.rs`), with their doc comments and defaults. Printed by
+/// `--print-config-schema`; `conf/portcullis.schema.json` is this text.
+pub fn json_schema() -> String {
+    let schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<FileConfig>();
+    format!("{:#}\n", schema.as_value())
+}
+
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
