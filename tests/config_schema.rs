@@ -165,6 +165,16 @@ fn schema_is_draft_2020_12_with_descriptions_and_defaults() {
         .filter_map(|v| v["const"].as_str())
         .collect();
     assert_eq!(priorities, ["critical", "normal", "low"]);
+    // TOML has no null: an absent [redis] or [tls] is how a file says "none".
+    assert!(
+        !schema.to_string().contains("\"null\""),
+        "no null type in the schema"
+    );
+    assert_eq!(
+        schema["properties"]["tls"]["$ref"], "#/$defs/TlsSection",
+        "an optional section is its own schema"
+    );
+    assert_eq!(schema["required"], serde_json::json!(["upstreams"]));
     // Newtypes with their own deserializers are strings.
     assert_eq!(defs["Secret"]["type"], "string");
     assert_eq!(defs["RedisUrl"]["type"], "string");
@@ -307,4 +317,58 @@ fn a_wrong_type_or_value_is_refused_by_the_schema_and_by_check() {
     assert_eq!(schema_errors(&text), Vec::<String>::new());
     let (code, _, stderr) = check(&text);
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn a_missing_required_part_is_refused_by_the_schema_and_by_check() {
+    // No [[upstreams]] at all.
+    let text = "[server]\nthreads = 2\n";
+    let errors = schema_errors(text);
+    assert!(
+        errors.iter().any(|e| e.contains("upstreams")),
+        "the schema needs [[upstreams]]: {errors:#?}"
+    );
+    let (code, _, stderr) = check(text);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("upstreams"), "{stderr}");
+
+    // An upstream without backends; a route without its upstream.
+    let text = edit(
+        &shipped_config(),
+        "backends = [\"127.0.0.1:9001\", \"127.0.0.1:9002\"]",
+        "backends = []",
+    );
+    let errors = schema_errors(&text);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("/upstreams/0/backends:")),
+        "{errors:#?}"
+    );
+    assert_eq!(check(&text).0, Some(2));
+    let text = edit(&shipped_config(), "upstream = \"app\"\n", "");
+    let errors = schema_errors(&text);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("/routes/0:") && e.contains("upstream")),
+        "{errors:#?}"
+    );
+    assert_eq!(check(&text).0, Some(2));
+
+    // [tls] without a certificate.
+    let text = format!(
+        "{}\n[tls]\nlisten = [\"127.0.0.1:8443\"]\n",
+        shipped_config()
+    );
+    let errors = schema_errors(&text);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("/tls:") && e.contains("certificates")),
+        "{errors:#?}"
+    );
+    let (code, _, stderr) = check(&text);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("tls.certificates"), "{stderr}");
 }

@@ -104,10 +104,7 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
 /// types the parser reads (`schema.rs`), with their doc comments and defaults. Printed by
 /// `--print-config-schema`; `conf/portcullis.schema.json` is this text.
 pub fn json_schema() -> String {
-    let schema = schemars::generate::SchemaSettings::draft2020_12()
-        .into_generator()
-        .into_root_schema_for::<FileConfig>();
-    format!("{:#}\n", schema.as_value())
+    format!("{:#}\n", schema::json_schema())
 }
 
 /// Read and validate a config file.

@@ -15,12 +15,62 @@ use serde::{Deserialize, Serialize};
 pub use super::settings::{LogFormat, RedisUrl, Secret};
 use std::collections::BTreeMap;
 
+/// The JSON Schema (draft 2020-12) of [`FileConfig`]. TOML has no null (an absent key is
+/// how a file says "none"), so the `null` that schemars allows for an `Option` is taken
+/// out: `[tls] = null` cannot be written, and an editor's message about a bad `[tls]`
+/// names the section's own rule rather than "none of anyOf".
+pub(super) fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<FileConfig>()
+        .to_value();
+    drop_null(&mut schema);
+    schema
+}
+
+/// `{"anyOf": [S, {"type": "null"}], …}` becomes `{…S, …}`; `"type": [T, "null"]`
+/// becomes `"type": T`; everywhere in `v`.
+fn drop_null(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let is_null = |s: &Value| {
+        s.as_object()
+            .is_some_and(|o| o.len() == 1 && o.get("type").is_some_and(|t| t == "null"))
+    };
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::Array(any)) = map.get("anyOf") {
+                if any.len() == 2 && any.iter().any(is_null) {
+                    let other = any.iter().find(|s| !is_null(s)).cloned();
+                    if let Some(Value::Object(other)) = other {
+                        map.remove("anyOf");
+                        for (k, val) in other {
+                            map.entry(k).or_insert(val);
+                        }
+                    }
+                }
+            }
+            if let Some(Value::Array(types)) = map.get_mut("type") {
+                types.retain(|t| t != "null");
+                if types.len() == 1 {
+                    let t = types.remove(0);
+                    map.insert("type".into(), t);
+                }
+            }
+            map.values_mut().for_each(drop_null);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_null),
+        _ => {}
+    }
+}
+
 /// The configuration file of portcullis, an HTTP edge proxy (load shedding, rate
 /// limiting shared through Redis, budgeted upstream culling). Unknown keys are errors;
 /// durations are integers in the unit their name gives.
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "portcullis configuration")]
+// `upstreams` has a serde default (its absence is reported by `validate`), yet the file
+// needs one: the schema says so.
+#[schemars(title = "portcullis configuration", extend("required" = ["upstreams"]))]
 pub struct FileConfig {
     /// `[server]`: listeners, threads, drain and shutdown, limits on clients.
     #[serde(default)]
@@ -30,7 +80,7 @@ pub struct FileConfig {
     pub redis: Option<RedisSection>,
     /// `[[upstreams]]`: at least one; the backends the proxy forwards to.
     #[serde(default)]
-    #[schemars(required, length(min = 1))]
+    #[schemars(length(min = 1))]
     pub upstreams: Vec<UpstreamSection>,
     /// `[[routes]]`: which upstream serves a request; without routes everything goes to
     /// the first upstream.
@@ -65,6 +115,7 @@ pub struct FileConfig {
 /// `[tls]`: TLS listeners (HTTP/1.1 and HTTP/2 by ALPN).
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("required" = ["certificates"]))]
 pub struct TlsSection {
     /// TLS listeners, `host:port`.
     #[serde(default = "default_tls_listen")]
@@ -75,6 +126,7 @@ pub struct TlsSection {
     pub min_version: String,
     /// At least one; the first is served for an unknown or missing SNI name.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub certificates: Vec<CertificateSection>,
 }
 
