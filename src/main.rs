@@ -24,10 +24,18 @@ struct Cli {
     /// listeners of the running process through `server.upgrade_sock`.
     #[arg(short = 'u', long = "upgrade")]
     upgrade: bool,
+    /// Print the JSON Schema (draft 2020-12) of the configuration file and exit
+    /// (conf/portcullis.schema.json is its output, for editors).
+    #[arg(long, conflicts_with_all = ["check", "upgrade"])]
+    print_config_schema: bool,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.print_config_schema {
+        print!("{}", portcullis::config::json_schema());
+        return ExitCode::SUCCESS;
+    }
     let config = match portcullis::config::load(&cli.conf) {
         Ok(c) => c,
         Err(e) => {

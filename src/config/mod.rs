@@ -100,6 +100,13 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The JSON Schema (draft 2020-12) of the config file, pretty-printed: generated from the
+/// types the parser reads (`schema.rs`), with their doc comments and defaults. Printed by
+/// `--print-config-schema`; `conf/portcullis.schema.json` is this text.
+pub fn json_schema() -> String {
+    format!("{:#}\n", schema::json_schema())
+}
+
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();

@@ -1,50 +1,132 @@
 //! The file schema: what `portcullis.toml` may contain, with the defaults of
 //! CONTRACT.md section 2. Unknown keys are errors (`deny_unknown_fields`), so a
 //! typo can never silently disable a gate.
+//!
+//! The same types give the JSON Schema of the file (`--print-config-schema`, and
+//! `conf/portcullis.schema.json` for editors): `JsonSchema` is derived beside
+//! `Deserialize`, reads the same serde attributes (`deny_unknown_fields` becomes
+//! `additionalProperties: false`, defaults come from the `Default` impls and the
+//! `default = "…"` functions) and takes its descriptions from these doc comments.
+//! `Serialize` on the enums is only there so that their defaults can be written.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 pub use super::settings::{LogFormat, RedisUrl, Secret};
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// The JSON Schema (draft 2020-12) of [`FileConfig`]. TOML has no null (an absent key is
+/// how a file says "none"), so the `null` that schemars allows for an `Option` is taken
+/// out: `[tls] = null` cannot be written, and an editor's message about a bad `[tls]`
+/// names the section's own rule rather than "none of anyOf".
+pub(super) fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<FileConfig>()
+        .to_value();
+    drop_null(&mut schema);
+    schema
+}
+
+/// `{"anyOf": [S, {"type": "null"}], …}` becomes `{…S, …}`; `"type": [T, "null"]`
+/// becomes `"type": T`; everywhere in `v`.
+fn drop_null(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let is_null = |s: &Value| {
+        s.as_object()
+            .is_some_and(|o| o.len() == 1 && o.get("type").is_some_and(|t| t == "null"))
+    };
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::Array(any)) = map.get("anyOf") {
+                if any.len() == 2 && any.iter().any(is_null) {
+                    let other = any.iter().find(|s| !is_null(s)).cloned();
+                    if let Some(Value::Object(other)) = other {
+                        map.remove("anyOf");
+                        for (k, val) in other {
+                            map.entry(k).or_insert(val);
+                        }
+                    }
+                }
+            }
+            if let Some(Value::Array(types)) = map.get_mut("type") {
+                types.retain(|t| t != "null");
+                if types.len() == 1 {
+                    let t = types.remove(0);
+                    map.insert("type".into(), t);
+                }
+            }
+            map.values_mut().for_each(drop_null);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_null),
+        _ => {}
+    }
+}
+
+/// The configuration file of portcullis, an HTTP edge proxy (load shedding, rate
+/// limiting shared through Redis, budgeted upstream culling). Unknown keys are errors;
+/// durations are integers in the unit their name gives.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
+// `upstreams` has a serde default (its absence is reported by `validate`), yet the file
+// needs one: the schema says so.
+#[schemars(title = "portcullis configuration", extend("required" = ["upstreams"]))]
 pub struct FileConfig {
+    /// `[server]`: listeners, threads, drain and shutdown, limits on clients.
     #[serde(default)]
     pub server: ServerSection,
+    /// `[redis]`: the store shared by the fleet. Without it the proxy runs as a single
+    /// instance with an in-process store (same semantics, no sharing).
     pub redis: Option<RedisSection>,
+    /// `[[upstreams]]`: at least one; the backends the proxy forwards to.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub upstreams: Vec<UpstreamSection>,
+    /// `[[routes]]`: which upstream serves a request; without routes everything goes to
+    /// the first upstream.
     #[serde(default)]
     pub routes: Vec<RouteSection>,
+    /// `[shedding]`: the concurrency cap (503 beyond it).
     #[serde(default)]
     pub shedding: SheddingSection,
+    /// `[rate_limit]`: per-API-key sliding-window rate limiting (429).
     #[serde(default)]
     pub rate_limit: RateLimitSection,
+    /// `[culling]`: ejecting failing backends within a fleet-wide budget.
     #[serde(default)]
     pub culling: CullingSection,
+    /// `[watchdog]`: the proxy culls itself (memory, errors, stalls) through a
+    /// fleet-wide budget.
     #[serde(default)]
     pub watchdog: WatchdogSection,
+    /// `[access_log]`: one JSON line per request.
     #[serde(default)]
     pub access_log: AccessLogSection,
+    /// `[tracing]`: W3C trace context and OTLP span export.
     #[serde(default)]
     pub tracing: TracingSection,
-    /// `[log]`: how the process's own log lines are written (CONTRACT §16).
+    /// `[log]`: how the process's own log lines are written.
     #[serde(default)]
     pub log: LogSection,
-    /// `[tls]`: TLS listeners (CONTRACT §6); absent = none.
+    /// `[tls]`: TLS listeners; absent = none.
     pub tls: Option<TlsSection>,
 }
 
-/// `[tls]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[tls]`: TLS listeners (HTTP/1.1 and HTTP/2 by ALPN).
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("required" = ["certificates"]))]
 pub struct TlsSection {
+    /// TLS listeners, `host:port`.
     #[serde(default = "default_tls_listen")]
     pub listen: Vec<String>,
+    /// Lowest TLS version accepted: "1.2" or "1.3".
     #[serde(default = "default_tls_min_version")]
+    #[schemars(extend("enum" = ["1.2", "1.3"]))]
     pub min_version: String,
+    /// At least one; the first is served for an unknown or missing SNI name.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub certificates: Vec<CertificateSection>,
 }
 
@@ -56,14 +138,17 @@ fn default_tls_min_version() -> String {
 }
 
 /// One `[[tls.certificates]]` entry: PEM certificate (chain) and key files.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CertificateSection {
+    /// PEM file: the certificate, then its chain.
     pub cert: String,
+    /// PEM file: the private key.
     pub key: String,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[server]`.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerSection {
     /// Proxy listeners (HTTP/1.1).
@@ -86,6 +171,7 @@ pub struct ServerSection {
     /// When set, `POST` admin endpoints need `Authorization: Bearer <token>`
     /// (401 otherwise). Without it they are answered only on a loopback
     /// `admin_listen` (403 elsewhere).
+    #[schemars(extend("default" = ""))]
     pub admin_token: Secret,
     /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
     pub h2c: bool,
@@ -153,26 +239,35 @@ impl Default for ServerSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[redis]`.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSection {
-    /// standalone | cluster | sentinel (CONTRACT §9).
+    /// standalone (one `url`) | cluster (seed `nodes`) | sentinel (`sentinels` and
+    /// `master_name`).
+    #[schemars(extend("enum" = ["standalone", "cluster", "sentinel"]))]
     pub mode: String,
-    /// Standalone only; `None` = the default `redis://127.0.0.1:6379` (so a `url`
-    /// written next to `mode = "cluster"` can be refused).
+    /// Standalone only; absent = `redis://127.0.0.1:6379` (so a `url` written next to
+    /// `mode = "cluster"` can be refused). `rediss://` for TLS; it may carry a password.
     pub url: Option<RedisUrl>,
     /// Cluster: seed nodes `host:port`.
     pub nodes: Vec<String>,
     /// Sentinel: `host:port` of the sentinels.
     pub sentinels: Vec<String>,
+    /// Sentinel: the name of the monitored master.
     pub master_name: String,
     /// AUTH for cluster/sentinel data nodes.
+    #[schemars(extend("default" = ""))]
     pub password: Secret,
     /// TLS to cluster/sentinel nodes.
     pub tls: bool,
+    /// Extra PEM bundle to trust for TLS to Redis; "" = the system's roots.
     pub ca_file: String,
+    /// Every key the proxy writes starts with this, and every key has a TTL.
     pub key_prefix: String,
+    /// How often local counts are flushed to Redis in one batch.
     pub flush_interval_ms: u64,
+    /// A Redis call slower than this counts as a failure.
     pub timeout_ms: u64,
 }
 
@@ -194,17 +289,26 @@ impl Default for RedisSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// One `[[upstreams]]` entry.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSection {
+    /// Unique; routes name it.
     pub name: String,
+    /// `host:port` of each backend (a host name is re-resolved every
+    /// `resolve_interval_seconds`).
+    #[schemars(length(min = 1))]
     pub backends: Vec<String>,
+    /// "" = no active check; else the path of a GET, 2xx = healthy.
     #[serde(default)]
     pub health_check_path: String,
+    /// Time between two active checks of a backend.
     #[serde(default = "default_hc_interval")]
     pub health_check_interval_seconds: u64,
+    /// Connecting to a backend must take no longer.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
+    /// Longest wait for the backend's response (between reads).
     #[serde(default = "default_read_timeout")]
     pub read_timeout_ms: u64,
     /// Connect to the backends over TLS.
@@ -222,11 +326,12 @@ pub struct UpstreamSection {
     /// HTTP/2 to the backends: ALPN over TLS, prior knowledge without.
     #[serde(default)]
     pub http2: bool,
-    /// round_robin | least_requests | consistent_hash | random (CONTRACT §10).
+    /// round_robin | least_requests | consistent_hash | random.
     #[serde(default)]
     pub balance: BalanceSection,
     /// consistent_hash and shard_size: header:NAME | query:NAME | bearer | client_ip | path.
     #[serde(default = "default_hash_key")]
+    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|client_ip|path)$"))]
     pub hash_key: String,
     /// One positive integer per backend; empty = all equal.
     #[serde(default)]
@@ -234,11 +339,14 @@ pub struct UpstreamSection {
     /// Retries on another backend after a 502/503/reset (idempotent methods).
     #[serde(default = "default_retries")]
     pub retries: u64,
+    /// Retries allowed as a share of requests (a retry budget, so retries cannot
+    /// multiply an overload).
     #[serde(default = "default_retry_budget_ratio")]
     pub retry_budget_ratio: f64,
     /// Per-upstream in-flight cap (bulkhead); 0 = none.
     #[serde(default)]
     pub max_inflight: u64,
+    /// How often backend host names are resolved again.
     #[serde(default = "default_resolve_interval")]
     pub resolve_interval_seconds: u64,
     /// > 0: shuffle sharding by hash_key.
@@ -246,13 +354,18 @@ pub struct UpstreamSection {
     pub shard_size: u64,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+/// How an upstream picks a backend.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum BalanceSection {
+    /// Each backend in turn (by weight).
     #[default]
     RoundRobin,
+    /// The backend with the fewest requests in flight (of two picked at random).
     LeastRequests,
+    /// The same `hash_key` goes to the same backend while it is up.
     ConsistentHash,
+    /// A backend at random (by weight).
     Random,
 }
 
@@ -283,33 +396,45 @@ fn default_read_timeout() -> u64 {
     30_000
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+/// The load-shedding class of a route's requests: normal requests are shed at 90% of
+/// the cap, low at 75%, critical only at 100%.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum PrioritySection {
+    /// Shed only at 100% of the cap.
     Critical,
+    /// Shed at 90% of the cap.
     #[default]
     Normal,
+    /// Shed at 75% of the cap.
     Low,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSection {
+    /// "" = any host.
     #[serde(default)]
     pub host: String,
+    /// The longest matching prefix wins.
     #[serde(default = "default_prefix")]
     pub path_prefix: String,
+    /// The `name` of an upstream.
     pub upstream: String,
+    /// critical | normal | low (load-shedding classes).
     #[serde(default)]
     pub priority: PrioritySection,
     /// header -> value, set on the upstream request.
     #[serde(default)]
     pub request_headers_set: BTreeMap<String, String>,
+    /// Headers removed from the upstream request.
     #[serde(default)]
     pub request_headers_remove: Vec<String>,
     /// header -> value, set on the response to the client.
     #[serde(default)]
     pub response_headers_set: BTreeMap<String, String>,
+    /// Headers removed from the response to the client.
     #[serde(default)]
     pub response_headers_remove: Vec<String>,
 }
@@ -318,16 +443,21 @@ fn default_prefix() -> String {
     "/".into()
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[shedding]`.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SheddingSection {
+    /// Requests in flight through the proxy; 0 = no cap. Normal requests are shed at
+    /// 90% of it, low at 75%, critical only at 100%.
     pub max_concurrency: u64,
+    /// The `Retry-After` of a 503 from shedding.
     pub retry_after_seconds: u64,
     /// Open upgraded connections (WebSocket etc.); 503 beyond.
     pub max_tunnels: u64,
     /// Learn the cap from upstream latency (gradient), within
     /// [min_concurrency, max_concurrency].
     pub adaptive: bool,
+    /// The adaptive cap's floor.
     pub min_concurrency: u64,
 }
 
@@ -343,46 +473,67 @@ impl Default for SheddingSection {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+/// What a request without an API key gets.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum MissingKeySection {
+    /// Limited by its client address.
     ClientIp,
+    /// Answered 401.
     Reject,
+    /// Admitted without a limit.
     Allow,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[rate_limit]`.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateLimitSection {
+    /// false: no request is rate limited.
     pub enabled: bool,
+    /// Where the API key is read: header:NAME | query:NAME | bearer (Authorization: Bearer …).
+    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer)$"))]
     pub key: String,
+    /// The sliding window.
     pub window_seconds: u64,
+    /// Admitted requests per key per sliding window.
     pub limit: u64,
+    /// client_ip (limit by address) | reject (401) | allow.
     pub missing_key: MissingKeySection,
+    /// Longer keys are answered 400 and never stored.
     pub max_key_bytes: usize,
+    /// RateLimit headers on admitted responses too.
     pub headers: bool,
     /// Cap on keys tracked in memory (and so in Redis per window).
     pub max_tracked_keys: usize,
     /// Name used in the `RateLimit-Policy` / `RateLimit` fields.
     pub policy_name: String,
+    /// Per-key limits that override `limit`: key -> requests per window.
     pub keys: BTreeMap<String, u64>,
-    /// `[[rate_limit.policies]]` (CONTRACT §9).
+    /// `[[rate_limit.policies]]`: further limits, each on the requests under a path.
     pub policies: Vec<RatePolicySection>,
 }
 
-/// One `[[rate_limit.policies]]` entry.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// One `[[rate_limit.policies]]` entry: a further limit on the requests under a path.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RatePolicySection {
+    /// Unique; the name in the `RateLimit-Policy` / `RateLimit` fields.
     pub name: String,
+    /// header:NAME | query:NAME | bearer | client_ip.
     #[serde(default = "default_policy_key")]
+    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|client_ip)$"))]
     pub key: String,
+    /// Admitted requests per key per window.
     #[serde(default = "default_policy_limit")]
     pub limit: u64,
+    /// The sliding window.
     #[serde(default = "default_policy_window")]
     pub window_seconds: u64,
+    /// Requests whose path starts with this are checked against the policy.
     #[serde(default = "default_policy_prefix")]
     pub path_prefix: String,
+    /// Per-key limits that override `limit`.
     #[serde(default)]
     pub keys: BTreeMap<String, u64>,
 }
@@ -418,17 +569,28 @@ impl Default for RateLimitSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[culling]`. An error is a 5xx response from the backend, a failed connect or a
+/// timeout.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CullingSection {
+    /// false: no backend is ever ejected.
     pub enabled: bool,
+    /// Errors are counted over this sliding window.
     pub window_seconds: u64,
+    /// Errors in the window that make a backend a cull candidate.
     pub error_threshold: u64,
+    /// Time between two decisions.
     pub check_interval_seconds: u64,
+    /// Fleet-wide culls allowed per token period, shared via Redis.
     pub tokens: u32,
+    /// The period over which `tokens` culls are allowed.
     pub token_period_seconds: u64,
+    /// Per upstream; one backend always stays in rotation.
     pub max_culled_fraction: f64,
+    /// A culled backend is probed again after this.
     pub cooldown_seconds: u64,
+    /// Decide and report, but do not eject.
     pub dry_run: bool,
     /// Optional URL that receives a POST of `{upstream, backend, reason, errors}` on a cull.
     pub webhook_url: String,
@@ -456,9 +618,10 @@ impl Default for CullingSection {
 pub use super::settings::WatchdogSettings as WatchdogSection;
 
 /// `[access_log]`: one JSON line per request.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessLogSection {
+    /// false: no access log.
     pub enabled: bool,
     /// `""` = stdout; else a file, reopened on SIGUSR1.
     pub path: String,
@@ -481,10 +644,14 @@ impl Default for AccessLogSection {
 
 /// `[tracing]`: W3C trace context is always propagated; span export is
 /// configured here.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingSection {
+    /// The collector's OTLP/HTTP URL (`http://` or `https://`); "" = no span export.
+    /// Read at start only.
     pub otlp_endpoint: String,
+    /// Share of new traces (no valid `traceparent`) whose spans are exported; a
+    /// continued trace follows the client's sampled flag.
     pub sample: f64,
 }
 
@@ -499,7 +666,7 @@ impl Default for TracingSection {
 
 /// `[log]`: the format of the process's own log lines on stderr (not the access log).
 /// Read at start only.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSection {
     /// `auto` (text when stderr is a terminal, JSON otherwise), `json` or `text`.

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
 pub use crate::shed::{Priority, SheddingSettings};
@@ -173,9 +174,10 @@ pub struct RatePolicySettings {
 
 /// `[watchdog]`: the proxy culls itself through a fleet-wide budget. Read straight from
 /// the file (the keys are these fields); `validate` checks the ranges.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct WatchdogSettings {
+    /// false: nothing is watched.
     pub enabled: bool,
     /// Resident memory limit in MiB; 0 = not watched.
     pub max_rss_mb: u64,
@@ -185,8 +187,11 @@ pub struct WatchdogSettings {
     pub max_stall_ms: u64,
     /// Requests an interval needs before its error rate is judged.
     pub min_requests: u64,
+    /// Time between two checks.
     pub check_interval_seconds: u64,
+    /// Fleet-wide self-restarts allowed per token period (shared through Redis).
     pub tokens: u32,
+    /// The period over which `tokens` self-restarts are allowed.
     pub token_period_seconds: u64,
 }
 
@@ -236,7 +241,7 @@ pub struct LogSettings {
 }
 
 /// `[log] format`.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Text when stderr is a terminal (a person is reading), JSON otherwise.
@@ -249,8 +254,10 @@ pub enum LogFormat {
     Text,
 }
 
-/// A secret value (the admin token): compared, never printed.
-#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+/// A secret value (the admin token): compared, never printed. No `Serialize`, so the
+/// schema's default of a `Secret` field is written beside the field.
+#[derive(Clone, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[schemars(description = "A secret: compared, never printed or logged.")]
 #[serde(transparent)]
 pub struct Secret(String);
 
@@ -276,7 +283,11 @@ impl std::fmt::Debug for Secret {
 
 /// A Redis URL. It may carry a password (`redis://user:password@host`), so
 /// `Debug` shows it redacted; [`RedisUrl::expose`] is for connecting only.
-#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[schemars(
+    description = "A Redis URL: redis://[user:password@]host[:port][/db], or rediss:// for TLS. \
+    Logged with its password redacted."
+)]
 #[serde(transparent)]
 pub struct RedisUrl(String);
 
