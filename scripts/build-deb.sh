@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the Debian package (Cargo.toml's [package.metadata.deb], debian/README.md) and
 # check it: unpacked with dpkg-deb, its files and conffiles, the unit through
-# `systemd-analyze verify` and `security`, and the packaged binary's --check on the
-# packaged config.
+# `systemd-analyze verify` and `security`, the packaged binary's --check on the packaged
+# config, and (as root) a smoke run of it as an unprivileged user with the unit's one
+# capability and a notify socket.
 #
 #   scripts/build-deb.sh            # the profile-guided release build (pgo/'s profile)
 #   scripts/build-deb.sh --plain    # the plain `cargo build --release` (also PGO=0)
@@ -71,7 +72,14 @@ say "package: $deb ($(du -h "$deb" | cut -f1); the $kind build)"
 
 # 3. unpacked
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+started=() # the smoke run's processes, stopped by PID on any exit
+cleanup() {
+  local p
+  for p in "${started[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${started[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 root=$tmp/root
 dpkg-deb -x "$deb" "$root"
 dpkg-deb -e "$deb" "$tmp/DEBIAN"
@@ -96,6 +104,11 @@ cmp -s "$conf" conf/server.toml || die "/etc/portcullis/portcullis.toml is not c
 cmp -s "$unit" debian/portcullis.service || die "/usr/lib/systemd/system/portcullis.service is not debian/portcullis.service"
 [ -f "$root/usr/share/doc/portcullis/copyright" ] || die "no /usr/share/doc/portcullis/copyright"
 if ldd "$bin" | grep -q 'not found'; then die "unresolved libraries: $(ldd "$bin" | grep 'not found')"; fi
+# MemoryDenyWriteExecute=yes: an executable stack (an object without .note.GNU-stack) would
+# make glibc map thread stacks PROT_EXEC, which the unit refuses
+for lib in "$bin" $(ldd "$bin" | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p'); do
+  readelf -lW "$lib" | grep GNU_STACK | grep -q 'RW ' || die "$lib asks for an executable stack"
+done
 ok "files: /usr/bin/portcullis ($(du -h "$bin" | cut -f1), $(file -b "$bin" | grep -o 'stripped\|not stripped')), /etc/portcullis/portcullis.toml = conf/server.toml, /usr/lib/systemd/system/portcullis.service = debian/portcullis.service"
 say "contents:"
 dpkg-deb -c "$deb" | awk '{print "  " $1, $6}' >&2
@@ -161,6 +174,75 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   fi
 else
   say "systemd-analyze not found (apt-get install systemd): the unit was not verified"
+fi
+
+# 6. a smoke run as the unit runs it, the sandbox aside: the packaged binary on the packaged
+# config (its admin listener moved to a free port), as an unprivileged user holding only
+# CAP_NET_BIND_SERVICE, with NOTIFY_SOCKET: it binds port 80, says READY=1 when /readyz
+# turns 200, and on SIGTERM says STOPPING=1 and exits 0 within TimeoutStopSec. Needs root
+# (to change user), python3 (the notify socket) and port 80 free; skipped otherwise.
+smoke() {
+  local admin dir pid npid code status
+  admin=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  dir=$tmp/smoke
+  mkdir -p "$dir"
+  chmod 755 "$tmp" "$dir"
+  sed "s/^admin_listen = .*/admin_listen = \"127.0.0.1:$admin\"/" "$conf" >"$dir/portcullis.toml"
+  chmod 644 "$dir/portcullis.toml"
+  python3 - "$dir/notify.sock" "$dir/notify.log" <<'PY' &
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o777)
+deadline = time.monotonic() + 120
+with open(sys.argv[2], "w") as out:
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            msg = s.recv(4096).decode()
+        except socket.timeout:
+            break
+        out.write(" ".join(msg.split()) + "\n")
+        out.flush()
+        if "STOPPING=1" in msg:
+            break
+PY
+  npid=$!
+  started+=("$npid")
+  for _ in $(seq 50); do [ -S "$dir/notify.sock" ] && break; sleep 0.1; done
+  NOTIFY_SOCKET=$dir/notify.sock setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    --inh-caps=-all,+net_bind_service --ambient-caps=-all,+net_bind_service \
+    --bounding-set=-all,+net_bind_service --no-new-privs \
+    "$bin" -c "$dir/portcullis.toml" >"$dir/stdout" 2>"$dir/stderr" &
+  pid=$!
+  started+=("$pid")
+  code=000
+  for _ in $(seq 100); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$admin/readyz" || true)
+    [ "$code" = 200 ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ "$code" != 200 ]; then
+    tail -5 "$dir/stderr" >&2
+    die "smoke run: /readyz never answered 200"
+  fi
+  curl -s -o /dev/null "http://127.0.0.1:80/" || die "smoke run: nothing answers on port 80"
+  grep -qx 'READY=1' "$dir/notify.log" || die "smoke run: no READY=1 on NOTIFY_SOCKET"
+  kill -TERM "$pid"
+  status=0
+  wait "$pid" || status=$?
+  wait "$npid" || true
+  started=()
+  [ "$status" = 0 ] || die "smoke run: exit status $status after SIGTERM"
+  grep -qx 'STOPPING=1' "$dir/notify.log" || die "smoke run: no STOPPING=1 on NOTIFY_SOCKET"
+  ok "smoke run as nobody with CAP_NET_BIND_SERVICE only: port 80 bound, notify $(tr '\n' ' ' <"$dir/notify.log")then exit 0 on SIGTERM"
+}
+if [ "$(id -u)" = 0 ] && command -v python3 >/dev/null && command -v setpriv >/dev/null &&
+  command -v curl >/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/80) 2>/dev/null; then
+  smoke
+else
+  say "smoke run skipped (needs root, python3, setpriv, curl and port 80 free)"
 fi
 
 say "done: $deb"
