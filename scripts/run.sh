@@ -8,8 +8,10 @@
 # when the proxy exits. With your own config nothing but the proxy is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# cmake builds Pingora; Redis is not needed to run (setup.sh installs or names both).
-command -v cmake >/dev/null 2>&1 || scripts/setup.sh
+# What building needs (a C toolchain, cmake, libssl-dev): installed, or named when not root.
+# Only that: the test suite's tools are `scripts/setup.sh` without --build. Redis is not
+# needed to run.
+scripts/setup.sh --build
 conf=${1:-conf/portcullis.toml}
 # profile-guided with pgo/'s profile when rustc can read it (scripts/build.sh; PGO=0: plain)
 bin=$(scripts/build.sh)
