@@ -113,9 +113,14 @@ ok "files: /usr/bin/portcullis ($(du -h "$bin" | cut -f1), $(file -b "$bin" | gr
 say "contents:"
 dpkg-deb -c "$deb" | awk '{print "  " $1, $6}' >&2
 
-[ "$(cat "$ctl/conffiles")" = /etc/portcullis/portcullis.toml ] ||
-  die "conffiles is not exactly /etc/portcullis/portcullis.toml: $(cat "$ctl/conffiles")"
-ok "conffiles: $(cat "$ctl/conffiles")"
+# Every file under /etc is a conffile (Debian policy, cargo-deb): the config, and the JSON
+# Schema its `#:schema` line names for editors (never edited, so upgraded silently).
+cmp -s "$root/etc/portcullis/portcullis.schema.json" conf/portcullis.schema.json ||
+  die "/etc/portcullis/portcullis.schema.json is not conf/portcullis.schema.json"
+want=$(printf '%s\n' /etc/portcullis/portcullis.toml /etc/portcullis/portcullis.schema.json | sort)
+[ "$(sort "$ctl/conffiles")" = "$want" ] ||
+  die "conffiles are not exactly the config and its schema: $(cat "$ctl/conffiles")"
+ok "conffiles: $(tr '\n' ' ' <"$ctl/conffiles")"
 
 # maintainer scripts: the user before the unit starts; cargo-deb's systemd fragments in
 grep -q 'adduser --system --group --no-create-home' "$ctl/postinst" || die "postinst does not create the portcullis user"
