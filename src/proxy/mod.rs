@@ -142,22 +142,25 @@ impl ProxyHttp for Proxy {
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         self.route(session, ctx);
         let rt = &*ctx.runtime;
-        let req = session.req_header();
-        let facts = gate::RequestFacts {
-            priority: rt.route_at(ctx.routing.route).priority,
-            headers: &req.headers,
-            uri: &req.uri,
-            client_ip: ctx.routing.client,
-            upgrade: session.is_upgrade_req(),
+        // The facts live in this block only: nothing of them is held across an await.
+        let verdict = {
+            let req = session.req_header();
+            let facts = gate::RequestFacts {
+                priority: rt.route_at(ctx.routing.route).priority,
+                headers: &req.headers,
+                uri: &req.uri,
+                client_ip: ctx.routing.client,
+                upgrade: session.is_upgrade_req(),
+            };
+            gate::admit(
+                &self.shared,
+                rt,
+                ctx.routing.pool.as_deref(),
+                &facts,
+                crate::store::clock::unix_ms(),
+                &mut ctx.gates,
+            )
         };
-        let verdict = gate::admit(
-            &self.shared,
-            rt,
-            ctx.routing.pool.as_deref(),
-            &facts,
-            crate::store::clock::unix_ms(),
-            &mut ctx.gates,
-        );
         if let Err(refusal) = verdict {
             return self.refuse(session, ctx, refusal).await;
         }
@@ -360,7 +363,10 @@ impl ProxyHttp for Proxy {
         req: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        upstream_request::prepare(&self.shared, session, req, ctx).await
+        // The request header is sent upstream right after this phase. The preparation is
+        // synchronous, so the phase's boxed future holds no second future.
+        batch::coalesce(session).await;
+        upstream_request::prepare(&self.shared, session, req, ctx)
     }
 
     async fn response_filter(
@@ -369,7 +375,9 @@ impl ProxyHttp for Proxy {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        response::prepare(&self.shared, session, resp, ctx).await
+        // The response is sent to the client right after this phase.
+        batch::coalesce(session).await;
+        response::prepare(&self.shared, session, resp, ctx)
     }
 
     fn upstream_response_trailer_filter(

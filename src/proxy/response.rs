@@ -7,20 +7,19 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use pingora::Result;
 
-use super::{batch, request, Ctx};
+use super::{request, Ctx};
 use crate::edge;
 use crate::respond;
 use crate::state::Shared;
 
-/// Prepare `resp`, the response header about to be sent to the client.
-pub(super) async fn prepare(
+/// Prepare `resp`, the response header about to be sent to the client (the caller has
+/// already coalesced the send with the turn's others).
+pub(super) fn prepare(
     shared: &Shared,
     session: &mut Session,
     resp: &mut ResponseHeader,
     ctx: &mut Ctx,
 ) -> Result<()> {
-    // The response is sent to the client right after this phase.
-    batch::coalesce(session).await;
     edge::headers::strip_response_hop_by_hop(resp);
     request::frame_for_client(session, resp)?;
     if let Some(rules) = ctx

@@ -6,20 +6,19 @@ use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 use pingora::Result;
 
-use super::{batch, request, Ctx};
+use super::{request, Ctx};
 use crate::edge;
 use crate::ratelimit;
 use crate::state::Shared;
 
-/// Prepare `req`, the request header about to be sent upstream.
-pub(super) async fn prepare(
+/// Prepare `req`, the request header about to be sent upstream (the caller has already
+/// coalesced the send with the turn's others).
+pub(super) fn prepare(
     shared: &Shared,
     session: &mut Session,
     req: &mut RequestHeader,
     ctx: &mut Ctx,
 ) -> Result<()> {
-    // The request header is sent upstream right after this phase.
-    batch::coalesce(session).await;
     // The gate's key header stays as the client sent it, whatever its
     // `Connection` field nominated.
     if let ratelimit::KeySource::Header(name) = &ctx.runtime.config.rate_limit.source {
