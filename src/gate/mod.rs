@@ -32,8 +32,20 @@ pub struct RequestFacts<'a> {
     pub uri: &'a http::Uri,
     /// The client's address (PROXY protocol and `trusted_proxies` applied).
     pub client_ip: Option<IpAddr>,
-    /// An upgrade (WebSocket) request: it will hold a tunnel.
-    pub upgrade: bool,
+    /// An HTTP/1 request (an upgrade is HTTP/1.1 only; HTTP/2 has none).
+    pub h1: bool,
+    pub version: http::Version,
+}
+
+impl RequestFacts<'_> {
+    /// An upgrade (WebSocket) request, which will hold a tunnel: HTTP/1.1 with an `Upgrade`
+    /// field (Pingora's rule). Looked up only by the gate that needs it, after the shed.
+    #[inline]
+    pub fn is_upgrade(&self) -> bool {
+        self.h1
+            && self.version == http::Version::HTTP_11
+            && self.headers.contains_key(http::header::UPGRADE)
+    }
 }
 
 /// One gate: admit the request, with what the admission holds, or refuse it.
@@ -85,7 +97,7 @@ impl Gate for Tunnel<'_> {
     type Admit = Option<TunnelSlot>;
     #[inline]
     fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
-        if !facts.upgrade {
+        if !facts.is_upgrade() {
             return Ok(None);
         }
         match self.tunnels.try_reserve(self.max) {

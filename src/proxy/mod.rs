@@ -150,7 +150,8 @@ impl ProxyHttp for Proxy {
                 headers: &req.headers,
                 uri: &req.uri,
                 client_ip: ctx.routing.client,
-                upgrade: session.is_upgrade_req(),
+                h1: !session.as_downstream().is_http2(),
+                version: req.version,
             };
             gate::admit(
                 &self.shared,
