@@ -23,12 +23,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the header comment above, as the help text
+usage() { sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 plain=0
 for arg in "$@"; do
   case $arg in
     --plain) plain=1 ;;
-    -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "build-deb.sh: unknown argument $arg (--plain, --help)" >&2; exit 2 ;;
+    -h | --help) usage && exit 0 ;;
+    *) echo "build-deb.sh: unknown argument $arg (--plain, --help)" >&2 && exit 2 ;;
   esac
 done
 [ "${PGO:-1}" != 0 ] || plain=1
