@@ -195,7 +195,7 @@ fn a_proxy_header_is_refused_from_anyone_but_a_trusted_peer() {
         &config(&b),
     );
     // Two connections from 127.0.0.1 came before the test's own, both untrusted peers:
-    // the proxy's readiness check (`server.rs`, a connect to its own listener) and the
+    // the proxy's readiness check (`server/background.rs`, a connect to its own listener) and the
     // test kit's `wait_ready` (a connect once `/readyz` says 200). They are counted as
     // each listener gets to them, in no set order (a listener per thread): wait until both
     // are, then compare with that baseline. (Waiting for the first only, the second was

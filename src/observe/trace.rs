@@ -139,7 +139,6 @@ fn hex(s: &[u8]) -> Option<u128> {
     })
 }
 
-/// Random ids from a fast per-thread generator (seeded from the OS).
 /// Write the low `4 * out.len()` bits of `n` into `out` as lowercase hex,
 /// zero-padded (the `{:0N$x}` of `format!`, without its machinery).
 pub fn hex_lower(mut n: u128, out: &mut [u8]) {
@@ -150,6 +149,8 @@ pub fn hex_lower(mut n: u128, out: &mut [u8]) {
     }
 }
 
+/// A random trace or span id from fastrand's per-thread generator (seeded from the clock
+/// and the thread, not the OS: ids need to be unique, not secret).
 pub fn random_u128() -> u128 {
     fastrand::u128(..)
 }
