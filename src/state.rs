@@ -233,7 +233,8 @@ impl Shared {
     }
 
     /// A new request id: 128 random bits as 32 lowercase hex digits. Random rather than a
-    /// counter, so that ids do not tell anyone the request rate ([`random_id_bits`]).
+    /// counter, so that ids do not tell anyone the request rate
+    /// ([`crate::observe::trace::random_u128`], the generator of trace ids too).
     pub fn next_request_id(&self) -> String {
         String::from_utf8_lossy(&next_request_id_bytes()).into_owned()
     }
@@ -286,25 +287,8 @@ pub const REQUEST_ID_LEN: usize = 32;
 
 fn next_request_id_bytes() -> [u8; REQUEST_ID_LEN] {
     let mut b = [0u8; REQUEST_ID_LEN];
-    crate::observe::trace::hex_lower(random_id_bits(), &mut b);
+    crate::observe::trace::hex_lower(crate::observe::trace::random_u128(), &mut b);
     b
-}
-
-thread_local! {
-    /// The generator of request ids: WyRand (`fastrand`), one per thread, so drawing an
-    /// id takes no lock and touches no shared cache line. Seeded from the OS: std's
-    /// `RandomState` takes its first keys of each thread from the OS's random source
-    /// (fastrand's own thread-local generator is seeded from the clock and thread id).
-    static ID_RNG: std::cell::RefCell<fastrand::Rng> = std::cell::RefCell::new(fastrand::Rng::with_seed({
-        use std::hash::BuildHasher;
-        std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id())
-    }));
-}
-
-/// 128 random bits (two draws of the thread's generator): not a cryptographic secret,
-/// only an id that is unique in practice and says nothing about how many came before.
-fn random_id_bits() -> u128 {
-    ID_RNG.with(|r| r.borrow_mut().u128(..))
 }
 
 #[cfg(test)]

@@ -149,10 +149,21 @@ pub fn hex_lower(mut n: u128, out: &mut [u8]) {
     }
 }
 
-/// A random trace or span id from fastrand's per-thread generator (seeded from the clock
-/// and the thread, not the OS: ids need to be unique, not secret).
+thread_local! {
+    /// The generator of trace, span and request ids: WyRand (`fastrand`), one per thread,
+    /// so drawing an id takes no lock and touches no shared cache line. Seeded from the OS:
+    /// std's `RandomState` takes its first keys of each thread from the OS's random source
+    /// (fastrand's own thread-local generator is seeded from the clock and thread id).
+    static ID_RNG: std::cell::RefCell<fastrand::Rng> = std::cell::RefCell::new(fastrand::Rng::with_seed({
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id())
+    }));
+}
+
+/// 128 random bits for an id (two draws of the thread's generator): not a cryptographic
+/// secret, only an id that is unique in practice and says nothing about the ones before.
 pub fn random_u128() -> u128 {
-    fastrand::u128(..)
+    ID_RNG.with(|r| r.borrow_mut().u128(..))
 }
 
 #[cfg(test)]
