@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         print!("{}", portcullis::config::json_schema());
         return ExitCode::SUCCESS;
     }
-    let config = match portcullis::config::load(&cli.conf) {
+    let config = match portcullis::state::resolve::load(&cli.conf) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");

@@ -2,7 +2,7 @@
 //! swap the runtime atomically. An invalid file keeps the old config. Under systemd
 //! the reload is announced ([`notify`]).
 
-use crate::config::{self, ConfigError};
+use crate::config::ConfigError;
 use crate::lifecycle::notify;
 use crate::state::Shared;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
 }
 
 fn load_and_apply(shared: &Arc<Shared>) -> Result<(), ConfigError> {
-    let result = config::load(&shared.config_path).inspect(|next| {
+    let result = crate::state::resolve::load(&shared.config_path).inspect(|next| {
         let cur = shared.runtime.load();
         let (old, new) = (&cur.config, next);
         let needs_restart = [

@@ -355,3 +355,36 @@ fn missing_file_is_an_error() {
         "stderr must name the file: {stderr}"
     );
 }
+
+#[test]
+fn check_resolves_backend_names_and_locates_the_failure() {
+    // Validation only checks how a name is written; --check (like start and reload)
+    // resolves it and names the entry that does not resolve, with its line.
+    let text = valid_with(
+        r#"backends = ["127.0.0.1:9001", "127.0.0.1:9002"]"#,
+        r#"backends = ["127.0.0.1:9001", "no-such-host.invalid:9002"]"#,
+    );
+    let f = check_fails(&text);
+    f.mentions("upstreams[0].backends[1]");
+    assert!(
+        f.stderr.contains("no-such-host.invalid:9002"),
+        "{}",
+        f.stderr
+    );
+    let line = text
+        .lines()
+        .position(|l| l.contains("no-such-host"))
+        .map(|i| i + 1)
+        .unwrap_or_else(|| unreachable!());
+    assert!(
+        f.stderr.contains(&format!("{}:{line}:", f.path)),
+        "no line {line}: {}",
+        f.stderr
+    );
+    let ok = valid_with(
+        r#"backends = ["127.0.0.1:9001", "127.0.0.1:9002"]"#,
+        r#"backends = ["localhost:9001", "127.0.0.1:9002"]"#,
+    );
+    let (code, stdout, stderr, _) = check_config(&ok);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+}

@@ -2,7 +2,7 @@
 //! reason)`; the caller adds file and line:column), ranges with their units, addresses,
 //! and the upper bounds of durations and counts.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 
 pub(super) type VResult<T> = Result<T, (String, String)>;
 
@@ -30,21 +30,50 @@ pub(super) fn listen_addrs(path: &str, list: &[String]) -> VResult<Vec<SocketAdd
     Ok(out)
 }
 
+/// A listen address: `ip:port`, `[v6]:port` or `localhost:port` (the loopback address,
+/// RFC 6761). No other name: validation never asks DNS (resolution belongs to the
+/// runtime, and a listener bound to whatever a name resolved to at start is a surprise).
 pub(super) fn parse_addr(path: &str, s: &str) -> VResult<SocketAddr> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
-    let (host, port) = match s.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => (h, p),
-        _ => return err(path, format!("invalid address {s:?}: expected host:port")),
-    };
-    match (host, port.parse::<u16>().unwrap_or(0)).to_socket_addrs() {
-        Ok(mut addrs) => match addrs.next() {
-            Some(a) => Ok(a),
-            None => err(path, format!("address {s:?} resolves to nothing")),
-        },
-        Err(e) => err(path, format!("invalid address {s:?}: {e}")),
+    let (host, port) = host_port(path, s)?;
+    if host.eq_ignore_ascii_case("localhost") {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
+    err(
+        path,
+        format!(
+            "invalid address {s:?}: a listen address is an IP address and a port \
+             (0.0.0.0:8080, [::]:8080, 127.0.0.1:8080) or localhost:PORT"
+        ),
+    )
+}
+
+/// `host:port` as written: a port from 1 to 65535 and a host name of DNS labels
+/// (letters, digits, `-`, `_`), checked without asking DNS.
+pub(super) fn host_port<'a>(path: &str, s: &'a str) -> VResult<(&'a str, u16)> {
+    let bad = |why: &str| err(path, format!("invalid address {s:?}: {why}"));
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return bad("expected host:port");
+    };
+    let port = match port.parse::<u16>() {
+        Ok(p) if p > 0 => p,
+        _ => return bad("the port must be a number from 1 to 65535"),
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return bad("expected host:port, the host an IP address or a DNS name");
+    }
+    Ok((host, port))
 }
 
 /// `lo <= v <= hi`, else an error naming the range and the unit.

@@ -10,7 +10,6 @@ mod locate;
 mod protection;
 mod ratelimit;
 pub mod redact;
-pub mod resolve;
 mod schema;
 mod server;
 mod settings;

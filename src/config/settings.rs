@@ -124,8 +124,11 @@ pub struct Upstream {
     pub read_timeout: Duration,
     pub transport: UpstreamTransport,
     /// The `backends` entries as written (`host:port`) with their weight, for
-    /// DNS re-resolution; `backends` is what they resolve to.
+    /// DNS resolution; `backends` is what they resolve to (empty after validation when
+    /// any entry is a name, until the runtime resolves it: `state::resolve`).
     pub entries: Vec<(String, u32)>,
+    /// `weights` was set (then `balance.weights` has one weight per address).
+    pub weighted: bool,
     /// Balancing, retries, bulkhead, sharding (`balance.weights` is aligned
     /// with `backends`).
     pub balance: crate::balance::BalanceSettings,

@@ -206,3 +206,43 @@ fn bad_log_format_names_the_key_path_and_line() {
     let e = check(&format!("{MIN}[log]\nlevel = \"debug\"\n")).unwrap_err();
     assert_eq!(e.key_path, "log.level");
 }
+
+#[test]
+fn validation_asks_no_dns() {
+    // Names are checked as written; the runtime resolves them (state::resolve).
+    let c = check("[[upstreams]]\nname = \"a\"\nbackends = [\"no-such-host.invalid:80\"]\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.upstreams[0].backends.is_empty());
+    assert_eq!(c.upstreams[0].entries[0].0, "no-such-host.invalid:80");
+    for (bad, why) in [
+        ("\"app:0\"", "port"),
+        ("\"app:http\"", "port"),
+        ("\"ap p:80\"", "DNS name"),
+        ("\"-app:80\"", "DNS name"),
+        ("\"app..x:80\"", "DNS name"),
+        ("\"app:80\", \"APP:80\"", "duplicate backend"),
+    ] {
+        let e = check(&format!(
+            "[[upstreams]]\nname = \"a\"\nbackends = [{bad}]\n"
+        ))
+        .unwrap_err();
+        assert!(e.key_path.starts_with("upstreams[0].backends["), "{e}");
+        assert!(e.reason.contains(why), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn listen_addresses_are_ip_addresses_or_localhost() {
+    let c = check(&format!(
+        "[server]\nlisten = [\"localhost:8080\"]\nadmin_listen = \"[::1]:9090\"\n{MIN}"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.listen[0].to_string(), "127.0.0.1:8080");
+    let e = check(&format!(
+        "[server]\nlisten = [\"proxy.example.com:8080\"]\n{MIN}"
+    ))
+    .unwrap_err();
+    assert_eq!(e.key_path, "server.listen[0]");
+    assert!(e.reason.contains("IP address"), "{e}");
+    assert_eq!(e.line_col.map(|l| l.0), Some(2));
+}

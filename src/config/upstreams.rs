@@ -1,7 +1,7 @@
 //! Validation of `[[upstreams]]` (backends, balancing, retries, shards) and
 //! `[[routes]]` into settings; the rest of the file is in `validate.rs`.
 
-use super::check::{err, parse_addr, range, VResult, DAY, DAY_MS, MINUTE_MS};
+use super::check::{err, host_port, range, VResult, DAY, DAY_MS, MINUTE_MS};
 use super::schema::*;
 use super::settings::*;
 use std::collections::HashSet;
@@ -34,7 +34,9 @@ fn validate_upstream<'a>(
         return err(p("name"), format!("duplicate upstream name {:?}", u.name));
     }
     let (backends, weights, entries) = validate_backends(i, u)?;
-    let balance = validate_balance(i, u, weights, backends.len())?;
+    // Names are resolved by the runtime, which checks `shard_size` against what they give.
+    let resolved = (backends.len() == entries.len()).then_some(backends.len());
+    let balance = validate_balance(i, u, weights, resolved)?;
     validate_health_and_timeouts(u, &p)?;
     let transport = validate_transport(u, &p)?;
     Ok(Upstream {
@@ -45,13 +47,15 @@ fn validate_upstream<'a>(
         connect_timeout: Duration::from_millis(u.connect_timeout_ms),
         read_timeout: Duration::from_millis(u.read_timeout_ms),
         entries,
+        weighted: !u.weights.is_empty(),
         transport,
         balance,
     })
 }
 
-/// The addresses of an upstream's resolved backends, their weights (empty when
-/// `weights` is not set) and the entries as written with their weight.
+/// The addresses of an upstream's backends, their weights (empty when `weights` is not
+/// set) and the entries as written with their weight. With any entry a DNS name, the
+/// addresses and weights are empty: the runtime fills them (`state::resolve`).
 type Backends = (Vec<SocketAddr>, Vec<u32>, Vec<(String, u32)>);
 
 /// `backends` and `weights`: at least one backend, one weight per backend or
@@ -82,17 +86,25 @@ fn validate_backends(i: usize, u: &UpstreamSection) -> VResult<Backends> {
     for (j, b) in u.backends.iter().enumerate() {
         let path = format!("upstreams[{i}].backends[{j}]");
         let w = u.weights.get(j).map_or(1, |w| *w as u32);
-        for a in parse_backend(&path, b)? {
+        if let Some(a) = parse_backend(&path, b)? {
             if backends.contains(&a) {
                 return err(path, format!("duplicate backend {b}"));
             }
             backends.push(a);
             weights.push(w);
+        } else if entries
+            .iter()
+            .any(|(e, _): &(String, u32)| e.eq_ignore_ascii_case(b))
+        {
+            return err(path, format!("duplicate backend {b}"));
         }
         entries.push((b.clone(), w));
     }
-    if u.weights.is_empty() {
+    if u.weights.is_empty() || backends.len() < entries.len() {
         weights.clear();
+    }
+    if backends.len() < entries.len() {
+        backends.clear();
     }
     Ok((backends, weights, entries))
 }
@@ -120,23 +132,23 @@ fn validate_health_and_timeouts(u: &UpstreamSection, p: &dyn Fn(&str) -> String)
     range(&p("read_timeout_ms"), u.read_timeout_ms, 1, DAY_MS, "ms")
 }
 
-/// A backend entry: an address, or a hostname and all its addresses of one family.
-fn parse_backend(path: &str, s: &str) -> VResult<Vec<SocketAddr>> {
+/// A backend entry: an address (`Some`), or a `host:port` whose host is a DNS name
+/// (`None`: checked as written; the runtime resolves it, `state::resolve`).
+fn parse_backend(path: &str, s: &str) -> VResult<Option<SocketAddr>> {
     if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(vec![a]);
+        return Ok(Some(a));
     }
-    let first = parse_addr(path, s)?;
-    match super::resolve::resolve_entry(s) {
-        Ok(v) if !v.is_empty() => Ok(v),
-        _ => Ok(vec![first]),
-    }
+    host_port(path, s).map(|_| None)
 }
+
+/// `shard_size`'s bound for an upstream whose backends are names (not resolved yet).
+const MAX_SHARD: u64 = 10_000;
 
 fn validate_balance(
     i: usize,
     u: &UpstreamSection,
     weights: Vec<u32>,
-    n_backends: usize,
+    n_backends: Option<usize>,
 ) -> VResult<crate::balance::BalanceSettings> {
     use crate::balance::{BalanceSettings, HashKey, Policy};
     let p = |k: &str| format!("upstreams[{i}].{k}");
@@ -183,13 +195,9 @@ fn validate_balance(
         DAY,
         "seconds",
     )?;
-    range(
-        &p("shard_size"),
-        u.shard_size,
-        0,
-        n_backends as u64,
-        "backends",
-    )?;
+    // With names, the runtime's resolution checks the bound against their addresses.
+    let most = n_backends.map_or(MAX_SHARD, |n| n as u64);
+    range(&p("shard_size"), u.shard_size, 0, most, "backends")?;
     Ok(BalanceSettings {
         policy: match u.balance {
             BalanceSection::RoundRobin => Policy::RoundRobin,

@@ -1,14 +1,102 @@
-//! The runtime's re-resolution of backends given as hostnames: every
-//! `resolve_interval_seconds`, a change is applied the way a reload does (backends that
-//! stay keep their state).
+//! Backends given as DNS names, resolved by the runtime (validation only checks how they
+//! are written): once when a config is loaded (start, `--check`, reload: [`load`]), then
+//! every `resolve_interval_seconds` ([`run`]), a change applied the way a reload does
+//! (backends that stay keep their state). A name gives all its addresses of one family:
+//! IPv4 when there are any, else IPv6, in order.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::resolve::{is_literal, resolve_entry};
-use crate::config::{Config, Upstream};
+use crate::config::{Config, ConfigError, Upstream};
 use crate::state::Shared;
+
+/// True for `ip:port` / `[v6]:port`: nothing to resolve.
+pub fn is_literal(entry: &str) -> bool {
+    entry.parse::<SocketAddr>().is_ok()
+}
+
+/// Keep one address family: IPv4 when present (`localhost` must not also
+/// become `[::1]`), else IPv6; duplicates dropped, order kept.
+pub fn pick_family(addrs: impl IntoIterator<Item = SocketAddr>) -> Vec<SocketAddr> {
+    let all: Vec<SocketAddr> = addrs.into_iter().collect();
+    let v4 = all.iter().any(SocketAddr::is_ipv4);
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for a in all {
+        if a.is_ipv4() == v4 && !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out
+}
+
+/// Resolve one `host:port` entry (blocking; call off the request path).
+pub fn resolve_entry(entry: &str) -> std::io::Result<Vec<SocketAddr>> {
+    if let Ok(a) = entry.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    Ok(pick_family(entry.to_socket_addrs()?))
+}
+
+/// Read and validate the config file, then resolve its backend names: what the proxy
+/// starts, checks (`--check`) and reloads with. A name that does not resolve, two
+/// entries giving one address, or a `shard_size` over the addresses is an error at
+/// the entry's key path and line.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let config = crate::config::load(path)?;
+    resolve(config).map_err(|(key, why)| crate::config::error_at(path, &key, &why))
+}
+
+/// `config` with the addresses of every upstream that has names; an error is
+/// `(key_path, reason)`.
+pub fn resolve(mut config: Config) -> Result<Config, (String, String)> {
+    for (i, u) in config.upstreams.iter_mut().enumerate() {
+        if u.entries.iter().all(|(e, _)| is_literal(e)) {
+            continue;
+        }
+        let (backends, weights) = addresses(i, u)?;
+        if u.balance.shard_size > backends.len() {
+            return Err((
+                format!("upstreams[{i}].shard_size"),
+                format!(
+                    "{} is out of range: must be between 0 and {} backends (the addresses its entries resolve to)",
+                    u.balance.shard_size,
+                    backends.len()
+                ),
+            ));
+        }
+        u.backends = backends;
+        u.balance.weights = if u.weighted { weights } else { Vec::new() };
+    }
+    Ok(config)
+}
+
+/// Every address of the `i`th upstream's entries with its entry's weight; no address
+/// twice.
+fn addresses(i: usize, u: &Upstream) -> Result<(Vec<SocketAddr>, Vec<u32>), (String, String)> {
+    let mut backends = Vec::new();
+    let mut weights = Vec::new();
+    for (j, (entry, w)) in u.entries.iter().enumerate() {
+        let path = || format!("upstreams[{i}].backends[{j}]");
+        let addrs = match resolve_entry(entry) {
+            Ok(a) if !a.is_empty() => a,
+            Ok(_) => return Err((path(), format!("{entry} resolves to no address"))),
+            Err(e) => return Err((path(), format!("{entry} does not resolve: {e}"))),
+        };
+        for a in addrs {
+            if backends.contains(&a) {
+                return Err((
+                    path(),
+                    format!("duplicate backend {a} ({entry} resolves to an address given before)"),
+                ));
+            }
+            backends.push(a);
+            weights.push(*w);
+        }
+    }
+    Ok((backends, weights))
+}
 
 /// The backend list and weights of `u` from freshly resolved entries; `None`
 /// when an entry does not resolve now (keep what we have) or nothing changed.
@@ -31,9 +119,8 @@ pub fn re_resolve(u: &Upstream) -> Option<(Vec<SocketAddr>, Vec<u32>)> {
             }
         }
     }
-    let weighted = !u.balance.weights.is_empty();
-    let same = backends == u.backends && (!weighted || weights == u.balance.weights);
-    (!same).then_some((backends, if weighted { weights } else { Vec::new() }))
+    let same = backends == u.backends && (!u.weighted || weights == u.balance.weights);
+    (!same).then_some((backends, if u.weighted { weights } else { Vec::new() }))
 }
 
 /// The config with every hostname re-resolved, or `None` when nothing changed. The
@@ -102,10 +189,73 @@ mod refresh_tests {
 
     fn config(backends: &str) -> Config {
         let text = format!("[[upstreams]]\nname = \"app\"\nbackends = [{backends}]\nweights = [3, 1]\nresolve_interval_seconds = 7\n");
-        match crate::config::parse("t.toml", &text) {
-            Ok(c) => c,
-            Err(e) => panic!("{e:?}"),
+        match crate::config::parse("t.toml", &text).map_err(|e| e.to_string()) {
+            Ok(c) => resolve(c).unwrap_or_else(|e| panic!("{e:?}")),
+            Err(e) => panic!("{e}"),
         }
+    }
+
+    fn resolve_err(text: &str) -> (String, String) {
+        match crate::config::parse("t.toml", text) {
+            Ok(c) => resolve(c)
+                .err()
+                .unwrap_or_else(|| panic!("resolved: {text}")),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn literal_and_family() {
+        assert!(is_literal("127.0.0.1:80"));
+        assert!(is_literal("[::1]:80"));
+        assert!(!is_literal("localhost:80"));
+        let v6: SocketAddr = "[::1]:80".parse().unwrap_or_else(|_| unreachable!());
+        let v4: SocketAddr = "127.0.0.1:80".parse().unwrap_or_else(|_| unreachable!());
+        assert_eq!(pick_family([v6, v4, v4]), vec![v4]);
+        assert_eq!(pick_family([v6]), vec![v6]);
+        assert_eq!(resolve_entry("localhost:81").ok(), Some(vec![v4_81()]));
+    }
+
+    fn v4_81() -> SocketAddr {
+        "127.0.0.1:81".parse().unwrap_or_else(|_| unreachable!())
+    }
+
+    #[test]
+    fn validation_leaves_names_to_the_runtime_which_resolves_them() {
+        let text =
+            "[[upstreams]]\nname = \"app\"\nbackends = [\"localhost:81\", \"127.0.0.1:82\"]\n";
+        let parsed = crate::config::parse("t.toml", text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            parsed.upstreams[0].backends.is_empty(),
+            "validation asked DNS"
+        );
+        let c = resolve(parsed).unwrap_or_else(|e| panic!("{e:?}"));
+        let got: Vec<String> = c.upstreams[0]
+            .backends
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(got, ["127.0.0.1:81", "127.0.0.1:82"]);
+        assert!(
+            c.upstreams[0].balance.weights.is_empty(),
+            "no weights were set"
+        );
+    }
+
+    #[test]
+    fn resolution_errors_name_the_entry() {
+        let up = |b: &str, extra: &str| {
+            format!("[[upstreams]]\nname = \"app\"\nbackends = [{b}]\n{extra}")
+        };
+        let (key, why) = resolve_err(&up("\"127.0.0.1:81\", \"no-such-host.invalid:80\"", ""));
+        assert_eq!(key, "upstreams[0].backends[1]");
+        assert!(why.contains("no-such-host.invalid:80"), "{why}");
+        let (key, why) = resolve_err(&up("\"127.0.0.1:81\", \"localhost:81\"", ""));
+        assert_eq!(key, "upstreams[0].backends[1]");
+        assert!(why.contains("duplicate backend 127.0.0.1:81"), "{why}");
+        let (key, why) = resolve_err(&up("\"localhost:81\"", "shard_size = 2\n"));
+        assert_eq!(key, "upstreams[0].shard_size");
+        assert!(why.contains("between 0 and 1"), "{why}");
     }
 
     #[test]
