@@ -33,6 +33,9 @@ mod cluster_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod conformance_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod ops_conformance_tests;
 
 use std::sync::Arc;
 use std::time::Duration;

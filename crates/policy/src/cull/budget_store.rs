@@ -13,12 +13,17 @@
 //! 5. Otherwise one token is taken and the claim recorded with expiry
 //!    `now + lease_ttl`: [`ClaimOutcome::Granted`].
 //!
+//! Step 3 counts every backend out of the upstream: active claims and the manual
+//! operations that take a backend out ([`super::ops`]), each backend once; a backend an
+//! operation already took out is not counted again when a cull claims it.
+//!
 //! With `dry_run`, steps 1–5 are evaluated but nothing is written. Every call reads the
 //! store's own clock (Redis `TIME`, or the process's wall clock). Any `Err` means the store
 //! could not answer: the caller must not cull.
 
 use async_trait::async_trait;
 
+use super::ops::{OpRecord, OpRefusal, OpRequest};
 use super::{ActiveClaim, Buckets, BudgetSnapshot, ClaimOutcome, CullParams, FleetDelta};
 use crate::StoreError;
 
@@ -73,4 +78,28 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         upstreams: &[&str],
         params: &CullParams,
     ) -> Result<BudgetSnapshot, StoreError>;
+
+    /// Put the manual operation `req` on `backend` of `upstream` (which has `total`
+    /// backends), replacing the backend's record of the same aspect (state or weight).
+    /// One budget with the culls, checked and committed atomically: an operation that
+    /// takes the backend out is refused when the backends out (claims and operations, each
+    /// once) would pass `max_out(total, fraction)` (unless `req.force`) or reach `total`
+    /// (always). Expired operations are pruned. `Ok(Ok(record))`: in force, stamped with
+    /// the store's clock.
+    async fn put_op(
+        &self,
+        upstream: &str,
+        backend: &str,
+        total: u32,
+        fraction: f64,
+        req: &OpRequest,
+    ) -> Result<Result<OpRecord, OpRefusal>, StoreError>;
+
+    /// Remove every operation on `backend` (drain, maint and weight: `ready`). `Ok(n)`: the
+    /// records removed.
+    async fn clear_ops(&self, upstream: &str, backend: &str) -> Result<u32, StoreError>;
+
+    /// The operations in force on each listed upstream, in that order, read in one round
+    /// trip (the fleet sync runs it every second), with the store's clock (Unix ms).
+    async fn ops(&self, upstreams: &[&str]) -> Result<(u64, Vec<Vec<OpRecord>>), StoreError>;
 }

@@ -6,6 +6,7 @@ mod budget_store;
 mod claim;
 mod evaluate;
 mod fleet;
+pub mod ops;
 mod params;
 mod state;
 mod window;

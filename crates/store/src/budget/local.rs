@@ -11,15 +11,18 @@ use async_trait::async_trait;
 use crate::bucket::{ms_until_one, refill};
 use crate::clock::unix_ms;
 use crate::StoreError;
+use portcullis_policy::cull::ops::{out_backends, OpRecord, OpRefusal, OpRequest};
 use portcullis_policy::cull::{max_out, Buckets, BudgetStore, CullParams, FleetDelta};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 
 #[derive(Debug, Default)]
-struct State {
+pub(super) struct State {
     /// `(tokens, at_ms)` of the last write; `None` = a full bucket.
     bucket: Option<(f64, u64)>,
     /// upstream → backend → expiry ms.
-    claims: HashMap<String, HashMap<String, u64>>,
+    pub(super) claims: HashMap<String, HashMap<String, u64>>,
+    /// upstream → field (`backend` or `backend#w`) → manual operation (`local_ops.rs`).
+    pub(super) ops: HashMap<String, HashMap<String, OpRecord>>,
 }
 
 /// In-process disruption budget. `Send + Sync`; the lock is never held across an await.
@@ -33,7 +36,7 @@ impl LocalBudget {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the state inconsistent in a
         // way that matters more than stopping culling, so recover the guard.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -55,12 +58,23 @@ impl LocalBudget {
         let dry = params.dry_run;
         let mut st = self.lock();
 
-        let (held, active) = {
+        let (held, out_by_op, active) = {
             let empty = HashMap::new();
             let claims = st.claims.get(upstream).unwrap_or(&empty);
             let held = claims.get(backend).is_some_and(|&e| e > now_ms);
-            let active = claims.values().filter(|&&e| e > now_ms).count();
-            (held, u32::try_from(active).unwrap_or(u32::MAX))
+            let culled = claims
+                .iter()
+                .filter(|(_, &e)| e > now_ms)
+                .map(|(b, _)| b.as_str());
+            let ops: Vec<OpRecord> = st
+                .ops
+                .get(upstream)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default();
+            let out = out_backends(culled, &ops, now_ms);
+            let out_by_op = !held && out.contains(&backend);
+            let active = out.len() - usize::from(out_by_op);
+            (held, out_by_op, u32::try_from(active).unwrap_or(u32::MAX))
         };
         if !dry {
             if let Some(c) = st.claims.get_mut(upstream) {
@@ -80,7 +94,7 @@ impl LocalBudget {
                 expires_ms: now_ms + lease,
             };
         }
-        if active.saturating_add(1) > limit {
+        if !out_by_op && active.saturating_add(1) > limit {
             return ClaimOutcome::OverBudget {
                 active,
                 max_out: limit,
@@ -242,6 +256,26 @@ impl BudgetStore for LocalBudget {
         _buckets: Buckets,
     ) -> Option<Result<Vec<(u64, u64)>, StoreError>> {
         None
+    }
+
+    async fn put_op(
+        &self,
+        upstream: &str,
+        backend: &str,
+        total: u32,
+        fraction: f64,
+        req: &OpRequest,
+    ) -> Result<Result<OpRecord, OpRefusal>, StoreError> {
+        Ok(self.put_op_at(unix_ms(), upstream, backend, total, fraction, req))
+    }
+
+    async fn clear_ops(&self, upstream: &str, backend: &str) -> Result<u32, StoreError> {
+        Ok(self.clear_ops_now(upstream, backend))
+    }
+
+    async fn ops(&self, upstreams: &[&str]) -> Result<(u64, Vec<Vec<OpRecord>>), StoreError> {
+        let now = unix_ms();
+        Ok((now, self.ops_at(now, upstreams)))
     }
 
     async fn snapshot(

@@ -3,7 +3,9 @@
 //! the same semantics (the conformance table in `conformance_tests.rs` runs both).
 
 mod local;
+mod local_ops;
 mod redis;
+mod redis_ops;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

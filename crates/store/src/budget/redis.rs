@@ -18,17 +18,22 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
+use super::redis_ops::out_ops_lua;
 use crate::refill_lua;
 use crate::{RedisClient, StoreError};
+use portcullis_policy::cull::ops::{OpRecord, OpRefusal, OpRequest};
 use portcullis_policy::cull::{max_out, BudgetStore, CullParams};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 use portcullis_policy::cull::{Buckets, FleetDelta};
 
-/// KEYS: tokens, claims. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
+/// KEYS: tokens, claims, ops. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
+/// The backends out are the active claims and the operations that take a backend out
+/// (`OUT_OPS_LUA`), each once.
 /// Returns {code, tokens_milli, a, b}: 0 granted (a = expiry), 1 renewed (a = expiry),
 /// 2 no token (a = retry ms, -1 = never), 3 over budget (a = active, b = max_out).
 const CLAIM_LUA: &str = concat!(
     refill_lua!(),
+    out_ops_lua!(),
     r#"
 local backend = ARGV[1]
 local cap = tonumber(ARGV[2])
@@ -40,13 +45,22 @@ local dry = ARGV[6] == '1'
 local claims = redis.call('HGETALL', KEYS[2])
 local active = 0
 local held = false
+local seen = {}
 for i = 1, #claims, 2 do
   local exp = tonumber(claims[i + 1]) or 0
   if exp <= now then
     if not dry then redis.call('HDEL', KEYS[2], claims[i]) end
   else
     active = active + 1
+    seen[claims[i]] = true
     if claims[i] == backend then held = true end
+  end
+end
+local op_out = false
+for _, b in ipairs(out_ops(KEYS[3], nil)) do
+  if not seen[b] then
+    seen[b] = true
+    if b == backend then op_out = true else active = active + 1 end
   end
 end
 
@@ -65,7 +79,7 @@ if held then
   end
   return {1, milli, now + lease, 0}
 end
-if active + 1 > max_out then
+if not op_out and active + 1 > max_out then
   return {3, milli, active, max_out}
 end
 if tok < 1 then return {2, milli, ms_until_one(tok, cap, period), 0} end
@@ -121,8 +135,9 @@ return out
 
 /// Budget stored in Redis, shared by every instance with the same `key_prefix`.
 pub struct RedisBudget {
-    client: Arc<RedisClient>,
+    pub(super) client: Arc<RedisClient>,
     claim: Script,
+    pub(super) put_op: Script,
     renew: Script,
     snapshot: Script,
 }
@@ -171,6 +186,7 @@ impl RedisBudget {
         Self {
             client,
             claim: Script::new(CLAIM_LUA),
+            put_op: Script::new(super::redis_ops::PUT_OP_LUA),
             renew: Script::new(RENEW_LUA),
             snapshot: Script::new(SNAPSHOT_LUA),
         }
@@ -187,6 +203,11 @@ impl RedisBudget {
             "{p}:cull:{{{p}}}:claims:{upstream}",
             p = self.client.prefix()
         )
+    }
+
+    /// Key of an upstream's manual operations (field `backend` or `backend#w` → record).
+    pub fn ops_key(&self, upstream: &str) -> String {
+        format!("{p}:cull:{{{p}}}:ops:{upstream}", p = self.client.prefix())
     }
 
     /// Key of one backend's fleet error bucket.
@@ -274,6 +295,7 @@ impl BudgetStore for RedisBudget {
     ) -> Result<ClaimOutcome, StoreError> {
         let tokens_key = self.tokens_key();
         let claims_key = self.claims_key(upstream);
+        let ops_key = self.ops_key(upstream);
         let limit = max_out(total, params.max_culled_fraction);
         let lease = params.lease_ttl_ms();
         let dry = params.dry_run;
@@ -283,6 +305,7 @@ impl BudgetStore for RedisBudget {
                 self.claim
                     .key(&tokens_key)
                     .key(&claims_key)
+                    .key(&ops_key)
                     .arg(backend)
                     .arg(params.tokens)
                     .arg(params.token_period_ms())
@@ -361,6 +384,26 @@ impl BudgetStore for RedisBudget {
         buckets: Buckets,
     ) -> Option<Result<Vec<(u64, u64)>, StoreError>> {
         Some(self.fleet_errors(upstream, deltas, now_secs, buckets).await)
+    }
+
+    async fn put_op(
+        &self,
+        upstream: &str,
+        backend: &str,
+        total: u32,
+        fraction: f64,
+        req: &OpRequest,
+    ) -> Result<Result<OpRecord, OpRefusal>, StoreError> {
+        self.put_op_now(upstream, backend, total, fraction, req)
+            .await
+    }
+
+    async fn clear_ops(&self, upstream: &str, backend: &str) -> Result<u32, StoreError> {
+        self.clear_ops_now(upstream, backend).await
+    }
+
+    async fn ops(&self, upstreams: &[&str]) -> Result<(u64, Vec<Vec<OpRecord>>), StoreError> {
+        self.ops_now(upstreams).await
     }
 
     async fn snapshot(
