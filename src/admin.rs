@@ -22,6 +22,8 @@ use std::sync::Arc;
 
 pub struct Admin {
     pub shared: Arc<Shared>,
+    /// The disruption budget the culls share: the runtime API's operations go there.
+    budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
     /// Store errors already added to the Prometheus counter.
     store_errors_seen: AtomicU64,
     /// Late store answers already added.
@@ -46,19 +48,40 @@ pub enum PostAccess {
 /// The access rule for admin `POST`s: `token` is `server.admin_token`,
 /// `authorization` the request's `Authorization` value.
 pub fn post_access(token: &str, loopback: bool, authorization: Option<&[u8]>) -> PostAccess {
-    if token.is_empty() {
+    let tokens: &[(&str, &str)] = if token.is_empty() {
+        &[]
+    } else {
+        &[("admin", token)]
+    };
+    match post_caller(tokens, loopback, authorization) {
+        Ok(_) => PostAccess::Allowed,
+        Err(refused) => refused,
+    }
+}
+
+/// The access rule with named tokens (`admin_token` is named `admin`): `Ok(name)` of the
+/// token presented, or `admin` when no token is set and the listener is loopback. Every
+/// token is compared, each in constant time, whichever matches.
+pub fn post_caller<'a>(
+    tokens: &[(&'a str, &str)],
+    loopback: bool,
+    authorization: Option<&[u8]>,
+) -> Result<&'a str, PostAccess> {
+    if tokens.is_empty() {
         return if loopback {
-            PostAccess::Allowed
+            Ok("admin")
         } else {
-            PostAccess::Forbidden
+            Err(PostAccess::Forbidden)
         };
     }
     let presented = authorization.and_then(bearer_token).unwrap_or(b"");
-    if constant_time_eq(presented, token.as_bytes()) {
-        PostAccess::Allowed
-    } else {
-        PostAccess::Unauthorized
+    let mut who = None;
+    for (name, token) in tokens {
+        if constant_time_eq(presented, token.as_bytes()) && who.is_none() {
+            who = Some(*name);
+        }
     }
+    who.ok_or(PostAccess::Unauthorized)
 }
 
 /// The credentials of `Bearer <token>` (scheme case-insensitive).
@@ -88,7 +111,7 @@ fn add_since(counter: &prometheus::IntCounter, seen: &AtomicU64, total: u64) {
 }
 
 impl Admin {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<Shared>, budget: Arc<dyn portcullis_policy::cull::BudgetStore>) -> Self {
         let (addr, has_token) = {
             let rt = shared.runtime.load();
             (
@@ -107,6 +130,7 @@ impl Admin {
         }
         Self {
             shared,
+            budget,
             store_errors_seen: AtomicU64::new(0),
             store_late_seen: AtomicU64::new(0),
             backend_errors_seen: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -114,18 +138,33 @@ impl Admin {
         }
     }
 
-    /// `None` when the `POST` may run, else the refusal to send.
-    fn refuse_post(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
+    /// The caller's name (`by`) when the `POST` may run, else the refusal to send.
+    fn post_caller(&self, session: &ServerSession) -> Result<String, Box<Response<Vec<u8>>>> {
         let rt = self.shared.runtime.load();
-        let token = rt.config.server.admin_token.expose();
+        let server = &rt.config.server;
+        let mut tokens: Vec<(&str, &str)> = Vec::with_capacity(server.admin_tokens.len() + 1);
+        if !server.admin_token.is_empty() {
+            tokens.push(("admin", server.admin_token.expose()));
+        }
+        tokens.extend(
+            server
+                .admin_tokens
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.expose())),
+        );
         let auth = session
             .req_header()
             .headers
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        match post_access(token, self.loopback, auth) {
-            PostAccess::Allowed => None,
-            PostAccess::Unauthorized => {
+        match post_caller(&tokens, self.loopback, auth) {
+            Ok(name) => Ok(name.to_string()),
+            Err(PostAccess::Forbidden) => Err(Box::new(text(
+                StatusCode::FORBIDDEN,
+                "admin: POST endpoints are off because admin_listen is not a loopback address \
+                 and server.admin_token is not set; set admin_token to enable them\n",
+            ))),
+            Err(_) => {
                 let mut r = text(
                     StatusCode::UNAUTHORIZED,
                     "admin: this endpoint needs Authorization: Bearer <server.admin_token>\n",
@@ -134,13 +173,33 @@ impl Admin {
                     http::header::WWW_AUTHENTICATE,
                     http::HeaderValue::from_static("Bearer realm=\"portcullis-admin\""),
                 );
-                Some(r)
+                Err(Box::new(r))
             }
-            PostAccess::Forbidden => Some(text(
-                StatusCode::FORBIDDEN,
-                "admin: POST endpoints are off because admin_listen is not a loopback address \
-                 and server.admin_token is not set; set admin_token to enable them\n",
-            )),
+        }
+    }
+
+    /// The request body, at most [`crate::fleet::api::MAX_BODY`] bytes (`Err`: 413 or 400).
+    async fn body(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
+        let mut body = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > crate::fleet::api::MAX_BODY {
+                        return Err(Box::new(text(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "admin: body too large\n",
+                        )));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => return Ok(body),
+                Err(e) => {
+                    return Err(Box::new(text(
+                        StatusCode::BAD_REQUEST,
+                        &format!("admin: cannot read the body: {e}\n"),
+                    )))
+                }
+            }
         }
     }
 
@@ -398,18 +457,35 @@ impl ServeHttp for Admin {
         }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
-        if method == http::Method::POST {
-            if let Some(refusal) = self.refuse_post(session) {
-                tracing::warn!(
-                    event = "admin",
-                    status = refusal.status().as_u16(),
-                    path = %path,
-                    "admin POST refused"
-                );
-                return refusal;
+        let mut by = String::new();
+        if method != http::Method::GET && method != http::Method::HEAD {
+            match self.post_caller(session) {
+                Ok(name) => by = name,
+                Err(refusal) => {
+                    tracing::warn!(
+                        event = "admin",
+                        status = refusal.status().as_u16(),
+                        path = %path,
+                        "admin POST refused"
+                    );
+                    return *refusal;
+                }
             }
         }
+        if let Some(rest) = path.strip_prefix("/backends/") {
+            if method != http::Method::POST {
+                return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+            }
+            return match Self::body(session).await {
+                Ok(body) => {
+                    crate::fleet::api::act(&self.shared, self.budget.as_ref(), rest, &body, &by)
+                        .await
+                }
+                Err(r) => *r,
+            };
+        }
         match (method.as_str(), path.as_str()) {
+            ("GET", "/backends") => crate::fleet::api::list(&self.shared),
             ("GET", "/") => respond(
                 StatusCode::OK,
                 "text/html; charset=utf-8",
@@ -439,7 +515,7 @@ impl ServeHttp for Admin {
                 Ok(()) => text(StatusCode::OK, "reloaded\n"),
                 Err(e) => text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
             },
-            (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload") => {
+            (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/backends") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
             }
             _ => text(StatusCode::NOT_FOUND, "not found\n"),

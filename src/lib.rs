@@ -31,6 +31,7 @@ pub mod balance;
 pub mod config;
 pub mod cull;
 pub mod edge;
+pub mod fleet;
 pub mod framing;
 pub mod gate;
 pub mod lifecycle;

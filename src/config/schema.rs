@@ -173,6 +173,11 @@ pub struct ServerSection {
     /// `admin_listen` (403 elsewhere).
     #[schemars(extend("default" = ""))]
     pub admin_token: Secret,
+    /// Named admin tokens (name → token): any of them (or `admin_token`, named `admin`)
+    /// opens the `POST` endpoints, and the runtime API journals each action `by` the
+    /// token's name.
+    #[schemars(extend("default" = {}))]
+    pub admin_tokens: std::collections::BTreeMap<String, Secret>,
     /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
     pub h2c: bool,
     /// false (the default): HTTP/1 header names are written in canonical case, as
@@ -221,6 +226,7 @@ impl Default for ServerSection {
             max_request_header_bytes: 64 * 1024,
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
+            admin_tokens: std::collections::BTreeMap::new(),
             h2c: false,
             preserve_header_case: false,
             trusted_proxies: Vec::new(),

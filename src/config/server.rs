@@ -44,8 +44,44 @@ fn process_keys(s: &ServerSection) -> VResult<()> {
             "must be at most 1024 visible ASCII characters (no spaces)",
         );
     }
+    admin_tokens(s)?;
     if s.upgrade_sock.is_empty() {
         return err("server.upgrade_sock", "must not be empty");
+    }
+    Ok(())
+}
+
+/// `[server.admin_tokens]`: names of letters, digits, `_`, `-` and `.` (they appear in
+/// journals and logs), tokens as `admin_token`, no token twice (its name would be
+/// ambiguous).
+fn admin_tokens(s: &ServerSection) -> VResult<()> {
+    let mut seen: Vec<&str> = vec![s.admin_token.expose()];
+    for (name, token) in &s.admin_tokens {
+        let path = format!("server.admin_tokens.{name}");
+        let name_ok = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !name_ok {
+            return err(
+                path,
+                "a token's name is 1 to 64 letters, digits, '_', '-' or '.'",
+            );
+        }
+        let t = token.expose();
+        if t.is_empty() || t.len() > 1024 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+            return err(
+                path,
+                "must be 1 to 1024 visible ASCII characters (no spaces)",
+            );
+        }
+        if seen.contains(&t) {
+            return err(
+                path,
+                "the same token is given twice: each name needs its own",
+            );
+        }
+        seen.push(t);
     }
     Ok(())
 }
@@ -99,6 +135,11 @@ fn server_settings(
         h2c: s.h2c,
         preserve_header_case: s.preserve_header_case,
         admin_token: s.admin_token.clone(),
+        admin_tokens: s
+            .admin_tokens
+            .iter()
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect(),
         trusted_proxies: edge.trusted_proxies,
         proxy_protocol: s.proxy_protocol,
         max_request_body_bytes: s.max_request_body_bytes,

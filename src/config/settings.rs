@@ -72,6 +72,8 @@ pub struct ServerSettings {
     pub preserve_header_case: bool,
     /// Bearer token for POST admin endpoints; empty = none.
     pub admin_token: Secret,
+    /// `[server.admin_tokens]`: (name, token), sorted by name.
+    pub admin_tokens: Vec<(String, Secret)>,
     pub trusted_proxies: crate::edge::TrustedProxies,
     pub proxy_protocol: bool,
     pub max_request_body_bytes: u64,

@@ -123,6 +123,11 @@ impl Culling {
             let eval = evaluate_sharded(&samples, params.error_threshold, pool.balance.shard_size);
             report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
             for (bi, b) in pool.backends.iter().enumerate() {
+                if b.manual().state() == crate::upstream::ManualState::Maint {
+                    // In maintenance: neither culled, probed nor readmitted by the loop
+                    // until a person says `ready` (CONTRACT §12).
+                    continue;
+                }
                 let tracked = memory
                     .states
                     .entry((pool.name.clone(), b.addr))
@@ -328,6 +333,7 @@ impl Culling {
                 backend: b.addr_str.clone(),
                 result: result.as_str(),
                 errors,
+                ..Default::default()
             });
     }
 

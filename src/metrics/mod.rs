@@ -12,6 +12,7 @@ use prometheus::core::Collector;
 use prometheus::{Encoder, Registry, TextEncoder};
 
 mod access_log;
+mod admin;
 mod cull;
 mod edge;
 mod labels;
@@ -20,6 +21,7 @@ mod proxy;
 mod ratelimit;
 mod shed;
 pub use access_log::AccessLogMetrics;
+pub use admin::AdminMetrics;
 pub use cull::CullMetrics;
 pub use edge::EdgeMetrics;
 pub use labels::*;
@@ -40,6 +42,7 @@ pub struct Metrics {
     pub proxy: ProxyMetrics,
     pub ratelimit: RateLimitMetrics,
     pub cull: CullMetrics,
+    pub admin: AdminMetrics,
     pub lifecycle: LifecycleMetrics,
     pub access_log: AccessLogMetrics,
 }
@@ -73,6 +76,7 @@ impl Metrics {
             proxy: ProxyMetrics::register(&registry),
             ratelimit: RateLimitMetrics::register(&registry),
             cull: CullMetrics::register(&registry),
+            admin: AdminMetrics::register(&registry),
             lifecycle: LifecycleMetrics::register(&registry),
             access_log: AccessLogMetrics::register(&registry),
             registry,

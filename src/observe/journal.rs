@@ -10,15 +10,26 @@ use std::sync::Mutex;
 /// Decisions kept for the status page.
 pub const KEEP: usize = 20;
 
-/// One cull decision.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// One decision on a backend: a cull's, or a person's through the admin API (CONTRACT
+/// §12: `action`, `by` and `reason` are set for those).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct CullEntry {
     pub at_ms: u64,
     pub upstream: String,
     pub backend: String,
-    /// As in `portcullis_cull_decisions_total{result}`.
+    /// As in `portcullis_cull_decisions_total{result}`, or for an admin action as in
+    /// `portcullis_admin_actions_total{result}`.
     pub result: &'static str,
     pub errors: u64,
+    /// `drain`, `maint`, `ready`, `weight` (admin actions only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<&'static str>,
+    /// The admin token's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The reason given, or the refusal's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// An ejected backend's lease as this instance sees it.
@@ -118,6 +129,7 @@ mod tests {
                 backend: "b".into(),
                 result: "culled",
                 errors: i,
+                ..Default::default()
             });
         }
         let r = j.recent();

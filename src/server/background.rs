@@ -139,7 +139,7 @@ impl BackgroundService for Reloader {
 
 /// The one Redis client of the process, shared by the limiter's flusher, culling and
 /// the watchdog (one connection for the whole process).
-fn fleet_store(redis: Option<&StoreSettings>) -> Store {
+pub(super) fn fleet_store(redis: Option<&StoreSettings>) -> Store {
     match redis {
         Some(r) => {
             Store::with_endpoint(&r.endpoint, &r.key_prefix, r.timeout).unwrap_or_else(|e| {
@@ -170,11 +170,12 @@ fn counter_store(
 /// proxy listeners readiness waits for.
 pub(super) fn services(
     shared: &Arc<Shared>,
+    fleet_store: &Store,
+    budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
     redis: Option<&StoreSettings>,
     ready_addrs: Vec<std::net::SocketAddr>,
 ) -> Vec<Box<dyn ServiceWithDependents>> {
-    let fleet_store = fleet_store(redis);
-    let (store, flush_interval) = counter_store(&fleet_store, redis);
+    let (store, flush_interval) = counter_store(fleet_store, redis);
     // Every background service holds the shared state.
     let sh = || Arc::clone(shared);
     let health = background_service("health checks", HealthChecks { shared: sh() });
@@ -186,7 +187,8 @@ pub(super) fn services(
             interval: flush_interval,
         },
     );
-    let culling = crate::cull::driver::service(sh(), fleet_store.budget());
+    let culling = crate::cull::driver::service(sh(), Arc::clone(&budget));
+    let fleet_sync = crate::fleet::sync::service(sh(), budget);
     let readiness = background_service(
         "readiness",
         Readiness {
@@ -197,7 +199,7 @@ pub(super) fn services(
     let reloader = background_service("reload", Reloader { shared: sh() });
     let access_log_reopen =
         background_service("access log reopen", AccessLogReopen { shared: sh() });
-    let watchdog = crate::watchdog::Watchdog::new(sh(), &fleet_store);
+    let watchdog = crate::watchdog::Watchdog::new(sh(), fleet_store);
     let watchdog = background_service("watchdog", watchdog);
     let mut all: Vec<Box<dyn ServiceWithDependents>> = vec![
         Box::new(health),
@@ -207,6 +209,7 @@ pub(super) fn services(
         Box::new(readiness),
         Box::new(watchdog),
         Box::new(culling),
+        Box::new(fleet_sync),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
     if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {

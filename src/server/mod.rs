@@ -189,10 +189,14 @@ fn init_metrics(shared: &Arc<Shared>) {
 }
 
 /// The admin service on `admin_listen`, on one thread.
-fn admin_service(shared: &Arc<Shared>, admin_listen: SocketAddr) -> impl ServiceWithDependents {
+fn admin_service(
+    shared: &Arc<Shared>,
+    admin_listen: SocketAddr,
+    budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
+) -> impl ServiceWithDependents {
     let mut admin = Service::new(
         "portcullis admin".into(),
-        crate::admin::AdminApp::new(Admin::new(Arc::clone(shared))),
+        crate::admin::AdminApp::new(Admin::new(Arc::clone(shared), budget)),
     );
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
@@ -222,8 +226,13 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let http_proxy = http_proxy(&server.configuration, &shared, &s);
     let (proxy, ready_addrs) = proxy_service(http_proxy, &shared, &connections, &s);
     init_metrics(&shared);
-    let admin = admin_service(&shared, s.admin_listen);
-    let background = background::services(&shared, s.redis.as_ref(), ready_addrs);
+    // The one store client of the process, and the disruption budget on it that the culls
+    // and the runtime API share.
+    let fleet_store = background::fleet_store(s.redis.as_ref());
+    let budget = fleet_store.budget();
+    let admin = admin_service(&shared, s.admin_listen, Arc::clone(&budget));
+    let background =
+        background::services(&shared, &fleet_store, budget, s.redis.as_ref(), ready_addrs);
 
     server.add_service(proxy);
     server.add_service(admin);

@@ -53,7 +53,7 @@ impl Members {
                 .get(&(cfg.name.clone(), *addr))
                 .cloned()
                 .unwrap_or_else(|| Arc::new(BackendState::new(&cfg.name, *addr, window_secs)));
-            let weight = cfg.balance.weights.get(i).map_or(1, |w| *w as usize);
+            let weight = effective_weight(cfg, i, &state) as usize;
             let mut b = Backend {
                 addr: pingora::protocols::l4::socket::SocketAddr::Inet(*addr),
                 weight,
@@ -71,6 +71,13 @@ impl Members {
             members,
         }
     }
+}
+
+/// The weight of the `i`th backend: set at runtime (`POST …/weight`), else configured, else 1;
+/// at least 1 (weight 0 takes the backend out by its mark, not by the selector).
+fn effective_weight(cfg: &Upstream, i: usize, state: &BackendState) -> u32 {
+    let configured = cfg.balance.weights.get(i).copied().unwrap_or(1);
+    state.manual().weight().unwrap_or(configured).max(1)
 }
 
 /// The pool's active health checks, `None` without `health_check_path`. A reload
@@ -137,9 +144,16 @@ impl Pool {
             members,
         } = Members::new(cfg, window_secs, known);
         let health = pool_health(cfg, previous);
+        let manual_weights: Vec<Option<u32>> = states.iter().map(|s| s.manual().weight()).collect();
+        let mut balance = cfg.balance.clone();
+        if states.iter().any(|s| s.manual().weight().is_some()) {
+            balance.weights = (0..states.len())
+                .map(|i| effective_weight(cfg, i, &states[i]))
+                .collect();
+        }
         let selector = crate::balance::selector::Selector::build(
-            cfg.balance.policy,
-            !cfg.balance.weights.is_empty(),
+            balance.policy,
+            !balance.weights.is_empty(),
             &set,
         );
         let ids = cfg
@@ -157,7 +171,9 @@ impl Pool {
             backends: states,
             members,
             ids,
-            balance: cfg.balance.clone(),
+            balance,
+            manual_weights,
+            configured_weights: cfg.balance.weights.clone(),
             selector,
             shared,
             connect_timeout: cfg.connect_timeout,

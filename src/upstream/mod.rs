@@ -36,6 +36,8 @@ pub struct BackendState {
     inflight: AtomicU64,
     /// Its `portcullis_upstream_*` series, resolved once.
     pub series: crate::metrics::BackendSeries,
+    /// The manual operations in force ([`Manual`]), as the fleet sync last saw them.
+    manual: Manual,
 }
 
 /// Where a backend stands with the culling gate.
@@ -60,7 +62,20 @@ impl BackendState {
             total_errors: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
             series: Default::default(),
+            manual: Manual::default(),
         }
+    }
+
+    /// Not in rotation for new requests: culled, or taken out by a manual operation
+    /// (drain, maint, weight 0). In-flight requests finish either way.
+    #[inline]
+    pub fn is_out(&self) -> bool {
+        self.is_culled() || self.manual.mark.load(Ordering::Acquire) != MANUAL_IN
+    }
+
+    /// The manual operations on this backend (drain, maint, weight), as last synced.
+    pub fn manual(&self) -> &Manual {
+        &self.manual
     }
 
     /// Account one response (hot path): the sliding window plus the totals.
@@ -107,6 +122,92 @@ impl BackendState {
             CullMark::In
         };
         self.cull.store(v as u8, Ordering::Release);
+    }
+}
+
+const MANUAL_IN: u8 = 0;
+const MANUAL_DRAIN: u8 = 1;
+const MANUAL_MAINT: u8 = 2;
+const MANUAL_WEIGHT_ZERO: u8 = 3;
+const NO_WEIGHT: u32 = u32::MAX;
+
+/// A backend's manual operations (CONTRACT §12): the records (for `GET /backends` and
+/// the status page), the mark the request path reads (one atomic load), and the weight
+/// the pool is built with. Written by the fleet sync and the admin API, never per request.
+#[derive(Debug)]
+pub struct Manual {
+    mark: std::sync::atomic::AtomicU8,
+    weight: std::sync::atomic::AtomicU32,
+    records: std::sync::Mutex<Vec<portcullis_policy::cull::ops::OpRecord>>,
+}
+
+impl Default for Manual {
+    fn default() -> Self {
+        Self {
+            mark: std::sync::atomic::AtomicU8::new(MANUAL_IN),
+            weight: std::sync::atomic::AtomicU32::new(NO_WEIGHT),
+            records: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// What takes a backend out by hand, if anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManualState {
+    In,
+    Draining,
+    Maint,
+    /// Weight 0: no new requests.
+    WeightZero,
+}
+
+impl Manual {
+    /// Replace the records with `records` (those in force on this backend). Returns
+    /// whether the weight changed (the pool is then rebuilt with it).
+    pub fn set(&self, records: Vec<portcullis_policy::cull::ops::OpRecord>) -> bool {
+        use portcullis_policy::cull::ops::OpKind;
+        let state = records.iter().fold(None, |acc, r| match (acc, r.kind) {
+            (_, OpKind::Maint) => Some(MANUAL_MAINT),
+            (Some(MANUAL_MAINT), _) => acc,
+            (_, OpKind::Drain) => Some(MANUAL_DRAIN),
+            (Some(MANUAL_DRAIN), _) => acc,
+            (_, OpKind::Weight(0)) => Some(MANUAL_WEIGHT_ZERO),
+            _ => acc,
+        });
+        let weight = records
+            .iter()
+            .find_map(|r| match r.kind {
+                OpKind::Weight(w) => Some(w),
+                _ => None,
+            })
+            .unwrap_or(NO_WEIGHT);
+        self.mark
+            .store(state.unwrap_or(MANUAL_IN), Ordering::Release);
+        let before = self.weight.swap(weight, Ordering::AcqRel);
+        *self.records.lock().unwrap_or_else(|p| p.into_inner()) = records;
+        before != weight
+    }
+
+    pub fn state(&self) -> ManualState {
+        match self.mark.load(Ordering::Acquire) {
+            MANUAL_DRAIN => ManualState::Draining,
+            MANUAL_MAINT => ManualState::Maint,
+            MANUAL_WEIGHT_ZERO => ManualState::WeightZero,
+            _ => ManualState::In,
+        }
+    }
+
+    /// The weight set at runtime, if any.
+    pub fn weight(&self) -> Option<u32> {
+        let w = self.weight.load(Ordering::Acquire);
+        (w != NO_WEIGHT).then_some(w)
+    }
+
+    pub fn records(&self) -> Vec<portcullis_policy::cull::ops::OpRecord> {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -237,6 +338,10 @@ pub struct Pool {
     /// Stable hashes of the backends' addresses (shuffle shards).
     ids: Vec<u64>,
     pub balance: crate::balance::BalanceSettings,
+    /// `weights` as configured (empty: none).
+    configured_weights: Vec<u32>,
+    /// The runtime weights (`POST …/weight`) the pool was built with, per backend.
+    manual_weights: Vec<Option<u32>>,
     selector: crate::balance::selector::Selector,
     pub shared: Arc<UpstreamShared>,
     pub connect_timeout: Duration,
@@ -252,6 +357,19 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// The configured weight of the `i`th backend (`None`: no `weights`, all 1).
+    pub fn configured_weight(&self, i: usize) -> Option<u32> {
+        self.configured_weights.get(i).copied()
+    }
+
+    /// A backend's runtime weight changed since the pool was built (rebuild it).
+    pub fn weights_stale(&self) -> bool {
+        self.backends
+            .iter()
+            .zip(&self.manual_weights)
+            .any(|(b, w)| b.manual().weight() != *w)
+    }
+
     /// Next backend by the upstream's policy: healthy, not culled, not tried
     /// yet by this request and, with `shard_size`, inside the key's shard.
     /// When health checks leave nothing eligible, fail open to every backend
@@ -266,7 +384,7 @@ impl Pool {
         let in_shard = |i: usize| shard.is_empty() || shard.contains(&i);
         let open = |i: usize| {
             let s = &self.backends[i];
-            in_shard(i) && !s.is_culled() && !tried.contains(&s.addr)
+            in_shard(i) && !s.is_out() && !tried.contains(&s.addr)
         };
         // Without active checks nothing marks a backend down: skip Pingora's
         // readiness look-up (a hash of the `Backend` per candidate).
@@ -301,7 +419,7 @@ impl Pool {
     pub fn has_untried(&self, tried: &Tried) -> bool {
         self.backends
             .iter()
-            .any(|b| !b.is_culled() && !tried.contains(&b.addr))
+            .any(|b| !b.is_out() && !tried.contains(&b.addr))
     }
 
     /// The bulkhead (`max_inflight`): take a slot or be shed.
