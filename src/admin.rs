@@ -218,14 +218,16 @@ impl Admin {
                             "up"
                         };
                         let (requests, errors) = b.window.totals(now);
-                        json!({
+                        let mut v = json!({
                             "address": b.addr_str,
                             "state": state,
                             "errors_in_window": errors,
                             "requests_in_window": requests,
                             "dry_run_culled": b.is_dry_run_culled(),
                             "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
-                        })
+                        });
+                        crate::observe::traffic::add_backend_fields(&mut v, b, now);
+                        v
                     })
                     .collect();
                 json!({
@@ -274,6 +276,7 @@ impl Admin {
                 "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,
+            "routes": crate::observe::traffic::routes_json(&rt, now),
         })
     }
 }

@@ -88,6 +88,8 @@ impl Proxy {
         let route = rt.route_index(host_of(session), session.req_header().uri.path());
         ctx.routing.route = route;
         ctx.routing.routed = true;
+        // Left when the context drops (`impl Drop for Ctx`).
+        rt.route_series(true, route).traffic.enter();
         ctx.routing.pool = rt.pools.get(rt.route_at(route).upstream).cloned();
         let server = &rt.config.server;
         ctx.routing.client = edge::client_ip(
@@ -484,6 +486,7 @@ impl ProxyHttp for Proxy {
                     .on_latency(now, now.saturating_duration_since(t0));
             }
         }
+        let now_secs = crate::store::clock::unix_secs();
         let backend = ctx.upstream.backend.take();
         if let Some(b) = &backend {
             // The backend's fault only: a 5xx, or an error on the upstream side
@@ -491,7 +494,7 @@ impl ProxyHttp for Proxy {
             let upstream_failed =
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
             let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
-            b.record(crate::store::clock::unix_secs(), is_error);
+            b.record(now_secs, is_error);
         }
         telemetry::finish(
             &self.shared,
@@ -509,6 +512,7 @@ impl ProxyHttp for Proxy {
                 request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
                 client: ctx.routing.client,
                 elapsed,
+                now_secs,
             },
         );
         tracing::debug!(
