@@ -408,3 +408,41 @@ fn the_page_shows_a_manual_state_with_who_and_why_as_text() {
         "{other}"
     );
 }
+
+/// An attempt given up for a retry counts on its backend: a backend answering 503s that
+/// are retried on another shows them in its mix (and the route shows what clients got).
+#[test]
+fn retried_attempts_count_on_the_backend_that_failed_them() {
+    let a = Backend::start("A");
+    let b = Backend::start("B");
+    a.set_mode(Mode::Fail(503));
+    let p = Proxy::start(&balanced_app(
+        &[&a, &b],
+        "retries = 1\nretry_budget_ratio = 1.0",
+    ));
+    for _ in 0..20 {
+        assert_eq!(p.get("/", &[]).status, 200, "retried on B");
+    }
+    let (to_a, to_b) = (a.requests(), b.requests());
+    assert!(to_a > 0, "A was tried");
+    let s = status_until(
+        &p,
+        Duration::from_secs(5),
+        "every attempt counted",
+        || {},
+        |s| {
+            let n = |be: &Backend| backend(s, "app", &be.addr())["traffic"]["requests"].clone();
+            n(&a) == to_a && n(&b) == to_b
+        },
+    );
+    let ta = &backend(&s, "app", &a.addr())["traffic"];
+    assert_eq!(ta["codes"]["5xx"], to_a, "{ta}");
+    let tb = &backend(&s, "app", &b.addr())["traffic"];
+    assert_eq!(tb["codes"]["2xx"], to_b, "{tb}");
+    let r = &s["routes"][0]["traffic"];
+    assert_eq!(
+        (&r["requests"], &r["codes"]["2xx"]),
+        (&20.into(), &20.into()),
+        "{r}"
+    );
+}

@@ -111,6 +111,9 @@ impl Proxy {
     }
 }
 
+/// The traffic class of an attempt the backend did not answer (`error`).
+const NO_ANSWER: usize = portcullis_policy::traffic::CLASSES.len() - 1;
+
 #[async_trait]
 impl ProxyHttp for Proxy {
     type CTX = Ctx;
@@ -264,7 +267,9 @@ impl ProxyHttp for Proxy {
             cause = failure::plain_cause(&e).unwrap_or_default(),
         );
         if let Some(b) = ctx.upstream.backend.take() {
-            b.record(crate::store::clock::unix_secs(), true);
+            let now_secs = crate::store::clock::unix_secs();
+            b.record(now_secs, true);
+            b.traffic.record(now_secs, NO_ANSWER, None);
             if let Some(pool) = &ctx.routing.pool {
                 self.shared.metrics.proxy.record_backend(
                     &b.series,
@@ -311,7 +316,10 @@ impl ProxyHttp for Proxy {
         ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                b.record(crate::store::clock::unix_secs(), true);
+                let now_secs = crate::store::clock::unix_secs();
+                b.record(now_secs, true);
+                let class = portcullis_policy::traffic::class_of(Some(status));
+                b.traffic.record(now_secs, class, ctx.obs.upstream_us());
             }
             ctx.upstream.attempt = None;
             ctx.upstream.retrying = true;
@@ -350,7 +358,9 @@ impl ProxyHttp for Proxy {
         }
         if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                b.record(crate::store::clock::unix_secs(), true);
+                let now_secs = crate::store::clock::unix_secs();
+                b.record(now_secs, true);
+                b.traffic.record(now_secs, NO_ANSWER, None);
             }
             ctx.upstream.attempt = None;
             e.set_retry(true);

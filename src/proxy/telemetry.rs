@@ -36,6 +36,11 @@ impl RequestObs {
         self.upstream_ms = None;
     }
 
+    /// The current attempt's upstream time in microseconds, once its backend answered.
+    pub fn upstream_us(&self) -> Option<u64> {
+        self.upstream_ms.map(|ms| (ms * 1000.0) as u64)
+    }
+
     /// The backend's response header arrived.
     pub fn upstream_answered(&mut self, status: u16) {
         self.upstream_status = Some(status);
@@ -137,7 +142,8 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
 /// The status page's figures: the route's (every request routed to it, by the
 /// status sent, timed start to end) and the backend's (the last attempt, by the
 /// backend's status, timed from the choice of the backend to its response
-/// header; no status and no time when it did not answer). Two CAS loops each.
+/// header; no status and no time when it did not answer; attempts given up for
+/// a retry are counted where they end, in `proxy`). Two CAS loops each.
 #[inline]
 fn record_traffic(obs: &RequestObs, f: &Finished<'_>) {
     use portcullis_policy::traffic::class_of;
@@ -148,9 +154,8 @@ fn record_traffic(obs: &RequestObs, f: &Finished<'_>) {
         .window
         .record(f.now_secs, class_of(sent), Some(us));
     if let Some(b) = f.backend {
-        let upstream_us = obs.upstream_ms.map(|ms| (ms * 1000.0) as u64);
         b.traffic
-            .record(f.now_secs, class_of(obs.upstream_status), upstream_us);
+            .record(f.now_secs, class_of(obs.upstream_status), obs.upstream_us());
     }
 }
 
