@@ -269,22 +269,25 @@ impl Admin {
                     .backends
                     .iter()
                     .map(|b| {
-                        let state = if b.is_culled() {
-                            "culled"
-                        } else if !pool.is_healthy(b) {
-                            "unhealthy"
-                        } else {
-                            "up"
-                        };
+                        // state (with `draining` and `maint`), weight and the manual
+                        // operation's source, by, reason and until: as `GET /backends`.
+                        let manual = crate::fleet::backend_view(pool, b);
                         let (requests, errors) = b.window.totals(now);
-                        json!({
+                        let mut v = json!({
                             "address": b.addr_str,
-                            "state": state,
+                            "state": manual["state"],
+                            "weight": manual["weight"],
+                            "source": manual["source"],
+                            "by": manual["by"],
+                            "reason": manual["reason"],
+                            "until": manual["until"],
                             "errors_in_window": errors,
                             "requests_in_window": requests,
                             "dry_run_culled": b.is_dry_run_culled(),
                             "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
-                        })
+                        });
+                        crate::observe::traffic::add_backend_fields(&mut v, b, now);
+                        v
                     })
                     .collect();
                 json!({
@@ -333,6 +336,7 @@ impl Admin {
                 "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,
+            "routes": crate::observe::traffic::routes_json(&rt, now),
         })
     }
 }

@@ -113,13 +113,22 @@ impl Runtime {
                 Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
             })
             .collect();
+        // A route that stays (same label) keeps its traffic figures and in-flight count.
+        let mut kept: HashMap<&str, &Arc<crate::observe::traffic::RouteTraffic>> = HashMap::new();
+        for s in previous.map_or(&[][..], |p| &p.route_series[..]) {
+            kept.entry(s.label.as_str()).or_insert(&s.traffic);
+        }
+        let series = |label: String| {
+            let traffic = kept.get(label.as_str()).map(|t| Arc::clone(t));
+            RouteSeries::with_traffic(label, traffic.unwrap_or_default())
+        };
         let route_series = config
             .routes
             .iter()
-            .map(|r| RouteSeries::new(crate::observe::route_label(r).into_owned()))
+            .map(|r| series(crate::observe::route_label(r).into_owned()))
             .chain([
-                RouteSeries::new(crate::observe::route_label(&DEFAULT_ROUTE).into_owned()),
-                RouteSeries::new("none".to_string()),
+                series(crate::observe::route_label(&DEFAULT_ROUTE).into_owned()),
+                series("none".to_string()),
             ])
             .collect();
         let rate = build_policies(&config, previous, limiter, metrics);
@@ -143,6 +152,16 @@ impl Runtime {
             (true, _) => n,
         };
         &self.route_series[i]
+    }
+
+    /// Every route of the config, then the default route, each with its series
+    /// (not the series of requests refused before routing).
+    pub fn routes_with_series(&self) -> impl Iterator<Item = (&Route, &RouteSeries)> {
+        self.config
+            .routes
+            .iter()
+            .chain(std::iter::once(&DEFAULT_ROUTE))
+            .zip(&self.route_series)
     }
 
     /// First matching route (routes are pre-sorted: longest prefix, host-specific first).

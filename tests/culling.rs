@@ -691,6 +691,16 @@ fn without_a_token_a_second_failing_backend_is_not_culled() {
     );
     for (i, p) in ps.iter().enumerate() {
         assert_eq!(state_of(p, &second.addr()), "up", "proxy {i}");
+        // kept in rotation, and /status says why (the instance that asked last saw it)
+        assert_eventually!(
+            backend_entry(p, &second.addr())["failing"] == "no_token",
+            "proxy {i}: failing: no_token: {}",
+            backend_entry(p, &second.addr())
+        );
+        assert!(
+            backend_entry(p, &first.addr())["failing"].is_null(),
+            "culled: no reason"
+        );
         assert_eq!(culled_gauge(p, &second.addr()), Some(0.0), "proxy {i}");
         assert_eq!(state_of(p, &first.addr()), "culled", "proxy {i}");
         assert_eq!(
@@ -863,6 +873,11 @@ fn with_redis_down_nothing_is_culled_and_traffic_is_served() {
         "the backend is a candidate"
     );
     assert!(culled_in_status(p).is_empty(), "no cull without the store");
+    assert_eventually!(
+        backend_entry(p, &bad.addr())["failing"] == "store_error",
+        "failing: store_error: {}",
+        backend_entry(p, &bad.addr())
+    );
     assert_eq!(culled_gauge(p, &bad.addr()), Some(0.0));
     assert_eq!(decisions(p, "culled"), 0.0);
     load.wait_ok_after(&[Instant::now()], 100);
@@ -1332,6 +1347,7 @@ fn dry_run_reports_but_keeps_the_backend_in_rotation() {
     let e = backend_entry(p, &bad.addr());
     assert_eq!(e["state"], "up", "{e}");
     assert_eq!(e["dry_run_culled"], true, "{e}");
+    assert_eq!(e["failing"], "dry_run", "{e}");
     assert_eq!(p.status_json()["culling"]["dry_run"], true);
     assert_eq!(culled_gauge(p, &bad.addr()), Some(0.0));
     assert_eq!(decisions(p, "culled"), 0.0);
@@ -1353,6 +1369,11 @@ fn dry_run_reports_but_keeps_the_backend_in_rotation() {
     assert_eventually!(
         backend_entry(p, &bad.addr())["dry_run_culled"] == false,
         "dry_run_culled cleared after recovery: {}",
+        backend_entry(p, &bad.addr())
+    );
+    assert_eventually!(
+        backend_entry(p, &bad.addr())["failing"].is_null(),
+        "failing cleared after recovery: {}",
         backend_entry(p, &bad.addr())
     );
     eprintln!(

@@ -426,6 +426,26 @@ fn bad_input_gets_a_clear_answer_and_names_never_break_the_log() {
     let parsed: Value =
         serde_json::from_str(line).unwrap_or_else(|e| panic!("not one JSON line ({e}): {line}"));
     assert!(parsed.to_string().contains("line one line two"), "{parsed}");
+    // The status page shows the drain with who and why, the markup as text.
+    let bin =
+        chromium().unwrap_or_else(|| panic!("chromium is not installed: run scripts/setup.sh"));
+    let dom = dump_dom(bin, &format!("http://{}/", p.admin_addr()));
+    let start = dom
+        .find(&format!("data-backend=\"{}\"", b1.addr()))
+        .unwrap_or_else(|| panic!("no row for b1:\n{dom}"));
+    let row = &dom[start..start + dom[start..].find("</tr>").unwrap_or(0)];
+    assert!(
+        row.contains(">draining<") && row.contains(">deployer<"),
+        "{row}"
+    );
+    assert!(
+        row.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{row}"
+    );
+    assert!(
+        !dom.contains("<script>alert(1)"),
+        "markup from a reason:\n{dom}"
+    );
     // GET stays open, other methods need the token
     assert_eq!(p.admin_get("/backends").status, 200);
     let r = try_request(&p.admin_addr(), "DELETE", "/backends", &[], b"")

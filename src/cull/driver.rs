@@ -8,8 +8,9 @@
 //! takes `now`, so a test can drive ticks on its own clock.
 
 use super::{
-    evaluate_sharded, http, webhook, Action, BackendSample, Buckets, BudgetSnapshot, BudgetStore,
-    ClaimOutcome, CullParams, CullState, Evaluation, FleetDelta, StoreError, TickInput,
+    evaluate_sharded, failing_reason, http, webhook, Action, BackendSample, Buckets,
+    BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation, FailingInput,
+    FleetDelta, StoreError, TickInput,
 };
 use crate::metrics::CullResult;
 use crate::state::Shared;
@@ -150,7 +151,14 @@ impl Culling {
                     errors,
                     now_ms,
                 };
-                self.perform(step, tracked, action, &params).await;
+                let claim = self.perform(step, tracked, action, &params).await;
+                b.set_failing(failing_reason(FailingInput {
+                    over_threshold: errors >= params.error_threshold.max(1),
+                    ejected: b.is_culled(),
+                    candidate: input.candidate,
+                    others_in_rotation: in_rotation(pool, b),
+                    claim: claim.as_ref(),
+                }));
                 self.shared
                     .observe
                     .culls
@@ -220,13 +228,14 @@ impl Culling {
     }
 
     /// Carry out an action and whatever follow-up the state machine asks for.
+    /// Returns the budget's answer when a claim was asked for.
     async fn perform(
         &self,
         step: Step<'_>,
         tracked: &mut Tracked,
         mut action: Action,
         params: &CullParams,
-    ) {
+    ) -> Option<Result<ClaimOutcome, StoreError>> {
         let Step {
             pool,
             b,
@@ -234,10 +243,11 @@ impl Culling {
             now_ms,
         } = step;
         let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
+        let mut claim = None;
         // Each step changes the state, so this ends; the bound is a fail-safe.
         for _ in 0..4 {
             action = match action {
-                Action::None => return,
+                Action::None => return claim,
                 Action::Claim => {
                     let res = self
                         .budget
@@ -250,7 +260,9 @@ impl Culling {
                             Ok(ClaimOutcome::Granted { dry_run: true, .. })
                         ));
                     }
-                    tracked.state.on_claim(now_ms, &res, params)
+                    let next = tracked.state.on_claim(now_ms, &res, params);
+                    claim = Some(res);
+                    next
                 }
                 Action::Eject => {
                     b.set_culled(true);
@@ -292,6 +304,7 @@ impl Culling {
                 }
             };
         }
+        claim
     }
 
     fn record_claim(
@@ -352,6 +365,7 @@ impl Culling {
     async fn readmit_all(&self, memory: &mut Memory, pools: &[Arc<Pool>]) {
         for pool in pools {
             for b in &pool.backends {
+                b.set_failing(None);
                 if b.is_culled() {
                     if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
                         tracing::debug!(error = %e, "release on disable failed");
@@ -390,6 +404,14 @@ fn report_systemic(
             }
         }
     }
+}
+
+/// Backends of `pool` other than `b` that are in rotation (not culled).
+fn in_rotation(pool: &Pool, b: &BackendState) -> usize {
+    pool.backends
+        .iter()
+        .filter(|o| o.addr != b.addr && !o.is_culled())
+        .count()
 }
 
 fn fleet_claimed(

@@ -31,13 +31,24 @@ fn class_index(status: Option<u16>) -> usize {
 pub struct RouteSeries {
     pub label: String,
     requests: [[OnceLock<IntCounter>; 7]; 6],
+    /// The route's rate, mix, latency and in-flight for `/status` (shared by
+    /// the runtimes of successive reloads while the label stays).
+    pub traffic: std::sync::Arc<crate::observe::traffic::RouteTraffic>,
 }
 
 impl RouteSeries {
     pub fn new(label: String) -> Self {
+        Self::with_traffic(label, Default::default())
+    }
+
+    pub fn with_traffic(
+        label: String,
+        traffic: std::sync::Arc<crate::observe::traffic::RouteTraffic>,
+    ) -> Self {
         Self {
             label,
             requests: Default::default(),
+            traffic,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Observability beside the request path: the JSON access log
 //! ([`access_log`]), W3C trace context ([`trace`]), the admin HTML status page
 //! ([`status_page`]), the journal of recent cull decisions it shows
-//! ([`journal`]) and OTLP/HTTP span export ([`otlp`]). Metrics live in
+//! ([`journal`]), OTLP/HTTP span export ([`otlp`]) and the per-route and
+//! per-backend traffic figures of `/status` ([`traffic`]). Metrics live in
 //! [`crate::metrics`].
 
 pub mod access_log;
@@ -10,6 +11,7 @@ pub mod otlp;
 pub mod status_page;
 pub mod time;
 pub mod trace;
+pub mod traffic;
 
 pub use access_log::{AccessLog, AccessRecord};
 pub use journal::CullJournal;

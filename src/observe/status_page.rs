@@ -2,8 +2,11 @@
 //! and script, no external asset) that reads `/status` every two seconds and
 //! renders it for an incident: state, in-flight against each class's cap,
 //! the rate-limit store, every upstream and backend with its cull lease, the
-//! culling tokens and the last cull decisions. Values are inserted as text,
-//! never as HTML.
+//! culling tokens and the last cull decisions, and what HAProxy's stats page
+//! shows per backend and per route (requests per second, the status mix, p50
+//! and p99 latency, what is open now), with why a failing backend is still in
+//! rotation and a manual state with who and why when `/status` has one.
+//! Values are inserted as text, never as HTML.
 
 /// The page, served as is.
 pub const PAGE: &str = include_str!("status.html");

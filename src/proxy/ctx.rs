@@ -70,6 +70,19 @@ pub(super) struct Answer {
     pub(super) grpc_failed: bool,
 }
 
+/// A routed request leaves its route's in-flight count when its context goes,
+/// whichever way the request ended.
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if self.routing.routed {
+            self.runtime
+                .route_series(true, self.routing.route)
+                .traffic
+                .exit();
+        }
+    }
+}
+
 impl Ctx {
     pub(super) fn new(runtime: Arc<Runtime>) -> Ctx {
         Ctx {

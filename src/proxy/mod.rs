@@ -88,6 +88,8 @@ impl Proxy {
         let route = rt.route_index(host_of(session), session.req_header().uri.path());
         ctx.routing.route = route;
         ctx.routing.routed = true;
+        // Left when the context drops (`impl Drop for Ctx`).
+        rt.route_series(true, route).traffic.enter();
         ctx.routing.pool = rt.pools.get(rt.route_at(route).upstream).cloned();
         let server = &rt.config.server;
         ctx.routing.client = edge::client_ip(
@@ -108,6 +110,9 @@ impl Proxy {
         session.set_read_timeout((!timed_by_edge).then_some(idle));
     }
 }
+
+/// The traffic class of an attempt the backend did not answer (`error`).
+const NO_ANSWER: usize = portcullis_policy::traffic::CLASSES.len() - 1;
 
 #[async_trait]
 impl ProxyHttp for Proxy {
@@ -262,7 +267,9 @@ impl ProxyHttp for Proxy {
             cause = failure::plain_cause(&e).unwrap_or_default(),
         );
         if let Some(b) = ctx.upstream.backend.take() {
-            b.record(crate::store::clock::unix_secs(), true);
+            let now_secs = crate::store::clock::unix_secs();
+            b.record(now_secs, true);
+            b.traffic.record(now_secs, NO_ANSWER, None);
             if let Some(pool) = &ctx.routing.pool {
                 self.shared.metrics.proxy.record_backend(
                     &b.series,
@@ -309,7 +316,10 @@ impl ProxyHttp for Proxy {
         ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                b.record(crate::store::clock::unix_secs(), true);
+                let now_secs = crate::store::clock::unix_secs();
+                b.record(now_secs, true);
+                let class = portcullis_policy::traffic::class_of(Some(status));
+                b.traffic.record(now_secs, class, ctx.obs.upstream_us());
             }
             ctx.upstream.attempt = None;
             ctx.upstream.retrying = true;
@@ -348,7 +358,9 @@ impl ProxyHttp for Proxy {
         }
         if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                b.record(crate::store::clock::unix_secs(), true);
+                let now_secs = crate::store::clock::unix_secs();
+                b.record(now_secs, true);
+                b.traffic.record(now_secs, NO_ANSWER, None);
             }
             ctx.upstream.attempt = None;
             e.set_retry(true);
@@ -484,6 +496,7 @@ impl ProxyHttp for Proxy {
                     .on_latency(now, now.saturating_duration_since(t0));
             }
         }
+        let now_secs = crate::store::clock::unix_secs();
         let backend = ctx.upstream.backend.take();
         if let Some(b) = &backend {
             // The backend's fault only: a 5xx, or an error on the upstream side
@@ -491,7 +504,7 @@ impl ProxyHttp for Proxy {
             let upstream_failed =
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
             let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
-            b.record(crate::store::clock::unix_secs(), is_error);
+            b.record(now_secs, is_error);
         }
         telemetry::finish(
             &self.shared,
@@ -509,6 +522,7 @@ impl ProxyHttp for Proxy {
                 request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
                 client: ctx.routing.client,
                 elapsed,
+                now_secs,
             },
         );
         tracing::debug!(

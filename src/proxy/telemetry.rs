@@ -36,6 +36,11 @@ impl RequestObs {
         self.upstream_ms = None;
     }
 
+    /// The current attempt's upstream time in microseconds, once its backend answered.
+    pub fn upstream_us(&self) -> Option<u64> {
+        self.upstream_ms.map(|ms| (ms * 1000.0) as u64)
+    }
+
     /// The backend's response header arrived.
     pub fn upstream_answered(&mut self, status: u16) {
         self.upstream_status = Some(status);
@@ -96,6 +101,8 @@ pub struct Finished<'a> {
     /// request answered before routing.
     pub client: Option<IpAddr>,
     pub elapsed: Duration,
+    /// Unix seconds at the end (the traffic windows' clock).
+    pub now_secs: u64,
 }
 
 fn host_of(req: &RequestHeader) -> &str {
@@ -111,6 +118,7 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
     let route = f.route.label.as_str();
     let m = &shared.metrics.proxy;
     m.record_route(f.route, f.outcome, f.status, f.elapsed.as_secs_f64());
+    record_traffic(obs, &f);
     if let (Some(pool), Some(b)) = (f.pool, f.backend) {
         m.record_backend(
             &b.series,
@@ -129,6 +137,26 @@ pub fn finish(shared: &Shared, session: &Session, obs: &mut RequestObs, f: Finis
         }
     }
     write_line(shared, session, obs, &f, route, f.runtime);
+}
+
+/// The status page's figures: the route's (every request routed to it, by the
+/// status sent, timed start to end) and the backend's (the last attempt, by the
+/// backend's status, timed from the choice of the backend to its response
+/// header; no status and no time when it did not answer; attempts given up for
+/// a retry are counted where they end, in `proxy`). Two CAS loops each.
+#[inline]
+fn record_traffic(obs: &RequestObs, f: &Finished<'_>) {
+    use portcullis_policy::traffic::class_of;
+    let sent = (f.status > 0).then_some(f.status);
+    let us = u64::try_from(f.elapsed.as_micros()).unwrap_or(u64::MAX);
+    f.route
+        .traffic
+        .window
+        .record(f.now_secs, class_of(sent), Some(us));
+    if let Some(b) = f.backend {
+        b.traffic
+            .record(f.now_secs, class_of(obs.upstream_status), obs.upstream_us());
+    }
 }
 
 fn record_span(

@@ -38,6 +38,12 @@ pub struct BackendState {
     pub series: crate::metrics::BackendSeries,
     /// The manual operations in force ([`Manual`]), as the fleet sync last saw them.
     manual: Manual,
+    /// Rate, status mix and latency over the last seconds (the status page's).
+    pub traffic: portcullis_policy::traffic::TrafficWindow,
+    /// Why it stays in rotation while over the error threshold
+    /// ([`portcullis_policy::cull::Failing`] as `u8`; 0: it is not), set by the
+    /// culling loop each tick.
+    failing: AtomicU8,
 }
 
 /// Where a backend stands with the culling gate.
@@ -63,6 +69,8 @@ impl BackendState {
             inflight: AtomicU64::new(0),
             series: Default::default(),
             manual: Manual::default(),
+            traffic: Default::default(),
+            failing: AtomicU8::new(0),
         }
     }
 
@@ -76,6 +84,16 @@ impl BackendState {
     /// The manual operations on this backend (drain, maint, weight), as last synced.
     pub fn manual(&self) -> &Manual {
         &self.manual
+    }
+
+    /// Why the culling loop left it in rotation while it fails, if it does.
+    pub fn failing(&self) -> Option<portcullis_policy::cull::Failing> {
+        portcullis_policy::cull::Failing::from_u8(self.failing.load(Ordering::Relaxed))
+    }
+
+    pub fn set_failing(&self, reason: Option<portcullis_policy::cull::Failing>) {
+        self.failing
+            .store(reason.map_or(0, |r| r as u8), Ordering::Relaxed);
     }
 
     /// Account one response (hot path): the sliding window plus the totals.

@@ -5,6 +5,7 @@
 mod budget_store;
 mod claim;
 mod evaluate;
+mod failing;
 mod fleet;
 pub mod ops;
 mod params;
@@ -14,6 +15,7 @@ mod window;
 pub use budget_store::BudgetStore;
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
+pub use failing::{failing_reason, Failing, FailingInput};
 pub use fleet::{Buckets, FleetDelta};
 pub use params::{max_out, CullParams, CullingSettings};
 pub use state::{Action, CullState, TickInput};
