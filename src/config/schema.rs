@@ -459,6 +459,10 @@ pub struct SheddingSection {
     pub adaptive: bool,
     /// The adaptive cap's floor.
     pub min_concurrency: u64,
+    /// Shadow mode: decide and report, never shed. A request the cap (fixed or adaptive)
+    /// would shed is admitted and counted in
+    /// `portcullis_shadow_refusals_total{gate="shed",policy=CLASS}`.
+    pub shadow: bool,
 }
 
 impl Default for SheddingSection {
@@ -469,6 +473,7 @@ impl Default for SheddingSection {
             max_tunnels: 10_000,
             adaptive: false,
             min_concurrency: 8,
+            shadow: false,
         }
     }
 }
@@ -512,6 +517,10 @@ pub struct RateLimitSection {
     pub keys: BTreeMap<String, u64>,
     /// `[[rate_limit.policies]]`: further limits, each on the requests under a path.
     pub policies: Vec<RatePolicySection>,
+    /// Shadow mode: decide and report, never refuse. A request this policy would refuse
+    /// is admitted and counted in `portcullis_shadow_refusals_total{gate="rate_limit"}`.
+    /// Also the default of every `[[rate_limit.policies]]` entry's `shadow`.
+    pub shadow: bool,
 }
 
 /// One `[[rate_limit.policies]]` entry: a further limit on the requests under a path.
@@ -536,6 +545,10 @@ pub struct RatePolicySection {
     /// Per-key limits that override `limit`.
     #[serde(default)]
     pub keys: BTreeMap<String, u64>,
+    /// Shadow mode for this policy (decide and report, never refuse); absent: as
+    /// `[rate_limit] shadow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
 }
 
 fn default_policy_key() -> String {
@@ -565,6 +578,7 @@ impl Default for RateLimitSection {
             policy_name: "default".into(),
             keys: BTreeMap::new(),
             policies: Vec::new(),
+            shadow: false,
         }
     }
 }

@@ -509,6 +509,8 @@ impl ProxyHttp for Proxy {
                 request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
                 client: ctx.routing.client,
                 elapsed,
+                shadow: ctx.gates.shadow,
+                priority: ctx.runtime.route_at(ctx.routing.route).priority,
             },
         );
         tracing::debug!(
