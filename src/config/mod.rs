@@ -6,6 +6,7 @@
 pub mod certs;
 mod check;
 mod edge;
+pub mod env;
 mod locate;
 mod protection;
 mod ratelimit;
@@ -148,8 +149,15 @@ fn not_utf8(file: &str, e: &std::string::FromUtf8Error) -> ConfigError {
     )
 }
 
-/// Parse and validate config text; `file` only labels errors.
+/// Parse and validate config text; `file` only labels errors. `${NAME}`,
+/// `${NAME:-default}` and `$$` in string values are expanded from the process
+/// environment first ([`env`]).
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+    let expanded =
+        env::expand_text(text, &env::from_process).map_err(|(key_path, at, reason)| {
+            ConfigError::new(file, Some(locate::line_col(text, at)), key_path, &reason)
+        })?;
+    let text = &*expanded;
     let raw: FileConfig = deserialize(file, text)?;
     validate::validate(raw).map_err(|(key_path, reason)| {
         ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)
