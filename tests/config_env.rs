@@ -1,9 +1,11 @@
 //! Configuration from the environment and from files (CONTRACT §13), with the real binary:
 //! `${NAME}`, `${NAME:-default}` and `$$` in string values (a running proxy, and `--check`
-//! naming the key path and the variable of an unset one).
+//! naming the key path and the variable of an unset one), `[server] admin_token_file` and
+//! `[redis] password_file` (a real `redis-server` with `--requirepass`).
 
 use portcullis_test_kit as support;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use support::*;
 
@@ -118,4 +120,118 @@ fn check_expands_the_environment_and_names_an_unset_variable() {
     assert_eq!(code, 2);
     assert!(err.contains("redis.url"), "{err}");
     assert!(!err.contains("env-secret-8"), "the password leaked: {err}");
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write");
+    path.display().to_string()
+}
+
+#[test]
+fn admin_token_file_wins_over_admin_token() {
+    let b = Backend::start("app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = write(dir.path(), "token", "file-token-5\n");
+    let p = Proxy::start_with_server(
+        &format!("admin_token = \"inline-token\"\nadmin_token_file = \"{token}\""),
+        &one_upstream(&b),
+    );
+    let reload = |t: &str| {
+        post(
+            &p.admin_addr(),
+            "/reload",
+            &[("authorization", &format!("Bearer {t}"))],
+            b"",
+        )
+        .status
+    };
+    assert_eq!(
+        reload("file-token-5"),
+        200,
+        "the file's token, newline trimmed"
+    );
+    assert_eq!(reload("inline-token"), 401, "the file wins");
+
+    // Missing, empty or a directory: a config error naming the key.
+    for (what, path) in [
+        ("missing", dir.path().join("nope").display().to_string()),
+        ("empty", write(dir.path(), "empty", "\n")),
+        ("a directory", dir.path().display().to_string()),
+    ] {
+        let cfg = format!("[server]\nadmin_token_file = \"{path}\"\n{BASE}");
+        let (code, _, err, _) = check_config(&cfg);
+        assert_eq!(code, 2, "{what}: {err}");
+        assert!(
+            err.contains(":2:1: server.admin_token_file: cannot read"),
+            "{what}: {err}"
+        );
+    }
+}
+
+/// Sum of the rate-limit counters (`{prefix}:rl:{<hash>}:<window>`) on `server`.
+fn counter_total(server: &RedisServer, prefix: &str) -> u64 {
+    server
+        .keys(&format!("{prefix}:rl:{{*"))
+        .iter()
+        .filter(|k| !k.contains("instances"))
+        .map(|k| server.cmd(&["GET", k]).parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+#[test]
+fn redis_password_file_authenticates() {
+    let r = RedisServer::start_with_password("file-pw-9");
+    let b = Backend::start("app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let right = write(dir.path(), "right", "file-pw-9\r\n");
+    let wrong = write(dir.path(), "wrong", "wrong-pw-4\n");
+    // The file wins over a (wrong) password in the URL.
+    let config = |file: &str| {
+        fleet_config(
+            &b,
+            &format!(
+                "url = \"redis://:url-pw-1@{}\"\npassword_file = \"{file}\"",
+                r.addr()
+            ),
+            "pcx-pwf",
+            "[rate_limit]\nlimit = 5\n[culling]\nenabled = false\n",
+        )
+    };
+    let (pg, pb) = (Proxy::start(&config(&right)), Proxy::start(&config(&wrong)));
+    for _ in 0..3 {
+        assert_eq!(pg.get("/", &[("x-api-key", "a")]).status, 200);
+    }
+    eventually(
+        DEADLINE,
+        || {
+            format!(
+                "right password: healthy, counts in Redis: {:?}",
+                r.keys("*")
+            )
+        },
+        || {
+            pg.metric("portcullis_ratelimit_store_healthy") == Some(1.0)
+                && counter_total(&r, "pcx-pwf") >= 1
+        },
+    );
+    eventually(
+        DEADLINE,
+        || format!("wrong password: unhealthy; logs:\n{}", pb.logs()),
+        || {
+            pb.metric("portcullis_ratelimit_store_healthy") == Some(0.0)
+                && pb.logs().contains("authentication failed")
+        },
+    );
+    assert_eq!(pb.get("/", &[("x-api-key", "b")]).status, 200);
+    for p in [&pg, &pb] {
+        let logs = p.logs();
+        for secret in ["file-pw-9", "wrong-pw-4", "url-pw-1"] {
+            assert!(!logs.contains(secret), "{secret} reached the logs");
+        }
+    }
+    let cfg = format!("{BASE}[redis]\npassword_file = \"/nonexistent/pw\"\n");
+    let (code, _, err, _) = check_config(&cfg);
+    assert_eq!(code, 2);
+    assert!(err.contains("redis.password_file: cannot read"), "{err}");
 }

@@ -173,6 +173,10 @@ pub struct ServerSection {
     /// `admin_listen` (403 elsewhere).
     #[schemars(extend("default" = ""))]
     pub admin_token: Secret,
+    /// A file holding the admin token (trailing newline removed); when set it wins over
+    /// `admin_token`. Read at start, `--check` and reload; a missing, unreadable or empty
+    /// file is an error.
+    pub admin_token_file: String,
     /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
     pub h2c: bool,
     /// false (the default): HTTP/1 header names are written in canonical case, as
@@ -221,6 +225,7 @@ impl Default for ServerSection {
             max_request_header_bytes: 64 * 1024,
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
+            admin_token_file: String::new(),
             h2c: false,
             preserve_header_case: false,
             trusted_proxies: Vec::new(),
@@ -259,6 +264,10 @@ pub struct RedisSection {
     /// AUTH for cluster/sentinel data nodes.
     #[schemars(extend("default" = ""))]
     pub password: Secret,
+    /// A file holding the Redis AUTH password (trailing newline removed); when set it
+    /// wins over `password` and over a password in `url` (every mode). A missing,
+    /// unreadable or empty file is an error.
+    pub password_file: String,
     /// TLS to cluster/sentinel nodes.
     pub tls: bool,
     /// Extra PEM bundle to trust for TLS to Redis; "" = the system's roots.
@@ -280,6 +289,7 @@ impl Default for RedisSection {
             sentinels: Vec::new(),
             master_name: "mymaster".into(),
             password: Secret::default(),
+            password_file: String::new(),
             tls: false,
             ca_file: String::new(),
             key_prefix: "portcullis".into(),

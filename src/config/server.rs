@@ -13,13 +13,37 @@ use std::time::Duration;
 pub(super) fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
     let listen = listen_addrs("server.listen", &s.listen)?;
     process_keys(s)?;
+    let admin_token = admin_token(s)?;
     buffer_sizes(s)?;
     let edge = validate_server_edge(s)?;
     let admin_listen = admin_listen(s, &listen)?;
-    Ok(server_settings(s, listen, admin_listen, edge))
+    let mut settings = server_settings(s, listen, admin_listen, edge);
+    settings.admin_token = admin_token;
+    Ok(settings)
 }
 
-/// `threads`, the drain and shutdown timers, `admin_token` and `upgrade_sock`.
+/// `admin_token`, or the content of `admin_token_file` when set (it wins).
+fn admin_token(s: &ServerSection) -> VResult<Secret> {
+    let (key, token) = if s.admin_token_file.is_empty() {
+        ("server.admin_token", s.admin_token.clone())
+    } else {
+        let path = "server.admin_token_file";
+        (
+            path,
+            Secret::new(super::read_secret_file(path, &s.admin_token_file)?),
+        )
+    };
+    let t = token.expose();
+    if t.len() > 1024 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return err(
+            key,
+            "must be at most 1024 visible ASCII characters (no spaces)",
+        );
+    }
+    Ok(token)
+}
+
+/// `threads`, the drain and shutdown timers and `upgrade_sock`.
 fn process_keys(s: &ServerSection) -> VResult<()> {
     range("server.threads", s.threads as u64, 1, 1024, "")?;
     range("server.drain_seconds", s.drain_seconds, 0, HOUR, "seconds")?;
@@ -37,13 +61,6 @@ fn process_keys(s: &ServerSection) -> VResult<()> {
         HOUR,
         "seconds",
     )?;
-    let token = s.admin_token.expose();
-    if token.len() > 1024 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return err(
-            "server.admin_token",
-            "must be at most 1024 visible ASCII characters (no spaces)",
-        );
-    }
     if s.upgrade_sock.is_empty() {
         return err("server.upgrade_sock", "must not be empty");
     }
