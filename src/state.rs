@@ -30,6 +30,8 @@ pub struct Runtime {
     route_series: Vec<RouteSeries>,
     /// `config.routes` indexed for lookup ([`Runtime::route_index`]).
     routes: RouteTable,
+    /// `shedding.shadow`: the shed gate's shadow-refusal counters by priority class.
+    pub shed_shadow: Option<[prometheus::IntCounter; 3]>,
 }
 
 /// The rate-limit policies of `config`: `[rate_limit]` on `default`, each named policy on
@@ -54,6 +56,9 @@ fn build_policies(
             rl.params.limit,
             rl.params.window_secs,
         )),
+        shadow: rl
+            .shadow
+            .then(|| metrics.shadow.rate_limit(&rl.policy_name)),
     }];
     for p in &rl.policies {
         let kept = previous
@@ -78,6 +83,7 @@ fn build_policies(
                 p.params.limit,
                 p.params.window_secs,
             )),
+            shadow: p.shadow.then(|| metrics.shadow.rate_limit(&p.name)),
         });
     }
     Policies {
@@ -133,7 +139,9 @@ impl Runtime {
             .collect();
         let rate = build_policies(&config, previous, limiter, metrics);
         let routes = RouteTable::build(&config.routes);
+        let shed_shadow = config.shedding.shadow.then(|| metrics.shadow.shed());
         Self {
+            shed_shadow,
             routes,
             pools,
             config,

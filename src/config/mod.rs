@@ -6,6 +6,7 @@
 pub mod certs;
 mod check;
 mod edge;
+pub mod env;
 mod locate;
 mod protection;
 mod ratelimit;
@@ -99,6 +100,25 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// A secret read from the file a `*_file` key names (`key` labels the error): a regular
+/// file, UTF-8, its trailing newline (`\n` or `\r\n`, once or more) removed, not empty.
+/// The error never shows the file's content.
+pub(crate) fn read_secret_file(key: &str, path: &str) -> Result<String, (String, String)> {
+    let fail = |why: String| Err((key.to_string(), format!("cannot read {path:?}: {why}")));
+    let bytes = match read_regular_file(Path::new(path)) {
+        Ok(b) => b,
+        Err(e) => return fail(e.to_string()),
+    };
+    let Ok(text) = String::from_utf8(bytes) else {
+        return fail("not UTF-8".into());
+    };
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        return fail("the file is empty".into());
+    }
+    Ok(secret.to_string())
+}
+
 /// The JSON Schema (draft 2020-12) of the config file, pretty-printed: generated from the
 /// types the parser reads (`schema.rs`), with their doc comments and defaults. Printed by
 /// `--print-config-schema`; `conf/portcullis.schema.json` is this text.
@@ -148,8 +168,15 @@ fn not_utf8(file: &str, e: &std::string::FromUtf8Error) -> ConfigError {
     )
 }
 
-/// Parse and validate config text; `file` only labels errors.
+/// Parse and validate config text; `file` only labels errors. `${NAME}`,
+/// `${NAME:-default}` and `$$` in string values are expanded from the process
+/// environment first ([`env`]).
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+    let expanded =
+        env::expand_text(text, &env::from_process).map_err(|(key_path, at, reason)| {
+            ConfigError::new(file, Some(locate::line_col(text, at)), key_path, &reason)
+        })?;
+    let text = &*expanded;
     let raw: FileConfig = deserialize(file, text)?;
     validate::validate(raw).map_err(|(key_path, reason)| {
         ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)

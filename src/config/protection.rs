@@ -49,6 +49,7 @@ pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings
         adaptive: s.adaptive,
         min_concurrency: s.min_concurrency,
         max_tunnels: s.max_tunnels,
+        shadow: s.shadow,
     })
 }
 

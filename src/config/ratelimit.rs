@@ -37,6 +37,7 @@ pub(super) fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSett
         },
         keys: r.keys.clone(),
         policies,
+        shadow: r.shadow,
     })
 }
 
@@ -143,6 +144,7 @@ fn validate_policies(r: &RateLimitSection) -> VResult<Vec<RatePolicySettings>> {
                 max_key_bytes: r.max_key_bytes,
                 max_tracked_keys: r.max_tracked_keys,
             },
+            shadow: p.shadow.unwrap_or(r.shadow),
         });
     }
     Ok(out)

@@ -178,6 +178,10 @@ pub struct ServerSection {
     /// token's name.
     #[schemars(extend("default" = {}))]
     pub admin_tokens: std::collections::BTreeMap<String, Secret>,
+    /// A file holding the admin token (trailing newline removed); when set it wins over
+    /// `admin_token`. Read at start, `--check` and reload; a missing, unreadable or empty
+    /// file is an error.
+    pub admin_token_file: String,
     /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
     pub h2c: bool,
     /// false (the default): HTTP/1 header names are written in canonical case, as
@@ -227,6 +231,7 @@ impl Default for ServerSection {
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
             admin_tokens: std::collections::BTreeMap::new(),
+            admin_token_file: String::new(),
             h2c: false,
             preserve_header_case: false,
             trusted_proxies: Vec::new(),
@@ -265,6 +270,10 @@ pub struct RedisSection {
     /// AUTH for cluster/sentinel data nodes.
     #[schemars(extend("default" = ""))]
     pub password: Secret,
+    /// A file holding the Redis AUTH password (trailing newline removed); when set it
+    /// wins over `password` and over a password in `url` (every mode). A missing,
+    /// unreadable or empty file is an error.
+    pub password_file: String,
     /// TLS to cluster/sentinel nodes.
     pub tls: bool,
     /// Extra PEM bundle to trust for TLS to Redis; "" = the system's roots.
@@ -286,6 +295,7 @@ impl Default for RedisSection {
             sentinels: Vec::new(),
             master_name: "mymaster".into(),
             password: Secret::default(),
+            password_file: String::new(),
             tls: false,
             ca_file: String::new(),
             key_prefix: "portcullis".into(),
@@ -465,6 +475,10 @@ pub struct SheddingSection {
     pub adaptive: bool,
     /// The adaptive cap's floor.
     pub min_concurrency: u64,
+    /// Shadow mode: decide and report, never shed. A request the cap (fixed or adaptive)
+    /// would shed is admitted and counted in
+    /// `portcullis_shadow_refusals_total{gate="shed",policy=CLASS}`.
+    pub shadow: bool,
 }
 
 impl Default for SheddingSection {
@@ -475,6 +489,7 @@ impl Default for SheddingSection {
             max_tunnels: 10_000,
             adaptive: false,
             min_concurrency: 8,
+            shadow: false,
         }
     }
 }
@@ -518,6 +533,10 @@ pub struct RateLimitSection {
     pub keys: BTreeMap<String, u64>,
     /// `[[rate_limit.policies]]`: further limits, each on the requests under a path.
     pub policies: Vec<RatePolicySection>,
+    /// Shadow mode: decide and report, never refuse. A request this policy would refuse
+    /// is admitted and counted in `portcullis_shadow_refusals_total{gate="rate_limit"}`.
+    /// Also the default of every `[[rate_limit.policies]]` entry's `shadow`.
+    pub shadow: bool,
 }
 
 /// One `[[rate_limit.policies]]` entry: a further limit on the requests under a path.
@@ -542,6 +561,10 @@ pub struct RatePolicySection {
     /// Per-key limits that override `limit`.
     #[serde(default)]
     pub keys: BTreeMap<String, u64>,
+    /// Shadow mode for this policy (decide and report, never refuse); absent: as
+    /// `[rate_limit] shadow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<bool>,
 }
 
 fn default_policy_key() -> String {
@@ -571,6 +594,7 @@ impl Default for RateLimitSection {
             policy_name: "default".into(),
             keys: BTreeMap::new(),
             policies: Vec::new(),
+            shadow: false,
         }
     }
 }

@@ -13,13 +13,38 @@ use std::time::Duration;
 pub(super) fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
     let listen = listen_addrs("server.listen", &s.listen)?;
     process_keys(s)?;
+    let admin_token = admin_token(s)?;
+    admin_tokens(s, admin_token.expose())?;
     buffer_sizes(s)?;
     let edge = validate_server_edge(s)?;
     let admin_listen = admin_listen(s, &listen)?;
-    Ok(server_settings(s, listen, admin_listen, edge))
+    let mut settings = server_settings(s, listen, admin_listen, edge);
+    settings.admin_token = admin_token;
+    Ok(settings)
 }
 
-/// `threads`, the drain and shutdown timers, `admin_token` and `upgrade_sock`.
+/// `admin_token`, or the content of `admin_token_file` when set (it wins).
+fn admin_token(s: &ServerSection) -> VResult<Secret> {
+    let (key, token) = if s.admin_token_file.is_empty() {
+        ("server.admin_token", s.admin_token.clone())
+    } else {
+        let path = "server.admin_token_file";
+        (
+            path,
+            Secret::new(super::read_secret_file(path, &s.admin_token_file)?),
+        )
+    };
+    let t = token.expose();
+    if t.len() > 1024 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return err(
+            key,
+            "must be at most 1024 visible ASCII characters (no spaces)",
+        );
+    }
+    Ok(token)
+}
+
+/// `threads`, the drain and shutdown timers and `upgrade_sock`.
 fn process_keys(s: &ServerSection) -> VResult<()> {
     range("server.threads", s.threads as u64, 1, 1024, "")?;
     range("server.drain_seconds", s.drain_seconds, 0, HOUR, "seconds")?;
@@ -37,14 +62,6 @@ fn process_keys(s: &ServerSection) -> VResult<()> {
         HOUR,
         "seconds",
     )?;
-    let token = s.admin_token.expose();
-    if token.len() > 1024 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return err(
-            "server.admin_token",
-            "must be at most 1024 visible ASCII characters (no spaces)",
-        );
-    }
-    admin_tokens(s)?;
     if s.upgrade_sock.is_empty() {
         return err("server.upgrade_sock", "must not be empty");
     }
@@ -53,9 +70,9 @@ fn process_keys(s: &ServerSection) -> VResult<()> {
 
 /// `[server.admin_tokens]`: names of letters, digits, `_`, `-` and `.` (they appear in
 /// journals and logs), tokens as `admin_token`, no token twice (its name would be
-/// ambiguous).
-fn admin_tokens(s: &ServerSection) -> VResult<()> {
-    let mut seen: Vec<&str> = vec![s.admin_token.expose()];
+/// ambiguous); `admin_token` is the one named `admin`.
+fn admin_tokens(s: &ServerSection, admin_token: &str) -> VResult<()> {
+    let mut seen: Vec<&str> = vec![admin_token];
     for (name, token) in &s.admin_tokens {
         let path = format!("server.admin_tokens.{name}");
         let name_ok = (1..=64).contains(&name.len())

@@ -164,6 +164,8 @@ pub struct RateLimitSettings {
     pub keys: BTreeMap<String, u64>,
     /// `[[rate_limit.policies]]`, in file order.
     pub policies: Vec<RatePolicySettings>,
+    /// Shadow mode of the `[rate_limit]` policy: decide and report, never refuse.
+    pub shadow: bool,
 }
 
 /// One `[[rate_limit.policies]]` entry.
@@ -175,6 +177,8 @@ pub struct RatePolicySettings {
     pub path_prefix: String,
     /// Window, limit, overrides (`keys`) and the memory cap (`[rate_limit]`'s).
     pub params: RateLimitParams,
+    /// Shadow mode (its own `shadow`, else `[rate_limit] shadow`).
+    pub shadow: bool,
 }
 
 /// `[watchdog]`: the proxy culls itself through a fleet-wide budget. Read straight from

@@ -38,9 +38,15 @@ fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
     if !standalone && ca_pem.is_some() && !r.tls {
         return err("redis.ca_file", "ca_file needs tls = true");
     }
+    // `password_file` wins over `password` (and over a password in a standalone `url`).
+    let password = if r.password_file.is_empty() {
+        r.password.expose().to_string()
+    } else {
+        super::read_secret_file("redis.password_file", &r.password_file)?
+    };
     Ok(Endpoint {
         mode,
-        password: r.password.expose().to_string(),
+        password,
         tls: r.tls,
         ca_pem,
     })

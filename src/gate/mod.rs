@@ -14,6 +14,8 @@ mod ratelimit;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use prometheus::IntCounter;
+
 use crate::config::Priority;
 use crate::edge::tunnel::{TunnelSlot, Tunnels};
 use crate::metrics::Metrics;
@@ -22,7 +24,7 @@ use crate::shed::{InflightGuard, Shedder};
 use crate::state::{Runtime, Shared};
 use crate::upstream::{BulkheadGuard, Pool};
 
-pub use ratelimit::RateLimit;
+pub use ratelimit::{RateAdmit, RateLimit};
 
 /// What the gates know of a request: read once from its header, before any gate runs.
 pub struct RequestFacts<'a> {
@@ -66,23 +68,75 @@ pub struct Admitted {
     pub bulkhead: Option<BulkheadGuard>,
     /// The `RateLimit` fields of an admitted response (when the settings ask for them).
     pub rate: Option<RateFields>,
+    /// The gates in shadow mode that would have refused the request (CONTRACT §13).
+    pub shadow: Shadowed,
+}
+
+/// The shadow refusals of one admitted request: which gates in shadow mode would have
+/// refused it. Plain bits (no allocation); the names are read from the request's
+/// [`Runtime`] when its access-log line is written.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Shadowed {
+    /// The shed gate would have shed it (its class is the route's priority).
+    pub shed: bool,
+    /// Bit `i`: rate-limit policy `Runtime::rate.list[i]` would have refused it.
+    pub rate: u64,
+}
+
+impl Shadowed {
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        !self.shed && self.rate == 0
+    }
+
+    /// `(gate, policy)` of each shadow refusal, in gate order: `("shed", CLASS)`, then
+    /// `("rate_limit", NAME)` per policy in config order.
+    pub fn each<'a>(
+        &self,
+        priority: Priority,
+        rt: &'a Runtime,
+        mut f: impl FnMut(&'static str, &'a str),
+    ) {
+        if self.shed {
+            f("shed", priority.as_str());
+        }
+        let mut bits = self.rate;
+        while bits != 0 {
+            let i = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let Some(p) = rt.rate.list.get(i) {
+                f("rate_limit", &p.name);
+            }
+        }
+    }
 }
 
 /// The concurrency cap by priority class (the adaptive cap moves it): 503 when full.
 pub struct Shed<'a> {
     pub shedder: &'a Arc<Shedder>,
     pub retry_after: u64,
+    /// `shedding.shadow`: a request the cap would shed is admitted over it (holding a slot
+    /// like any other) and counted here, by class (`Priority::ALL` order).
+    pub shadow: Option<&'a [IntCounter; 3]>,
 }
 
 impl Gate for Shed<'_> {
-    type Admit = InflightGuard;
+    /// The slot, and whether it was taken over the cap (a shadow refusal).
+    type Admit = (InflightGuard, bool);
     #[inline]
-    fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<InflightGuard, Refusal> {
-        self.shedder
-            .try_acquire(facts.priority)
-            .ok_or(Refusal::Shed {
+    fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+        if let Some(guard) = self.shedder.try_acquire(facts.priority) {
+            return Ok((guard, false));
+        }
+        match self.shadow {
+            None => Err(Refusal::Shed {
                 retry_after: self.retry_after,
-            })
+            }),
+            Some(counters) => {
+                counters[facts.priority.index()].inc();
+                Ok((self.shedder.acquire_over_cap(), true))
+            }
+        }
     }
 }
 
@@ -153,13 +207,14 @@ pub fn admit(
     admitted: &mut Admitted,
 ) -> Result<(), Refusal> {
     let retry_after = rt.config.shedding.retry_after_secs;
-    admitted.inflight = Some(
-        Shed {
-            shedder: &shared.shedder,
-            retry_after,
-        }
-        .check(facts, now_ms)?,
-    );
+    let (slot, shed_shadow) = Shed {
+        shedder: &shared.shedder,
+        retry_after,
+        shadow: rt.shed_shadow.as_ref(),
+    }
+    .check(facts, now_ms)?;
+    admitted.inflight = Some(slot);
+    admitted.shadow.shed = shed_shadow;
     admitted.tunnel = Tunnel {
         tunnels: &shared.tunnels,
         max: rt.config.shedding.max_tunnels,
@@ -172,10 +227,12 @@ pub fn admit(
         retry_after,
     }
     .check(facts, now_ms)?;
-    admitted.rate = RateLimit {
+    let rate = RateLimit {
         settings: &rt.config.rate_limit,
         policies: &rt.rate,
     }
     .check(facts, now_ms)?;
+    admitted.rate = rate.fields;
+    admitted.shadow.rate = rate.shadow;
     Ok(())
 }

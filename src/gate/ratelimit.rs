@@ -17,12 +17,42 @@ pub struct RateLimit<'a> {
     pub policies: &'a Policies,
 }
 
-impl Gate for RateLimit<'_> {
+/// What the rate-limit gate admitted a request with.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RateAdmit {
     /// The `RateLimit` fields of the admitted response, when the settings ask for them.
-    type Admit = Option<RateFields>;
+    pub fields: Option<RateFields>,
+    /// The policies in shadow mode that would have refused the request: bit `i` for
+    /// `Policies::list[i]` (at most 33 policies).
+    pub shadow: u64,
+}
+
+impl Gate for RateLimit<'_> {
+    type Admit = RateAdmit;
     #[inline]
     fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
-        check(self.settings, self.policies, facts, now_ms)
+        let mut shadow = 0;
+        let fields = check(self.settings, self.policies, facts, now_ms, &mut shadow)?;
+        Ok(RateAdmit { fields, shadow })
+    }
+}
+
+/// A refusal of policy `i`'s key checks (missing, too long, ambiguous): refused, or, for a
+/// policy in shadow mode, recorded in `shadow` (the policy then does not apply).
+#[inline]
+fn key_refusal(
+    policies: &Policies,
+    i: usize,
+    refusal: Refusal,
+    shadow: &mut u64,
+) -> Result<(), Refusal> {
+    match &policies.list[i].shadow {
+        None => Err(refusal),
+        Some(counter) => {
+            counter.inc();
+            *shadow |= 1u64.checked_shl(i as u32).unwrap_or(0);
+            Ok(())
+        }
     }
 }
 
@@ -40,9 +70,10 @@ fn check(
     policies: &Policies,
     req: &RequestFacts<'_>,
     now_ms: u64,
+    shadow: &mut u64,
 ) -> Result<Option<RateFields>, Refusal> {
     if policies.list.len() > 1 {
-        return check_all(rl, policies, req, now_ms);
+        return check_all(rl, policies, req, now_ms, shadow);
     }
     let Some(policy) = policies.list.first().filter(|_| policies.default_enabled) else {
         return Ok(None);
@@ -51,12 +82,18 @@ fn check(
     let limiter = &policy.limiter;
     let decision = match extract_key(&rl.source, req.headers, req.uri, rl.params.max_key_bytes) {
         KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
-        KeyOutcome::TooLong => return Err(Refusal::KeyTooLong),
+        KeyOutcome::TooLong => {
+            return key_refusal(policies, 0, Refusal::KeyTooLong, shadow).map(|()| None)
+        }
         // The limiter would count one value while the backend may act on another.
-        KeyOutcome::Duplicate => return Err(Refusal::KeyAmbiguous),
+        KeyOutcome::Duplicate => {
+            return key_refusal(policies, 0, Refusal::KeyAmbiguous, shadow).map(|()| None)
+        }
         KeyOutcome::Missing => match rl.missing_key {
             MissingKey::Allow => return Ok(None),
-            MissingKey::Reject => return Err(Refusal::KeyMissing),
+            MissingKey::Reject => {
+                return key_refusal(policies, 0, Refusal::KeyMissing, shadow).map(|()| None)
+            }
             MissingKey::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
         },
     };
@@ -64,6 +101,16 @@ fn check(
     match combined {
         Combined::Admitted { .. } => policy.counters.allowed.inc(),
         Combined::Refused { .. } => policy.counters.limited.inc(),
+        Combined::Unlimited => {}
+    }
+    if let Some(counter) = &policy.shadow {
+        // Shadow mode: decided and counted as enforcing would, never refused, and no
+        // `RateLimit` fields (the client sees nothing of a shadow policy).
+        if let Combined::Refused { .. } = combined {
+            counter.inc();
+            *shadow |= 1;
+        }
+        return Ok(None);
     }
     verdict(rl, policies, combined)
 }
@@ -74,6 +121,7 @@ fn check_all(
     policies: &Policies,
     req: &RequestFacts<'_>,
     now_ms: u64,
+    shadow: &mut u64,
 ) -> Result<Option<RateFields>, Refusal> {
     let path = req.uri.path();
     let max = rl.params.max_key_bytes;
@@ -91,13 +139,13 @@ fn check_all(
         };
         match extract_key(source, req.headers, req.uri, max) {
             KeyOutcome::Key(k) => keys.push((i, k)),
-            KeyOutcome::TooLong => return Err(Refusal::KeyTooLong),
-            KeyOutcome::Duplicate => return Err(Refusal::KeyAmbiguous),
+            KeyOutcome::TooLong => key_refusal(policies, i, Refusal::KeyTooLong, shadow)?,
+            KeyOutcome::Duplicate => key_refusal(policies, i, Refusal::KeyAmbiguous, shadow)?,
             // A named policy whose key the request lacks does not apply to it.
             KeyOutcome::Missing if i > 0 => {}
             KeyOutcome::Missing => match rl.missing_key {
                 MissingKey::Allow => {}
-                MissingKey::Reject => return Err(Refusal::KeyMissing),
+                MissingKey::Reject => key_refusal(policies, i, Refusal::KeyMissing, shadow)?,
                 MissingKey::ClientIp => {
                     keys.push((i, Cow::Owned(ip_key(req.client_ip).into_bytes())));
                 }
@@ -108,7 +156,7 @@ fn check_all(
         return Ok(None);
     }
     let refs: Vec<(usize, &[u8])> = keys.iter().map(|(i, k)| (*i, k.as_ref())).collect();
-    verdict(rl, policies, policies.decide(&refs, now_ms))
+    verdict(rl, policies, policies.decide(&refs, now_ms, shadow))
 }
 
 fn verdict(
@@ -129,6 +177,7 @@ fn verdict(
             remaining,
             reset_secs,
         })),
+        Combined::Unlimited => Ok(None),
         Combined::Refused {
             policy,
             limit,

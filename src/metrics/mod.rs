@@ -19,6 +19,7 @@ mod labels;
 mod lifecycle;
 mod proxy;
 mod ratelimit;
+mod shadow;
 mod shed;
 pub use access_log::AccessLogMetrics;
 pub use admin::AdminMetrics;
@@ -28,6 +29,7 @@ pub use labels::*;
 pub use lifecycle::LifecycleMetrics;
 pub use proxy::{BackendSeries, ProxyMetrics, RouteSeries};
 pub use ratelimit::RateLimitMetrics;
+pub use shadow::ShadowMetrics;
 pub use shed::ShedMetrics;
 
 /// Histogram buckets for an edge proxy: 1 ms to 30 s.
@@ -45,6 +47,7 @@ pub struct Metrics {
     pub admin: AdminMetrics,
     pub lifecycle: LifecycleMetrics,
     pub access_log: AccessLogMetrics,
+    pub shadow: ShadowMetrics,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -79,6 +82,7 @@ impl Metrics {
             admin: AdminMetrics::register(&registry),
             lifecycle: LifecycleMetrics::register(&registry),
             access_log: AccessLogMetrics::register(&registry),
+            shadow: ShadowMetrics::register(&registry),
             registry,
         }
     }
@@ -109,7 +113,10 @@ mod tests {
             .backend_culled
             .with_label_values(&["app", "127.0.0.1:1"])
             .set(0);
+        m.shadow.rate_limit("burst").inc();
         let text = String::from_utf8(m.render()).expect("utf8");
+        assert!(text
+            .contains("portcullis_shadow_refusals_total{gate=\"rate_limit\",policy=\"burst\"} 1"));
         for name in [
             "portcullis_requests_total",
             "portcullis_inflight_requests",

@@ -75,6 +75,34 @@ pub struct AccessRecord<'a> {
     /// Time from choosing the backend to its response header, written as
     /// `upstream_ms`; `null` when no backend answered.
     pub upstream_us: Option<u64>,
+    /// `(gate, policy)` of each gate in shadow mode that would have refused the request,
+    /// written as `"shadow":["gate:policy",…]`; the field is left out when there is none.
+    pub shadow: Option<&'a dyn ShadowNames>,
+}
+
+/// The shadow refusals of a request, named only when its line is encoded (the request
+/// path keeps them as bits).
+pub trait ShadowNames {
+    /// Calls `f(gate, policy)` for each, in order.
+    fn each(&self, f: &mut dyn FnMut(&str, &str));
+}
+
+impl std::fmt::Debug for dyn ShadowNames + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut list = f.debug_list();
+        self.each(&mut |gate, policy| {
+            list.entry(&format_args!("{gate}:{policy}"));
+        });
+        list.finish()
+    }
+}
+
+impl ShadowNames for &[(&str, &str)] {
+    fn each(&self, f: &mut dyn FnMut(&str, &str)) {
+        for (gate, policy) in self.iter() {
+            f(gate, policy);
+        }
+    }
 }
 
 /// Whether a response with `status` is logged at `sample` given a uniform
@@ -93,6 +121,12 @@ pub fn should_log(status: u16, sample: f64, draw: f64) -> bool {
 /// characters as `\u00XX`; other UTF-8 as is.
 fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    json_escaped(out, s);
+    out.push(b'"');
+}
+
+/// `s` escaped as inside a JSON string (no quotes).
+fn json_escaped(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
@@ -117,6 +151,14 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
         start = i + 1;
     }
     out.extend_from_slice(&bytes[start..]);
+}
+
+/// `"gate:policy"` as one JSON string (each part escaped as by [`json_str`]).
+fn json_str_parts(out: &mut Vec<u8>, gate: &str, policy: &str) {
+    out.push(b'"');
+    json_escaped(out, gate);
+    out.push(b':');
+    json_escaped(out, policy);
     out.push(b'"');
 }
 
@@ -222,6 +264,22 @@ impl AccessRecord<'_> {
         match self.upstream_us {
             Some(us) => json_ms(out, us),
             None => out.extend_from_slice(b"null"),
+        }
+        if let Some(shadow) = self.shadow {
+            let mut first = true;
+            shadow.each(&mut |gate, policy| {
+                if first {
+                    json_key(out, "shadow");
+                    out.push(b'[');
+                    first = false;
+                } else {
+                    out.push(b',');
+                }
+                json_str_parts(out, gate, policy);
+            });
+            if !first {
+                out.push(b']');
+            }
         }
         out.extend_from_slice(b"}\n");
     }
@@ -540,7 +598,36 @@ mod tests {
             bytes_sent: 3,
             duration_us: 1_500,
             upstream_us: None,
+            shadow: None,
         }
+    }
+
+    #[test]
+    fn shadow_refusals_are_a_list_of_gate_and_policy_left_out_when_empty() {
+        let mut out = Vec::new();
+        rec("/").encode(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert!(
+            v.get("shadow").is_none(),
+            "no field without shadow refusals"
+        );
+        let mut r = rec("/");
+        let none: &[(&str, &str)] = &[];
+        r.shadow = Some(&none);
+        out.clear();
+        r.encode(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert!(v.get("shadow").is_none(), "no field for an empty list");
+        let two: &[(&str, &str)] = &[("shed", "normal"), ("rate_limit", "bu\"rst")];
+        r.shadow = Some(&two);
+        out.clear();
+        r.encode(&mut out);
+        assert!(out.ends_with(b",\"shadow\":[\"shed:normal\",\"rate_limit:bu\\\"rst\"]}\n"));
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(
+            v["shadow"],
+            serde_json::json!(["shed:normal", "rate_limit:bu\"rst"])
+        );
     }
 
     #[test]

@@ -523,6 +523,8 @@ impl ProxyHttp for Proxy {
                 client: ctx.routing.client,
                 elapsed,
                 now_secs,
+                shadow: ctx.gates.shadow,
+                priority: ctx.runtime.route_at(ctx.routing.route).priority,
             },
         );
         tracing::debug!(

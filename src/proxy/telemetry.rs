@@ -103,6 +103,23 @@ pub struct Finished<'a> {
     pub elapsed: Duration,
     /// Unix seconds at the end (the traffic windows' clock).
     pub now_secs: u64,
+    /// The gates in shadow mode that would have refused the request.
+    pub shadow: crate::gate::Shadowed,
+    /// The request's class (a shed shadow refusal is named by it).
+    pub priority: crate::config::Priority,
+}
+
+/// A request's shadow refusals with what names them (its class, its runtime's policies).
+struct ShadowOf<'a> {
+    shadow: crate::gate::Shadowed,
+    priority: crate::config::Priority,
+    rt: &'a Runtime,
+}
+
+impl crate::observe::access_log::ShadowNames for ShadowOf<'_> {
+    fn each(&self, f: &mut dyn FnMut(&str, &str)) {
+        self.shadow.each(self.priority, self.rt, f);
+    }
 }
 
 fn host_of(req: &RequestHeader) -> &str {
@@ -226,6 +243,11 @@ fn write_line(
     let host = host_of(req);
     // A Host value is the client's: keep the line bounded.
     let host = &host[..floor_char_boundary(host, 256)];
+    let shadow = ShadowOf {
+        shadow: f.shadow,
+        priority: f.priority,
+        rt,
+    };
     shared.observe.access_log.write(&AccessRecord {
         unix_ms: unix_ms(),
         trace_id: trace,
@@ -239,6 +261,7 @@ fn write_line(
         bytes_sent: session.body_bytes_sent() as u64,
         duration_us: f.elapsed.as_micros() as u64,
         upstream_us: obs.upstream_ms.map(|ms| (ms * 1000.0).round() as u64),
+        shadow: (!f.shadow.is_empty()).then_some(&shadow as _),
     });
 }
 

@@ -71,6 +71,9 @@ pub struct Policy {
     pub counters: DecisionCounters,
     /// Its `RateLimit-Policy` and `RateLimit` field parts, made once per config.
     pub fields: Arc<FieldParts>,
+    /// Shadow mode: decide and count, never refuse; `Some` holds its
+    /// `portcullis_shadow_refusals_total{gate="rate_limit",policy}` (resolved per reload).
+    pub shadow: Option<IntCounter>,
 }
 
 impl Policy {
@@ -109,6 +112,9 @@ pub enum Combined {
         retry_after_secs: u64,
         reset_secs: u64,
     },
+    /// Admitted with no enforcing policy applying (only policies in shadow mode): no
+    /// `RateLimit` fields.
+    Unlimited,
 }
 
 impl Combined {
@@ -151,15 +157,26 @@ impl Policies {
     }
 
     /// Decides a request carrying `keys`: (policy index, key) of every policy that applies
-    /// to it, in policy order. All must admit; only then is the request counted, against
-    /// each. Counts every policy's decision in its [`DecisionCounters`]. In-memory only.
-    pub fn decide(&self, keys: &[(usize, &[u8])], now_ms: u64) -> Combined {
+    /// to it, in policy order. Every enforcing policy must admit; only then is the request
+    /// counted, against each. Counts every policy's decision in its [`DecisionCounters`].
+    /// In-memory only.
+    ///
+    /// Policies in shadow mode are decided after the enforcing ones, each on its own: when
+    /// the enforcing ones admit, a shadow policy counts the request if it would admit it
+    /// and otherwise records a shadow refusal (its bit in `shadowed`), so its counts are
+    /// what it would hold enforcing. A request the enforcing ones refuse is counted by none.
+    pub fn decide(&self, keys: &[(usize, &[u8])], now_ms: u64, shadowed: &mut u64) -> Combined {
         let mut refused: Option<Combined> = None;
         // Positions (in `keys`) of the policies that would admit; policies are few (at most
         // `MAX_POLICIES`), beyond 64 they are simply not counted as `refused_by_other`.
         let mut would_admit = 0u64;
+        let mut any_shadow = false;
         for (n, &(i, key)) in keys.iter().enumerate() {
             let p = &self.list[i];
+            if p.shadow.is_some() {
+                any_shadow = true;
+                continue;
+            }
             match p.limiter.peek(key, now_ms) {
                 Decision::Allowed { .. } => would_admit |= 1u64.checked_shl(n as u32).unwrap_or(0),
                 Decision::Limited {
@@ -187,17 +204,27 @@ impl Policies {
             }
         }
         if let Some(r) = refused {
-            for (n, &(i, _)) in keys.iter().enumerate().take(64) {
-                if would_admit & (1 << n) != 0 {
-                    self.list[i].counters.refused_by_other.inc();
+            for (n, &(i, key)) in keys.iter().enumerate().take(64) {
+                let p = &self.list[i];
+                if p.shadow.is_some() {
+                    // As if it enforced too: refused by this one, or by another.
+                    match p.limiter.peek(key, now_ms) {
+                        Decision::Allowed { .. } => p.counters.refused_by_other.inc(),
+                        Decision::Limited { .. } => p.counters.limited.inc(),
+                    }
+                } else if would_admit & (1 << n) != 0 {
+                    p.counters.refused_by_other.inc();
                 }
             }
             return r;
         }
-        // Every policy would admit: count against each.
+        // Every enforcing policy would admit: count against each.
         let mut best: Option<Combined> = None;
         for (n, &(i, key)) in keys.iter().enumerate() {
             let p = &self.list[i];
+            if p.shadow.is_some() {
+                continue;
+            }
             match Combined::of(i, p.limiter.check(key, now_ms)) {
                 c @ Combined::Admitted { remaining, .. } => {
                     let tighter = match best {
@@ -212,23 +239,33 @@ impl Policies {
                     // Another request took the last unit since the peek: take this
                     // request's admissions back.
                     for &(j, k) in &keys[..n] {
-                        self.list[j].limiter.uncount(k, now_ms);
-                        self.list[j].counters.refused_by_other.inc();
+                        if self.list[j].shadow.is_none() {
+                            self.list[j].limiter.uncount(k, now_ms);
+                            self.list[j].counters.refused_by_other.inc();
+                        }
                     }
                     p.counters.limited.inc();
                     return refused;
                 }
+                Combined::Unlimited => {}
             }
         }
-        for &(i, _) in keys {
-            self.list[i].counters.allowed.inc();
+        for &(i, key) in keys {
+            let p = &self.list[i];
+            match &p.shadow {
+                None => p.counters.allowed.inc(),
+                Some(shadow) => match p.limiter.check(key, now_ms) {
+                    Decision::Allowed { .. } => p.counters.allowed.inc(),
+                    Decision::Limited { .. } => {
+                        p.counters.limited.inc();
+                        shadow.inc();
+                        *shadowed |= 1u64.checked_shl(i as u32).unwrap_or(0);
+                    }
+                },
+            }
         }
-        best.unwrap_or(Combined::Admitted {
-            policy: 0,
-            limit: 0,
-            remaining: 0,
-            reset_secs: 0,
-        })
+        debug_assert!(best.is_some() || any_shadow);
+        best.unwrap_or(Combined::Unlimited)
     }
 }
 
@@ -268,6 +305,7 @@ mod tests {
             }),
             counters: counters(name),
             fields: Arc::new(FieldParts::new(name, limit, window_secs)),
+            shadow: None,
         }
     }
 
@@ -286,7 +324,7 @@ mod tests {
                 retry_after_secs,
                 ..
             } => Some((policy, retry_after_secs)),
-            Combined::Admitted { .. } => None,
+            Combined::Admitted { .. } | Combined::Unlimited => None,
         }
     }
 
@@ -295,11 +333,11 @@ mod tests {
         let ps = two();
         let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"k")];
         for _ in 0..3 {
-            assert_eq!(refused_by(ps.decide(&keys, T0)), None);
+            assert_eq!(refused_by(ps.decide(&keys, T0, &mut 0)), None);
         }
         // "burst" is full: refused by it, with its own Retry-After (its 10 s window: the 3
         // admissions at the start of a window have decayed to 2 a third into the next one).
-        let (p, retry) = refused_by(ps.decide(&keys, T0 + 1)).unwrap();
+        let (p, retry) = refused_by(ps.decide(&keys, T0 + 1, &mut 0)).unwrap();
         assert_eq!(&*ps.list[p].name, "burst");
         assert_eq!(retry, 14);
         assert_eq!(ps.list[1].counters.limited.get(), 1);
@@ -314,7 +352,7 @@ mod tests {
         let mut admitted = 0;
         // 100 requests in one second: "burst" admits 3, refuses 97.
         for i in 0..100 {
-            if refused_by(ps.decide(&keys, T0 + i * 10)).is_none() {
+            if refused_by(ps.decide(&keys, T0 + i * 10, &mut 0)).is_none() {
                 admitted += 1;
             }
         }
@@ -325,7 +363,7 @@ mod tests {
         let mut more = 0;
         for k in 0..20u64 {
             // Keep "burst" out of the way: one request per 10 s window at most.
-            if refused_by(ps.decide(&[(0, b"k")], later + k)).is_none() {
+            if refused_by(ps.decide(&[(0, b"k")], later + k, &mut 0)).is_none() {
                 more += 1;
             }
         }
@@ -340,19 +378,19 @@ mod tests {
         for i in 0..10u64 {
             let k = format!("b{i}");
             let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, k.as_bytes())];
-            assert_eq!(refused_by(ps.decide(&keys, T0 + 1_000)), None);
+            assert_eq!(refused_by(ps.decide(&keys, T0 + 1_000, &mut 0)), None);
         }
         let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"fresh")];
-        let (p, retry) = refused_by(ps.decide(&keys, T0 + 1_000)).unwrap();
+        let (p, retry) = refused_by(ps.decide(&keys, T0 + 1_000, &mut 0)).unwrap();
         assert_eq!(&*ps.list[p].name, "default");
         // The default's 60 s window: the first admissions leave it after the window.
         assert!(retry > 10, "{retry}");
         // "fresh" was not counted against "burst": it still has its 3.
         let only: [(usize, &[u8]); 1] = [(1, b"fresh")];
         for _ in 0..3 {
-            assert_eq!(refused_by(ps.decide(&only, T0 + 1_000)), None);
+            assert_eq!(refused_by(ps.decide(&only, T0 + 1_000, &mut 0)), None);
         }
-        assert!(refused_by(ps.decide(&only, T0 + 1_000)).is_some());
+        assert!(refused_by(ps.decide(&only, T0 + 1_000, &mut 0)).is_some());
     }
 
     #[test]
@@ -364,11 +402,11 @@ mod tests {
         let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"k")];
         for t in [T0, T0 + 20_000] {
             for _ in 0..3 {
-                assert_eq!(refused_by(ps.decide(&keys, t)), None);
+                assert_eq!(refused_by(ps.decide(&keys, t, &mut 0)), None);
             }
         }
         // Both are full now: "burst" for about 10 s, "default" for about 40 s.
-        let (p, retry) = refused_by(ps.decide(&keys, T0 + 20_000)).unwrap();
+        let (p, retry) = refused_by(ps.decide(&keys, T0 + 20_000, &mut 0)).unwrap();
         assert_eq!(&*ps.list[p].name, "default");
         assert!(retry > 10, "{retry}");
         assert_eq!(ps.list[0].counters.limited.get(), 1);
@@ -376,11 +414,59 @@ mod tests {
         assert_eq!(ps.list[1].counters.refused_by_other.get(), 0);
     }
 
+    /// "burst" (3 per 10 s) in shadow mode beside an enforcing "default" (10 per minute).
+    fn with_shadow_burst() -> Policies {
+        let mut ps = two();
+        ps.list[1].shadow = Some(IntCounter::new("shadow", "test").unwrap());
+        ps
+    }
+
+    #[test]
+    fn a_shadow_policy_admits_counts_what_it_would_admit_and_records_the_rest() {
+        let ps = with_shadow_burst();
+        let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"k")];
+        let mut marks = Vec::new();
+        for _ in 0..12 {
+            let mut shadowed = 0;
+            let c = ps.decide(&keys, T0, &mut shadowed);
+            marks.push((refused_by(c), shadowed));
+        }
+        // "default" admits its 10, then refuses: nothing is refused by "burst".
+        for (n, (refused, shadowed)) in marks.iter().enumerate() {
+            assert_eq!(refused.map(|r| r.0), (n >= 10).then_some(0), "request {n}");
+            // "burst" would have refused from the 4th on (while "default" admitted).
+            let expect = if (3..10).contains(&n) { 0b10 } else { 0 };
+            assert_eq!(*shadowed, expect, "request {n}");
+        }
+        let burst = &ps.list[1];
+        assert_eq!(burst.shadow.as_ref().unwrap().get(), 7);
+        assert_eq!(burst.counters.allowed.get(), 3);
+        assert_eq!(burst.counters.limited.get(), 7 + 2);
+        assert_eq!(ps.list[0].counters.allowed.get(), 10);
+        assert_eq!(ps.list[0].counters.limited.get(), 2);
+        // Its figures are an enforcing policy's: 3 admissions counted, no more.
+        assert!(matches!(
+            burst.limiter.peek(b"k", T0),
+            Decision::Limited { .. }
+        ));
+    }
+
+    #[test]
+    fn only_shadow_policies_admit_without_fields() {
+        let ps = with_shadow_burst();
+        let only: [(usize, &[u8]); 1] = [(1, b"k")];
+        for n in 0..5 {
+            let mut shadowed = 0;
+            assert_eq!(ps.decide(&only, T0, &mut shadowed), Combined::Unlimited);
+            assert_eq!(shadowed != 0, n >= 3, "request {n}");
+        }
+    }
+
     #[test]
     fn admitted_fields_are_the_tightest_policys() {
         let ps = two();
         let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"k")];
-        match ps.decide(&keys, T0) {
+        match ps.decide(&keys, T0, &mut 0) {
             Combined::Admitted {
                 policy,
                 limit,
@@ -401,7 +487,7 @@ mod tests {
         let keys: [(usize, &[u8]); 2] = [(0, b"k"), (1, b"k")];
         // Two admissions each (a key becomes shared, i.e. sent, at its second one).
         for _ in 0..2 {
-            assert_eq!(refused_by(ps.decide(&keys, T0)), None);
+            assert_eq!(refused_by(ps.decide(&keys, T0, &mut 0)), None);
         }
         let set = ps.limiters();
         let refs: Vec<&Limiter> = set.iter().map(|l| &**l).collect();

@@ -29,8 +29,8 @@ pub enum Mode {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub mode: Mode,
-    /// AUTH password of cluster/sentinel data nodes ("" = none; the URL carries it in
-    /// standalone mode).
+    /// AUTH password of cluster/sentinel data nodes ("" = none). In standalone mode the URL
+    /// carries it, unless this is set (`password_file`), which then wins over the URL's.
     pub password: String,
     /// TLS to cluster/sentinel nodes (standalone: the `rediss://` scheme).
     pub tls: bool,
@@ -108,11 +108,20 @@ impl Endpoint {
         let bad = |what: &str, e: redis::RedisError| StoreError::Connect(format!("{what}: {e}"));
         match &self.mode {
             Mode::Standalone { url } => {
+                use redis::IntoConnectionInfo;
+                let mut info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(|e| bad("invalid redis url", e))?;
+                if !self.password.is_empty() {
+                    // `password_file`: wins over a password in the URL.
+                    info.redis.password = Some(self.password.clone());
+                }
                 let client = match self.certs() {
                     Some(certs) if url.starts_with("rediss://") => {
-                        Client::build_with_tls(url.as_str(), certs)
+                        Client::build_with_tls(info, certs)
                     }
-                    _ => Client::open(url.as_str()),
+                    _ => Client::open(info),
                 }
                 .map_err(|e| bad("invalid redis url", e))?;
                 Ok(Target::Standalone(client))
@@ -248,14 +257,16 @@ async fn node_conn(
 ) -> Option<redis::aio::MultiplexedConnection> {
     let (host, port) = split_host_port(addr);
     let scheme = if ep.tls { "rediss" } else { "redis" };
-    let mut url = format!("{scheme}://{host}:{port}");
-    if password && !ep.password.is_empty() {
-        url = format!("{scheme}://:{}@{host}:{port}", ep.password);
-    }
-    let ep1 = Endpoint::standalone(&url);
+    let url = format!("{scheme}://{host}:{port}");
     let ep1 = Endpoint {
         ca_pem: ep.ca_pem.clone(),
-        ..ep1
+        // Set on the connection, not written into the URL (which would need escaping).
+        password: if password {
+            ep.password.clone()
+        } else {
+            String::new()
+        },
+        ..Endpoint::standalone(&url)
     };
     let Ok(Target::Standalone(client)) = ep1.target(timeout) else {
         return None;

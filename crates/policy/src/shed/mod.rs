@@ -19,6 +19,27 @@ pub enum Priority {
     /// Shed first, at 75%.
     Low,
 }
+
+impl Priority {
+    /// `critical`, `normal` or `low`, as the config writes it (the shadow metric's
+    /// `policy` label and the access log's `shed:CLASS`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// Position in [`Priority::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Every class, in declaration order.
+    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Normal, Priority::Low];
+}
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -104,6 +125,14 @@ impl Shedder {
         self.inflight.load(Ordering::Acquire)
     }
 
+    /// Take a slot whatever the cap (`shedding.shadow`: a request the cap would have shed
+    /// is admitted and counted in flight like any other, so in flight may pass the cap).
+    #[inline]
+    pub fn acquire_over_cap(self: &Arc<Self>) -> InflightGuard {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        InflightGuard(Arc::clone(self))
+    }
+
     /// Take a slot for a request of `priority`, or `None` when its class is full.
     #[inline]
     pub fn try_acquire(self: &Arc<Self>, priority: Priority) -> Option<InflightGuard> {
@@ -142,6 +171,9 @@ pub struct SheddingSettings {
     /// Gradient limit learned from upstream latency.
     pub adaptive: bool,
     pub min_concurrency: u64,
+    /// Shadow mode: a request the cap (fixed or adaptive) would shed is admitted, and
+    /// counted as a shadow refusal.
+    pub shadow: bool,
 }
 
 #[cfg(test)]
@@ -180,6 +212,19 @@ mod tests {
         assert!(normal.is_some());
         drop(normal);
         drop(held);
+    }
+
+    #[test]
+    fn over_cap_slots_count_in_flight_and_are_released() {
+        let s = Shedder::new(1);
+        let a = s.try_acquire(Priority::Critical).expect("slot");
+        assert!(s.try_acquire(Priority::Critical).is_none());
+        let b = s.acquire_over_cap();
+        assert_eq!(s.inflight(), 2);
+        drop((a, b));
+        assert_eq!(s.inflight(), 0);
+        assert_eq!(Priority::Low.as_str(), "low");
+        assert_eq!(Priority::ALL[Priority::Normal.index()], Priority::Normal);
     }
 
     #[test]
