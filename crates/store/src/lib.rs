@@ -29,6 +29,9 @@ mod redis;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
+mod claims_conformance_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod cluster_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -23,6 +23,7 @@
 
 use async_trait::async_trait;
 
+use super::claims::FleetState;
 use super::ops::{OpRecord, OpRefusal, OpRequest};
 use super::{ActiveClaim, Buckets, BudgetSnapshot, ClaimOutcome, CullParams, FleetDelta};
 use crate::StoreError;
@@ -102,4 +103,52 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
     /// The operations in force on each listed upstream, in that order, read in one round
     /// trip (the fleet sync runs it every second), with the store's clock (Unix ms).
     async fn ops(&self, upstreams: &[&str]) -> Result<(u64, Vec<Vec<OpRecord>>), StoreError>;
+
+    /// The whole budget in one read, on the store's clock: tokens, the cull claims and the
+    /// operations (claims included) of every listed upstream, the groups' last start and
+    /// end, and the version a claim commits on.
+    async fn fleet_state(
+        &self,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> Result<FleetState, StoreError>;
+
+    /// Commit the claim `req` (its kind a [`Claim`](super::ops::OpKind::Claim), `ttl_ms`
+    /// set) on `backend` of `upstream`, checked by the caller on the state of `version`:
+    /// atomically, only if the budget is still at `version` (else [`ClaimCommit::Conflict`]:
+    /// read and check again), taking a token when `take_token` (else
+    /// [`ClaimCommit::NoToken`]), stamping `groups`' last start.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_claim(
+        &self,
+        version: u64,
+        upstream: &str,
+        backend: &str,
+        req: &OpRequest,
+        groups: &[String],
+        take_token: bool,
+        params: &CullParams,
+    ) -> Result<ClaimCommit, StoreError>;
+
+    /// Release the claim `id` on `backend` of `upstream`, stamping `groups`' last end.
+    /// `Ok(false)`: no such claim (released or expired already).
+    async fn release_claim(
+        &self,
+        upstream: &str,
+        backend: &str,
+        id: u64,
+        groups: &[String],
+    ) -> Result<bool, StoreError>;
+}
+
+/// What committing a claim did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimCommit {
+    Committed(OpRecord),
+    /// The budget changed since it was read: check again on a fresh read.
+    Conflict,
+    /// The fleet bucket is empty; the next token in `retry_ms`.
+    NoToken {
+        retry_ms: u64,
+    },
 }

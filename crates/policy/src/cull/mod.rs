@@ -4,6 +4,7 @@
 
 mod budget_store;
 mod claim;
+pub mod claims;
 mod evaluate;
 mod failing;
 mod fleet;
@@ -12,7 +13,7 @@ mod params;
 mod state;
 mod window;
 
-pub use budget_store::BudgetStore;
+pub use budget_store::{BudgetStore, ClaimCommit};
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use failing::{failing_reason, Failing, FailingInput};

@@ -20,6 +20,9 @@ pub enum OpKind {
     Maint,
     /// The backend's weight on every instance (0 = no new requests).
     Weight(u32),
+    /// A claim on the budget (`POST /claims`): drained fleet-wide until released or
+    /// expired. `id` names it; an emergency claim passes every limit but the last backend.
+    Claim { id: u64, emergency: bool },
 }
 
 impl OpKind {
@@ -29,6 +32,7 @@ impl OpKind {
             OpKind::Drain => "drain".into(),
             OpKind::Maint => "maint".into(),
             OpKind::Weight(w) => format!("w:{w}"),
+            OpKind::Claim { id, emergency } => format!("claim:{id:016x}:{}", u8::from(*emergency)),
         }
     }
 
@@ -36,6 +40,13 @@ impl OpKind {
         match s {
             "drain" => Some(OpKind::Drain),
             "maint" => Some(OpKind::Maint),
+            _ if s.starts_with("claim:") => {
+                let (id, e) = s.strip_prefix("claim:")?.split_once(':')?;
+                Some(OpKind::Claim {
+                    id: u64::from_str_radix(id, 16).ok()?,
+                    emergency: e == "1",
+                })
+            }
             _ => s.strip_prefix("w:")?.parse().ok().map(OpKind::Weight),
         }
     }
@@ -45,10 +56,11 @@ impl OpKind {
         !matches!(self, OpKind::Weight(w) if *w > 0)
     }
 
-    /// The field suffix of this aspect in the store (`""` or `"#w"`).
+    /// The field suffix of this aspect in the store (`""`, `"#w"` or `"#c"`).
     pub fn aspect(&self) -> &'static str {
         match self {
             OpKind::Weight(_) => WEIGHT_ASPECT,
+            OpKind::Claim { .. } => CLAIM_ASPECT,
             _ => "",
         }
     }
@@ -56,6 +68,8 @@ impl OpKind {
 
 /// The field suffix of a weight record.
 pub const WEIGHT_ASPECT: &str = "#w";
+/// The field suffix of a claim record (one claim per backend at a time).
+pub const CLAIM_ASPECT: &str = "#c";
 
 /// The longest `reason` kept (bytes); the admin API refuses longer ones.
 pub const MAX_REASON: usize = 512;

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use crate::bucket::{ms_until_one, refill};
 use crate::clock::unix_ms;
 use crate::StoreError;
+use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{out_backends, OpRecord, OpRefusal, OpRequest};
+use portcullis_policy::cull::ClaimCommit;
 use portcullis_policy::cull::{max_out, Buckets, BudgetStore, CullParams, FleetDelta};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 
@@ -21,8 +23,12 @@ pub(super) struct State {
     bucket: Option<(f64, u64)>,
     /// upstream → backend → expiry ms.
     pub(super) claims: HashMap<String, HashMap<String, u64>>,
-    /// upstream → field (`backend` or `backend#w`) → manual operation (`local_ops.rs`).
+    /// upstream → field (`backend`, `backend#w`, `backend#c`) → operation (`local_ops.rs`).
     pub(super) ops: HashMap<String, HashMap<String, OpRecord>>,
+    /// Bumped by every write that takes a backend out (claims commit on it).
+    pub(super) version: u64,
+    /// group → (last claim started, last claim ended), Unix ms.
+    pub(super) groups: HashMap<String, (u64, u64)>,
 }
 
 /// In-process disruption budget. `Send + Sync`; the lock is never held across an await.
@@ -34,6 +40,27 @@ pub struct LocalBudget {
 impl LocalBudget {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The bucket's tokens at `now_ms` and the ms until one (for the claims' read).
+    pub(super) fn tokens_locked(st: &State, now_ms: u64, params: &CullParams) -> (f64, u64) {
+        let cap = f64::from(params.tokens);
+        let period = params.token_period_ms();
+        let t = refill(st.bucket, cap, period, now_ms);
+        (
+            t,
+            if t >= 1.0 {
+                0
+            } else {
+                ms_until_one(t, cap, period)
+            },
+        )
+    }
+
+    /// Take one token at `now_ms` (the caller checked there is one).
+    pub(super) fn take_token_locked(st: &mut State, now_ms: u64, params: &CullParams) {
+        let (t, _) = Self::tokens_locked(st, now_ms, params);
+        st.bucket = Some((t - 1.0, now_ms));
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
@@ -106,6 +133,7 @@ impl LocalBudget {
             };
         }
         if !dry {
+            st.version += 1;
             st.bucket = Some((tokens - 1.0, now_ms));
             st.claims
                 .entry(upstream.to_owned())
@@ -276,6 +304,40 @@ impl BudgetStore for LocalBudget {
     async fn ops(&self, upstreams: &[&str]) -> Result<(u64, Vec<Vec<OpRecord>>), StoreError> {
         let now = unix_ms();
         Ok((now, self.ops_at(now, upstreams)))
+    }
+
+    async fn fleet_state(
+        &self,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> Result<FleetState, StoreError> {
+        Ok(self.fleet_state_at(unix_ms(), upstreams, params))
+    }
+
+    async fn commit_claim(
+        &self,
+        version: u64,
+        upstream: &str,
+        backend: &str,
+        req: &OpRequest,
+        groups: &[String],
+        take_token: bool,
+        params: &CullParams,
+    ) -> Result<ClaimCommit, StoreError> {
+        let now = unix_ms();
+        Ok(self.commit_claim_at(
+            now, version, upstream, backend, req, groups, take_token, params,
+        ))
+    }
+
+    async fn release_claim(
+        &self,
+        upstream: &str,
+        backend: &str,
+        id: u64,
+        groups: &[String],
+    ) -> Result<bool, StoreError> {
+        Ok(self.release_claim_at(unix_ms(), upstream, backend, id, groups))
     }
 
     async fn snapshot(

@@ -3,7 +3,11 @@
 //! Memory is bounded by the configuration: per upstream at most two records per backend
 //! (the admin API answers 404 for a backend that is not configured).
 
-use portcullis_policy::cull::ops::{check_out, out_backends, OpRecord, OpRefusal, OpRequest};
+use portcullis_policy::cull::claims::FleetState;
+use portcullis_policy::cull::ops::{
+    check_out, out_backends, OpKind, OpRecord, OpRefusal, OpRequest, CLAIM_ASPECT,
+};
+use portcullis_policy::cull::{ClaimCommit, CullParams};
 
 use super::local::LocalBudget;
 
@@ -46,11 +50,115 @@ impl LocalBudget {
             let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
             check_out(already, n, total, fraction, req.force)?;
         }
+        if req.kind.takes_out() {
+            st.version += 1;
+        }
         st.ops
             .entry(upstream.to_owned())
             .or_default()
             .insert(field, record.clone());
         Ok(record)
+    }
+
+    /// [`BudgetStore::fleet_state`](portcullis_policy::cull::BudgetStore::fleet_state) at `now_ms`.
+    pub fn fleet_state_at(
+        &self,
+        now_ms: u64,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> FleetState {
+        let st = self.lock();
+        let (tokens, token_retry_ms) = Self::tokens_locked(&st, now_ms, params);
+        let mut culls = Vec::new();
+        let mut ops = Vec::new();
+        for u in upstreams {
+            if let Some(c) = st.claims.get(*u) {
+                let mut live: Vec<&String> = c
+                    .iter()
+                    .filter(|(_, &e)| e > now_ms)
+                    .map(|(b, _)| b)
+                    .collect();
+                live.sort();
+                culls.extend(live.into_iter().map(|b| (u.to_string(), b.clone())));
+            }
+            if let Some(m) = st.ops.get(*u) {
+                let mut live: Vec<&OpRecord> = m.values().filter(|r| r.active(now_ms)).collect();
+                live.sort_by_key(|r| r.field());
+                ops.extend(live.into_iter().map(|r| (u.to_string(), r.clone())));
+            }
+        }
+        FleetState {
+            now_ms,
+            version: st.version,
+            tokens,
+            token_retry_ms,
+            culls,
+            ops,
+            groups: st.groups.clone(),
+        }
+    }
+
+    /// [`BudgetStore::commit_claim`](portcullis_policy::cull::BudgetStore::commit_claim) at `now_ms`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn commit_claim_at(
+        &self,
+        now_ms: u64,
+        version: u64,
+        upstream: &str,
+        backend: &str,
+        req: &OpRequest,
+        groups: &[String],
+        take_token: bool,
+        params: &CullParams,
+    ) -> ClaimCommit {
+        let mut st = self.lock();
+        if st.version != version {
+            return ClaimCommit::Conflict;
+        }
+        if take_token {
+            let (tokens, retry_ms) = Self::tokens_locked(&st, now_ms, params);
+            if tokens < 1.0 {
+                return ClaimCommit::NoToken { retry_ms };
+            }
+            Self::take_token_locked(&mut st, now_ms, params);
+        }
+        let record = OpRecord::new(backend, req, now_ms);
+        st.ops
+            .entry(upstream.to_owned())
+            .or_default()
+            .insert(record.field(), record.clone());
+        for g in groups {
+            st.groups.entry(g.clone()).or_default().0 = now_ms;
+        }
+        st.version += 1;
+        ClaimCommit::Committed(record)
+    }
+
+    /// [`BudgetStore::release_claim`](portcullis_policy::cull::BudgetStore::release_claim) at `now_ms`.
+    pub fn release_claim_at(
+        &self,
+        now_ms: u64,
+        upstream: &str,
+        backend: &str,
+        id: u64,
+        groups: &[String],
+    ) -> bool {
+        let mut st = self.lock();
+        let field = format!("{backend}{CLAIM_ASPECT}");
+        let Some(m) = st.ops.get_mut(upstream) else {
+            return false;
+        };
+        let ours = m.get(&field).is_some_and(|r| {
+            r.active(now_ms) && matches!(r.kind, OpKind::Claim { id: i, .. } if i == id)
+        });
+        if !ours {
+            return false;
+        }
+        m.remove(&field);
+        for g in groups {
+            st.groups.entry(g.clone()).or_default().1 = now_ms;
+        }
+        true
     }
 
     /// [`BudgetStore::clear_ops`](portcullis_policy::cull::BudgetStore::clear_ops).

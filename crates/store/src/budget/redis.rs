@@ -21,12 +21,14 @@ use redis::{Script, Value};
 use super::redis_ops::out_ops_lua;
 use crate::refill_lua;
 use crate::{RedisClient, StoreError};
+use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{OpRecord, OpRefusal, OpRequest};
+use portcullis_policy::cull::ClaimCommit;
 use portcullis_policy::cull::{max_out, BudgetStore, CullParams};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 use portcullis_policy::cull::{Buckets, FleetDelta};
 
-/// KEYS: tokens, claims, ops. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
+/// KEYS: tokens, claims, ops, version. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
 /// The backends out are the active claims and the operations that take a backend out
 /// (`OUT_OPS_LUA`), each once.
 /// Returns {code, tokens_milli, a, b}: 0 granted (a = expiry), 1 renewed (a = expiry),
@@ -84,6 +86,7 @@ if not op_out and active + 1 > max_out then
 end
 if tok < 1 then return {2, milli, ms_until_one(tok, cap, period), 0} end
 if not dry then
+  redis.call('INCR', KEYS[4]); redis.call('PEXPIRE', KEYS[4], 86400000)
   store_bucket(KEYS[1], tok - 1, period)
   redis.call('HSET', KEYS[2], backend, string.format('%d', now + lease))
   keep_claims_key()
@@ -296,6 +299,7 @@ impl BudgetStore for RedisBudget {
         let tokens_key = self.tokens_key();
         let claims_key = self.claims_key(upstream);
         let ops_key = self.ops_key(upstream);
+        let version_key = self.version_key();
         let limit = max_out(total, params.max_culled_fraction);
         let lease = params.lease_ttl_ms();
         let dry = params.dry_run;
@@ -306,6 +310,7 @@ impl BudgetStore for RedisBudget {
                     .key(&tokens_key)
                     .key(&claims_key)
                     .key(&ops_key)
+                    .key(&version_key)
                     .arg(backend)
                     .arg(params.tokens)
                     .arg(params.token_period_ms())
@@ -404,6 +409,38 @@ impl BudgetStore for RedisBudget {
 
     async fn ops(&self, upstreams: &[&str]) -> Result<(u64, Vec<Vec<OpRecord>>), StoreError> {
         self.ops_now(upstreams).await
+    }
+
+    async fn fleet_state(
+        &self,
+        upstreams: &[&str],
+        params: &CullParams,
+    ) -> Result<FleetState, StoreError> {
+        self.fleet_state_now(upstreams, params).await
+    }
+
+    async fn commit_claim(
+        &self,
+        version: u64,
+        upstream: &str,
+        backend: &str,
+        req: &OpRequest,
+        groups: &[String],
+        take_token: bool,
+        params: &CullParams,
+    ) -> Result<ClaimCommit, StoreError> {
+        self.commit_claim_now(version, upstream, backend, req, groups, take_token, params)
+            .await
+    }
+
+    async fn release_claim(
+        &self,
+        upstream: &str,
+        backend: &str,
+        id: u64,
+        groups: &[String],
+    ) -> Result<bool, StoreError> {
+        self.release_claim_now(upstream, backend, id, groups).await
     }
 
     async fn snapshot(

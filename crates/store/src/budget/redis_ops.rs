@@ -27,8 +27,8 @@ local function out_ops(key, skip)
     u = tonumber(u)
     if u ~= nil and o[i] ~= skip and (u == 0 or u > now) then
       if u == 0 then forever = true elseif u > longest then longest = u end
-      if k == 'drain' or k == 'maint' or k == 'w:0' then
-        local b = string.gsub(o[i], '#w$', '')
+      if k == 'drain' or k == 'maint' or k == 'w:0' or string.sub(k, 1, 6) == 'claim:' then
+        local b = string.gsub((string.gsub(o[i], '#w$', '')), '#c$', '')
         if not seen[b] then seen[b] = true; list[#list + 1] = b end
       end
     end
@@ -40,7 +40,7 @@ end
 }
 pub(super) use out_ops_lua;
 
-/// KEYS: claims, ops. ARGV: field, backend, kind, ttl_ms (0 = none), force (0|1), by,
+/// KEYS: claims, ops, version. ARGV: field, backend, kind, ttl_ms (0 = none), force (0|1), by,
 /// reason, max_out, total, takes_out (0|1).
 /// Returns {0, now, until} written; {1, out, max_out} over the fraction; {2, total} last backend.
 pub(super) const PUT_OP_LUA: &str = concat!(
@@ -76,6 +76,7 @@ for i = 1, #o, 2 do
 end
 local until_ms = 0
 if ttl > 0 then until_ms = now + ttl end
+if takes then redis.call('INCR', KEYS[3]); redis.call('PEXPIRE', KEYS[3], 86400000) end
 redis.call('HSET', KEYS[2], field, string.format('%d\n%s\n%d\n%s\n%s\n%s',
   until_ms, kind, now, force and '1' or '0', ARGV[6], ARGV[7]))
 if until_ms == 0 then forever = true elseif until_ms > longest then longest = until_ms end
@@ -97,6 +98,7 @@ impl RedisBudget {
     ) -> Result<Result<OpRecord, OpRefusal>, StoreError> {
         let claims = self.claims_key(upstream);
         let ops = self.ops_key(upstream);
+        let version = self.version_key();
         // The record as the store will hold it (control characters are spaces).
         let probe = OpRecord::new(backend, req, 0);
         let field = probe.field();
@@ -107,6 +109,7 @@ impl RedisBudget {
                 self.put_op
                     .key(&claims)
                     .key(&ops)
+                    .key(&version)
                     .arg(&field)
                     .arg(backend)
                     .arg(req.kind.code())

@@ -197,7 +197,8 @@ async fn keys_are_prefixed_tagged_and_expire() {
         vec![
             "pfx:cull:{pfx}:claims:api",
             "pfx:cull:{pfx}:claims:app",
-            "pfx:cull:{pfx}:tokens"
+            "pfx:cull:{pfx}:tokens",
+            "pfx:cull:{pfx}:version"
         ]
     );
     for k in &keys {
