@@ -24,6 +24,8 @@ pub struct Admin {
     pub shared: Arc<Shared>,
     /// The disruption budget the culls share: the runtime API's operations go there.
     budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
+    /// The fleet's budget as the last sync read it (dry runs, the feasibility audit).
+    view: Arc<crate::fleet::sync::FleetView>,
     /// Store errors already added to the Prometheus counter.
     store_errors_seen: AtomicU64,
     /// Late store answers already added.
@@ -111,7 +113,11 @@ fn add_since(counter: &prometheus::IntCounter, seen: &AtomicU64, total: u64) {
 }
 
 impl Admin {
-    pub fn new(shared: Arc<Shared>, budget: Arc<dyn portcullis_policy::cull::BudgetStore>) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
+        view: Arc<crate::fleet::sync::FleetView>,
+    ) -> Self {
         let (addr, has_token) = {
             let rt = shared.runtime.load();
             (
@@ -131,6 +137,7 @@ impl Admin {
         Self {
             shared,
             budget,
+            view,
             store_errors_seen: AtomicU64::new(0),
             store_late_seen: AtomicU64::new(0),
             backend_errors_seen: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -176,6 +183,34 @@ impl Admin {
                 Err(Box::new(r))
             }
         }
+    }
+
+    /// The claims endpoints (`/claims…`), or `None` for another path.
+    async fn claims(
+        &self,
+        session: &mut ServerSession,
+        method: &http::Method,
+        path: &str,
+        by: &str,
+    ) -> Option<Response<Vec<u8>>> {
+        use crate::fleet::claims_api;
+        let (sh, budget, view) = (&self.shared, self.budget.as_ref(), &*self.view);
+        Some(match (method.as_str(), path) {
+            ("POST", "/claims") => match Self::body(session).await {
+                Ok(body) => claims_api::post(sh, budget, view, &body, by).await,
+                Err(r) => *r,
+            },
+            ("GET", "/claims") => claims_api::list(sh, budget, view).await,
+            ("GET", "/claims/feasible") => {
+                let query = session.req_header().uri.query().map(str::to_string);
+                claims_api::feasible(sh, view, query.as_deref())
+            }
+            ("DELETE", _) if path.starts_with("/claims/") => {
+                let id = path.trim_start_matches("/claims/");
+                claims_api::delete(sh, budget, id, by).await
+            }
+            _ => return None,
+        })
     }
 
     /// The request body, at most [`crate::fleet::api::MAX_BODY`] bytes (`Err`: 413 or 400).
@@ -488,6 +523,9 @@ impl ServeHttp for Admin {
                 Err(r) => *r,
             };
         }
+        if let Some(r) = self.claims(session, &method, &path, &by).await {
+            return r;
+        }
         match (method.as_str(), path.as_str()) {
             ("GET", "/backends") => crate::fleet::api::list(&self.shared),
             ("GET", "/") => respond(
@@ -519,7 +557,8 @@ impl ServeHttp for Admin {
                 Ok(()) => text(StatusCode::OK, "reloaded\n"),
                 Err(e) => text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
             },
-            (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/backends") => {
+            (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/backends")
+            | (_, "/claims" | "/claims/feasible") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
             }
             _ => text(StatusCode::NOT_FOUND, "not found\n"),

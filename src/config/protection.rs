@@ -148,3 +148,37 @@ pub(super) fn validate_watchdog(w: &WatchdogSection) -> VResult<WatchdogSettings
     )?;
     Ok(w.clone())
 }
+
+/// `[budget]` (CONTRACT §12): counts and grace periods within their bounds.
+pub(super) fn validate_budget(
+    b: &BudgetSection,
+) -> VResult<portcullis_policy::cull::claims::BudgetPolicy> {
+    range(
+        "budget.max_concurrent",
+        b.max_concurrent,
+        0,
+        1_000_000,
+        "operations",
+    )?;
+    range(
+        "budget.min_seconds_between_claims",
+        b.min_seconds_between_claims,
+        0,
+        super::check::WEEK,
+        "seconds",
+    )?;
+    range(
+        "budget.min_seconds_after_release",
+        b.min_seconds_after_release,
+        0,
+        super::check::WEEK,
+        "seconds",
+    )?;
+    Ok(portcullis_policy::cull::claims::BudgetPolicy {
+        max_concurrent: b.max_concurrent as u32,
+        min_between_claims_ms: b.min_seconds_between_claims * 1000,
+        min_after_release_ms: b.min_seconds_after_release * 1000,
+        one_group_at_a_time: b.one_group_at_a_time,
+        refuse_when_failing: b.refuse_when_failing,
+    })
+}

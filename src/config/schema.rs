@@ -95,6 +95,10 @@ pub struct FileConfig {
     /// `[culling]`: ejecting failing backends within a fleet-wide budget.
     #[serde(default)]
     pub culling: CullingSection,
+    /// `[budget]`: the safety policy every claim on the disruption budget is checked
+    /// against (CONTRACT §12).
+    #[serde(default)]
+    pub budget: BudgetSection,
     /// `[watchdog]`: the proxy culls itself (memory, errors, stalls) through a
     /// fleet-wide budget.
     #[serde(default)]
@@ -311,6 +315,10 @@ impl Default for RedisSection {
 pub struct UpstreamSection {
     /// Unique; routes name it.
     pub name: String,
+    /// Failure domains (zones, racks): group name → backend addresses, as in `backends`.
+    /// Every backend is also in its upstream's group and the global one.
+    #[serde(default)]
+    pub groups: std::collections::BTreeMap<String, Vec<String>>,
     /// `host:port` of each backend (a host name is re-resolved every
     /// `resolve_interval_seconds`).
     #[schemars(length(min = 1))]
@@ -600,6 +608,36 @@ impl Default for RateLimitSection {
 }
 
 /// `[culling]`. An error is a 5xx response from the backend, a failed connect or a
+/// `[budget]`: the disruption-budget article's limit and health policies, checked for
+/// every claim (`POST /claims`).
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetSection {
+    /// Operations (culls, drains, maint, claims) out at once, fleet-wide, over all
+    /// upstreams; 0 = no limit.
+    pub max_concurrent: u64,
+    /// A new claim in a group waits this long after the group's last one started.
+    pub min_seconds_between_claims: u64,
+    /// And this long after the group's last one ended.
+    pub min_seconds_after_release: u64,
+    /// An operation in one group (say a zone) refuses claims in any other.
+    pub one_group_at_a_time: bool,
+    /// No voluntary operation on an upstream whose other backends are failing or culled.
+    pub refuse_when_failing: bool,
+}
+
+impl Default for BudgetSection {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 0,
+            min_seconds_between_claims: 0,
+            min_seconds_after_release: 0,
+            one_group_at_a_time: false,
+            refuse_when_failing: true,
+        }
+    }
+}
+
 /// timeout.
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]

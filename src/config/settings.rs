@@ -26,6 +26,8 @@ pub struct Config {
     pub shedding: SheddingSettings,
     pub rate_limit: RateLimitSettings,
     pub culling: CullingSettings,
+    /// `[budget]`: the claims' safety policy.
+    pub budget: portcullis_policy::cull::claims::BudgetPolicy,
     pub watchdog: WatchdogSettings,
     pub access_log: AccessLogSettings,
     pub tracing: TracingSettings,
@@ -131,6 +133,8 @@ pub struct Upstream {
     pub entries: Vec<(String, u32)>,
     /// `weights` was set (then `balance.weights` has one weight per address).
     pub weighted: bool,
+    /// `groups`: (name, backend addresses as written), sorted by name.
+    pub groups: Vec<(String, Vec<String>)>,
     /// Balancing, retries, bulkhead, sharding (`balance.weights` is aligned
     /// with `backends`).
     pub balance: crate::balance::BalanceSettings,

@@ -46,6 +46,7 @@ fn validate_upstream<'a>(
         health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
         connect_timeout: Duration::from_millis(u.connect_timeout_ms),
         read_timeout: Duration::from_millis(u.read_timeout_ms),
+        groups: validate_groups(i, u)?,
         entries,
         weighted: !u.weights.is_empty(),
         transport,
@@ -107,6 +108,38 @@ fn validate_backends(i: usize, u: &UpstreamSection) -> VResult<Backends> {
         backends.clear();
     }
     Ok((backends, weights, entries))
+}
+
+/// `groups`: names of letters, digits, `_`, `-` and `.` (not `global`, nor starting with
+/// `upstream:`), each member one of the upstream's `backends` as written.
+fn validate_groups(i: usize, u: &UpstreamSection) -> VResult<Vec<(String, Vec<String>)>> {
+    let mut out = Vec::with_capacity(u.groups.len());
+    for (name, members) in &u.groups {
+        let path = format!("upstreams[{i}].groups.{name}");
+        let ok = (1..=64).contains(&name.len())
+            && name != "global"
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !ok {
+            return err(
+                path,
+                "a group's name is 1 to 64 letters, digits, '_', '-' or '.', and not \"global\"",
+            );
+        }
+        for (j, m) in members.iter().enumerate() {
+            if !u.backends.iter().any(|b| b == m) {
+                return err(
+                    format!("{path}[{j}]"),
+                    format!(
+                        "{m:?} is not one of this upstream's backends (write it as in backends)"
+                    ),
+                );
+            }
+        }
+        out.push((name.clone(), members.clone()));
+    }
+    Ok(out)
 }
 
 /// `health_check_path`, `health_check_interval_seconds` and the connect and read

@@ -23,6 +23,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let shedding = validate_shedding(&raw.shedding)?;
     let rate_limit = validate_rate_limit(&raw.rate_limit)?;
     let culling = validate_culling(&raw.culling)?;
+    let budget = super::protection::validate_budget(&raw.budget)?;
     let watchdog = validate_watchdog(&raw.watchdog)?;
     let tls = raw.tls.as_ref().map(validate_tls).transpose()?;
     if let Some(t) = &tls {
@@ -40,6 +41,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
         shedding,
         rate_limit,
         culling,
+        budget,
         watchdog,
         access_log,
         tracing,

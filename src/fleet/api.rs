@@ -38,7 +38,7 @@ pub fn answer(status: StatusCode, body: &Value) -> Response<Vec<u8>> {
     r
 }
 
-fn error(status: StatusCode, msg: &str) -> Response<Vec<u8>> {
+pub(super) fn error(status: StatusCode, msg: &str) -> Response<Vec<u8>> {
     answer(status, &json!({ "error": msg }))
 }
 
@@ -95,7 +95,7 @@ struct Body {
 
 /// Percent-decoding of a path segment (`10.0.0.5%3A8080`); `None` when it is not UTF-8
 /// or a `%` is not followed by two hex digits.
-fn decode(seg: &str) -> Option<String> {
+pub(super) fn decode(seg: &str) -> Option<String> {
     let b = seg.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -193,17 +193,17 @@ fn parse_body(action: Action, body: &[u8], by: &str) -> Result<Option<OpRequest>
 }
 
 /// What happened to one action, for the journal, the metric and the log line.
-struct Done<'a> {
-    action: Action,
-    upstream: &'a str,
-    backend: &'a str,
-    by: &'a str,
-    result: &'static str,
-    reason: String,
+pub(super) struct Done<'a> {
+    pub action: &'static str,
+    pub upstream: &'a str,
+    pub backend: &'a str,
+    pub by: &'a str,
+    pub result: &'static str,
+    pub reason: String,
 }
 
-fn record(shared: &Shared, d: &Done<'_>) {
-    shared.metrics.admin.count(d.action.name(), d.result);
+pub(super) fn record(shared: &Shared, d: &Done<'_>) {
+    shared.metrics.admin.count(d.action, d.result);
     shared
         .observe
         .culls
@@ -213,13 +213,13 @@ fn record(shared: &Shared, d: &Done<'_>) {
             backend: d.backend.to_string(),
             result: d.result,
             errors: 0,
-            action: Some(d.action.name()),
+            action: Some(d.action),
             by: Some(d.by.to_string()),
             reason: Some(d.reason.clone()),
         });
     tracing::info!(
         event = "admin_action",
-        action = d.action.name(),
+        action = d.action,
         upstream = d.upstream,
         backend = d.backend,
         by = d.by,
@@ -231,7 +231,11 @@ fn record(shared: &Shared, d: &Done<'_>) {
 
 /// The pool named `up` and the index of its backend written `addr` (an address, compared
 /// as an address, or the backend's text).
-fn find(pools: &[std::sync::Arc<Pool>], up: &str, addr: &str) -> Result<(usize, usize), String> {
+pub(super) fn find(
+    pools: &[std::sync::Arc<Pool>],
+    up: &str,
+    addr: &str,
+) -> Result<(usize, usize), String> {
     let pi = pools
         .iter()
         .position(|p| p.name == up)
@@ -266,7 +270,7 @@ pub async fn act(
     let pool = &rt.pools[pi];
     let b = &pool.backends[bi];
     let mut done = Done {
-        action,
+        action: action.name(),
         upstream: &pool.name,
         backend: &b.addr_str,
         by,

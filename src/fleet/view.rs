@@ -11,18 +11,24 @@ fn leading(records: &[OpRecord]) -> Option<&OpRecord> {
     records
         .iter()
         .find(|r| matches!(r.kind, OpKind::Maint))
+        .or_else(|| {
+            records
+                .iter()
+                .find(|r| matches!(r.kind, OpKind::Claim { .. }))
+        })
         .or_else(|| records.iter().find(|r| matches!(r.kind, OpKind::Drain)))
         .or_else(|| records.first())
 }
 
-/// `upstream`, `address`, `state` (`maint`, `draining`, `culled`, `unhealthy`, `up`),
-/// `weight`, `source` (`manual`, `auto` or null), `reason`, `by`, `until` (Unix ms or null),
+/// `upstream`, `address`, `state` (`maint`, `claimed`, `draining`, `culled`, `unhealthy`,
+/// `up`), `weight`, `source` (`manual`, `claim`, `auto` or null), `reason`, `by`, `until` (Unix ms or null),
 /// and `force` when the operation passed the fraction by force.
 pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
     let records = b.manual().records();
     let lead = leading(&records);
     let (state, source) = match b.manual().state() {
         ManualState::Maint => ("maint", Some("manual")),
+        ManualState::Claimed => ("claimed", Some("claim")),
         ManualState::Draining | ManualState::WeightZero => ("draining", Some("manual")),
         ManualState::In if b.is_culled() => ("culled", Some("auto")),
         ManualState::In if !pool.is_healthy(b) => ("unhealthy", None),

@@ -4,8 +4,15 @@ use super::registered;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// The actions of the runtime API and their results, each series present from the start.
-pub const ACTIONS: [&str; 4] = ["drain", "maint", "ready", "weight"];
-pub const RESULTS: [&str; 4] = ["applied", "refused", "invalid", "store_error"];
+pub const ACTIONS: [&str; 6] = ["drain", "maint", "ready", "weight", "claim", "release"];
+pub const RESULTS: [&str; 6] = [
+    "applied",
+    "refused",
+    "invalid",
+    "store_error",
+    "dry_run",
+    "emergency",
+];
 
 pub struct AdminMetrics {
     actions: IntCounterVec,

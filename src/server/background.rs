@@ -172,6 +172,7 @@ pub(super) fn services(
     shared: &Arc<Shared>,
     fleet_store: &Store,
     budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
+    view: Arc<crate::fleet::sync::FleetView>,
     redis: Option<&StoreSettings>,
     ready_addrs: Vec<std::net::SocketAddr>,
 ) -> Vec<Box<dyn ServiceWithDependents>> {
@@ -188,7 +189,7 @@ pub(super) fn services(
         },
     );
     let culling = crate::cull::driver::service(sh(), Arc::clone(&budget));
-    let fleet_sync = crate::fleet::sync::service(sh(), budget);
+    let fleet_sync = crate::fleet::sync::service(sh(), budget, view);
     let readiness = background_service(
         "readiness",
         Readiness {

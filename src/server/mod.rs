@@ -193,10 +193,11 @@ fn admin_service(
     shared: &Arc<Shared>,
     admin_listen: SocketAddr,
     budget: Arc<dyn portcullis_policy::cull::BudgetStore>,
+    view: Arc<crate::fleet::sync::FleetView>,
 ) -> impl ServiceWithDependents {
     let mut admin = Service::new(
         "portcullis admin".into(),
-        crate::admin::AdminApp::new(Admin::new(Arc::clone(shared), budget)),
+        crate::admin::AdminApp::new(Admin::new(Arc::clone(shared), budget, view)),
     );
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
@@ -230,9 +231,21 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     // and the runtime API share.
     let fleet_store = background::fleet_store(s.redis.as_ref());
     let budget = fleet_store.budget();
-    let admin = admin_service(&shared, s.admin_listen, Arc::clone(&budget));
-    let background =
-        background::services(&shared, &fleet_store, budget, s.redis.as_ref(), ready_addrs);
+    let view = Arc::new(crate::fleet::sync::FleetView::default());
+    let admin = admin_service(
+        &shared,
+        s.admin_listen,
+        Arc::clone(&budget),
+        Arc::clone(&view),
+    );
+    let background = background::services(
+        &shared,
+        &fleet_store,
+        budget,
+        view,
+        s.redis.as_ref(),
+        ready_addrs,
+    );
 
     server.add_service(proxy);
     server.add_service(admin);

@@ -147,6 +147,7 @@ const MANUAL_IN: u8 = 0;
 const MANUAL_DRAIN: u8 = 1;
 const MANUAL_MAINT: u8 = 2;
 const MANUAL_WEIGHT_ZERO: u8 = 3;
+const MANUAL_CLAIMED: u8 = 4;
 const NO_WEIGHT: u32 = u32::MAX;
 
 /// A backend's manual operations (CONTRACT §12): the records (for `GET /backends` and
@@ -175,6 +176,8 @@ pub enum ManualState {
     In,
     Draining,
     Maint,
+    /// Claimed on the disruption budget (`POST /claims`).
+    Claimed,
     /// Weight 0: no new requests.
     WeightZero,
 }
@@ -184,9 +187,12 @@ impl Manual {
     /// whether the weight changed (the pool is then rebuilt with it).
     pub fn set(&self, records: Vec<portcullis_policy::cull::ops::OpRecord>) -> bool {
         use portcullis_policy::cull::ops::OpKind;
+        // maint, then a claim, then a drain, then weight 0 says what the backend is.
         let state = records.iter().fold(None, |acc, r| match (acc, r.kind) {
             (_, OpKind::Maint) => Some(MANUAL_MAINT),
             (Some(MANUAL_MAINT), _) => acc,
+            (_, OpKind::Claim { .. }) => Some(MANUAL_CLAIMED),
+            (Some(MANUAL_CLAIMED), _) => acc,
             (_, OpKind::Drain) => Some(MANUAL_DRAIN),
             (Some(MANUAL_DRAIN), _) => acc,
             (_, OpKind::Weight(0)) => Some(MANUAL_WEIGHT_ZERO),
@@ -211,6 +217,7 @@ impl Manual {
             MANUAL_DRAIN => ManualState::Draining,
             MANUAL_MAINT => ManualState::Maint,
             MANUAL_WEIGHT_ZERO => ManualState::WeightZero,
+            MANUAL_CLAIMED => ManualState::Claimed,
             _ => ManualState::In,
         }
     }
