@@ -476,6 +476,34 @@ mod tests {
     }
 
     #[test]
+    fn a_409_or_a_dry_run_that_would_be_refused_is_a_refusal() {
+        let admin = Admin::new("http://127.0.0.1:1", None).unwrap();
+        let req = req(&["backends"]);
+        let a = |status: u16, body: &str| Answer {
+            status: reqwest::StatusCode::from_u16(status).unwrap(),
+            body: body.into(),
+        };
+        let o = |status, body| outcome(&admin, &req, &a(status, body));
+        assert_eq!(o(200, "[]"), Outcome::Done);
+        assert_eq!(o(201, r#"{"id": "00ab", "granted": true}"#), Outcome::Done);
+        assert_eq!(o(200, r#"{"released": "00ab"}"#), Outcome::Done);
+        assert_eq!(
+            o(409, r#"{"granted": false, "reason": "r"}"#),
+            Outcome::Refused
+        );
+        assert_eq!(
+            o(200, r#"{"granted": false, "dry_run": true}"#),
+            Outcome::Refused
+        );
+        assert!(
+            matches!(o(503, r#"{"error": "store down"}"#), Outcome::Failed(m) if m.contains("503 Service Unavailable: store down"))
+        );
+        assert!(
+            matches!(o(404, "not found\n"), Outcome::Failed(m) if m.ends_with("/backends: 404 Not Found: not found"))
+        );
+    }
+
+    #[test]
     fn usage_errors_are_clap_errors() {
         for bad in [
             &["drain", "app", "h:1"][..],                  // no --reason

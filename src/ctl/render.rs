@@ -341,9 +341,9 @@ mod tests {
         };
         let t = done_at(
             &cmd,
-            &json!({"upstream": "app", "backends": [
-                {"backend": "h:1", "granted": true},
-                {"backend": "h:2", "granted": false, "policy": "fraction",
+            &json!({"upstream": "app", "as_of": 1, "backends": [
+                {"address": "h:1", "granted": true},
+                {"address": "h:2", "granted": false, "dry_run": true, "policy": "fraction",
                  "reason": "over", "retry_after_seconds": 5}]}),
             now,
         );
