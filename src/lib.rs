@@ -24,11 +24,13 @@
 //! shares goes through [`store`].
 //!
 //! Around the request path: [`admin`] endpoints, [`metrics`], [`lifecycle`]
-//! (readiness-first shutdown) and [`reload`].
+//! (readiness-first shutdown) and [`reload`]; [`ctl`] is `portcullis ctl`, the client of
+//! the admin API's runtime endpoints.
 
 pub mod admin;
 pub mod balance;
 pub mod config;
+pub mod ctl;
 pub mod cull;
 pub mod edge;
 pub mod fleet;

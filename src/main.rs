@@ -1,6 +1,6 @@
 //! The `portcullis` binary: CLI → config → server → run.
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 // jemalloc instead of glibc malloc: Pingora allocates per request (headers,
 // buffers) from several threads; BENCHMARKS.md has the A/B (jemalloc 0.85x
@@ -12,7 +12,12 @@ use std::process::ExitCode;
 
 /// HTTP edge proxy with load shedding, Redis-shared rate limiting and budgeted upstream culling.
 #[derive(Parser, Debug)]
-#[command(name = "portcullis", version, about)]
+#[command(
+    name = "portcullis",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     /// Configuration file (TOML).
     #[arg(short = 'c', long = "conf", default_value = "conf/portcullis.toml")]
@@ -28,10 +33,22 @@ struct Cli {
     /// (conf/portcullis.schema.json is its output, for editors).
     #[arg(long, conflicts_with_all = ["check", "upgrade"])]
     print_config_schema: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Control a running proxy through its admin API: list backends; drain, maintain,
+    /// readmit or reweight one; claim one from the disruption budget (`ctl --help`).
+    Ctl(portcullis::ctl::CtlArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Ctl(args)) = &cli.command {
+        return portcullis::ctl::run(args);
+    }
     if cli.print_config_schema {
         print!("{}", portcullis::config::json_schema());
         return ExitCode::SUCCESS;
