@@ -207,7 +207,7 @@ impl Admin {
             }
             ("DELETE", _) if path.starts_with("/claims/") => {
                 let id = path.trim_start_matches("/claims/");
-                claims_api::delete(sh, budget, id, by).await
+                claims_api::delete(sh, budget, view, id, by).await
             }
             _ => return None,
         })
@@ -517,8 +517,8 @@ impl ServeHttp for Admin {
             }
             return match Self::body(session).await {
                 Ok(body) => {
-                    crate::fleet::api::act(&self.shared, self.budget.as_ref(), rest, &body, &by)
-                        .await
+                    let (budget, view) = (self.budget.as_ref(), &*self.view);
+                    crate::fleet::api::act(&self.shared, budget, view, rest, &body, &by).await
                 }
                 Err(r) => *r,
             };

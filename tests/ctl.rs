@@ -370,3 +370,79 @@ fn ctl_names_an_unreachable_admin_api_and_usage_errors_exit_2() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn ctl_claims_audits_and_releases() {
+    let bs: Vec<Backend> = (1..=4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let p = Proxy::start(&config(&refs, 0.25));
+    let (a1, a2) = (bs[0].addr(), bs[1].addr());
+    // a dry run: exit 0, nothing claimed
+    let out = ctl_at(
+        &p,
+        &[
+            "claim",
+            "app",
+            &a1,
+            "--seconds",
+            "600",
+            "--reason",
+            "deploy",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(entry(&p, &a1)["state"], "up");
+    // granted: exit 0 and the id printed
+    let out = ctl_at(
+        &p,
+        &[
+            "--json",
+            "claim",
+            "app",
+            &a1,
+            "--seconds",
+            "600",
+            "--reason",
+            "deploy",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out}");
+    let granted: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let id = granted["id"].as_str().unwrap_or_default().to_string();
+    assert_eq!(id.len(), 16, "{out}");
+    assert_eq!(entry(&p, &a1)["state"], "claimed");
+    // the audit: the fraction is full, so every other backend is refused by it
+    let out = ctl_at(&p, &["feasible", "app"]);
+    assert_eq!(out.code, 0, "{out}");
+    assert!(
+        out.stdout.contains(&a2) && out.stdout.contains("fraction"),
+        "{out}"
+    );
+    // a refusal: exit 1 with the reason
+    let out = ctl_at(
+        &p,
+        &[
+            "claim",
+            "app",
+            &a2,
+            "--seconds",
+            "600",
+            "--reason",
+            "deploy",
+        ],
+    );
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("fraction"), "{out}");
+    let out = ctl_at(&p, &["claims"]);
+    assert!(out.code == 0 && out.stdout.contains(&id), "{out}");
+    // released
+    let out = ctl_at(&p, &["release", &id]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(entry(&p, &a1)["state"], "up");
+    assert_eq!(
+        ctl_at(&p, &["release", &id]).code,
+        1,
+        "a second release finds nothing"
+    );
+}

@@ -254,6 +254,7 @@ pub(super) fn find(
 pub async fn act(
     shared: &Shared,
     budget: &dyn BudgetStore,
+    view: &super::sync::FleetView,
     rest: &str,
     body: &[u8],
     by: &str,
@@ -310,6 +311,7 @@ pub async fn act(
             done.result = "applied";
             record(shared, &done);
             rebuild_if_weights_changed(shared);
+            super::claims_api::refresh(&rt, budget, view).await;
             answer(StatusCode::OK, &backend_view(pool, b))
         }
         Ok(Err(refusal)) => {

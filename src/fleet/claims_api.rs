@@ -219,6 +219,7 @@ pub async fn post(
             records.retain(|x| x.field() != rec.field());
             records.push(rec.clone());
             backend.manual().set(records);
+            refresh(&rt, budget, view).await;
             done.result = if b.emergency { "emergency" } else { "applied" };
             record(shared, &done);
             let mut v = claim_json(&pool.name, &rec);
@@ -232,6 +233,17 @@ pub async fn post(
             answer(StatusCode::CONFLICT, &refusal_json(&r, false))
         }
         Err(e) => store_down(shared, &mut done, &e.to_string()),
+    }
+}
+
+/// After a change made here, the view this instance answers dry runs and audits from is
+/// read again at once (other instances catch up within a sync interval).
+pub(super) async fn refresh(rt: &Runtime, budget: &dyn BudgetStore, view: &FleetView) {
+    if let Ok(state) = budget
+        .fleet_state(&names(rt), &rt.config.culling.params)
+        .await
+    {
+        view.store(state);
     }
 }
 
@@ -285,6 +297,7 @@ pub async fn list(
 pub async fn delete(
     shared: &Shared,
     budget: &dyn BudgetStore,
+    view: &FleetView,
     id_text: &str,
     by: &str,
 ) -> Response<Vec<u8>> {
@@ -333,6 +346,7 @@ pub async fn delete(
                 records.retain(|x| x.field() != rec.field());
                 b.manual().set(records);
             }
+            refresh(&rt, budget, view).await;
             record(shared, &done);
             answer(StatusCode::OK, &json!({"released": format!("{id:016x}")}))
         }
