@@ -301,17 +301,29 @@ fn a_failing_upstream_refuses_voluntary_claims_and_the_store_down_is_503() {
     let bs = backends(4);
     let refs: Vec<&Backend> = bs.iter().collect();
     let p = Proxy::start(&config(&refs, &redis, "fc-health", 0.25, "retries = 0\n"));
-    // b1 fails and is culled: the health policy refuses a claim on its peers
+    // b1 and b2 fail: one is culled (the fraction allows one of four), the other stays in
+    // rotation, failing: the health policy refuses a voluntary claim on their peers.
     bs[0].set_mode(Mode::Fail(500));
+    bs[1].set_mode(Mode::Fail(500));
     eventually(
         Duration::from_secs(20),
-        || "b1 never culled".into(),
+        || "never one culled and one failing".into(),
         || {
-            let _ = try_get(&p.addr(), "/x", &[]);
-            state(&p, &bs[0].addr()) == "culled"
+            for _ in 0..4 {
+                let _ = try_get(&p.addr(), "/x", &[]);
+            }
+            let s = p.status_json();
+            let rows = s["upstreams"][0]["backends"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            rows.iter().any(|b| b["state"] == "culled")
+                && rows
+                    .iter()
+                    .any(|b| b["state"] == "up" && b["failing"].is_string())
         },
     );
-    let (code, v) = claim(&p, &bs[1].addr(), 60, json!({}));
+    let (code, v) = claim(&p, &bs[2].addr(), 60, json!({}));
     assert_eq!((code, v["policy"].as_str()), (409, Some("failing")), "{v}");
     // malformed bodies name the field
     let r = post(

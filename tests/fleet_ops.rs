@@ -452,3 +452,53 @@ fn bad_input_gets_a_clear_answer_and_names_never_break_the_log() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status, 401);
 }
+
+#[test]
+fn drains_answer_to_the_budget_policy_unless_forced() {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (1..=3).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let cfg = format!(
+        "{}\n[budget]\nmax_concurrent = 1\n",
+        config(&refs, Some(&redis), "fops-policy", 1.0)
+    );
+    let p = Proxy::start(&cfg);
+    let r = action(
+        &p,
+        "app",
+        &bs[0].addr(),
+        "drain",
+        r#"{"reason": "one"}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let r = action(
+        &p,
+        "app",
+        &bs[1].addr(),
+        "maint",
+        r#"{"reason": "two"}"#,
+        &[],
+    );
+    assert_eq!(r.status, 409, "{}", r.body_str());
+    assert_eq!(json(&r)["policy"], "max_concurrent");
+    let r = action(
+        &p,
+        "app",
+        &bs[1].addr(),
+        "maint",
+        r#"{"reason": "two", "force": true}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    // never the last backend
+    let r = action(
+        &p,
+        "app",
+        &bs[2].addr(),
+        "drain",
+        r#"{"reason": "three", "force": true}"#,
+        &[],
+    );
+    assert_eq!(json(&r)["policy"], "last_backend");
+}

@@ -288,6 +288,19 @@ pub async fn act(
     };
     let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
     let fraction = rt.config.culling.params.max_culled_fraction;
+    // A voluntary operation that takes the backend out answers to [budget] too (from the
+    // fleet view); the fraction and the last backend are checked atomically by the store.
+    if req.as_ref().is_some_and(|r| r.kind.takes_out() && !r.force) {
+        if let Some(refusal) = super::claims_api::voluntary_check(&rt, pool, &b.addr_str, view) {
+            done.result = "refused";
+            done.reason = refusal.reason();
+            record(shared, &done);
+            return answer(
+                StatusCode::CONFLICT,
+                &json!({"granted": false, "policy": refusal.policy(), "reason": refusal.reason()}),
+            );
+        }
+    }
     let outcome = match &req {
         None => budget.clear_ops(&pool.name, &b.addr_str).await.map(|_| {
             b.manual().set(Vec::new());

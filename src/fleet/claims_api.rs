@@ -81,12 +81,15 @@ fn named_groups(rt: &Runtime, upstream: &str, backend: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The health policy's input: another backend of `pool` is culled, failing or down.
+/// The health policy's input: another backend of `pool` is failing while it stays in
+/// rotation (over the error threshold and not culled: the budget or the systemic guard
+/// kept it), or down by its health check. A cull within the budget is not a failing
+/// upstream: the budget already counts it.
 fn peers_failing(pool: &Pool, backend: &str) -> bool {
     pool.backends
         .iter()
         .filter(|b| b.addr_str != backend)
-        .any(|b| b.is_culled() || b.failing().is_some() || !pool.is_healthy(b))
+        .any(|b| (!b.is_culled() && b.failing().is_some()) || !pool.is_healthy(b))
 }
 
 /// The ask for `backend` of `pool` (`emergency` as given).
@@ -105,6 +108,31 @@ fn ask<'a>(
         emergency,
         named_groups: groups,
         peers_failing: peers_failing(pool, backend),
+    }
+}
+
+/// The [`[budget]`](portcullis_policy::cull::claims::BudgetPolicy) policies a drain, a
+/// maintenance or a weight 0 answers to besides the fraction: the health policy,
+/// `max_concurrent`, the grace periods and one group at a time, checked on the fleet view
+/// (`None`: allowed, or no view read yet).
+pub(super) fn voluntary_check(
+    rt: &Arc<Runtime>,
+    pool: &Pool,
+    backend: &str,
+    view: &FleetView,
+) -> Option<ClaimRefusal> {
+    let state = view.load()?;
+    let groups_rt = Arc::clone(rt);
+    let groups = move |u: &str, be: &str| named_groups(&groups_rt, u, be);
+    let a = ask(rt, pool, backend, false, &groups);
+    match check_claim(&a, &state, &rt.config.budget) {
+        Err(
+            r @ (ClaimRefusal::Failing
+            | ClaimRefusal::MaxConcurrent { .. }
+            | ClaimRefusal::GracePeriod { .. }
+            | ClaimRefusal::OneGroup { .. }),
+        ) => Some(r),
+        _ => None,
     }
 }
 
