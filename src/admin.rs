@@ -1,11 +1,13 @@
 //! Admin endpoints on `admin_listen`: `/healthz` (liveness), `/readyz`
 //! (readiness, 503 once draining), `/metrics` (Prometheus text), `/status`
-//! (JSON), `GET /` (the HTML status page over `/status`) and `POST /reload`
-//! (same as SIGHUP).
+//! (JSON), `GET /` (the HTML status page over `/status`), `POST /reload`
+//! (same as SIGHUP), and the runtime API of CONTRACT §12 (`/backends…` and
+//! `/claims…`, in `crate::fleet`).
 //!
-//! `GET`s are open (probes and scrapers need them). `POST`s change the running
-//! proxy: with `server.admin_token` set they need `Authorization: Bearer
-//! <token>` (401 otherwise); without a token they are answered only when
+//! `GET`s are open (probes and scrapers need them). Every other method changes the
+//! running proxy: with an admin token set (`admin_token`, `admin_token_file`,
+//! `[server.admin_tokens]`) it needs `Authorization: Bearer <token>` (401 otherwise), and
+//! the token's name is the action's `by`; without a token it is answered only when
 //! `admin_listen` is a loopback address, and refused (403) elsewhere.
 
 use crate::state::{unix_secs, Shared};
