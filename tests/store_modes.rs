@@ -354,6 +354,89 @@ fn tls_right_and_wrong_ca() {
     );
 }
 
+/// A lone self-signed certificate (its own CA): one marked `CA:TRUE` (what `openssl req
+/// -x509` makes by default) is accepted by redis-cli but refused by the proxy's Redis
+/// client (rustls), and the log says what to do; the same certificate with
+/// `basicConstraints=critical,CA:FALSE` is accepted by both.
+#[test]
+fn a_lone_self_signed_certificate_and_what_the_log_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = Backend::start("app");
+    for (name, ca_flag, proxy_accepts) in [
+        ("selfca", None, false),
+        ("selfleaf", Some("basicConstraints=critical,CA:FALSE"), true),
+    ] {
+        let (cert, key) = (
+            dir.path().join(format!("{name}.pem")),
+            dir.path().join(format!("{name}.key")),
+        );
+        let mut cmd = std::process::Command::new("openssl");
+        cmd.args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert);
+        if let Some(flag) = ca_flag {
+            cmd.args(["-addext", flag]);
+        }
+        let out = cmd.output().expect("openssl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = RedisServer::start_tls(&cert, &key, &cert);
+        let port = r.tls_port().expect("tls port");
+        let cli = std::process::Command::new("redis-cli")
+            .args(["--tls", "--cacert"])
+            .arg(&cert)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "PING"])
+            .output()
+            .expect("redis-cli");
+        assert_eq!(
+            String::from_utf8_lossy(&cli.stdout).trim(),
+            "PONG",
+            "redis-cli accepts {name}"
+        );
+        let redis = format!(
+            "url = \"rediss://127.0.0.1:{port}\"\nca_file = \"{}\"",
+            cert.display()
+        );
+        let p = Proxy::start(&config(&b, &redis, name, 60, 100));
+        for _ in 0..3 {
+            assert_eq!(p.get("/", &[("x-api-key", "a")]).status, 200);
+        }
+        if proxy_accepts {
+            eventually(
+                DEADLINE,
+                || format!("{name}: healthy; logs:\n{}", p.logs()),
+                || healthy(&p),
+            );
+        } else {
+            eventually(
+                DEADLINE,
+                || format!("{name}: the log names the cause; logs:\n{}", p.logs()),
+                || {
+                    unhealthy(&p)
+                        && p.logs()
+                            .contains("presents a CA certificate (CA:TRUE) as its own")
+                },
+            );
+        }
+    }
+}
+
 /// A cluster whose nodes `--requirepass`: `password` authenticates to every node the
 /// cluster client learns; a wrong one is an unhealthy store with a clear log, traffic served.
 #[test]

@@ -343,6 +343,13 @@ fn connect_hint(e: &redis::RedisError) -> &'static str {
         || text.contains("without any password configured")
     {
         "authentication failed (check the password): "
+    } else if text.contains("CaUsedAsEndEntity") {
+        // rustls (the Redis client's TLS) refuses a server certificate marked CA:TRUE, such
+        // as a lone self-signed one from `openssl req -x509`, which redis-cli (OpenSSL)
+        // accepts.
+        "TLS failed: the Redis server presents a CA certificate (CA:TRUE) as its own; \
+         reissue it with -addext basicConstraints=critical,CA:FALSE, or sign it with a \
+         separate CA and give that CA as ca_file: "
     } else if text.contains("certificate")
         || text.contains("Certificate")
         || text.contains("tls")
