@@ -298,6 +298,7 @@ impl Admin {
         let s = &self.shared;
         let rt = s.runtime.load();
         let now = unix_secs();
+        let traffic_now = crate::observe::traffic::secs(std::time::Instant::now());
         let upstreams: Vec<_> = rt
             .pools
             .iter()
@@ -323,7 +324,7 @@ impl Admin {
                             "dry_run_culled": b.is_dry_run_culled(),
                             "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
                         });
-                        crate::observe::traffic::add_backend_fields(&mut v, b, now);
+                        crate::observe::traffic::add_backend_fields(&mut v, b, traffic_now);
                         v
                     })
                     .collect();
@@ -373,7 +374,7 @@ impl Admin {
                 "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,
-            "routes": crate::observe::traffic::routes_json(&rt, now),
+            "routes": crate::observe::traffic::routes_json(&rt, traffic_now),
         })
     }
 }

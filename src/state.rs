@@ -120,7 +120,8 @@ impl Runtime {
             })
             .collect();
         // A route that stays (same label) keeps its traffic figures and in-flight count.
-        let mut kept: HashMap<&str, &Arc<crate::observe::traffic::RouteTraffic>> = HashMap::new();
+        let mut kept: HashMap<&str, &Arc<portcullis_policy::traffic::RouteTraffic>> =
+            HashMap::new();
         for s in previous.map_or(&[][..], |p| &p.route_series[..]) {
             kept.entry(s.label.as_str()).or_insert(&s.traffic);
         }

@@ -12,10 +12,10 @@ use portcullis_policy::cull::BudgetStore;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::reply::{answer, decode, error, find, record, Done};
 use super::sync::rebuild_if_weights_changed;
 use super::view::backend_view;
 use crate::state::Shared;
-use crate::upstream::Pool;
 
 /// The longest body read (bytes); a longer one is 413.
 pub const MAX_BODY: usize = 16 * 1024;
@@ -25,22 +25,6 @@ const MAX_SECONDS: u64 = 31 * 24 * 3600;
 
 /// The highest weight, as in `[[upstreams]] weights`.
 const MAX_WEIGHT: u64 = 1000;
-
-/// A JSON answer.
-pub fn answer(status: StatusCode, body: &Value) -> Response<Vec<u8>> {
-    let bytes = serde_json::to_vec_pretty(body).unwrap_or_default();
-    let mut r = Response::new(bytes);
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-pub(super) fn error(status: StatusCode, msg: &str) -> Response<Vec<u8>> {
-    answer(status, &json!({ "error": msg }))
-}
 
 /// `GET /backends`: every backend of every upstream.
 pub fn list(shared: &Shared) -> Response<Vec<u8>> {
@@ -91,25 +75,6 @@ struct Body {
     seconds: Option<u64>,
     force: Option<bool>,
     weight: Option<u64>,
-}
-
-/// Percent-decoding of a path segment (`10.0.0.5%3A8080`); `None` when it is not UTF-8
-/// or a `%` is not followed by two hex digits.
-pub(super) fn decode(seg: &str) -> Option<String> {
-    let b = seg.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// `{upstream}/{address}/{action}` after `/backends/`.
@@ -192,63 +157,6 @@ fn parse_body(action: Action, body: &[u8], by: &str) -> Result<Option<OpRequest>
     }))
 }
 
-/// What happened to one action, for the journal, the metric and the log line.
-pub(super) struct Done<'a> {
-    pub action: &'static str,
-    pub upstream: &'a str,
-    pub backend: &'a str,
-    pub by: &'a str,
-    pub result: &'static str,
-    pub reason: String,
-}
-
-pub(super) fn record(shared: &Shared, d: &Done<'_>) {
-    shared.metrics.admin.count(d.action, d.result);
-    shared
-        .observe
-        .culls
-        .record(crate::observe::journal::CullEntry {
-            at_ms: crate::state::unix_ms(),
-            upstream: d.upstream.to_string(),
-            backend: d.backend.to_string(),
-            result: d.result,
-            errors: 0,
-            action: Some(d.action),
-            by: Some(d.by.to_string()),
-            reason: Some(d.reason.clone()),
-        });
-    tracing::info!(
-        event = "admin_action",
-        action = d.action,
-        upstream = d.upstream,
-        backend = d.backend,
-        by = d.by,
-        result = d.result,
-        reason = %d.reason,
-        "runtime action on a backend"
-    );
-}
-
-/// The pool named `up` and the index of its backend written `addr` (an address, compared
-/// as an address, or the backend's text).
-pub(super) fn find(
-    pools: &[std::sync::Arc<Pool>],
-    up: &str,
-    addr: &str,
-) -> Result<(usize, usize), String> {
-    let pi = pools
-        .iter()
-        .position(|p| p.name == up)
-        .ok_or_else(|| format!("unknown upstream {up:?}"))?;
-    let parsed = addr.parse::<std::net::SocketAddr>().ok();
-    let bi = pools[pi]
-        .backends
-        .iter()
-        .position(|b| Some(b.addr) == parsed || b.addr_str == addr)
-        .ok_or_else(|| format!("upstream {up:?} has no backend {addr:?}"))?;
-    Ok((pi, bi))
-}
-
 /// `POST /backends/{upstream}/{address}/{action}` (`rest` is the path after `/backends/`),
 /// by the admin token named `by`.
 pub async fn act(
@@ -291,7 +199,7 @@ pub async fn act(
     // A voluntary operation that takes the backend out answers to [budget] too (from the
     // fleet view); the fraction and the last backend are checked atomically by the store.
     if req.as_ref().is_some_and(|r| r.kind.takes_out() && !r.force) {
-        if let Some(refusal) = super::claims_api::voluntary_check(&rt, pool, &b.addr_str, view) {
+        if let Some(refusal) = super::checks::voluntary_check(&rt, pool, &b.addr_str, view) {
             done.result = "refused";
             done.reason = refusal.reason();
             record(shared, &done);
@@ -324,7 +232,7 @@ pub async fn act(
             done.result = "applied";
             record(shared, &done);
             rebuild_if_weights_changed(shared);
-            super::claims_api::refresh(&rt, budget, view).await;
+            super::checks::refresh(&rt, budget, view).await;
             answer(StatusCode::OK, &backend_view(pool, b))
         }
         Ok(Err(refusal)) => {

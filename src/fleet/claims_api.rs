@@ -8,16 +8,16 @@
 use std::sync::Arc;
 
 use http::{Response, StatusCode};
-use portcullis_policy::cull::claims::{check_claim, groups_of, ClaimAsk, ClaimRefusal, FleetState};
+use portcullis_policy::cull::claims::{check_claim, groups_of, ClaimRefusal, FleetState};
 use portcullis_policy::cull::ops::{OpKind, OpRecord, OpRequest, MAX_REASON};
 use portcullis_policy::cull::BudgetStore;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::{answer, error, find, record, Done};
+use super::checks::{ask, named_groups, names, refresh};
+use super::reply::{answer, error, find, record, Done};
 use super::sync::FleetView;
 use crate::state::{Runtime, Shared};
-use crate::upstream::Pool;
 
 /// The longest claim (`seconds`): a day; a longer change is a maintenance, not a deploy.
 const MAX_CLAIM_SECONDS: u64 = 24 * 3600;
@@ -58,82 +58,6 @@ fn parse(body: &[u8]) -> Result<ClaimBody, String> {
         return Err(format!("reason: longer than {MAX_REASON} bytes"));
     }
     Ok(b)
-}
-
-/// The named groups of a backend of an upstream, from the configuration.
-fn named_groups(rt: &Runtime, upstream: &str, backend: &str) -> Vec<String> {
-    let parsed = backend.parse::<std::net::SocketAddr>().ok();
-    rt.config
-        .upstreams
-        .iter()
-        .find(|u| u.name == upstream)
-        .map(|u| {
-            u.groups
-                .iter()
-                .filter(|(_, members)| {
-                    members
-                        .iter()
-                        .any(|m| m == backend || (parsed.is_some() && m.parse().ok() == parsed))
-                })
-                .map(|(g, _)| g.clone())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The health policy's input: another backend of `pool` is failing while it stays in
-/// rotation (over the error threshold and not culled: the budget or the systemic guard
-/// kept it), or down by its health check. A cull within the budget is not a failing
-/// upstream: the budget already counts it.
-fn peers_failing(pool: &Pool, backend: &str) -> bool {
-    pool.backends
-        .iter()
-        .filter(|b| b.addr_str != backend)
-        .any(|b| (!b.is_culled() && b.failing().is_some()) || !pool.is_healthy(b))
-}
-
-/// The ask for `backend` of `pool` (`emergency` as given).
-fn ask<'a>(
-    rt: &'a Arc<Runtime>,
-    pool: &'a Pool,
-    backend: &'a str,
-    emergency: bool,
-    groups: &'a (dyn Fn(&str, &str) -> Vec<String> + Sync),
-) -> ClaimAsk<'a> {
-    ClaimAsk {
-        upstream: &pool.name,
-        backend,
-        total: u32::try_from(pool.backends.len()).unwrap_or(u32::MAX),
-        fraction: rt.config.culling.params.max_culled_fraction,
-        emergency,
-        named_groups: groups,
-        peers_failing: peers_failing(pool, backend),
-    }
-}
-
-/// The [`[budget]`](portcullis_policy::cull::claims::BudgetPolicy) policies a drain, a
-/// maintenance or a weight 0 answers to besides the fraction: the health policy,
-/// `max_concurrent`, the grace periods and one group at a time, checked on the fleet view
-/// (`None`: allowed, or no view read yet).
-pub(super) fn voluntary_check(
-    rt: &Arc<Runtime>,
-    pool: &Pool,
-    backend: &str,
-    view: &FleetView,
-) -> Option<ClaimRefusal> {
-    let state = view.load()?;
-    let groups_rt = Arc::clone(rt);
-    let groups = move |u: &str, be: &str| named_groups(&groups_rt, u, be);
-    let a = ask(rt, pool, backend, false, &groups);
-    match check_claim(&a, &state, &rt.config.budget) {
-        Err(
-            r @ (ClaimRefusal::Failing
-            | ClaimRefusal::MaxConcurrent { .. }
-            | ClaimRefusal::GracePeriod { .. }
-            | ClaimRefusal::OneGroup { .. }),
-        ) => Some(r),
-        _ => None,
-    }
 }
 
 fn refusal_json(r: &ClaimRefusal, dry_run: bool) -> Value {
@@ -264,21 +188,6 @@ pub async fn post(
     }
 }
 
-/// After a change made here, the view this instance answers dry runs and audits from is
-/// read again at once (other instances catch up within a sync interval).
-pub(super) async fn refresh(rt: &Runtime, budget: &dyn BudgetStore, view: &FleetView) {
-    if let Ok(state) = budget
-        .fleet_state(&names(rt), &rt.config.culling.params)
-        .await
-    {
-        view.store(state);
-    }
-}
-
-fn names(rt: &Runtime) -> Vec<&str> {
-    rt.pools.iter().map(|p| p.name.as_str()).collect()
-}
-
 fn store_down(shared: &Shared, done: &mut Done<'_>, e: &str) -> Response<Vec<u8>> {
     done.result = "store_error";
     done.reason = e.to_string();
@@ -390,7 +299,7 @@ pub fn feasible(shared: &Shared, view: &FleetView, query: Option<&str>) -> Respo
         .unwrap_or("")
         .split('&')
         .find_map(|kv| kv.strip_prefix("upstream="))
-        .and_then(super::api::decode);
+        .and_then(super::reply::decode);
     let Some(upstream) = upstream else {
         return error(
             StatusCode::BAD_REQUEST,

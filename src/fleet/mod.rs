@@ -6,7 +6,9 @@
 //! [`claims_api`] the claims a deploy tool asks of the same budget.
 
 pub mod api;
+mod checks;
 pub mod claims_api;
+mod reply;
 pub mod sync;
 mod view;
 

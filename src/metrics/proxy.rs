@@ -33,7 +33,7 @@ pub struct RouteSeries {
     requests: [[OnceLock<IntCounter>; 7]; 6],
     /// The route's rate, mix, latency and in-flight for `/status` (shared by
     /// the runtimes of successive reloads while the label stays).
-    pub traffic: std::sync::Arc<crate::observe::traffic::RouteTraffic>,
+    pub traffic: std::sync::Arc<portcullis_policy::traffic::RouteTraffic>,
 }
 
 impl RouteSeries {
@@ -43,7 +43,7 @@ impl RouteSeries {
 
     pub fn with_traffic(
         label: String,
-        traffic: std::sync::Arc<crate::observe::traffic::RouteTraffic>,
+        traffic: std::sync::Arc<portcullis_policy::traffic::RouteTraffic>,
     ) -> Self {
         Self {
             label,

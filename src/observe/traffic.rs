@@ -4,34 +4,21 @@
 //! [`portcullis_policy::traffic`]; this module holds the per-route state and
 //! renders both as JSON.
 
-use portcullis_policy::traffic::{TrafficSnapshot, TrafficWindow, CLASSES};
+pub use portcullis_policy::traffic::RouteTraffic;
+use portcullis_policy::traffic::{TrafficSnapshot, CLASSES};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One route's traffic: its window and the requests on it now. Kept across
-/// reloads while the route's label stays.
-#[derive(Debug, Default)]
-pub struct RouteTraffic {
-    pub window: TrafficWindow,
-    inflight: AtomicU64,
-}
-
-impl RouteTraffic {
-    /// A request was routed here (one atomic add).
-    #[inline]
-    pub fn enter(&self) {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A request routed here ended (one atomic sub).
-    #[inline]
-    pub fn exit(&self) {
-        self.inflight.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    pub fn inflight(&self) -> u64 {
-        self.inflight.load(Ordering::Relaxed)
-    }
+/// The traffic windows' clock: whole seconds since the process's first reading, from an
+/// `Instant` the caller already has (no clock read of its own on the request path). The
+/// windows are recorded and read on this clock only.
+pub fn secs(now: std::time::Instant) -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // The epoch is taken a day before the first reading, so a second is never before it.
+    let start = START.get_or_init(|| {
+        now.checked_sub(std::time::Duration::from_secs(86_400))
+            .unwrap_or(now)
+    });
+    now.saturating_duration_since(*start).as_secs()
 }
 
 fn ms(us: Option<u64>) -> Value {
@@ -94,6 +81,7 @@ pub fn routes_json(rt: &crate::state::Runtime, now_secs: u64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use portcullis_policy::traffic::TrafficWindow;
 
     #[test]
     fn traffic_json_names_every_class_and_quantile() {

@@ -269,7 +269,11 @@ impl ProxyHttp for Proxy {
         if let Some(b) = ctx.upstream.backend.take() {
             let now_secs = crate::store::clock::unix_secs();
             b.record(now_secs, true);
-            b.traffic.record(now_secs, NO_ANSWER, None);
+            b.traffic.record(
+                crate::observe::traffic::secs(std::time::Instant::now()),
+                NO_ANSWER,
+                None,
+            );
             if let Some(pool) = &ctx.routing.pool {
                 self.shared.metrics.proxy.record_backend(
                     &b.series,
@@ -319,7 +323,11 @@ impl ProxyHttp for Proxy {
                 let now_secs = crate::store::clock::unix_secs();
                 b.record(now_secs, true);
                 let class = portcullis_policy::traffic::class_of(Some(status));
-                b.traffic.record(now_secs, class, ctx.obs.upstream_us());
+                b.traffic.record(
+                    crate::observe::traffic::secs(std::time::Instant::now()),
+                    class,
+                    ctx.obs.upstream_us(),
+                );
             }
             ctx.upstream.attempt = None;
             ctx.upstream.retrying = true;
@@ -360,7 +368,11 @@ impl ProxyHttp for Proxy {
             if let Some(b) = ctx.upstream.backend.take() {
                 let now_secs = crate::store::clock::unix_secs();
                 b.record(now_secs, true);
-                b.traffic.record(now_secs, NO_ANSWER, None);
+                b.traffic.record(
+                    crate::observe::traffic::secs(std::time::Instant::now()),
+                    NO_ANSWER,
+                    None,
+                );
             }
             ctx.upstream.attempt = None;
             e.set_retry(true);
@@ -496,9 +508,9 @@ impl ProxyHttp for Proxy {
                     .on_latency(now, now.saturating_duration_since(t0));
             }
         }
-        let now_secs = crate::store::clock::unix_secs();
         let backend = ctx.upstream.backend.take();
         if let Some(b) = &backend {
+            let now_secs = crate::store::clock::unix_secs();
             // The backend's fault only: a 5xx, or an error on the upstream side
             // (timeouts, resets). A client hanging up is not the backend's error.
             let upstream_failed =
@@ -522,7 +534,7 @@ impl ProxyHttp for Proxy {
                 request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
                 client: ctx.routing.client,
                 elapsed,
-                now_secs,
+                now_secs: crate::observe::traffic::secs(now),
                 shadow: ctx.gates.shadow,
                 priority: ctx.runtime.route_at(ctx.routing.route).priority,
             },

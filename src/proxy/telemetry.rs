@@ -101,7 +101,7 @@ pub struct Finished<'a> {
     /// request answered before routing.
     pub client: Option<IpAddr>,
     pub elapsed: Duration,
-    /// Unix seconds at the end (the traffic windows' clock).
+    /// Seconds on the traffic windows' clock at the end (`observe::traffic::secs`).
     pub now_secs: u64,
     /// The gates in shadow mode that would have refused the request.
     pub shadow: crate::gate::Shadowed,

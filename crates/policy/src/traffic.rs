@@ -225,6 +225,34 @@ impl TrafficWindow {
     }
 }
 
+/// One route's traffic: its window and the requests on it now. Kept across
+/// reloads while the route's label stays.
+#[derive(Debug, Default)]
+pub struct RouteTraffic {
+    pub window: TrafficWindow,
+    inflight: std::sync::atomic::AtomicU64,
+}
+
+impl RouteTraffic {
+    /// A request was routed here (one atomic add).
+    #[inline]
+    pub fn enter(&self) {
+        self.inflight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A request routed here ended (one atomic sub).
+    #[inline]
+    pub fn exit(&self) {
+        self.inflight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

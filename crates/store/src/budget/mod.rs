@@ -5,6 +5,7 @@
 mod claim_loop;
 mod local;
 mod local_ops;
+mod lua;
 mod redis;
 mod redis_claims;
 mod redis_ops;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redis::{Script, Value};
 
-use super::redis_ops::out_ops_lua;
+use super::lua::out_ops_lua;
 use crate::refill_lua;
 use crate::{RedisClient, StoreError};
 use portcullis_policy::cull::claims::FleetState;
@@ -189,7 +189,7 @@ impl RedisBudget {
         Self {
             client,
             claim: Script::new(CLAIM_LUA),
-            put_op: Script::new(super::redis_ops::PUT_OP_LUA),
+            put_op: Script::new(super::lua::PUT_OP_LUA),
             renew: Script::new(RENEW_LUA),
             snapshot: Script::new(SNAPSHOT_LUA),
         }

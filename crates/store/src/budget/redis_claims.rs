@@ -14,8 +14,8 @@ use portcullis_policy::cull::ops::{OpRecord, OpRequest, CLAIM_ASPECT};
 use portcullis_policy::cull::{ClaimCommit, CullParams};
 use redis::Value;
 
+use super::lua::out_ops_lua;
 use super::redis::RedisBudget;
-use super::redis_ops::out_ops_lua;
 use crate::refill_lua;
 use crate::StoreError;
 

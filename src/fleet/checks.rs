@@ -1,0 +1,103 @@
+//! The `[budget]` policy as the runtime API asks it: the ask for a backend (its named
+//! groups from the configuration, whether its peers are failing), the check of a
+//! voluntary operation on the fleet view, and the view's refresh after a local change.
+
+use std::sync::Arc;
+
+use portcullis_policy::cull::claims::{check_claim, ClaimAsk, ClaimRefusal};
+use portcullis_policy::cull::BudgetStore;
+
+use super::sync::FleetView;
+use crate::state::Runtime;
+use crate::upstream::Pool;
+
+/// The named groups of a backend of an upstream, from the configuration.
+pub fn named_groups(rt: &Runtime, upstream: &str, backend: &str) -> Vec<String> {
+    let parsed = backend.parse::<std::net::SocketAddr>().ok();
+    rt.config
+        .upstreams
+        .iter()
+        .find(|u| u.name == upstream)
+        .map(|u| {
+            u.groups
+                .iter()
+                .filter(|(_, members)| {
+                    members
+                        .iter()
+                        .any(|m| m == backend || (parsed.is_some() && m.parse().ok() == parsed))
+                })
+                .map(|(g, _)| g.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The health policy's input: another backend of `pool` is failing while it stays in
+/// rotation (over the error threshold and not culled: the budget or the systemic guard
+/// kept it), or down by its health check. A cull within the budget is not a failing
+/// upstream: the budget already counts it.
+pub fn peers_failing(pool: &Pool, backend: &str) -> bool {
+    pool.backends
+        .iter()
+        .filter(|b| b.addr_str != backend)
+        .any(|b| (!b.is_culled() && b.failing().is_some()) || !pool.is_healthy(b))
+}
+
+/// The ask for `backend` of `pool` (`emergency` as given).
+pub fn ask<'a>(
+    rt: &'a Arc<Runtime>,
+    pool: &'a Pool,
+    backend: &'a str,
+    emergency: bool,
+    groups: &'a (dyn Fn(&str, &str) -> Vec<String> + Sync),
+) -> ClaimAsk<'a> {
+    ClaimAsk {
+        upstream: &pool.name,
+        backend,
+        total: u32::try_from(pool.backends.len()).unwrap_or(u32::MAX),
+        fraction: rt.config.culling.params.max_culled_fraction,
+        emergency,
+        named_groups: groups,
+        peers_failing: peers_failing(pool, backend),
+    }
+}
+
+/// The [`[budget]`](portcullis_policy::cull::claims::BudgetPolicy) policies a drain, a
+/// maintenance or a weight 0 answers to besides the fraction: the health policy,
+/// `max_concurrent`, the grace periods and one group at a time, checked on the fleet view
+/// (`None`: allowed, or no view read yet).
+pub fn voluntary_check(
+    rt: &Arc<Runtime>,
+    pool: &Pool,
+    backend: &str,
+    view: &FleetView,
+) -> Option<ClaimRefusal> {
+    let state = view.load()?;
+    let groups_rt = Arc::clone(rt);
+    let groups = move |u: &str, be: &str| named_groups(&groups_rt, u, be);
+    let a = ask(rt, pool, backend, false, &groups);
+    match check_claim(&a, &state, &rt.config.budget) {
+        Err(
+            r @ (ClaimRefusal::Failing
+            | ClaimRefusal::MaxConcurrent { .. }
+            | ClaimRefusal::GracePeriod { .. }
+            | ClaimRefusal::OneGroup { .. }),
+        ) => Some(r),
+        _ => None,
+    }
+}
+
+/// After a change made here, the view this instance answers dry runs and audits from is
+/// read again at once (other instances catch up within a sync interval).
+pub async fn refresh(rt: &Runtime, budget: &dyn BudgetStore, view: &FleetView) {
+    if let Ok(state) = budget
+        .fleet_state(&names(rt), &rt.config.culling.params)
+        .await
+    {
+        view.store(state);
+    }
+}
+
+pub fn names(rt: &Runtime) -> Vec<&str> {
+    rt.pools.iter().map(|p| p.name.as_str()).collect()
+}
