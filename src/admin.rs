@@ -286,6 +286,9 @@ impl Admin {
                 .with_label_values(&[pool.name.as_str()])
                 .set(i64::from(pool.panic_mode.load(Ordering::Relaxed)));
             for b in &pool.backends {
+                let view = crate::fleet::backend_view(pool, b);
+                let state = view["state"].as_str().unwrap_or("up");
+                m.admin.set_backend_state(&pool.name, &b.addr_str, state);
                 m.cull
                     .backend_culled
                     .with_label_values(&[pool.name.as_str(), b.addr_str.as_str()])

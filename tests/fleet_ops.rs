@@ -151,6 +151,18 @@ fn a_drain_on_one_instance_stops_the_fleet_within_two_seconds_without_a_failed_r
         .logs()
         .lines()
         .any(|l| l.contains("\"admin_action\"") && l.contains("deploy v2")));
+    let series = |state: &str| {
+        format!(
+            "portcullis_backend_state{{backend=\"{}\",state=\"{state}\",upstream=\"app\"}}",
+            b1.addr()
+        )
+    };
+    let text = a.metrics();
+    assert!(
+        text.contains(&format!("{} 1", series("draining"))),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{} 0", series("up"))), "{text}");
 
     // ready: back in rotation everywhere.
     let r = action(&b, "app", &b1.addr(), "ready", "", &[]);

@@ -1,7 +1,11 @@
-//! The runtime API's metric (CONTRACT §12): `portcullis_admin_actions_total{action,result}`.
+//! The runtime API's metrics (CONTRACT §12, §18): `portcullis_admin_actions_total{action,result}`
+//! and `portcullis_backend_state{upstream,backend,state}`.
 
 use super::registered;
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+/// A backend's states, as `GET /backends` names them.
+pub const STATES: [&str; 6] = ["up", "draining", "maint", "claimed", "culled", "unhealthy"];
 
 /// The actions of the runtime API and their results, each series present from the start.
 pub const ACTIONS: [&str; 6] = ["drain", "maint", "ready", "weight", "claim", "release"];
@@ -16,6 +20,8 @@ pub const RESULTS: [&str; 6] = [
 
 pub struct AdminMetrics {
     actions: IntCounterVec,
+    /// 1 for the state each backend is in, 0 for the others; set at each scrape.
+    backend_state: IntGaugeVec,
 }
 
 impl AdminMetrics {
@@ -36,7 +42,29 @@ impl AdminMetrics {
                 actions.with_label_values(&[a, r]);
             }
         }
-        Self { actions }
+        let backend_state = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "portcullis_backend_state",
+                    "1 for the state a backend is in (up, draining, maint, claimed, culled, unhealthy), 0 for the others",
+                ),
+                &["upstream", "backend", "state"],
+            ),
+        );
+        Self {
+            actions,
+            backend_state,
+        }
+    }
+
+    /// Set a backend's state series: 1 for `state`, 0 for the others.
+    pub fn set_backend_state(&self, upstream: &str, backend: &str, state: &str) {
+        for s in STATES {
+            self.backend_state
+                .with_label_values(&[upstream, backend, s])
+                .set(i64::from(s == state));
+        }
     }
 
     /// Count one action (`action` and `result` from [`ACTIONS`] and [`RESULTS`]).
