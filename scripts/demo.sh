@@ -388,7 +388,7 @@ say "-- the backend recovers; it is probed ${COOLDOWN}s (cooldown_seconds) after
 run "curl -s -X POST http://$BAD/_demo/recover"
 wait_for $((COOLDOWN + INTERVAL * 4 + 20)) state_is "$ADMIN_PORT" "$BAD" up || fail "$BAD was not readmitted"
 say "readmitted at t=$((SECONDS - START))s"
-run "curl -s http://127.0.0.1:$ADMIN_PORT/status | grep -B1 -A5 '\"address\": \"$BAD\"'"
+run "curl -s http://127.0.0.1:$ADMIN_PORT/status | grep -A40 '\"address\": \"$BAD\"' | grep -m1 '\"state\"'"
 if [ -n "$REDIS_URL" ]; then
   wait_for $((INTERVAL * 3 + 10)) state_is "$ADMIN2_PORT" "$BAD" up || fail "instance b still has $BAD culled"
   say "instance b readmitted it too"

@@ -341,7 +341,9 @@ fn a_failing_upstream_refuses_voluntary_claims_and_the_store_down_is_503() {
         br#"{"upstream": "app", "backend": "1.2.3.4:5", "seconds": 5, "reason": "x"}"#,
     );
     assert_eq!(r.status, 404);
-    // the store down: 503, and traffic flows
+    // the store down: 503, and traffic flows (the failing backends recovered first)
+    bs[0].set_mode(Mode::Ok);
+    bs[1].set_mode(Mode::Ok);
     redis.kill();
     let (code, v) = claim(&p, &bs[2].addr(), 60, json!({}));
     assert_eq!(code, 503, "{v}");
