@@ -192,6 +192,15 @@ fn parse_body(action: Action, body: &[u8], by: &str) -> Result<Option<OpRequest>
     }))
 }
 
+/// The fuzzing entry point (`fuzz/`): [`parse_path`] over `rest` (what follows
+/// `/backends/`), then [`parse_body`] for its action, as a `POST` is parsed. The upstream,
+/// the address and the request the store would be asked. Not part of the API.
+#[doc(hidden)]
+pub fn fuzz_parse(rest: &str, body: &[u8]) -> Result<(String, String, Option<OpRequest>), String> {
+    let (up, addr, action) = parse_path(rest).map_err(|(_, msg)| msg.to_string())?;
+    parse_body(action, body, "fuzz").map(|req| (up, addr, req))
+}
+
 /// What happened to one action, for the journal, the metric and the log line.
 pub(super) struct Done<'a> {
     pub action: &'static str,

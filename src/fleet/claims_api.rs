@@ -60,6 +60,13 @@ fn parse(body: &[u8]) -> Result<ClaimBody, String> {
     Ok(b)
 }
 
+/// The fuzzing entry point (`fuzz/`): a `POST /claims` body as [`parse`] reads it, its
+/// `seconds` and `reason`. Not part of the API.
+#[doc(hidden)]
+pub fn fuzz_parse(body: &[u8]) -> Result<(u64, String), String> {
+    parse(body).map(|b| (b.seconds, b.reason))
+}
+
 /// The named groups of a backend of an upstream, from the configuration.
 fn named_groups(rt: &Runtime, upstream: &str, backend: &str) -> Vec<String> {
     let parsed = backend.parse::<std::net::SocketAddr>().ok();
