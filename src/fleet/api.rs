@@ -101,8 +101,11 @@ pub(super) fn decode(seg: &str) -> Option<String> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            // two hex digits: `u8::from_str_radix` alone would take `%+1` as 0x01
+            let hex = b
+                .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
             out.push(b[i]);
@@ -373,6 +376,9 @@ mod tests {
             ("app", "10.0.0.5:8080", Action::Drain)
         );
         assert!(parse_path("app/10.0.0.5:8080/explode").is_err());
+        // found by the admin fuzz target: a sign is not a hex digit
+        assert!(parse_path("app/%+1/drain").is_err());
+        assert!(parse_path("%+a/b/drain").is_err());
         assert!(parse_path("app/10.0.0.5:8080").is_err());
         assert!(parse_path("app/%zz/drain").is_err());
         assert!(parse_path("app/%ff/drain").is_err(), "not UTF-8");
