@@ -103,8 +103,12 @@ pub fn http1(data: &[u8]) {
         if !(framing_ok && target_ok && asterisk_ok && length.is_ok()) {
             return;
         }
-        // Forwarded. The target as received: the request line's second field.
-        let line = data.split(|&b| b == b'\n').next().unwrap_or_default();
+        // Forwarded. The target as received: the request line's second field (empty
+        // lines before the request line are skipped, RFC 9112 §2.2).
+        let line = data
+            .split(|&b| b == b'\n')
+            .find(|l| !l.is_empty() && *l != b"\r")
+            .unwrap_or_default();
         let received = line.split(|&b| b == b' ').nth(1).unwrap_or_default();
         assert_eq!(
             req.raw_path(),
