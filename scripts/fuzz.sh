@@ -12,8 +12,8 @@
 # The first run installs cargo-afl (crates.io) and builds AFL++ from its bundled sources
 # (~3 min), then builds the instrumented harnesses in their own target directory
 # ($CARGO_TARGET_DIR/afl, or FUZZ_TARGET_DIR). AFL_OPT_LEVEL (default 1) is the harness
-# build's -C opt-level; FUZZ_OUT keeps afl-fuzz's output directory (default: a temporary
-# one, removed after).
+# build's -C opt-level; FUZZ_OUT keeps afl-fuzz's output and log (default: a temporary
+# directory, removed after): FUZZ_OUT/afl/default/{queue,crashes,fuzzer_stats}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets="proxy_protocol http1 key config admin"
@@ -49,22 +49,23 @@ if [ -z "$out" ]; then
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
 fi
+mkdir -p "$out"
 # AFL_NO_AFFINITY: other builds share this machine's cores; AFL_SKIP_CPUFREQ: no governor
 # to read in a container; core dumps go to a file (core_pattern), which afl-fuzz accepts.
 AFL_NO_UI=1 AFL_QUIET=1 AFL_NO_AFFINITY=1 AFL_SKIP_CPUFREQ=1 AFL_FAST_CAL=1 \
   AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_SKIP_CRASHES=1 \
-  cargo afl fuzz -i "fuzz/corpus/$target" -o "$out" -V "$seconds" -t 2000 -- "$bin" \
+  cargo afl fuzz -i "fuzz/corpus/$target" -o "$out/afl" -V "$seconds" -t 2000 -- "$bin" \
   >"$out/afl.log" 2>&1 || { tail -30 "$out/afl.log" >&2; exit 1; }
 
-stats=$out/default/fuzzer_stats
+stats=$out/afl/default/fuzzer_stats
 stat() { sed -n "s/^$1 *: *//p" "$stats"; }
-crashes=$(find "$out/default/crashes" -name 'id:*' | wc -l)
-hangs=$(find "$out/default/hangs" -name 'id:*' | wc -l)
+crashes=$(find "$out/afl/default/crashes" -name 'id:*' | wc -l)
+hangs=$(find "$out/afl/default/hangs" -name 'id:*' | wc -l)
 echo "fuzz: $target ${seconds}s execs=$(stat execs_done) execs/s=$(stat execs_per_sec)" \
   "corpus=$(stat corpus_count) edges=$(stat edges_found) crashes=$crashes hangs=$hangs"
 if [ "$crashes" -gt 0 ]; then
   mkdir -p "fuzz/crashes/$target"
-  cp "$out"/default/crashes/id:* "fuzz/crashes/$target/"
+  cp "$out"/afl/default/crashes/id:* "fuzz/crashes/$target/"
   echo "fuzz: $target crashed; inputs in fuzz/crashes/$target/ (replay: $bin < FILE)" >&2
   exit 1
 fi

@@ -96,8 +96,9 @@ pub fn http1(data: &[u8]) {
         let raw = s.get_headers_raw_bytes();
         let req = s.req_header();
         let framing_ok = framing::check(&req.headers, || Some(raw.clone())).is_ok();
-        let target_ok =
-            !framing::target_has_invalid_byte(req.raw_path()) && !s.request_target_escaped();
+        let target_ok = !framing::target_has_invalid_byte(req.raw_path())
+            && !s.request_target_escaped()
+            && !framing::target_has_invalid_byte(framing::raw_target(&raw));
         let asterisk_ok = !framing::asterisk_target_misused(&req.method, req.raw_path());
         let length = framing::content_length_list(&req.headers);
         if !(framing_ok && target_ok && asterisk_ok && length.is_ok()) {
