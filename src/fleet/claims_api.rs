@@ -60,6 +60,13 @@ fn parse(body: &[u8]) -> Result<ClaimBody, String> {
     Ok(b)
 }
 
+/// The fuzzing entry point (`fuzz/`): a `POST /claims` body as [`parse`] reads it, its
+/// `seconds` and `reason`. Not part of the API.
+#[doc(hidden)]
+pub fn fuzz_parse(body: &[u8]) -> Result<(u64, String), String> {
+    parse(body).map(|b| (b.seconds, b.reason))
+}
+
 fn refusal_json(r: &ClaimRefusal, dry_run: bool) -> Value {
     let mut v = json!({
         "granted": false,

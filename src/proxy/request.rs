@@ -175,14 +175,17 @@ pub fn header_block_len(session: &Session) -> usize {
 /// refuses (a space, a control byte, …) and parses again, so `GET /a b` would
 /// reach the backend as `/a%20b`. Such a request is refused, not forwarded
 /// rewritten. The HTTP/1 session says whether it encoded the target (vendored
-/// pingora-core, twelfth patch), over plain TCP and TLS alike; HTTP/2 has no
+/// pingora-core, twelfth patch), over plain TCP and TLS alike, and its raw
+/// request line is checked too (a `#` is gone from the parsed target); HTTP/2 has no
 /// such repair, and its targets are checked for the bytes themselves.
 pub fn invalid_target(session: &Session) -> bool {
-    crate::framing::target_has_invalid_byte(session.req_header().raw_path())
-        || session
-            .as_downstream()
-            .as_http1()
-            .is_some_and(|h1| h1.request_target_escaped())
+    use crate::framing::{raw_target, target_has_invalid_byte};
+    target_has_invalid_byte(session.req_header().raw_path())
+        || session.as_downstream().as_http1().is_some_and(|h1| {
+            // the target as received: the parsed one has lost a fragment (`/a#x?k=v`)
+            h1.request_target_escaped()
+                || target_has_invalid_byte(raw_target(&h1.get_headers_raw_bytes()))
+        })
 }
 
 /// An HTTP/2 request that declared `content-length: 0` but whose stream did not end with
