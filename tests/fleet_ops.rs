@@ -514,3 +514,57 @@ fn drains_answer_to_the_budget_policy_unless_forced() {
     );
     assert_eq!(json(&r)["policy"], "last_backend");
 }
+
+#[test]
+fn max_concurrent_holds_an_automatic_cull_back_until_a_drain_ends() {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (1..=4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let cfg = format!(
+        "{}\n[budget]\nmax_concurrent = 1\n",
+        config(&refs, Some(&redis), "fops-cullcap", 0.5)
+    );
+    let p = Proxy::start(&cfg);
+    let r = action(
+        &p,
+        "app",
+        &bs[0].addr(),
+        "drain",
+        r#"{"reason": "deploy"}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    bs[1].set_mode(Mode::Fail(500));
+    // b2 fails, but one operation is out fleet-wide already: it stays in rotation, failing
+    eventually(
+        Duration::from_secs(20),
+        || "b2 never reported failing".into(),
+        || {
+            for _ in 0..4 {
+                let _ = try_get(&p.addr(), "/x", &[]);
+            }
+            let s = p.status_json();
+            let rows = s["upstreams"][0]["backends"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            rows.iter()
+                .any(|b| b["address"] == bs[1].addr() && b["failing"].is_string())
+        },
+    );
+    assert_eq!(state(&p, &bs[1].addr()), "up");
+    assert!(p.logs().contains("cull held back by [budget]"));
+    // the drain ends: the cull goes through
+    assert_eq!(
+        action(&p, "app", &bs[0].addr(), "ready", "", &[]).status,
+        200
+    );
+    eventually(
+        Duration::from_secs(20),
+        || "b2 never culled".into(),
+        || {
+            let _ = try_get(&p.addr(), "/x", &[]);
+            state(&p, &bs[1].addr()) == "culled"
+        },
+    );
+}

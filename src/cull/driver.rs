@@ -49,6 +49,9 @@ struct Step<'a> {
 pub struct Culling {
     shared: Arc<Shared>,
     budget: Arc<dyn BudgetStore>,
+    /// The fleet view the sync keeps: `[budget]`'s `max_concurrent` and one group at a
+    /// time hold culls back too (`None`: no view, as in unit tests).
+    view: Option<Arc<crate::fleet::sync::FleetView>>,
 }
 
 /// What the loop remembers between ticks.
@@ -60,8 +63,14 @@ pub struct Memory {
 }
 
 /// The background service over `budget` (fleet-wide in Redis, or in-process).
-pub fn service(shared: Arc<Shared>, budget: Arc<dyn BudgetStore>) -> GenBackgroundService<Culling> {
-    background_service("culling", Culling::new(shared, budget))
+pub fn service(
+    shared: Arc<Shared>,
+    budget: Arc<dyn BudgetStore>,
+    view: Arc<crate::fleet::sync::FleetView>,
+) -> GenBackgroundService<Culling> {
+    let mut culling = Culling::new(shared, budget);
+    culling.view = Some(view);
+    background_service("culling", culling)
 }
 
 #[async_trait]
@@ -86,7 +95,29 @@ impl Culling {
     pub fn new(shared: Arc<Shared>, budget: Arc<dyn BudgetStore>) -> Self {
         let tokens = shared.runtime.load().config.culling.params.tokens;
         shared.metrics.cull.tokens_available.set(i64::from(tokens));
-        Self { shared, budget }
+        Self {
+            shared,
+            budget,
+            view: None,
+        }
+    }
+
+    /// A cull refused by `[budget]`'s `max_concurrent` or one group at a time, from the
+    /// fleet view, as the over-budget answer the state machine knows (it stays in rotation
+    /// and is asked again next check); `None` when the budget may be asked.
+    fn held_back(&self, pool: &Pool, b: &BackendState) -> Option<ClaimOutcome> {
+        use portcullis_policy::cull::claims::{check_cull, ClaimRefusal};
+        let state = self.view.as_ref()?.load()?;
+        let rt = self.shared.runtime.load_full();
+        let groups = |u: &str, be: &str| crate::fleet::checks::named_groups(&rt, u, be);
+        let refusal =
+            check_cull(&pool.name, &b.addr_str, &groups, &state, &rt.config.budget).err()?;
+        tracing::warn!(event = "cull", upstream = %pool.name, backend = %b.addr_str, reason = %refusal.reason(), "cull held back by [budget]");
+        let (active, max_out) = match refusal {
+            ClaimRefusal::MaxConcurrent { active, max } => (active, max),
+            _ => (0, 0),
+        };
+        Some(ClaimOutcome::OverBudget { active, max_out })
     }
 
     /// One check at `now_ms` (Unix ms).
@@ -249,10 +280,14 @@ impl Culling {
             action = match action {
                 Action::None => return claim,
                 Action::Claim => {
-                    let res = self
-                        .budget
-                        .claim(&pool.name, &b.addr_str, total, params)
-                        .await;
+                    let res = match self.held_back(pool, b) {
+                        Some(refused) => Ok(refused),
+                        None => {
+                            self.budget
+                                .claim(&pool.name, &b.addr_str, total, params)
+                                .await
+                        }
+                    };
                     self.record_claim(pool, b, &res, errors);
                     if params.dry_run {
                         b.set_dry_run_cull(matches!(

@@ -6,7 +6,7 @@
 //! [`claims_api`] the claims a deploy tool asks of the same budget.
 
 pub mod api;
-mod checks;
+pub mod checks;
 pub mod claims_api;
 mod reply;
 pub mod sync;

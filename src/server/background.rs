@@ -188,7 +188,7 @@ pub(super) fn services(
             interval: flush_interval,
         },
     );
-    let culling = crate::cull::driver::service(sh(), Arc::clone(&budget));
+    let culling = crate::cull::driver::service(sh(), Arc::clone(&budget), Arc::clone(&view));
     let fleet_sync = crate::fleet::sync::service(sh(), budget, view);
     let readiness = background_service(
         "readiness",

@@ -321,6 +321,39 @@ pub fn check_claim(
     Ok(())
 }
 
+/// The limits an automatic cull of `backend` answers to besides the fraction and the
+/// tokens (which the store checks atomically): `max_concurrent` and one group at a time.
+/// A cull is the answer to a failure, so grace periods and the health policy do not hold
+/// it back. Checked on the instance's fleet view.
+pub fn check_cull(
+    upstream: &str,
+    backend: &str,
+    named_groups: &dyn Fn(&str, &str) -> Vec<String>,
+    state: &FleetState,
+    policy: &BudgetPolicy,
+) -> Result<(), ClaimRefusal> {
+    let all = state.all_out();
+    if all.contains(&(upstream, backend)) {
+        return Ok(());
+    }
+    let active = u32::try_from(all.len()).unwrap_or(u32::MAX);
+    if policy.max_concurrent > 0 && active + 1 > policy.max_concurrent {
+        return Err(ClaimRefusal::MaxConcurrent {
+            active,
+            max: policy.max_concurrent,
+        });
+    }
+    if policy.one_group_at_a_time {
+        let mine = named_groups(upstream, backend);
+        for (u, b) in &all {
+            if let Some(g) = named_groups(u, b).into_iter().find(|g| !mine.contains(g)) {
+                return Err(ClaimRefusal::OneGroup { group: g });
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,5 +504,36 @@ mod tests {
             ..p
         };
         assert_eq!(check_claim(&failing, &st, &lenient), Ok(()));
+    }
+
+    #[test]
+    fn culls_answer_to_max_concurrent_and_one_group_only() {
+        let mut st = state(0);
+        claim(&mut st, "app", "a1", 1, false);
+        let cap = BudgetPolicy {
+            max_concurrent: 1,
+            min_between_claims_ms: 3_600_000,
+            ..BudgetPolicy::default()
+        };
+        st.groups.insert("zone-a".into(), (1, 0));
+        assert_eq!(
+            check_cull("app", "b1", &zones, &st, &cap),
+            Err(ClaimRefusal::MaxConcurrent { active: 1, max: 1 })
+        );
+        // already out: nothing more is taken
+        assert_eq!(check_cull("app", "a1", &zones, &st, &cap), Ok(()));
+        let zone = BudgetPolicy {
+            one_group_at_a_time: true,
+            min_between_claims_ms: 3_600_000,
+            ..BudgetPolicy::default()
+        };
+        assert_eq!(
+            check_cull("app", "b1", &zones, &st, &zone),
+            Err(ClaimRefusal::OneGroup {
+                group: "zone-a".into()
+            })
+        );
+        // the grace period does not hold a cull back
+        assert_eq!(check_cull("app", "a2", &zones, &st, &zone), Ok(()));
     }
 }
