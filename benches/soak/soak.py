@@ -59,7 +59,10 @@ WARMUP = max(20, min(60, SECONDS // 6))
 QUIET = max(40, min(90, SECONDS // 8))  # the end: faults over, load on, everything recovers
 FAULTS_END = SECONDS - QUIET + 5  # every fault is over by then
 REDIS_GRACE = 2 * WINDOW  # windows this close to a Redis outage get the outage bound
-ERROR_GRACE = 20  # an ERROR line this long after an injected fault counts as caused
+ERROR_GRACE = 20
+# The leak baseline: a quarter into the run, so the process has been through the faults once
+# (its RSS steps up by ~2-3 MB at each of its first certificate reloads, then stays flat)
+LEAK_BASE = max(WARMUP, SECONDS // 4)  # an ERROR line this long after an injected fault counts as caused
 
 T0 = time.time()
 STOP = threading.Event()
@@ -187,7 +190,7 @@ def record(proto, key, t_send, t_recv, status, backend, slot, err=None, path="/"
     elif status == 503 and path.startswith("/bulk"):
         out = "503_bulkhead"
     else:
-        out = classify_failure(status, backend, slot, t_send - T0, t_recv - T0, err)
+        out = classify_failure(proto, status, backend, slot, t_send - T0, t_recv - T0, err)
     with LOCK:
         OUTCOME[out] += 1
         if out.startswith("failed:"):
@@ -196,13 +199,16 @@ def record(proto, key, t_send, t_recv, status, backend, slot, err=None, path="/"
         log(f"request FAILED: {proto} slot{slot} {path} status={status} backend={backend} err={err}")
 
 
-def classify_failure(status, backend, slot, t0, t1, err):
+def classify_failure(proto, status, backend, slot, t0, t1, err):
     if status == 500 and backend and active({"backend_fail"}, t0, t1, target=backend, grace=1):
         return "caused:backend_fail"
     if status in (502, 503, 504, 500) and active({"backend_fail", "backend_hang"}, t0, t1, grace=READ_TIMEOUT_MS / 1000 + 1):
         return "caused:backend_fault"
     if status is None and active({"sigterm"}, t0, t1, target=slot, grace=1):
         return "caused:sigterm"
+    if status is None and proto == "ws" and err == "TimeoutError" and active({"backend_hang"}, t0, t1):
+        # the wait for a 101 is bounded by tunnel_idle_timeout_seconds (README), not read_timeout_ms
+        return "caused:backend_hang_ws_upgrade"
     if status is None and err == "tunnel_cut" and active({"upgrade"}, t0, t1, target=slot, grace=1):
         return "caused:upgrade_closes_old_tunnels"
     return f"failed:{status if status is not None else err}"
@@ -1068,9 +1074,11 @@ def finish(insts, backends, redis):
         pid = i.proc.pid
         started = next(t for p, t, _ in i.pids if p == pid)
         samples = RES.get(pid, [])
-        base = [s for s in samples if started + WARMUP <= s[0] <= started + WARMUP + 30]
+        b0 = max(started + WARMUP, LEAK_BASE)
+        base = [s for s in samples if b0 <= s[0] <= b0 + 30]
+        warm = [s for s in samples if started + WARMUP <= s[0] <= started + WARMUP + 30]
         end = [s for s in samples if s[0] >= SECONDS - 30]
-        if len(base) < 3 or len(end) < 3 or started + WARMUP + 30 > SECONDS - QUIET:
+        if len(base) < 3 or len(end) < 3 or b0 + 30 > SECONDS - QUIET:
             drift[i.slot] = None
             continue
         med = lambda xs, k: round(sum(x[k] for x in xs) / len(xs), 1)  # the mean of 1 s samples
@@ -1078,9 +1086,11 @@ def finish(insts, backends, redis):
         for k, label in ((1, "rss"), (2, "fd"), (3, "keys")):
             b, e = med(base, k), med(end, k)
             d[label] = (e - b) / b if b > 0 else 0.0
-            d[label + "_abs"] = (b, e)
+            w = med(warm, k) if warm else b
+            d[label + "_abs"] = (w, b, e)
+            d[label + "_warm"] = (e - w) / w if w > 0 else 0.0
             if abs(d[label]) > 0.10:
-                fails.append(f"leak: instance {i.slot} (pid {pid}) {label} {b} after warm-up -> {e} at the end ({d[label]:+.1%})")
+                fails.append(f"leak: instance {i.slot} (pid {pid}) {label} {b} at {b0:.0f}s -> {e} at the end ({d[label]:+.1%})")
         drift[i.slot] = d
     with open(os.path.join(TMP, "resources.json"), "w") as f:
         json.dump({str(k): v for k, v in RES.items()}, f)
@@ -1129,7 +1139,8 @@ def finish(insts, backends, redis):
         print(f"soak: check failed: {w}", file=sys.stderr)
     for s, d in sorted(drift.items()):
         if d:
-            print(f"soak: instance {s}: rss {d['rss_abs']} KiB, fds {d['fd_abs']}, tracked keys {d['keys_abs']} (after warm-up, end)", file=sys.stderr)
+            print(f"soak: instance {s}: rss {d['rss_abs']} KiB, fds {d['fd_abs']}, tracked keys {d['keys_abs']} "
+                  f"(after its warm-up, at the leak baseline, at the end; RSS from its warm-up {d['rss_warm']:+.1%})", file=sys.stderr)
 
     row = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
@@ -1149,6 +1160,7 @@ def finish(insts, backends, redis):
         d = drift.get(s)
         for k in ("rss", "fd", "keys"):
             row[f"i{s}_{k}_drift"] = "" if d is None else f"{d[k]:+.3f}"
+        row[f"i{s}_rss_drift_from_warmup"] = "" if d is None else f"{d['rss_warm']:+.3f}"
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     new = not os.path.exists(RESULTS)
     with open(RESULTS, "a", newline="") as f:
