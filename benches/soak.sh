@@ -45,6 +45,8 @@
 #   or refused by the instance that was SIGTERMed at that time (from the signal until its
 #   restart is ready); a WebSocket tunnel cut on an instance being upgraded (the old process
 #   closes its tunnels at shutdown_timeout_seconds). Failed and caused are counted by cause.
+#   A 502/503/504 while one of the soak's own backends logged that it was not scheduled for
+#   over 1 s (a loaded machine: backend.py's tick) is counted apart, env_backend_not_scheduled.
 # - rate limit: a key's admitted requests in each fixed window (the limiter's windows are
 #   epoch-aligned; a request whose send and answer fall in two windows counts in both)
 #   stay within 1.05 x the limit (README), and within 3 x 1.05 (each of the 3 instances

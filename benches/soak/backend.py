@@ -3,7 +3,8 @@
 request with `Upgrade: websocket`, and a fault mode read from a control file on every
 request: `ok`, `fail` (500 to everything, the health check too), `hang` (reads the
 request, never answers while the mode stays `hang`, then closes), `slow` (answers after
-SLOW_MS). Every answer names the backend in `x-backend`.
+SLOW_MS). Every answer names the backend in `x-backend`. A gap of more than 1 s in its
+own 100 ms tick is logged as `stall START END` (epoch seconds).
 
     backend.py PORT NAME CTL_FILE [SLOW_MS]
 Python stdlib only; loopback only.
@@ -14,6 +15,7 @@ import http.server
 import os
 import socketserver
 import sys
+import threading
 import time
 
 PORT, NAME, CTL = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -114,7 +116,20 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     request_queue_size = 256
 
 
+def stall_watch():
+    """Logs every gap of more than 1 s in a 100 ms tick: this process was not scheduled
+    (a loaded machine), so what timed out through it then was not the proxy's doing."""
+    last = time.time()
+    while True:
+        time.sleep(0.1)
+        t = time.time()
+        if t - last > 1.0:
+            print(f"stall {last:.3f} {t:.3f}", flush=True)
+        last = t
+
+
 if __name__ == "__main__":
+    threading.Thread(target=stall_watch, daemon=True).start()
     srv = Server(("127.0.0.1", PORT), Handler)
     print(f"backend {NAME} on {PORT} (pid {os.getpid()})", flush=True)
     srv.serve_forever()

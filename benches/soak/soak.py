@@ -204,6 +204,8 @@ def classify_failure(proto, status, backend, slot, t0, t1, err):
         return "caused:backend_fail"
     if status in (502, 503, 504, 500) and active({"backend_fail", "backend_hang"}, t0, t1, grace=READ_TIMEOUT_MS / 1000 + 1):
         return "caused:backend_fault"
+    if status in (502, 503, 504) and backend_stalled(t0, t1):
+        return "env:backend_not_scheduled"
     if status is None and active({"sigterm"}, t0, t1, target=slot, grace=1):
         return "caused:sigterm"
     if status is None and proto == "ws" and err == "TimeoutError" and active({"backend_hang"}, t0, t1):
@@ -212,6 +214,21 @@ def classify_failure(proto, status, backend, slot, t0, t1, err):
     if status is None and err == "tunnel_cut" and active({"upgrade"}, t0, t1, target=slot, grace=1):
         return "caused:upgrade_closes_old_tunnels"
     return f"failed:{status if status is not None else err}"
+
+
+def backend_stalled(t0, t1):
+    """A backend logged a stall (it was not scheduled for over 1 s: a loaded machine, not
+    an injected fault and not the proxy) overlapping [t0 - read_timeout, t1]."""
+    for name in os.listdir(TMP):
+        if not name.startswith("backend-"):
+            continue
+        with open(os.path.join(TMP, name)) as f:
+            for line in f:
+                if line.startswith("stall "):
+                    a, b = (float(x) - T0 for x in line.split()[1:3])
+                    if a <= t1 and b + 0.5 >= t0 - READ_TIMEOUT_MS / 1000:
+                        return True
+    return False
 
 
 def admit(key, t_send, t_recv):
@@ -1123,13 +1140,14 @@ def finish(insts, backends, redis):
     fstr = ",".join(f"{k}:{FAULT_COUNT[k]}" for k in fk)
     pstr = ",".join(f"{k}:{REQ[k]}" for k in ("h1_keepalive", "h1_new", "h2", "ws", "h1_bulk"))
     cstr = ",".join(f"{k[7:]}:{v}" for k, v in sorted(OUTCOME.items()) if k.startswith("caused:")) or "-"
+    env = sum(v for k, v in OUTCOME.items() if k.startswith("env:"))
     dstr = " ".join(
         f"i{s}:" + ("n/a" if d is None else f"rss{d['rss']:+.1%}/fd{d['fd']:+.1%}/keys{d['keys']:+.1%}")
         for s, d in sorted(drift.items()))
     print(f"soak: {'PASS' if ok else 'FAIL'} seed={SEED} seconds={SECONDS} faults={sum(FAULT_COUNT.values())} ({fstr}) "
           f"requests={total_req} ({pstr}) ok={OUTCOME['ok']} 429={OUTCOME['429']} 503_bulkhead={OUTCOME['503_bulkhead']} "
           f"caused={caused} ({cstr}) retried_stale={OUTCOME['retried_stale']} retried_goaway={OUTCOME['retried_goaway']} "
-          f"failed={failed} checks_failed={len(fails)} max_key_ratio={max_norm:.3f} (bound {BOUND}) "
+          f"env_backend_not_scheduled={env} failed={failed} checks_failed={len(fails)} max_key_ratio={max_norm:.3f} (bound {BOUND}) "
           f"max_key_ratio_redis_down={max_out:.3f} (bound {BOUND * N_INST:.2f}) max_culled={MAX_CULLED[0]}/{N_BACKENDS} "
           f"ws_messages={OUTCOME['ws_messages']} error_lines={errors} unexplained_errors={len(unexplained)} drift {dstr}",
           flush=True)
@@ -1153,7 +1171,7 @@ def finish(insts, backends, redis):
     for k in ("h1_keepalive", "h1_new", "h2", "ws", "h1_bulk"):
         row[f"req_{k}"] = REQ[k]
     row.update({"ok": OUTCOME["ok"], "limited_429": OUTCOME["429"], "shed_503": OUTCOME["503_bulkhead"],
-                "caused": caused, "failed": failed, "checks_failed": len(fails),
+                "caused": caused, "env_backend_not_scheduled": env, "failed": failed, "checks_failed": len(fails),
                 "max_key_ratio": f"{max_norm:.3f}", "max_key_ratio_redis_down": f"{max_out:.3f}",
                 "max_culled": MAX_CULLED[0], "error_lines": errors, "unexplained_errors": len(unexplained)})
     for s in range(N_INST):
