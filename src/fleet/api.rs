@@ -228,10 +228,7 @@ pub async fn act(
             .await
             .map(|r| {
                 r.map(|record| {
-                    let mut records = b.manual().records();
-                    records.retain(|x| x.field() != record.field());
-                    records.push(record);
-                    b.manual().set(records);
+                    b.manual().put(record);
                 })
             }),
     };

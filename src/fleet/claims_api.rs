@@ -174,10 +174,7 @@ pub async fn post(
         crate::store::budget::claim(budget, &names, &ask, &rt.config.budget, params, &req).await;
     match outcome {
         Ok(Ok(rec)) => {
-            let mut records = backend.manual().records();
-            records.retain(|x| x.field() != rec.field());
-            records.push(rec.clone());
-            backend.manual().set(records);
+            backend.manual().put(rec.clone());
             refresh(&rt, budget, view).await;
             done.result = if b.emergency { "emergency" } else { "applied" };
             record(shared, &done);
@@ -286,9 +283,7 @@ pub async fn delete(
         Ok(true) => {
             if let Ok((pi, bi)) = find(&rt.pools, upstream, &rec.backend) {
                 let b = &rt.pools[pi].backends[bi];
-                let mut records = b.manual().records();
-                records.retain(|x| x.field() != rec.field());
-                b.manual().set(records);
+                b.manual().remove(&rec.field());
             }
             refresh(&rt, budget, view).await;
             record(shared, &done);

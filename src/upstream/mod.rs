@@ -228,6 +228,22 @@ impl Manual {
         (w != NO_WEIGHT).then_some(w)
     }
 
+    /// Put `record` in place of the one of its field (an action of this instance, before
+    /// the next sync reads it back).
+    pub fn put(&self, record: portcullis_policy::cull::ops::OpRecord) -> bool {
+        let mut records = self.records();
+        records.retain(|x| x.field() != record.field());
+        records.push(record);
+        self.set(records)
+    }
+
+    /// Drop the record stored under `field`.
+    pub fn remove(&self, field: &str) -> bool {
+        let mut records = self.records();
+        records.retain(|x| x.field() != field);
+        self.set(records)
+    }
+
     pub fn records(&self) -> Vec<portcullis_policy::cull::ops::OpRecord> {
         self.records
             .lock()
