@@ -179,14 +179,53 @@ impl Limiter {
     /// I/O; the request is counted only if admitted. Keys are bytes: two keys are the same
     /// key only if they are equal byte for byte.
     pub fn check<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
-        self.decide_key(key.as_ref(), now_ms, true)
+        self.decide_key(key.as_ref(), now_ms, true, None)
+    }
+
+    /// As [`Limiter::check`], with `limit` for this key instead of the configured one (a
+    /// tenant's tier: the caller knows the key's limit).
+    pub fn check_with_limit<K: AsRef<[u8]> + ?Sized>(
+        &self,
+        key: &K,
+        limit: u64,
+        now_ms: u64,
+    ) -> Decision {
+        self.decide_key(key.as_ref(), now_ms, true, Some(limit))
+    }
+
+    /// What the fleet admitted of `key` over the sliding window at `now_ms`, as this
+    /// instance knows it (the last synced totals with its own admissions since): `None`
+    /// while the key has never been synced with the store (no fleet view).
+    pub fn fleet_estimate<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Option<u64> {
+        let p = self.params.load();
+        let id = self.id_of(key.as_ref());
+        let shard = lock(self.shard_of(id));
+        let i = shard.find(id)?;
+        let s = shard.table.slots().get(i)?;
+        if s.flags & SYNCED == 0 {
+            return None;
+        }
+        let wms = p.window_ms;
+        let w = now_ms / wms;
+        let (prev, cur) = (
+            u64::from(s.g_prev).saturating_add(s.own_prev()),
+            u64::from(s.g_cur).saturating_add(s.own_cur()),
+        );
+        Some(super::slot::estimate_at(
+            s.win,
+            prev,
+            cur,
+            w,
+            wms,
+            now_ms % wms,
+        ))
     }
 
     /// As [`Limiter::check`], but an admission is not counted: whether this policy would
     /// admit the request. A request checked against several policies is counted against
     /// each only once every one of them admits it (see the app's `ratelimit::policy`).
     pub fn peek<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
-        self.decide_key(key.as_ref(), now_ms, false)
+        self.decide_key(key.as_ref(), now_ms, false, None)
     }
 
     /// Takes back one admission of `key` counted by [`Limiter::check`] at `now_ms` and not
@@ -208,7 +247,7 @@ impl Limiter {
         }
     }
 
-    fn decide_key(&self, key: &[u8], now_ms: u64, count: bool) -> Decision {
+    fn decide_key(&self, key: &[u8], now_ms: u64, count: bool, limit: Option<u64>) -> Decision {
         let p = self.params.load();
         let id = self.id_of(key);
         let mut shard = lock(self.shard_of(id));
@@ -231,6 +270,12 @@ impl Limiter {
             s.limit = p.limit_for(key);
             s.generation = p.generation;
             s.blocked_until = 0;
+        }
+        if let Some(limit) = limit {
+            if s.limit != limit {
+                s.limit = limit;
+                s.blocked_until = 0;
+            }
         }
         let d = self.decide(s, now_ms, wms, w, e, count);
         // Keys whose counts matter are sent at a coming flush (also when merely refused:
