@@ -179,18 +179,7 @@ impl Limiter {
     /// I/O; the request is counted only if admitted. Keys are bytes: two keys are the same
     /// key only if they are equal byte for byte.
     pub fn check<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
-        self.decide_key(key.as_ref(), now_ms, true, None)
-    }
-
-    /// As [`Limiter::check`], with `limit` for this key instead of the configured one (a
-    /// tenant's tier: the caller knows the key's limit).
-    pub fn check_with_limit<K: AsRef<[u8]> + ?Sized>(
-        &self,
-        key: &K,
-        limit: u64,
-        now_ms: u64,
-    ) -> Decision {
-        self.decide_key(key.as_ref(), now_ms, true, Some(limit))
+        self.decide_key(key.as_ref(), now_ms, true)
     }
 
     /// What the fleet admitted of `key` over the sliding window at `now_ms`, as this
@@ -225,7 +214,7 @@ impl Limiter {
     /// admit the request. A request checked against several policies is counted against
     /// each only once every one of them admits it (see the app's `ratelimit::policy`).
     pub fn peek<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Decision {
-        self.decide_key(key.as_ref(), now_ms, false, None)
+        self.decide_key(key.as_ref(), now_ms, false)
     }
 
     /// Takes back one admission of `key` counted by [`Limiter::check`] at `now_ms` and not
@@ -247,7 +236,7 @@ impl Limiter {
         }
     }
 
-    fn decide_key(&self, key: &[u8], now_ms: u64, count: bool, limit: Option<u64>) -> Decision {
+    fn decide_key(&self, key: &[u8], now_ms: u64, count: bool) -> Decision {
         let p = self.params.load();
         let id = self.id_of(key);
         let mut shard = lock(self.shard_of(id));
@@ -270,12 +259,6 @@ impl Limiter {
             s.limit = p.limit_for(key);
             s.generation = p.generation;
             s.blocked_until = 0;
-        }
-        if let Some(limit) = limit {
-            if s.limit != limit {
-                s.limit = limit;
-                s.blocked_until = 0;
-            }
         }
         let d = self.decide(s, now_ms, wms, w, e, count);
         // Keys whose counts matter are sent at a coming flush (also when merely refused:

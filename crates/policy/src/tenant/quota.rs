@@ -422,9 +422,7 @@ mod tests {
         let k = QuotaBook::key("acme", Period::Month);
         // Two instances' worth of spending through one store: ours, then another's.
         for t in 0..5 {
-            assert!(limiter
-                .check_with_limit("\0tenant\0acme", 100, NOW + t)
-                .is_allowed());
+            assert!(limiter.check("\0tenant\0acme", NOW + t).is_allowed());
         }
         book.charge(k, Period::Month, 40, NOW);
         let set = [&limiter];
