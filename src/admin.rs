@@ -388,6 +388,7 @@ impl Admin {
             },
             "upstreams": upstreams,
             "routes": crate::observe::traffic::routes_json(&rt, traffic_now),
+            "tenants": rt.tenants.as_deref().map(|r| crate::tenants::status_json(r, &s.tenant_quota)),
         })
     }
 }

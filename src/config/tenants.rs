@@ -26,6 +26,16 @@ pub enum UnknownKey {
     Reject,
 }
 
+impl UnknownKey {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnknownKey::Allow => "allow",
+            UnknownKey::ClientIp => "client_ip",
+            UnknownKey::Reject => "reject",
+        }
+    }
+}
+
 /// One tier: what every tenant of it may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tier {

@@ -218,6 +218,9 @@ pub fn admit(
         None => Who::Unresolved,
         Some(registry) => tenant::identify(registry, &rt.config.rate_limit, facts)?,
     };
+    if let Who::Tenant(t) = who {
+        admitted.tenant = Some(Arc::clone(t));
+    }
     let with_class;
     let facts = match who.priority() {
         Some(priority) if priority != facts.priority => {
@@ -248,7 +251,6 @@ pub fn admit(
     }
     .check(facts, now_ms)?;
     if let Who::Tenant(t) = who {
-        admitted.tenant = Some(Arc::clone(t));
         admitted.tenant_slot = tenant::TenantGate {
             tenant: t,
             quota: &shared.tenant_quota,

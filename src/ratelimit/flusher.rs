@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis_policy::ratelimit::flush_with;
-use portcullis_policy::ratelimit::{CounterStore, FlushExtra};
 use portcullis_policy::ratelimit::Limiter;
+use portcullis_policy::ratelimit::{CounterStore, FlushExtra};
 
 /// Wall-clock Unix time in milliseconds (the `now_ms` the proxy passes to `check`).
 pub use crate::store::clock::unix_ms as now_ms;

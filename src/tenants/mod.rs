@@ -8,6 +8,43 @@ pub mod watch;
 
 pub use registry::{Live, Registry, TenantRt, TenantSlot};
 
+/// Most tenants `/status` lists one by one (those with requests in flight, a
+/// concurrency cap or a quota first come first).
+pub const STATUS_MAX_TENANTS: usize = 200;
+
+/// `/status` `tenants`: how many, and for the tenants with a concurrency cap or a quota
+/// (at most [`STATUS_MAX_TENANTS`]): in flight here, this instance's share of the
+/// concurrency cap, and the quota spent in the period (fleet-wide, as last synced).
+pub fn status_json(
+    registry: &Registry,
+    quota: &portcullis_policy::tenant::QuotaBook,
+) -> serde_json::Value {
+    let now = crate::store::clock::unix_ms();
+    let listed: Vec<serde_json::Value> = registry
+        .tenants
+        .iter()
+        .filter(|t| t.tier.concurrency > 0 || t.tier.quota > 0 || t.live.inflight() > 0)
+        .take(STATUS_MAX_TENANTS)
+        .map(|t| {
+            serde_json::json!({
+                "name": &*t.name,
+                "tier": &*t.tier.name,
+                "inflight": t.live.inflight(),
+                "concurrency": t.tier.concurrency,
+                "allowance": t.live.allowance(),
+                "quota": t.tier.quota,
+                "quota_period": t.tier.period.as_str(),
+                "quota_used": quota.used(t.quota_key, t.tier.period, now),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "count": registry.len(),
+        "unknown_key": registry.unknown_key.as_str(),
+        "limited": listed,
+    })
+}
+
 /// A request's cost from the backend's cost header: a whole number of units; absent,
 /// negative, fractional or otherwise invalid = 1 (CONTRACT §14). 0 is a free request.
 pub fn cost_of(value: Option<&http::HeaderValue>) -> u64 {

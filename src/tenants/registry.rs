@@ -142,7 +142,6 @@ pub struct Registry {
     metrics: prometheus::IntCounterVec,
 }
 
-
 impl Registry {
     /// The registry of `settings`; tenants that `previous` knew keep their live state.
     pub fn build(
@@ -171,12 +170,16 @@ impl Registry {
             for k in keys {
                 by_key.insert(*k, i as u32);
             }
-            let live = old.get(&**name).map_or_else(Arc::default, |l| Arc::clone(l));
+            let live = old
+                .get(&**name)
+                .map_or_else(Arc::default, |l| Arc::clone(l));
             if live.allowance() == 0 {
                 live.allowance.store(tier.concurrency, Ordering::Relaxed);
             }
             tenants.push(Arc::new(TenantRt {
-                ident: crate::config::tenants::ident(name).into_bytes().into_boxed_slice(),
+                ident: crate::config::tenants::ident(name)
+                    .into_bytes()
+                    .into_boxed_slice(),
                 quota_key: QuotaBook::key(name, tier.period),
                 name: Arc::clone(name),
                 tier,

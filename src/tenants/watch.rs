@@ -10,7 +10,9 @@ use crate::state::Shared;
 
 /// What tells a file changed: (inode, length, mtime in ns). A Kubernetes ConfigMap swap
 /// (a symlink moved) changes the inode.
-fn stamp(path: &std::path::Path) -> Option<(u64, u64, i64)> {
+type Stamp = (u64, u64, i64);
+
+fn stamp(path: &std::path::Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.ino(), m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
 }
@@ -19,7 +21,7 @@ fn stamp(path: &std::path::Path) -> Option<(u64, u64, i64)> {
 pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen: Option<(std::path::PathBuf, Option<(u64, u64, i64)>)> = None;
+    let mut seen: Option<(std::path::PathBuf, Option<Stamp>)> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -34,7 +36,9 @@ pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiv
             continue;
         };
         let path = if path.is_relative() {
-            std::env::current_dir().map(|d| d.join(&path)).unwrap_or(path)
+            std::env::current_dir()
+                .map(|d| d.join(&path))
+                .unwrap_or(path)
         } else {
             path
         };

@@ -136,6 +136,16 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(period: Period, now_ms: u64) -> Entry {
+        Entry {
+            period,
+            index: period.index(now_ms),
+            known: 0,
+            unsent: 0,
+            pending: 0,
+        }
+    }
+
     fn used(&self) -> u64 {
         self.known
             .saturating_add(self.unsent)
@@ -198,7 +208,9 @@ impl QuotaBook {
     }
 
     /// Whether a request of the tenant may start: refused once its spending reached
-    /// `quota` (until the period ends).
+    /// `quota` (until the period ends). A tenant first seen here starts being read from
+    /// the store at the coming flushes (the fleet's spending matters to the instances
+    /// its requests reach).
     pub fn check(
         &self,
         key: u128,
@@ -206,7 +218,15 @@ impl QuotaBook {
         quota: u64,
         now_ms: u64,
     ) -> Result<(), QuotaExceeded> {
-        let used = self.used(key, period, now_ms);
+        let used = {
+            let mut m = self.lock();
+            let e = m.entry(key).or_insert_with(|| Entry::new(period, now_ms));
+            if e.period != period {
+                *e = Entry::new(period, now_ms);
+            }
+            e.roll(now_ms);
+            e.used()
+        };
         if quota > 0 && used >= quota {
             return Err(QuotaExceeded {
                 used,
@@ -220,22 +240,10 @@ impl QuotaBook {
     pub fn charge(&self, key: u128, period: Period, cost: u64, now_ms: u64) {
         let mut m = self.lock();
         let index = period.index(now_ms);
-        let e = m.entry(key).or_insert(Entry {
-            period,
-            index,
-            known: 0,
-            unsent: 0,
-            pending: 0,
-        });
+        let e = m.entry(key).or_insert_with(|| Entry::new(period, now_ms));
         if e.period != period {
             // The tenant's tier changed its period (a reload): a new count.
-            *e = Entry {
-                period,
-                index,
-                known: 0,
-                unsent: 0,
-                pending: 0,
-            };
+            *e = Entry::new(period, now_ms);
         }
         e.roll(now_ms);
         if e.index == index {
