@@ -4,6 +4,7 @@
 //! concurrency share) is `portcullis_policy::tenant`.
 
 pub mod registry;
+pub mod sync;
 pub mod watch;
 
 pub use registry::{Live, Registry, TenantRt, TenantSlot};
