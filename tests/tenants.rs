@@ -126,6 +126,11 @@ fn a_tenants_keys_share_its_tier_limit_and_unknown_keys_follow_unknown_key() {
         assert!(!metrics.contains(k), "{k} in metrics");
         assert!(!logs.contains(k), "{k} in logs");
     }
+    // The access log names the tenant (never the key).
+    assert!(
+        wait_until(DEADLINE, || p.logs().contains("\"tenant\":\"hobby\"")),
+        "no access-log line names the tenant"
+    );
     let st = p.status_json();
     assert_eq!(st["tenants"]["count"], 2);
     assert_eq!(st["tenants"]["unknown_key"], "reject");
