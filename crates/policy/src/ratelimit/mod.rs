@@ -118,7 +118,7 @@ pub mod window;
 pub use flush::{flush, FlushOutcome};
 pub use limiter::Limiter;
 pub use shard::{approx_bytes_per_key, SHARDS};
-pub use sim::{simulate, T0 as SIM_T0};
+pub use sim::{simulate, simulate_fleet, FleetRun, FleetSim, Spread, T0 as SIM_T0};
 pub use slot::LOCAL_ONLY_MAX;
 pub use store::{Batch, CounterStore, Delta, GlobalCounts, LocalStore, StoreError, SyncResult};
 
