@@ -96,13 +96,13 @@ impl Sliding {
 /// instance's share is `S = floor(R / n)` whole requests plus one more with probability
 /// `frac(R / n)` (0 when `R < 1`), so the shares of the `n` instances add up to `R` in
 /// expectation (rounding every share up, as before, let `n` instances admit `R + n - 1`).
-/// `draw` gives that chance: uniform over `u64`, drawn per instance and key and held
-/// between two syncs ([`share_draw`]); the extra request is granted iff
-/// `draw < frac(R / n) * 2^64`. It is called only when the extra request decides (`own`
-/// has used the whole part of the share).
-/// One more is admitted iff `estimate(own) + 1 <= S`. With `n = 1` there is no rounding
-/// (`S = R`): this never refuses what [`Sliding::admits`] admits (on the summed counts);
-/// with `n >= 2` it admits nothing [`Sliding::admits`] would refuse (`S <= ceil(R / n) <= R`).
+/// One more is admitted iff `estimate(own) + 1 <= S`. `draw` gives the chance of the extra
+/// request: uniform over `u64`, drawn per instance and key and held between two syncs
+/// ([`share_draw`]); the extra request is granted iff `draw < frac(R / n) * 2^64`. It is
+/// called only when the extra request decides (`own` has used `floor(R / n)`, not more).
+/// With `n = 1` there is no rounding (`S = R`): this is exactly [`Sliding::admits`] on the
+/// summed counts; with `n >= 2` it admits nothing [`Sliding::admits`] would refuse, whatever
+/// the draw (`S <= ceil(R / n) <= R`).
 #[inline]
 pub fn within_share(
     global: Sliding,
