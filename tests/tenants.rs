@@ -194,6 +194,16 @@ fn check_refuses_a_key_in_clear_at_its_line_without_showing_it() {
     let (code, _, err, _) = check_config(&no_tiers);
     assert_ne!(code, 0);
     assert!(err.contains("tiers: tenants need at least one"), "{err}");
+    // A FIFO is refused at once (opening it would block until a writer came).
+    let fifo = dir.path().join("fifo.toml");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    let t0 = Instant::now();
+    let (code, _, err, _) =
+        check_config(&cfg.replace(&file.display().to_string(), &fifo.display().to_string()));
+    assert_ne!(code, 0);
+    assert!(err.contains("not a regular file (a FIFO)"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
     // A bad tier value, located in the main file.
     let bad = cfg.replace("limit = 2", "limit = 0");
     let (code, _, err, path) = check_config(&bad);

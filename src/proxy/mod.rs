@@ -337,9 +337,19 @@ impl ProxyHttp for Proxy {
             );
         }
         if let Some(name) = &ctx.runtime.config.rate_limit.cost_header {
-            // The request's cost against its tenant's quota; never shown to the client.
-            ctx.answer.cost = Some(crate::tenants::cost_of(resp.headers.get(name)));
+            // The request's cost against its tenant's quota, charged before the client
+            // sees the response (its next request sees the spending); never shown to it.
+            let cost = crate::tenants::cost_of(resp.headers.get(name));
             resp.remove_header(name);
+            if !ctx.answer.charged {
+                if let Some(t) = ctx.gates.tenant.as_deref().filter(|t| t.tier.quota > 0) {
+                    let now = crate::store::clock::unix_ms();
+                    self.shared
+                        .tenant_quota
+                        .charge(t.quota_key, t.tier.period, cost, now);
+                    ctx.answer.charged = true;
+                }
+            }
         }
         Ok(())
     }
@@ -516,13 +526,14 @@ impl ProxyHttp for Proxy {
         if let Some(registry) = ctx.runtime.tenants.as_deref() {
             let tenant = ctx.gates.tenant.as_deref();
             registry.count(tenant, outcome);
-            if let Some(t) = tenant.filter(|t| t.tier.quota > 0) {
-                // Charged once the request went to a backend (not when a gate refused it).
+            if let Some(t) = tenant.filter(|t| t.tier.quota > 0 && !ctx.answer.charged) {
+                // Not charged at its response header (no cost header, or no answer): 1,
+                // once the request went to a backend (not when a gate refused it).
                 if matches!(outcome, Outcome::Proxied | Outcome::UpstreamError) {
                     self.shared.tenant_quota.charge(
                         t.quota_key,
                         t.tier.period,
-                        ctx.answer.cost.unwrap_or(1),
+                        1,
                         crate::store::clock::unix_ms(),
                     );
                 }
