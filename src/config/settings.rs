@@ -170,6 +170,9 @@ pub struct RateLimitSettings {
     pub policies: Vec<RatePolicySettings>,
     /// Shadow mode of the `[rate_limit]` policy: decide and report, never refuse.
     pub shadow: bool,
+    /// `[jwt]`: the verifier of `jwt:CLAIM` keys (its files read at load); `None` without
+    /// `[jwt]`.
+    pub jwt: Option<std::sync::Arc<crate::tenants::jwt::Verifier>>,
 }
 
 /// One `[[rate_limit.policies]]` entry.

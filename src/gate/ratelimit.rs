@@ -8,7 +8,9 @@ use std::net::IpAddr;
 
 use super::{Gate, RequestFacts};
 use crate::config::RateLimitSettings;
-use crate::ratelimit::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
+use crate::ratelimit::{
+    extract_request_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey,
+};
 use crate::respond::{RateFields, Refusal};
 
 /// The route's rate-limit policies under the config's `[rate_limit]` settings.
@@ -80,23 +82,29 @@ fn check(
     };
     // One policy: decide while the key is still borrowed from the request (no copy of it).
     let limiter = &policy.limiter;
-    let decision = match extract_key(&rl.source, req.headers, req.uri, rl.params.max_key_bytes) {
-        KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
-        KeyOutcome::TooLong => {
-            return key_refusal(policies, 0, Refusal::KeyTooLong, shadow).map(|()| None)
-        }
-        // The limiter would count one value while the backend may act on another.
-        KeyOutcome::Duplicate => {
-            return key_refusal(policies, 0, Refusal::KeyAmbiguous, shadow).map(|()| None)
-        }
-        KeyOutcome::Missing => match rl.missing_key {
-            MissingKey::Allow => return Ok(None),
-            MissingKey::Reject => {
-                return key_refusal(policies, 0, Refusal::KeyMissing, shadow).map(|()| None)
+    let jwt = rl.jwt.as_deref();
+    let max = rl.params.max_key_bytes;
+    let decision =
+        match extract_request_key(&rl.source, jwt, req.headers, req.uri, max, now_ms / 1000) {
+            KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
+            KeyOutcome::Invalid => {
+                return key_refusal(policies, 0, Refusal::TokenInvalid, shadow).map(|()| None)
             }
-            MissingKey::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
-        },
-    };
+            KeyOutcome::TooLong => {
+                return key_refusal(policies, 0, Refusal::KeyTooLong, shadow).map(|()| None)
+            }
+            // The limiter would count one value while the backend may act on another.
+            KeyOutcome::Duplicate => {
+                return key_refusal(policies, 0, Refusal::KeyAmbiguous, shadow).map(|()| None)
+            }
+            KeyOutcome::Missing => match rl.missing_key {
+                MissingKey::Allow => return Ok(None),
+                MissingKey::Reject => {
+                    return key_refusal(policies, 0, Refusal::KeyMissing, shadow).map(|()| None)
+                }
+                MissingKey::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
+            },
+        };
     let combined = Combined::of(0, decision);
     match combined {
         Combined::Admitted { .. } => policy.counters.allowed.inc(),
@@ -137,8 +145,16 @@ fn check_all(
             }
             PolicyKey::Source(s) => s,
         };
-        match extract_key(source, req.headers, req.uri, max) {
+        match extract_request_key(
+            source,
+            rl.jwt.as_deref(),
+            req.headers,
+            req.uri,
+            max,
+            now_ms / 1000,
+        ) {
             KeyOutcome::Key(k) => keys.push((i, k)),
+            KeyOutcome::Invalid => key_refusal(policies, i, Refusal::TokenInvalid, shadow)?,
             KeyOutcome::TooLong => key_refusal(policies, i, Refusal::KeyTooLong, shadow)?,
             KeyOutcome::Duplicate => key_refusal(policies, i, Refusal::KeyAmbiguous, shadow)?,
             // A named policy whose key the request lacks does not apply to it.
