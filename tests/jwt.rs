@@ -359,10 +359,17 @@ fn invalid_tokens_are_401_and_never_forwarded() {
         assert_invalid_token(&get_with(&p, &bearer(token)), what);
     }
     assert_eq!(b.requests(), 0, "an invalid token was forwarded");
-    let rejected = p
-        .metric("portcullis_requests_total{outcome=\"rejected\"}")
-        .unwrap_or(0.0);
-    assert_eq!(rejected - rejected_before, cases.len() as f64);
+    // Counted once the request is logged, just after its answer: polled.
+    let rejected = || {
+        p.metric("portcullis_requests_total{outcome=\"rejected\"}")
+            .unwrap_or(0.0)
+            - rejected_before
+    };
+    eventually(
+        DEADLINE,
+        || format!("rejected {} of {}", rejected(), cases.len()),
+        || rejected() == cases.len() as f64,
+    );
     // The valid token still passes.
     assert_eq!(get_with(&p, &bearer(&valid)).status, 200);
     assert_eq!(b.requests(), 1);
