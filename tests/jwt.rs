@@ -5,6 +5,9 @@
 //!
 //! Counting tests use a one-hour window so that no window boundary changes the outcome.
 
+// The helpers below are test code too (clippy allows unwrap only inside #[test] functions).
+#![allow(clippy::unwrap_used)]
+
 use portcullis_test_kit as support;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
