@@ -51,6 +51,19 @@ pub fn header(
     if let (Refusal::RateLimited { fields, .. }, Some(parts)) = (refusal, parts) {
         apply_rate_fields(fields, parts, &mut resp)?;
     }
+    match refusal {
+        Refusal::TenantConcurrency { limit } => {
+            let v = format!("\"concurrency\";q={limit}");
+            resp.insert_header(&crate::edge::headers::names::RATELIMIT_POLICY, v)?;
+        }
+        Refusal::QuotaExceeded {
+            quota, period_secs, ..
+        } => {
+            let v = format!("\"quota\";q={quota};w={period_secs}");
+            resp.insert_header(&crate::edge::headers::names::RATELIMIT_POLICY, v)?;
+        }
+        _ => {}
+    }
     if close {
         resp.insert_header("connection", "close")?;
     }
@@ -62,9 +75,16 @@ pub fn header(
 /// A shed 503 under overload is the case this is for: cloning a built header
 /// is a copy of its two small maps, building one parses and inserts each field.
 fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box<ResponseHeader>> {
-    if let Refusal::RateLimited { fields, .. } = refusal {
-        let parts = policies.fields(fields.policy);
-        return Ok(Box::new(header(refusal, close, parts)?));
+    match refusal {
+        Refusal::RateLimited { fields, .. } => {
+            let parts = policies.fields(fields.policy);
+            return Ok(Box::new(header(refusal, close, parts)?));
+        }
+        // Their fields change with the tenant's tier.
+        Refusal::TenantConcurrency { .. } | Refusal::QuotaExceeded { .. } => {
+            return Ok(Box::new(header(refusal, close, None)?));
+        }
+        _ => {}
     }
     // Everything the header holds: status, Content-Length, Retry-After,
     // WWW-Authenticate, Connection.

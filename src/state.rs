@@ -32,6 +32,8 @@ pub struct Runtime {
     routes: RouteTable,
     /// `shedding.shadow`: the shed gate's shadow-refusal counters by priority class.
     pub shed_shadow: Option<[prometheus::IntCounter; 3]>,
+    /// `[tenants]`: the registry of tenants; `None` when keys are not identities.
+    pub tenants: Option<Arc<crate::tenants::Registry>>,
 }
 
 /// The rate-limit policies of `config`: `[rate_limit]` on `default`, each named policy on
@@ -141,7 +143,15 @@ impl Runtime {
         let rate = build_policies(&config, previous, limiter, metrics);
         let routes = RouteTable::build(&config.routes);
         let shed_shadow = config.shedding.shadow.then(|| metrics.shadow.shed());
+        let tenants = config.tenants.enabled().then(|| {
+            Arc::new(crate::tenants::Registry::build(
+                &config.tenants,
+                previous.and_then(|p| p.tenants.as_deref()),
+                metrics,
+            ))
+        });
         Self {
+            tenants,
             shed_shadow,
             routes,
             pools,
@@ -207,6 +217,8 @@ pub struct Shared {
     pub runtime: ArcSwap<Runtime>,
     pub shedder: Arc<Shedder>,
     pub limiter: Arc<Limiter>,
+    /// The tenants' cost quotas (CONTRACT §14): flushed with the rate limit's counts.
+    pub tenant_quota: Arc<portcullis_policy::tenant::QuotaBook>,
     pub metrics: Arc<Metrics>,
     /// The tunnel cap's slots (`shedding.max_tunnels`) and open-tunnel gauge.
     pub tunnels: Arc<crate::edge::tunnel::Tunnels>,
@@ -247,6 +259,7 @@ impl Shared {
             runtime: ArcSwap::from_pointee(runtime),
             shedder,
             limiter,
+            tenant_quota: Arc::default(),
             tunnels: crate::edge::tunnel::Tunnels::new(metrics.edge.tunnels_open.clone()),
             proxied: Arc::default(),
             metrics,
@@ -295,6 +308,38 @@ impl Shared {
     /// current `[[rate_limit.policies]]` (flushed together, in one batch).
     pub fn rate_limiters(&self) -> Vec<Arc<Limiter>> {
         self.runtime.load().rate.limiters()
+    }
+
+    /// After each rate-limit flush: each tenant's share of its tier's concurrency, from
+    /// the fleet's counts just synced. While the store is unreachable the last shares stay
+    /// (the last known state).
+    pub fn refresh_tenants(&self) {
+        let rt = self.runtime.load();
+        let Some(registry) = rt.tenants.as_deref() else {
+            return;
+        };
+        if !self.limiter.store_healthy() {
+            return;
+        }
+        let now = unix_ms();
+        let window_ms = rt.config.rate_limit.params.window_secs.saturating_mul(1000);
+        let mut seed = now ^ 0x9e37_79b9_7f4a_7c15;
+        // splitmix64: the shares' remainders are drawn independently on each instance.
+        let draw = move || {
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = seed;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 53) as f64
+        };
+        registry.refresh(
+            now,
+            window_ms,
+            self.limiter.instances(),
+            |ident| self.limiter.fleet_estimate(ident, now),
+            draw,
+        );
     }
 
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay

@@ -115,7 +115,8 @@ mod store;
 mod table;
 pub mod window;
 
-pub use flush::{flush, FlushOutcome};
+pub use flush::{flush, flush_with, FlushExtra, FlushOutcome};
+pub use hash::stable_hash_in;
 pub use limiter::Limiter;
 pub use shard::{approx_bytes_per_key, SHARDS};
 pub use sim::{simulate, T0 as SIM_T0};
