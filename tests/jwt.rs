@@ -585,3 +585,43 @@ fn check_refuses_a_jwt_key_without_keys_and_a_bad_jwks() {
         "{err}"
     );
 }
+
+#[test]
+fn a_verified_claim_is_looked_up_among_the_tenants() {
+    use sha2::{Digest, Sha256};
+    let b = Backend::start("b");
+    let keys = Keys::new();
+    let jwks = keys.write_jwks(&[keys.rsa_jwk(), keys.ec_jwk()]);
+    // The tenant's key is the claim's value (its SHA-256 in the tenants file).
+    let tenants = keys.dir.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        format!(
+            "[[tenant]]\nname = \"acme\"\ntier = \"pro\"\nkeys = [\"sha256:{}\", \"sha256:{}\"]\n",
+            hex::encode(Sha256::digest(b"alice")),
+            hex::encode(Sha256::digest(b"bob")),
+        ),
+    )
+    .unwrap();
+    let rl = format!(
+        "{BY_SUB}\n[tenants]\nfile = {:?}\nunknown_key = \"reject\"\n\n[tiers.pro]\nlimit = 4\n",
+        tenants.to_str().unwrap()
+    );
+    let p = Proxy::start(&config(&b, &jwks, None, &rl));
+    // alice and bob are one tenant: 4 requests between them (the tier's limit, not 3 each).
+    let alice = keys.rs256(good("alice"));
+    let bob = keys.es256(good("bob"));
+    for t in [&alice, &bob, &alice, &bob] {
+        assert_eq!(get_with(&p, &bearer(t)).status, 200);
+    }
+    assert_eq!(get_with(&p, &bearer(&alice)).status, 429);
+    assert_eq!(get_with(&p, &bearer(&bob)).status, 429);
+    // A valid token of no tenant: unknown_key = "reject" (401, not invalid_token).
+    let r = get_with(&p, &bearer(&keys.rs256(good("zed"))));
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("www-authenticate"), None);
+    // A forged token claiming a tenant's sub is refused before any lookup.
+    let forged = Keys::new().rs256(good("alice"));
+    assert_invalid_token(&get_with(&p, &bearer(&forged)), "forged alice");
+    assert_eq!(b.requests(), 4);
+}
