@@ -333,7 +333,15 @@ fn invalid_tokens_are_401_and_never_forwarded() {
             "payload swapped under a valid signature",
             format!("{head}.{mallory}.{sig}"),
         ),
-        ("signature cut", format!("{msg}.{}", &sig[..sig.len() - 8])),
+        (
+            "signature altered",
+            format!(
+                "{msg}.{}{}{}",
+                &sig[..10],
+                if &sig[10..11] == "A" { "B" } else { "A" },
+                &sig[11..]
+            ),
+        ),
         ("signed by another RSA key", other_keys.rs256(good("alice"))),
         ("signed by another EC key", other_keys.es256(good("alice"))),
         (
@@ -373,6 +381,21 @@ fn invalid_tokens_are_401_and_never_forwarded() {
         || format!("rejected {} of {}", rejected(), cases.len()),
         || rejected() == cases.len() as f64,
     );
+    // By reason (the verifier counts before the answer is written).
+    let reason = |r: &str| {
+        p.metric(&format!(
+            "portcullis_ratelimit_jwt_refusals_total{{reason=\"{r}\"}}"
+        ))
+        .unwrap_or(0.0)
+    };
+    assert_eq!(reason("expired"), 1.0);
+    assert_eq!(reason("not_yet_valid"), 1.0);
+    assert_eq!(reason("issuer"), 2.0);
+    assert_eq!(reason("audience"), 1.0);
+    assert_eq!(reason("unknown_key"), 1.0);
+    assert_eq!(reason("signature"), 4.0);
+    assert_eq!(reason("algorithm"), 2.0);
+    assert_eq!(reason("malformed"), 3.0);
     // The valid token still passes.
     assert_eq!(get_with(&p, &bearer(&valid)).status, 200);
     assert_eq!(b.requests(), 1);
@@ -620,8 +643,12 @@ fn a_verified_claim_is_looked_up_among_the_tenants() {
     let r = get_with(&p, &bearer(&keys.rs256(good("zed"))));
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), None);
-    // A forged token claiming a tenant's sub is refused before any lookup.
+    // A forged token claiming a tenant's sub is refused before any lookup, counted once.
     let forged = Keys::new().rs256(good("alice"));
     assert_invalid_token(&get_with(&p, &bearer(&forged)), "forged alice");
     assert_eq!(b.requests(), 4);
+    assert_eq!(
+        p.metric("portcullis_ratelimit_jwt_refusals_total{reason=\"signature\"}"),
+        Some(1.0)
+    );
 }

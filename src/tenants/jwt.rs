@@ -59,6 +59,17 @@ pub enum Invalid {
 }
 
 impl Invalid {
+    pub const ALL: [Invalid; 8] = [
+        Invalid::Malformed,
+        Invalid::Algorithm,
+        Invalid::UnknownKey,
+        Invalid::Signature,
+        Invalid::Expired,
+        Invalid::NotYetValid,
+        Invalid::Issuer,
+        Invalid::Audience,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Invalid::Malformed => "malformed",
@@ -104,6 +115,9 @@ pub struct Verifier {
     keys: Vec<Key>,
     source: Source,
     cache: Cache,
+    /// `portcullis_ratelimit_jwt_refusals_total{reason}`, one handle per [`Invalid`] (in
+    /// `Invalid::ALL` order), set when the runtime is built ([`Verifier::count_refusals`]).
+    refusals: std::sync::OnceLock<Vec<prometheus::IntCounter>>,
 }
 
 impl PartialEq for Verifier {
@@ -183,7 +197,19 @@ impl Verifier {
                 audience: audience.map(str::to_string),
             },
             cache: Cache::new(),
+            refusals: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Count refused tokens by reason in `vec` (label `reason`, [`Invalid::as_str`]).
+    /// Set once; a later call is ignored (the handles outlive reloads: the series do).
+    pub fn count_refusals(&self, vec: &prometheus::IntCounterVec) {
+        let _ = self.refusals.set(
+            Invalid::ALL
+                .iter()
+                .map(|r| vec.with_label_values(&[r.as_str()]))
+                .collect(),
+        );
     }
 
     /// The value of `claim` in `token` once the token is verified: `Ok(None)` when the
@@ -205,13 +231,16 @@ impl Verifier {
 
     /// The claims of `token` if it verifies at `now_secs`.
     pub fn verify(&self, token: &[u8], now_secs: u64) -> Result<Arc<Claims>, Invalid> {
-        if token.len() > MAX_TOKEN_BYTES {
-            return Err(Invalid::Malformed);
-        }
         if let Some(claims) = self.cache.get(token, now_secs) {
             return Ok(claims);
         }
-        let (claims, exp) = self.verify_uncached(token, now_secs)?;
+        let (claims, exp) = self.verify_uncached(token, now_secs).inspect_err(|r| {
+            if let Some(c) = self.refusals.get() {
+                if let Some(i) = Invalid::ALL.iter().position(|x| x == r) {
+                    c[i].inc();
+                }
+            }
+        })?;
         let claims = Arc::new(claims);
         self.cache.put(
             token,
@@ -711,6 +740,24 @@ mod tests {
             Invalid::Expired
         );
         assert_eq!(v.cached(), 0);
+    }
+
+    #[test]
+    fn refusals_are_counted_by_reason() {
+        let v = verifier(None, None);
+        let vec =
+            prometheus::IntCounterVec::new(prometheus::Opts::new("t", "t"), &["reason"]).unwrap();
+        v.count_refusals(&vec);
+        let t = sign(Algorithm::ES256, Some("e1"), &json!({"exp": NOW - 600}));
+        assert_eq!(v.verify(t.as_bytes(), NOW).unwrap_err(), Invalid::Expired);
+        assert_eq!(v.verify(b"x", NOW).unwrap_err(), Invalid::Malformed);
+        let ok = sign(Algorithm::ES256, Some("e1"), &json!({"exp": NOW + 600}));
+        assert!(v.verify(ok.as_bytes(), NOW).is_ok());
+        let get = |r: &str| vec.with_label_values(&[r]).get();
+        assert_eq!(
+            (get("expired"), get("malformed"), get("signature")),
+            (1, 1, 0)
+        );
     }
 
     #[test]
