@@ -240,6 +240,8 @@ pub struct Shared {
     proxy_runtime: std::sync::OnceLock<tokio::runtime::Handle>,
     /// Held by the reload under way (`reload::reload_off_thread`): one at a time.
     pub reloading: std::sync::Mutex<()>,
+    /// `[tenants] redis_sync`: the store's tenant entries as last read (sorted).
+    store_tenants: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 impl Shared {
@@ -273,6 +275,7 @@ impl Shared {
             keep_header_case,
             proxy_runtime: std::sync::OnceLock::new(),
             reloading: std::sync::Mutex::new(()),
+            store_tenants: std::sync::Mutex::default(),
         })
     }
 
@@ -345,9 +348,48 @@ impl Shared {
         );
     }
 
+    /// Records the store's tenant entries (sorted); whether they changed.
+    pub fn set_store_tenants(&self, entries: Vec<(String, String)>) -> bool {
+        let mut cur = self.store_tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if *cur == entries {
+            return false;
+        }
+        *cur = entries;
+        true
+    }
+
+    /// Rebuilds the runtime from its own config (the store's tenants changed).
+    pub fn reapply(&self) {
+        let _one = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        let config = self.runtime.load().config.clone();
+        self.apply(config);
+    }
+
+    /// `config`'s tenants: the file's, then the store's that can join them (each one's
+    /// tier limit on its key); the entries left out are logged with the reason.
+    fn merge_store_tenants(&self, config: &mut Config) {
+        let t = &mut config.tenants;
+        t.tenants.retain(|t| !t.from_store);
+        if !t.redis_sync {
+            return;
+        }
+        let entries = self
+            .store_tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (joined, skipped) = crate::config::tenants::store_tenants(t, &entries);
+        for why in skipped {
+            tracing::warn!(event = "tenants_sync", "{why}; left out");
+        }
+        t.tenants.extend(joined);
+        crate::config::tenants::tier_limits(t, &mut config.rate_limit.params.overrides);
+    }
+
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay
     /// keep their state; removed backends finish what they have in flight.
-    pub fn apply(&self, config: Config) {
+    pub fn apply(&self, mut config: Config) {
+        self.merge_store_tenants(&mut config);
         let sh = &config.shedding;
         self.shedder
             .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);

@@ -126,6 +126,11 @@ fn a_tenants_keys_share_its_tier_limit_and_unknown_keys_follow_unknown_key() {
         assert!(!metrics.contains(k), "{k} in metrics");
         assert!(!logs.contains(k), "{k} in logs");
     }
+    // The access log names the tenant (never the key).
+    assert!(
+        wait_until(DEADLINE, || p.logs().contains("\"tenant\":\"hobby\"")),
+        "no access-log line names the tenant"
+    );
     let st = p.status_json();
     assert_eq!(st["tenants"]["count"], 2);
     assert_eq!(st["tenants"]["unknown_key"], "reject");
@@ -550,5 +555,78 @@ fn ten_thousand_tenants_load_and_their_last_key_works() {
     eprintln!(
         "tenants: 10,000 tenants (20,000 keys): --check {:.0} ms (debug build); RSS {with} KiB vs {without} KiB without tenants",
         check_time.as_secs_f64() * 1000.0
+    );
+}
+
+#[test]
+fn tenants_in_the_store_join_the_files_and_the_file_wins() {
+    let mut redis = RedisServer::start();
+    let b = Backend::start("b");
+    let dir = tempfile::tempdir().unwrap();
+    let file = tenants_file(dir.path(), &[("acme", "pro", &["acme-key"])]);
+    let cfg = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"ts\"\nflush_interval_ms = 50\ntimeout_ms = 300\n\n{}\
+         [rate_limit]\nlimit = 100\n\n[tenants]\nfile = \"{}\"\nredis_sync = true\nunknown_key = \"reject\"\n\n{TIERS}",
+        redis.url(),
+        one_upstream(&b),
+        file.display()
+    );
+    let p = Proxy::start(&cfg);
+    assert_eq!(get_as(&p, "/", "beta-key").status, 401);
+    let value =
+        |tier: &str, key: &str| format!("{{\"tier\": \"{tier}\", \"keys\": [\"{}\"]}}", hash(key));
+    redis.cmd(&["HSET", "ts:tenants", "beta", &value("free", "beta-key")]);
+    // Not allowed to take a file tenant's name or key, nor to be malformed.
+    redis.cmd(&["HSET", "ts:tenants", "acme", &value("pro", "stolen-key")]);
+    redis.cmd(&["HSET", "ts:tenants", "thief", &value("pro", "acme-key")]);
+    redis.cmd(&[
+        "HSET",
+        "ts:tenants",
+        "broken",
+        "{\"tier\": \"pro\", \"keys\": [\"in-clear\"]}",
+    ]);
+    assert!(
+        wait_until(DEADLINE, || get_as(&p, "/", "beta-key").status == 200),
+        "the store's tenant never joined"
+    );
+    // Its tier's limit (free: 2) applies to it.
+    assert_eq!(get_as(&p, "/", "beta-key").status, 200);
+    assert_eq!(get_as(&p, "/", "beta-key").status, 429);
+    assert_eq!(get_as(&p, "/", "stolen-key").status, 401);
+    assert_eq!(get_as(&p, "/", "acme-key").status, 200);
+    let logs = p.logs();
+    assert!(
+        logs.contains(
+            "tenant \\\"acme\\\" in the store: the tenants file has a tenant of that name"
+        ),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("tenant \\\"thief\\\" in the store: keys[0] is another tenant's"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("tenant \\\"broken\\\" in the store: keys[0]: a key in clear"),
+        "{logs}"
+    );
+    assert!(!logs.contains("in-clear"), "a key reached the log");
+    // The store gone: the tenants last read stay.
+    redis.kill();
+    assert!(
+        wait_until(DEADLINE, || p
+            .logs()
+            .contains("cannot read the store's tenants")),
+        "the failed read was never reported"
+    );
+    assert_eq!(get_as(&p, "/", "acme-key").status, 200);
+    // A reload (the file changed) keeps the store's tenants too.
+    write_tenants(&file, &[("acme", "pro", &["acme-key", "acme-key-2"])]);
+    assert!(wait_until(DEADLINE, || get_as(&p, "/", "acme-key-2")
+        .status
+        == 200));
+    assert_eq!(
+        get_as(&p, "/", "beta-key").status,
+        429,
+        "the store's tenant was lost on reload"
     );
 }

@@ -58,6 +58,8 @@ pub struct Tenant {
     pub name: Arc<str>,
     pub tier: usize,
     pub keys: Vec<[u8; 32]>,
+    /// Read from the store (`redis_sync`), not the file.
+    pub from_store: bool,
 }
 
 /// `[tenants]` and `[tiers]`, with the file's tenants once read ([`read_file`]).
@@ -195,9 +197,87 @@ pub(super) fn read_file(settings: &mut TenantSettings) -> Result<(), ConfigError
     Ok(())
 }
 
+/// The store's tenants (`redis_sync`: `(name, JSON value)` of the hash) that can join
+/// `settings`' file tenants: an entry that is invalid, names a file tenant, or holds a
+/// key another tenant holds is left out, with the reason (no key is ever shown).
+pub fn store_tenants(
+    settings: &TenantSettings,
+    entries: &[(String, String)],
+) -> (Vec<Tenant>, Vec<String>) {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Value {
+        tier: String,
+        #[serde(default)]
+        keys: Vec<String>,
+    }
+    let mut owners: HashMap<[u8; 32], &str> = HashMap::new();
+    let mut names: HashMap<&str, ()> = HashMap::new();
+    for t in settings.tenants.iter().filter(|t| !t.from_store) {
+        names.insert(&t.name, ());
+        for k in &t.keys {
+            owners.insert(*k, &t.name);
+        }
+    }
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    let mut sorted: Vec<&(String, String)> = entries.iter().collect();
+    sorted.sort();
+    'entries: for (name, value) in sorted {
+        let mut skip = |why: String| skipped.push(format!("tenant {name:?} in the store: {why}"));
+        if !valid_name(name) {
+            skip("a tenant name is 1-64 characters of A-Z a-z 0-9 - _ .".into());
+            continue;
+        }
+        if names.contains_key(name.as_str()) {
+            skip("the tenants file has a tenant of that name (the file wins)".into());
+            continue;
+        }
+        let v: Value = match serde_json::from_str(value) {
+            Ok(v) => v,
+            Err(e) => {
+                skip(format!(
+                    "expected {{\"tier\": \"NAME\", \"keys\": [\"sha256:HEX\"]}}: {}",
+                    e.to_string().chars().take(120).collect::<String>()
+                ));
+                continue;
+            }
+        };
+        let Some(tier) = settings.tier(&v.tier) else {
+            skip(format!("no tier {:?}", v.tier));
+            continue;
+        };
+        let mut keys = Vec::with_capacity(v.keys.len());
+        for (i, k) in v.keys.iter().enumerate() {
+            match decode_key_hash(k) {
+                Ok(h) if owners.contains_key(&h) => {
+                    skip(format!("keys[{i}] is another tenant's"));
+                    continue 'entries;
+                }
+                Ok(h) => keys.push(h),
+                Err(why) => {
+                    skip(format!("keys[{i}]: {why}"));
+                    continue 'entries;
+                }
+            }
+        }
+        for h in &keys {
+            owners.insert(*h, name);
+        }
+        names.insert(name, ());
+        out.push(Tenant {
+            name: name.as_str().into(),
+            tier,
+            keys,
+            from_store: true,
+        });
+    }
+    (out, skipped)
+}
+
 /// Each tenant's tier limit, as a limit of its key ([`ident`]) in `overrides` (the
 /// `[rate_limit]` policy's per-key limits).
-pub(super) fn tier_limits(settings: &TenantSettings, overrides: &mut HashMap<String, u64>) {
+pub fn tier_limits(settings: &TenantSettings, overrides: &mut HashMap<String, u64>) {
     for t in &settings.tenants {
         if let Some(tier) = settings.tiers.get(t.tier) {
             overrides.insert(ident(&t.name), tier.limit);
@@ -263,6 +343,7 @@ pub fn parse_tenants(text: &str, tiers: &[Tier]) -> VResult<Vec<Tenant>> {
             name: t.name.as_str().into(),
             tier,
             keys,
+            from_store: false,
         });
     }
     Ok(out)

@@ -34,6 +34,12 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let tracing = validate_tracing(&raw.tracing)?;
     let log = validate_log(&raw.log)?;
     let tenants = super::tenants::validate_tenants(&raw.tenants, &raw.tiers)?;
+    if tenants.redis_sync && store.is_none() {
+        return Err((
+            "tenants.redis_sync".into(),
+            "reads tenants from the store: it needs a [redis] section".into(),
+        ));
+    }
     if tenants.enabled() && !rate_limit.enabled {
         return Err((
             "tenants.file".into(),

@@ -557,6 +557,7 @@ impl ProxyHttp for Proxy {
                 now_secs: crate::observe::traffic::secs(now),
                 shadow: ctx.gates.shadow,
                 priority: ctx.runtime.route_at(ctx.routing.route).priority,
+                tenant: ctx.gates.tenant.as_ref().map(|t| &*t.name),
             },
         );
         tracing::debug!(

@@ -207,6 +207,10 @@ pub(super) fn services(
     let reloader = background_service("reload", Reloader { shared: sh() });
     let access_log_reopen =
         background_service("access log reopen", AccessLogReopen { shared: sh() });
+    let tenant_sync = background_service(
+        "tenants sync",
+        crate::tenants::sync::TenantSync::new(sh(), fleet_store),
+    );
     let watchdog = crate::watchdog::Watchdog::new(sh(), fleet_store);
     let watchdog = background_service("watchdog", watchdog);
     let mut all: Vec<Box<dyn ServiceWithDependents>> = vec![
@@ -218,6 +222,7 @@ pub(super) fn services(
         Box::new(watchdog),
         Box::new(culling),
         Box::new(fleet_sync),
+        Box::new(tenant_sync),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
     if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {

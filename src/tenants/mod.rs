@@ -5,6 +5,7 @@
 
 pub mod jwt;
 pub mod registry;
+pub mod sync;
 pub mod watch;
 
 pub use registry::{Live, Registry, TenantRt, TenantSlot};

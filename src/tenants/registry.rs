@@ -163,7 +163,9 @@ impl Registry {
         );
         let mut tenants = Vec::with_capacity(settings.tenants.len());
         for (i, t) in settings.tenants.iter().enumerate() {
-            let Tenant { name, tier, keys } = t;
+            let Tenant {
+                name, tier, keys, ..
+            } = t;
             let Some(tier) = settings.tiers.get(*tier).cloned() else {
                 continue;
             };

@@ -332,7 +332,11 @@ impl Limiter {
             && own >= LOCAL_ONLY_MAX
             && self.healthy.load(Ordering::Relaxed);
         let n = self.share_n.load(Ordering::Relaxed);
-        unknown || (n > 1 && !window::within_share(s.known_global(wms, e), s.own(), limit, n))
+        unknown
+            || (n > 1
+                && !window::within_share(s.known_global(wms, e), s.own(), limit, n, || {
+                    s.share_draw()
+                }))
     }
 
     /// Adds a slot for a new key, evicting one under the shard's cap. A key evicted before
