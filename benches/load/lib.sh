@@ -163,6 +163,21 @@ start_cmd() {
 for i in range(int(sys.argv[1])):
     print(f"[[routes]]\npath_prefix = \"/r{i}/\"\nupstream = \"app\"")' "$ROUTES" >>"$TMP/$t.toml"
       fi
+      # TENANTS=N: N tenants in a tenants file, the last holding the requests' key (k1),
+      # on a tier with limits that never bind: the cost of the tenant gate (CONTRACT §14)
+      if [ "${TENANTS:-0}" -gt 0 ]; then
+        python3 - "$TENANTS" "$TMP/$t-tenants.toml" "${API_KEY-k1}" <<'PY'
+import hashlib, sys
+n, path, key = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+with open(path, "w") as f:
+    for i in range(n):
+        k = key if i == n - 1 else f"other-{i}"
+        h = hashlib.sha256(k.encode()).hexdigest()
+        f.write(f'[[tenant]]\nname = "t{i}"\ntier = "bench"\nkeys = ["sha256:{h}"]\n')
+PY
+        printf '\n[tenants]\nfile = "%s"\n\n[tiers.bench]\nlimit = 1000000000\nconcurrency = 100000\n' \
+          "$TMP/$t-tenants.toml" >>"$TMP/$t.toml"
+      fi
       echo "$bin -c $TMP/$t.toml" ;;
     pc_log_off | pc_log_all | pc_log_1pct)
       # gates off with the access log as the only variable (conf/portcullis-accesslog.toml,
