@@ -45,6 +45,9 @@ pub fn header(
     if let Some(secs) = refusal.retry_after() {
         resp.insert_header("retry-after", secs)?;
     }
+    if let Some(challenge) = refusal.www_authenticate() {
+        resp.insert_header("www-authenticate", challenge)?;
+    }
     if let (Refusal::RateLimited { fields, .. }, Some(parts)) = (refusal, parts) {
         apply_rate_fields(fields, parts, &mut resp)?;
     }
@@ -83,11 +86,13 @@ fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box
         }
         _ => {}
     }
-    // Everything the header holds: status, Content-Length, Retry-After, Connection.
+    // Everything the header holds: status, Content-Length, Retry-After,
+    // WWW-Authenticate, Connection.
     let key = (
         refusal.status(),
         refusal.body().len(),
         refusal.retry_after(),
+        refusal.www_authenticate(),
         close,
     );
     HEADERS.with(|cache| {
@@ -105,8 +110,8 @@ fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box
     })
 }
 
-/// (status, body length, `Retry-After`, close)
-type HeaderKey = (u16, usize, Option<u64>, bool);
+/// (status, body length, `Retry-After`, `WWW-Authenticate`, close)
+type HeaderKey = (u16, usize, Option<u64>, Option<&'static str>, bool);
 const HEADER_CACHE_MAX: usize = 64;
 
 thread_local! {
@@ -164,6 +169,7 @@ mod tests {
             (Refusal::KeyMissing, 401, Outcome::Rejected, None),
             (Refusal::KeyTooLong, 400, Outcome::Rejected, None),
             (Refusal::KeyAmbiguous, 400, Outcome::Rejected, None),
+            (Refusal::TokenInvalid, 401, Outcome::Rejected, None),
             (
                 Refusal::NoBackend { retry_after: 0 },
                 503,
@@ -200,6 +206,8 @@ mod tests {
             Refusal::NoBackend { retry_after: 2 },
             Refusal::BadRequest("portcullis: one\n"),
             Refusal::BadRequest("portcullis: other reason\n"),
+            Refusal::KeyMissing,
+            Refusal::TokenInvalid,
             limited(),
         ];
         // twice: the second round comes from the cache
@@ -219,6 +227,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_invalid_token_is_a_bearer_challenge() {
+        let h = header(&Refusal::TokenInvalid, false, None).unwrap();
+        assert_eq!(h.status.as_u16(), 401);
+        assert_eq!(
+            h.headers.get("www-authenticate").unwrap(),
+            "Bearer error=\"invalid_token\""
+        );
+        // The cached 401 of a missing key is not this one.
+        let policies = Policies {
+            list: Vec::new(),
+            default_enabled: true,
+        };
+        let missing = header_for(&Refusal::KeyMissing, false, &policies).unwrap();
+        assert!(missing.headers.get("www-authenticate").is_none());
+        let invalid = header_for(&Refusal::TokenInvalid, false, &policies).unwrap();
+        assert!(invalid.headers.get("www-authenticate").is_some());
     }
 
     #[test]

@@ -104,6 +104,9 @@ impl Runtime {
         limiter: &Arc<Limiter>,
         metrics: &Metrics,
     ) -> Self {
+        if let Some(jwt) = &config.rate_limit.jwt {
+            jwt.count_refusals(&metrics.ratelimit.jwt_refusals);
+        }
         let mut known: HashMap<(String, SocketAddr), Arc<BackendState>> = HashMap::new();
         if let Some(prev) = previous {
             for pool in &prev.pools {

@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use portcullis::balance::{key::hash_bytes, HashKey};
 use portcullis::edge::proxy_protocol::{self, Parsed};
 use portcullis::framing;
-use portcullis::ratelimit::{extract_key, KeyOutcome, KeySource};
+use portcullis::ratelimit::{extract_key, extract_request_key, KeyOutcome, KeySource};
+use portcullis::tenants::jwt::Verifier;
 
 /// A harness: arbitrary bytes in, a panic on a defect.
 pub type Harness = fn(&[u8]);
@@ -22,6 +23,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("key", key),
     ("config", config),
     ("admin", admin),
+    ("jwt", jwt),
 ];
 
 /// The PROXY v1/v2 header parser (`edge::proxy_protocol::parse`), as bytes arrive:
@@ -201,6 +203,7 @@ pub fn key(data: &[u8]) {
         KeySource::Header(h) => HashKey::Header(h.clone()),
         KeySource::Query(q) => HashKey::Query(q.clone()),
         KeySource::Bearer => HashKey::Bearer,
+        KeySource::Jwt(_) => return,
     };
     let ip = IpAddr::from([192, 0, 2, 1]);
     let hashed = hash_bytes(&hash, &headers, &uri, Some(ip));
@@ -259,6 +262,7 @@ fn reference_key<'a>(
             Ok(None) => KeyOutcome::Missing,
             Err(d) => d,
         },
+        KeySource::Jwt(_) => KeyOutcome::Invalid,
         KeySource::Query(name) => {
             let Some(q) = uri.query() else {
                 return KeyOutcome::Missing;
@@ -381,4 +385,47 @@ fn strict_decode(seg: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// The public halves of src/tenants/testdata/ (kids `r1`, RS256, and `e1`, ES256).
+const JWT_JWKS: &str = include_str!("jwt.jwks");
+/// The HS256 secret of src/tenants/jwt.rs's tests.
+const JWT_SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+/// JWT verification (`tenants::jwt::Verifier`, the `jwt:CLAIM` key) on arbitrary bytes as a
+/// token, against a JWKS of an RSA and an EC key and an HS256 secret: never a panic; the
+/// cached verdict is the uncached one (a token that fails is never admitted from the cache);
+/// and through the request path (`Authorization: Bearer <bytes>`), a key comes only from a
+/// token that verifies, within `max_key_bytes`.
+pub fn jwt(data: &[u8]) {
+    static VERIFIER: std::sync::OnceLock<Option<Verifier>> = std::sync::OnceLock::new();
+    let Some(v) = VERIFIER.get_or_init(|| {
+        Verifier::new(Some(JWT_JWKS.as_bytes()), Some(JWT_SECRET), None, None).ok()
+    }) else {
+        panic!("the fuzz JWKS does not load");
+    };
+    // 2027-01-15: the seeds' tokens expire in 2100.
+    let now = 1_800_000_000;
+    let plain = v.verify_uncached(data, now).map(|(claims, _)| claims);
+    let cached = v.verify(data, now);
+    match (&plain, &cached) {
+        (Ok(a), Ok(b)) => assert_eq!(a, &**b),
+        (Err(a), Err(b)) => assert_eq!(a, b),
+        _ => panic!("uncached {plain:?}, cached {cached:?}"),
+    }
+    let Ok(value) = http::HeaderValue::from_bytes(&[b"Bearer ", data].concat()) else {
+        return;
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::AUTHORIZATION, value);
+    let uri = http::Uri::from_static("/p");
+    let src = KeySource::Jwt("sub".into());
+    match extract_request_key(&src, Some(v), &headers, &uri, 64, now) {
+        KeyOutcome::Key(k) => {
+            assert!(!k.is_empty() && k.len() <= 64);
+            assert!(v.verify(data.trim_ascii(), now).is_ok());
+        }
+        KeyOutcome::Invalid => assert!(v.verify(data.trim_ascii(), now).is_err()),
+        KeyOutcome::Missing | KeyOutcome::TooLong | KeyOutcome::Duplicate => {}
+    }
 }

@@ -39,6 +39,8 @@ pub(super) fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSett
         policies,
         shadow: r.shadow,
         cost_header: cost_header(&r.cost_header)?,
+        // Set from `[jwt]` by `validate` (src/config/jwt.rs).
+        jwt: None,
     })
 }
 
@@ -89,13 +91,16 @@ fn key_source(path: &str, key: &str, client_ip: bool) -> VResult<PolicyKey> {
             Err(_) => return err(path, format!("invalid header name {name:?}")),
         },
         Some(("query", name)) if !name.is_empty() => KeySource::Query(name.to_string()),
+        Some(("jwt", claim)) if !claim.is_empty() => KeySource::Jwt(claim.into()),
         None if key == "bearer" => KeySource::Bearer,
         None if client_ip && key == "client_ip" => return Ok(PolicyKey::ClientIp),
         _ => {
             let also = if client_ip { ", client_ip" } else { "" };
             return err(
                 path,
-                format!("invalid key {key:?}: expected header:NAME, query:NAME, bearer{also}"),
+                format!(
+                    "invalid key {key:?}: expected header:NAME, query:NAME, bearer, jwt:CLAIM{also}"
+                ),
             );
         }
     }))

@@ -120,6 +120,8 @@ pub struct FileConfig {
     /// `[tiers.NAME]`: what a tenant of each tier may do.
     #[serde(default)]
     pub tiers: BTreeMap<String, TierSection>,
+    /// `[jwt]`: the keys and rules of `key = "jwt:CLAIM"` (CONTRACT §14); absent = none.
+    pub jwt: Option<JwtSection>,
 }
 
 /// What a key that no tenant holds gets.
@@ -177,6 +179,22 @@ impl Default for TierSection {
             quota_period: "day".into(),
         }
     }
+}
+
+/// `[jwt]`: bearer JWTs verified before a claim of theirs is a rate-limit key
+/// (`key = "jwt:CLAIM"`). At least one of `jwks_file` and `hs256_secret_file`; both files
+/// are read at load and on reload.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JwtSection {
+    /// A JWKS file (JSON) of RS256 (RSA, 2048-4096 bits) and ES256 (EC P-256) public keys.
+    pub jwks_file: String,
+    /// A file holding the HS256 secret (at least 32 bytes; a trailing newline is removed).
+    pub hs256_secret_file: String,
+    /// When set, tokens must carry this `iss`.
+    pub issuer: String,
+    /// When set, tokens must carry this `aud` (or a list holding it).
+    pub audience: String,
 }
 
 /// `[tls]`: TLS listeners (HTTP/1.1 and HTTP/2 by ALPN).
@@ -583,8 +601,9 @@ pub enum MissingKeySection {
 pub struct RateLimitSection {
     /// false: no request is rate limited.
     pub enabled: bool,
-    /// Where the API key is read: header:NAME | query:NAME | bearer (Authorization: Bearer …).
-    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer)$"))]
+    /// Where the API key is read: header:NAME | query:NAME | bearer (Authorization: Bearer …)
+    /// | jwt:CLAIM (a claim of a bearer JWT verified with `[jwt]`'s keys).
+    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|jwt:.+)$"))]
     pub key: String,
     /// The sliding window.
     pub window_seconds: u64,
@@ -619,9 +638,9 @@ pub struct RateLimitSection {
 pub struct RatePolicySection {
     /// Unique; the name in the `RateLimit-Policy` / `RateLimit` fields.
     pub name: String,
-    /// header:NAME | query:NAME | bearer | client_ip.
+    /// header:NAME | query:NAME | bearer | jwt:CLAIM | client_ip.
     #[serde(default = "default_policy_key")]
-    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|client_ip)$"))]
+    #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|jwt:.+|client_ip)$"))]
     pub key: String,
     /// Admitted requests per key per window.
     #[serde(default = "default_policy_limit")]

@@ -174,6 +174,9 @@ pub struct RateLimitSettings {
     pub shadow: bool,
     /// `cost_header`: the response header holding a request's cost; `None` = none.
     pub cost_header: Option<http::HeaderName>,
+    /// `[jwt]`: the verifier of `jwt:CLAIM` keys (its files read at load); `None` without
+    /// `[jwt]`.
+    pub jwt: Option<std::sync::Arc<crate::tenants::jwt::Verifier>>,
 }
 
 /// One `[[rate_limit.policies]]` entry.

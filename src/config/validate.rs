@@ -21,7 +21,8 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let upstreams = validate_upstreams(&raw.upstreams)?;
     let routes = validate_routes(&raw.routes, &upstreams)?;
     let shedding = validate_shedding(&raw.shedding)?;
-    let rate_limit = validate_rate_limit(&raw.rate_limit)?;
+    let mut rate_limit = validate_rate_limit(&raw.rate_limit)?;
+    rate_limit.jwt = super::jwt::validate_jwt(raw.jwt.as_ref(), &rate_limit)?;
     let culling = validate_culling(&raw.culling)?;
     let budget = super::protection::validate_budget(&raw.budget)?;
     let watchdog = validate_watchdog(&raw.watchdog)?;

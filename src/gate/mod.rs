@@ -216,7 +216,7 @@ pub fn admit(
     // Who is asking: a tenant's tier may change the request's shedding class.
     let who = match rt.tenants.as_deref() {
         None => Who::Unresolved,
-        Some(registry) => tenant::identify(registry, &rt.config.rate_limit, facts)?,
+        Some(registry) => tenant::identify(registry, &rt.config.rate_limit, facts, now_ms)?,
     };
     if let Who::Tenant(t) = who {
         admitted.tenant = Some(Arc::clone(t));

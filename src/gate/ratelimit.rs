@@ -8,7 +8,9 @@ use std::net::IpAddr;
 
 use super::{Gate, RequestFacts, Who};
 use crate::config::RateLimitSettings;
-use crate::ratelimit::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
+use crate::ratelimit::{
+    extract_request_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey,
+};
 use crate::respond::{RateFields, Refusal};
 
 /// The route's rate-limit policies under the config's `[rate_limit]` settings.
@@ -95,8 +97,13 @@ fn check(
         Who::Tenant(t) => limiter.check(&*t.ident, now_ms),
         Who::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
         Who::Unresolved => {
-            match extract_key(&rl.source, req.headers, req.uri, rl.params.max_key_bytes) {
+            let jwt = rl.jwt.as_deref();
+            let max = rl.params.max_key_bytes;
+            match extract_request_key(&rl.source, jwt, req.headers, req.uri, max, now_ms / 1000) {
                 KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
+                KeyOutcome::Invalid => {
+                    return key_refusal(policies, 0, Refusal::TokenInvalid, shadow).map(|()| None)
+                }
                 KeyOutcome::TooLong => {
                     return key_refusal(policies, 0, Refusal::KeyTooLong, shadow).map(|()| None)
                 }
@@ -169,8 +176,16 @@ fn check_all(
                 Who::Unresolved => {}
             }
         }
-        match extract_key(source, req.headers, req.uri, max) {
+        match extract_request_key(
+            source,
+            rl.jwt.as_deref(),
+            req.headers,
+            req.uri,
+            max,
+            now_ms / 1000,
+        ) {
             KeyOutcome::Key(k) => keys.push((i, k)),
+            KeyOutcome::Invalid => key_refusal(policies, i, Refusal::TokenInvalid, shadow)?,
             KeyOutcome::TooLong => key_refusal(policies, i, Refusal::KeyTooLong, shadow)?,
             KeyOutcome::Duplicate => key_refusal(policies, i, Refusal::KeyAmbiguous, shadow)?,
             // A named policy whose key the request lacks does not apply to it.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{Gate, RequestFacts};
 use crate::config::tenants::UnknownKey;
 use crate::config::{Priority, RateLimitSettings};
-use crate::ratelimit::{extract_key, KeyOutcome};
+use crate::ratelimit::{extract_request_key, KeyOutcome};
 use crate::respond::Refusal;
 use crate::tenants::{Registry, TenantRt, TenantSlot};
 use portcullis_policy::tenant::QuotaBook;
@@ -33,20 +33,28 @@ impl Who<'_> {
     }
 }
 
-/// The tenant holding the request's `[rate_limit]` key. A request without a key, or
-/// whose key is refused as it stands (too long, twice), is left to the rate-limit gate.
+/// The tenant holding the request's `[rate_limit]` key (for `jwt:CLAIM`, the claim of a
+/// token that verifies at `now_ms`). A request without a key, or whose key is refused as it
+/// stands (too long, twice), is left to the rate-limit gate; a bearer token that does not
+/// verify is refused here (401 `invalid_token`, verified and counted once), as an unknown
+/// key with `unknown_key = "reject"` is.
 pub fn identify<'r>(
     registry: &'r Registry,
     rl: &RateLimitSettings,
     facts: &RequestFacts<'_>,
+    now_ms: u64,
 ) -> Result<Who<'r>, Refusal> {
-    let KeyOutcome::Key(key) = extract_key(
+    let key = match extract_request_key(
         &rl.source,
+        rl.jwt.as_deref(),
         facts.headers,
         facts.uri,
         rl.params.max_key_bytes,
-    ) else {
-        return Ok(Who::Unresolved);
+        now_ms / 1000,
+    ) {
+        KeyOutcome::Key(key) => key,
+        KeyOutcome::Invalid => return Err(Refusal::TokenInvalid),
+        _ => return Ok(Who::Unresolved),
     };
     match registry.lookup(&key) {
         Some(t) => Ok(Who::Tenant(t)),

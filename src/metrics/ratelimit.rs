@@ -13,6 +13,8 @@ pub struct RateLimitMetrics {
     /// Per rate-limit policy, by `result` = allowed | limited | refused_by_other (handles
     /// resolved per reload: see [`crate::ratelimit::DecisionCounters`]).
     pub policy_decisions: IntCounterVec,
+    /// Bearer JWTs refused under a `jwt:CLAIM` key, by `reason` (counted by the verifier).
+    pub jwt_refusals: IntCounterVec,
 }
 
 impl RateLimitMetrics {
@@ -57,7 +59,18 @@ impl RateLimitMetrics {
                 &["policy", "result"],
             ),
         );
+        let jwt_refusals = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_ratelimit_jwt_refusals_total",
+                    "Bearer JWTs refused under a jwt:CLAIM key (401 invalid_token), by reason: malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience",
+                ),
+                &["reason"],
+            ),
+        );
         Self {
+            jwt_refusals,
             store_errors,
             store_late_answers,
             store_healthy,

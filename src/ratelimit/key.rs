@@ -11,6 +11,9 @@ pub enum KeySource {
     Query(String),
     /// `bearer` — `Authorization: Bearer <token>` (scheme case-insensitive).
     Bearer,
+    /// `jwt:CLAIM` — that claim of the bearer token, once the token is verified
+    /// ([`extract_request_key`] with `[jwt]`'s verifier).
+    Jwt(String),
 }
 
 /// What to do when the key is missing (`rate_limit.missing_key`).
@@ -41,6 +44,45 @@ pub enum KeyOutcome<'a> {
     /// separator). Answer 400 and never forward the request: the limiter would count one
     /// value while the backend may act on another.
     Duplicate,
+    /// A bearer token that does not verify (`jwt:CLAIM`): forged, expired, of another
+    /// issuer or audience, of a refused algorithm. Answer 401 `invalid_token`.
+    Invalid,
+}
+
+/// The key of a request under `src`: [`extract_key`], and for `jwt:CLAIM` the claim of the
+/// bearer token once `jwt` verified it at `now_secs`. A request without a bearer token, or
+/// whose valid token lacks the claim (or holds neither a string nor a number there), has
+/// no key; a token that does not verify is [`KeyOutcome::Invalid`].
+pub fn extract_request_key<'a>(
+    src: &KeySource,
+    jwt: Option<&crate::tenants::jwt::Verifier>,
+    headers: &'a http::HeaderMap,
+    uri: &'a http::Uri,
+    max_key_bytes: usize,
+    now_secs: u64,
+) -> KeyOutcome<'a> {
+    let KeySource::Jwt(claim) = src else {
+        return extract_key(src, headers, uri, max_key_bytes);
+    };
+    let Some(verifier) = jwt else {
+        // No keys to verify with (validation refuses this config): never a key.
+        return KeyOutcome::Invalid;
+    };
+    let token = match extract_key(
+        &KeySource::Bearer,
+        headers,
+        uri,
+        crate::tenants::jwt::MAX_TOKEN_BYTES,
+    ) {
+        KeyOutcome::Key(t) => t,
+        KeyOutcome::TooLong => return KeyOutcome::Invalid,
+        other => return other,
+    };
+    match verifier.claim_key(&token, claim, now_secs) {
+        Ok(Some(k)) => finish(Cow::Owned(k), max_key_bytes),
+        Ok(None) => KeyOutcome::Missing,
+        Err(_) => KeyOutcome::Invalid,
+    }
 }
 
 /// Reads the API key of a request. Surrounding ASCII whitespace is trimmed; a request with
@@ -69,6 +111,8 @@ pub fn extract_key<'a>(
             }
             finish(Cow::Borrowed(&b[7..]), max_key_bytes)
         }
+        // Only with the verifier (`extract_request_key`): unverified, never a key.
+        KeySource::Jwt(_) => KeyOutcome::Invalid,
         KeySource::Query(name) => {
             let Some(q) = uri.query() else {
                 return KeyOutcome::Missing;
@@ -304,6 +348,7 @@ mod tests {
             KeyOutcome::Missing => KeyOutcome::Missing,
             KeyOutcome::TooLong => KeyOutcome::TooLong,
             KeyOutcome::Duplicate => KeyOutcome::Duplicate,
+            KeyOutcome::Invalid => KeyOutcome::Invalid,
         };
         assert_eq!(key(t("Bearer tok123")).as_deref(), Some("tok123"));
         assert_eq!(key(t("bearer   tok")).as_deref(), Some("tok"));

@@ -12,7 +12,7 @@ pub mod policy;
 
 pub use fields::FieldParts;
 pub use flusher::{now_ms, run_flusher};
-pub use key::{extract_key, KeyOutcome, KeySource, MissingKey};
+pub use key::{extract_key, extract_request_key, KeyOutcome, KeySource, MissingKey};
 pub use policy::{Combined, DecisionCounters, Policies, Policy, PolicyKey, MAX_POLICIES};
 pub use portcullis_policy::ratelimit::*;
 // The Redis counter store (crates/store).

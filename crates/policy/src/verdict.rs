@@ -81,6 +81,9 @@ pub enum Refusal {
     KeyTooLong,
     /// More than one value for the key (400): never guess which one counts.
     KeyAmbiguous,
+    /// A bearer JWT that does not verify, for a `jwt:CLAIM` key (401 with
+    /// `WWW-Authenticate: Bearer error="invalid_token"`): never forwarded.
+    TokenInvalid,
     /// No backend can take the request (503).
     NoBackend { retry_after: u64 },
     /// The request header block is over the limit (431).
@@ -108,7 +111,7 @@ impl Refusal {
             Refusal::RateLimited { .. }
             | Refusal::TenantConcurrency { .. }
             | Refusal::QuotaExceeded { .. } => 429,
-            Refusal::KeyMissing | Refusal::KeyUnknown => 401,
+            Refusal::KeyMissing | Refusal::KeyUnknown | Refusal::TokenInvalid => 401,
             Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
             Refusal::HeaderTooLarge => 431,
             Refusal::PayloadTooLarge => 413,
@@ -132,6 +135,7 @@ impl Refusal {
             | Refusal::KeyMissing
             | Refusal::KeyTooLong
             | Refusal::KeyAmbiguous
+            | Refusal::TokenInvalid
             | Refusal::HeaderTooLarge
             | Refusal::PayloadTooLarge
             | Refusal::RequestTimeout
@@ -156,6 +160,7 @@ impl Refusal {
             Refusal::KeyUnknown => "portcullis: unknown API key\n",
             Refusal::KeyTooLong => "portcullis: API key too long\n",
             Refusal::KeyAmbiguous => "portcullis: more than one API key in the request\n",
+            Refusal::TokenInvalid => "portcullis: invalid bearer token\n",
             Refusal::NoBackend { .. } => "portcullis: no backend available\n",
             Refusal::HeaderTooLarge => "portcullis: request header too large\n",
             Refusal::BadRequest(why) => why,
@@ -165,6 +170,14 @@ impl Refusal {
             Refusal::UpstreamTimeout => "portcullis: upstream timed out\n",
             Refusal::UpstreamError => "portcullis: upstream error\n",
             Refusal::Internal => "portcullis: internal error\n",
+        }
+    }
+
+    /// The `WWW-Authenticate` field of the answer, where it has one (RFC 6750 §3).
+    pub fn www_authenticate(&self) -> Option<&'static str> {
+        match self {
+            Refusal::TokenInvalid => Some("Bearer error=\"invalid_token\""),
+            _ => None,
         }
     }
 
