@@ -729,7 +729,7 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
                     1 => try_get(&addr, "/", &[("x-api-key", "busy-key")]),
                     _ => try_get(&addr, "/slow", &[]),
                 };
-                if worker == 0 && n % 10 == 0 {
+                if worker == 0 && n.is_multiple_of(10) {
                     // longer than rate_limit.max_key_bytes: 400, outcome rejected
                     let long = "k".repeat(300);
                     let _ = try_get(&addr, "/", &[("x-api-key", long.as_str())]);
