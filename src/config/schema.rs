@@ -662,6 +662,17 @@ pub struct CullingSection {
     pub dry_run: bool,
     /// Optional URL that receives a POST of `{upstream, backend, reason, errors}` on a cull.
     pub webhook_url: String,
+    /// Outliers judged against the upstream's peers: none | success_rate | latency.
+    pub outlier: String,
+    /// Requests a backend needs in the window to be judged as an outlier.
+    pub outlier_min_requests: u64,
+    /// success_rate: an outlier is below the peers' mean − factor × their stdev.
+    pub outlier_stdev_factor: f64,
+    /// latency: an outlier's p90 is over factor × the median of its peers' p90.
+    pub latency_factor: f64,
+    /// When one tenant's (or key's) requests cause most of the errors, limit that tenant
+    /// instead of culling backends.
+    pub blame_tenants: bool,
 }
 
 impl Default for CullingSection {
@@ -677,6 +688,11 @@ impl Default for CullingSection {
             cooldown_seconds: 60,
             dry_run: false,
             webhook_url: String::new(),
+            outlier: "none".into(),
+            outlier_min_requests: 50,
+            outlier_stdev_factor: 1.9,
+            latency_factor: 3.0,
+            blame_tenants: false,
         }
     }
 }

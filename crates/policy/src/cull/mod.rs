@@ -9,6 +9,7 @@ mod evaluate;
 mod failing;
 mod fleet;
 pub mod ops;
+mod outlier;
 mod params;
 mod state;
 mod window;
@@ -18,6 +19,10 @@ pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use failing::{failing_reason, Failing, FailingInput};
 pub use fleet::{Buckets, FleetDelta};
+pub use outlier::{
+    evaluate_outliers, LatencySummary, LatencyWindow, Outlier, OutlierParams, OutlierRule,
+    OutlierVerdict, PeerSample,
+};
 pub use params::{max_out, CullParams, CullingSettings};
 pub use state::{Action, CullState, TickInput};
 pub use window::ErrorWindow;
