@@ -326,6 +326,7 @@ impl Admin {
                             "requests_in_window": requests,
                             "dry_run_culled": b.is_dry_run_culled(),
                             "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
+                            "outlier": s.observe.culls.outlier(&pool.name, &b.addr_str),
                         });
                         crate::observe::traffic::add_backend_fields(&mut v, b, traffic_now);
                         v

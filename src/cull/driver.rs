@@ -8,9 +8,10 @@
 //! takes `now`, so a test can drive ticks on its own clock.
 
 use super::{
-    evaluate_sharded, failing_reason, http, webhook, Action, BackendSample, Buckets,
-    BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation, FailingInput,
-    FleetDelta, StoreError, TickInput,
+    evaluate_outliers, evaluate_sharded, failing_reason, http, webhook, Action, BackendSample,
+    Buckets, BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation,
+    FailingInput, FleetDelta, Outlier, OutlierRule, OutlierVerdict, PeerSample, StoreError,
+    TickInput,
 };
 use crate::metrics::CullResult;
 use crate::state::Shared;
@@ -34,6 +35,8 @@ struct Tracked {
     pushed: (u64, u64),
     /// Last readmission (Unix seconds): fleet errors before it are forgiven.
     since_secs: u64,
+    /// Culled as a latency outlier: the probe must also answer within this (µs).
+    probe_within_us: Option<u64>,
 }
 
 /// One backend's turn in a tick.
@@ -43,6 +46,31 @@ struct Step<'a> {
     /// Errors in the window (for logs and the webhook).
     errors: u64,
     now_ms: u64,
+    /// The rule that made it a candidate, and an outlier's figures.
+    why: Why,
+}
+
+/// Which culling rule made a backend a candidate (CONTRACT §15: the journal says).
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    ErrorThreshold,
+    Outlier(Outlier),
+}
+
+impl Why {
+    fn rule(&self) -> &'static str {
+        match self {
+            Why::ErrorThreshold => "error_threshold",
+            Why::Outlier(o) => o.rule.as_str(),
+        }
+    }
+
+    fn figures(&self) -> Option<String> {
+        match self {
+            Why::ErrorThreshold => None,
+            Why::Outlier(o) => Some(o.describe()),
+        }
+    }
 }
 
 /// The culling driver: performs what the policy decides.
@@ -154,6 +182,11 @@ impl Culling {
                 .await;
             let eval = evaluate_sharded(&samples, params.error_threshold, pool.balance.shard_size);
             report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
+            // The outlier rules; an upstream the error rule calls systemic culls nothing.
+            let outliers = match eval {
+                Evaluation::Systemic { .. } => OutlierVerdict::Off,
+                _ => self.outliers(pool, &samples, &params, now_secs),
+            };
             for (bi, b) in pool.backends.iter().enumerate() {
                 if b.manual().state() == crate::upstream::ManualState::Maint {
                     // In maintenance: neither culled, probed nor readmitted by the loop
@@ -164,9 +197,22 @@ impl Culling {
                     .states
                     .entry((pool.name.clone(), b.addr))
                     .or_default();
+                let outlier = outliers.find(bi).copied();
+                self.shared.observe.culls.set_outlier(
+                    &pool.name,
+                    &b.addr_str,
+                    outlier
+                        .as_ref()
+                        .map(crate::observe::journal::OutlierView::of),
+                );
+                let over_threshold = eval.candidates().contains(&bi);
+                let why = match outlier {
+                    Some(o) if !over_threshold => Why::Outlier(o),
+                    _ => Why::ErrorThreshold,
+                };
                 let input = TickInput {
                     now_ms,
-                    candidate: eval.candidates().contains(&bi),
+                    candidate: over_threshold || outlier.is_some(),
                     fleet_claimed: fleet_claimed(&snapshot, pi, &b.addr_str),
                 };
                 let action = tracked.state.on_tick(input, &params);
@@ -181,10 +227,11 @@ impl Culling {
                     b,
                     errors,
                     now_ms,
+                    why,
                 };
                 let claim = self.perform(step, tracked, action, &params).await;
                 b.set_failing(failing_reason(FailingInput {
-                    over_threshold: errors >= params.error_threshold.max(1),
+                    over_threshold: errors >= params.error_threshold.max(1) || outlier.is_some(),
                     ejected: b.is_culled(),
                     candidate: input.candidate,
                     others_in_rotation: in_rotation(pool, b),
@@ -197,6 +244,41 @@ impl Culling {
             }
         }
         memory.states.retain(|k, _| live.contains(k));
+    }
+
+    /// The outlier rule's verdict on `pool` (CONTRACT §15): success rates from the same
+    /// samples as the error rule (fleet-wide counts), latencies from this instance's
+    /// windows (each instance judges what it saw; the cull itself spends a fleet token).
+    fn outliers(
+        &self,
+        pool: &Pool,
+        samples: &[BackendSample],
+        params: &CullParams,
+        now_secs: u64,
+    ) -> OutlierVerdict {
+        if params.outlier.rule == OutlierRule::None {
+            return OutlierVerdict::Off;
+        }
+        let peers: Vec<PeerSample> = pool
+            .backends
+            .iter()
+            .zip(samples)
+            .map(|(b, s)| PeerSample {
+                index: s.index,
+                requests: s.requests,
+                errors: s.errors,
+                latency: if params.outlier.rule == OutlierRule::Latency {
+                    b.latency.summary(now_secs)
+                } else {
+                    Default::default()
+                },
+            })
+            .collect();
+        let verdict = evaluate_outliers(&peers, &params.outlier);
+        if let OutlierVerdict::Systemic { judged, outliers } = verdict {
+            tracing::debug!(event = "cull", upstream = %pool.name, judged, outliers, "outliers alike; culling none");
+        }
+        verdict
     }
 
     /// Each backend's `(requests, errors)` over the window: the larger of this
@@ -272,6 +354,7 @@ impl Culling {
             b,
             errors,
             now_ms,
+            why,
         } = step;
         let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
         let mut claim = None;
@@ -288,7 +371,7 @@ impl Culling {
                                 .await
                         }
                     };
-                    self.record_claim(pool, b, &res, errors);
+                    self.record_claim(pool, b, &res, errors, why);
                     if params.dry_run {
                         b.set_dry_run_cull(matches!(
                             res,
@@ -301,15 +384,21 @@ impl Culling {
                 }
                 Action::Eject => {
                     b.set_culled(true);
+                    tracked.probe_within_us = match why {
+                        Why::Outlier(o) if o.rule == OutlierRule::Latency => Some(o.limit as u64),
+                        _ => None,
+                    };
                     tracing::warn!(
                         event = "cull",
                         upstream = %pool.name,
                         backend = %b.addr_str,
                         errors,
+                        rule = why.rule(),
+                        figures = why.figures().unwrap_or_default(),
                         "backend ejected; draining in-flight requests"
                     );
                     let url = &self.shared.runtime.load().config.culling.webhook_url;
-                    webhook::notify(url, &pool.name, &b.addr_str, errors);
+                    webhook::notify(url, &pool.name, &b.addr_str, why.rule(), errors);
                     Action::None
                 }
                 Action::Renew => {
@@ -320,7 +409,7 @@ impl Culling {
                     tracked.state.on_renew(now_ms, &res, params)
                 }
                 Action::Probe => {
-                    let healthy = probe(pool, b).await;
+                    let healthy = probe(pool, b, tracked.probe_within_us).await;
                     tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, healthy, "probe after cooldown");
                     tracked.state.on_probe(now_ms, healthy, params)
                 }
@@ -348,6 +437,7 @@ impl Culling {
         b: &BackendState,
         res: &Result<ClaimOutcome, StoreError>,
         errors: u64,
+        why: Why,
     ) {
         let result = match res {
             Ok(o) => match o.decision_label() {
@@ -360,18 +450,27 @@ impl Culling {
             Err(_) => CullResult::StoreError,
         };
         self.shared.metrics.cull.decision(result);
-        self.journal(pool, b, result, errors);
+        self.journal(pool, b, result, errors, Some(why));
         tracing::info!(
             event = "cull_decision",
             result = result.as_str(),
             upstream = %pool.name,
             backend = %b.addr_str,
             errors,
+            rule = why.rule(),
+            figures = why.figures().unwrap_or_default(),
         );
     }
 
     /// Keep the decision for the status page.
-    fn journal(&self, pool: &Pool, b: &BackendState, result: CullResult, errors: u64) {
+    fn journal(
+        &self,
+        pool: &Pool,
+        b: &BackendState,
+        result: CullResult,
+        errors: u64,
+        why: Option<Why>,
+    ) {
         self.shared
             .observe
             .culls
@@ -381,6 +480,8 @@ impl Culling {
                 backend: b.addr_str.clone(),
                 result: result.as_str(),
                 errors,
+                rule: why.map(|w| w.rule()),
+                figures: why.and_then(|w| w.figures()),
                 ..Default::default()
             });
     }
@@ -390,9 +491,10 @@ impl Culling {
         b.set_culled(false);
         b.set_dry_run_cull(false);
         b.window.reset();
+        b.latency.reset();
         if was {
             self.shared.metrics.cull.decision(CullResult::Readmitted);
-            self.journal(pool, b, CullResult::Readmitted, 0);
+            self.journal(pool, b, CullResult::Readmitted, 0, None);
             tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, "backend readmitted");
         }
     }
@@ -465,15 +567,16 @@ fn fleet_claimed(
 }
 
 /// Probe a culled backend: its `health_check_path` (2xx = healthy) if set,
-/// else a trial `GET /` (anything below 500 = healthy).
-async fn probe(pool: &Pool, b: &BackendState) -> bool {
+/// else a trial `GET /` (anything below 500 = healthy). A backend culled as a latency
+/// outlier must also answer within `within_us` (the line it crossed).
+async fn probe(pool: &Pool, b: &BackendState, within_us: Option<u64>) -> bool {
     let (path, want_2xx) = if pool.health_check_path.is_empty() {
         ("/", false)
     } else {
         (pool.health_check_path.as_str(), true)
     };
     let bound = pool.connect_timeout + Duration::from_secs(2);
-    match http::status_of(
+    let answer = http::timed_status_of(
         b.addr,
         "GET",
         path,
@@ -482,10 +585,13 @@ async fn probe(pool: &Pool, b: &BackendState) -> bool {
         None,
         bound,
     )
-    .await
-    {
-        Ok(status) if want_2xx => (200..300).contains(&status),
-        Ok(status) => status < 500,
+    .await;
+    let in_time = |took: Duration| {
+        within_us.is_none_or(|limit| u64::try_from(took.as_micros()).unwrap_or(u64::MAX) <= limit)
+    };
+    match answer {
+        Ok((status, took)) if want_2xx => (200..300).contains(&status) && in_time(took),
+        Ok((status, took)) => status < 500 && in_time(took),
         Err(_) => false,
     }
 }

@@ -22,6 +22,9 @@ mod webhook;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod driver_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod outlier_tests;
 
 pub use portcullis_policy::cull::*;
 pub use portcullis_policy::StoreError;

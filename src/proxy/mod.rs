@@ -517,6 +517,16 @@ impl ProxyHttp for Proxy {
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
             let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
             b.record(now_secs, is_error);
+            if let (Some(t0), None, true) = (ctx.upstream.attempt_start, e, status > 0) {
+                // The latency outlier rule's window: answered attempts only (CONTRACT §15).
+                if ctx.runtime.config.culling.params.outlier.rule
+                    == portcullis_policy::cull::OutlierRule::Latency
+                {
+                    let us = now.saturating_duration_since(t0).as_micros();
+                    b.latency
+                        .record(now_secs, u64::try_from(us).unwrap_or(u64::MAX));
+                }
+            }
         }
         telemetry::finish(
             &self.shared,

@@ -25,6 +25,8 @@ pub struct BackendState {
     pub addr_str: String,
     /// Requests and errors over the culling window (the hot-path accounting).
     pub window: portcullis_policy::cull::ErrorWindow,
+    /// Latencies over the culling window (recorded only with `[culling] outlier = "latency"`).
+    pub latency: portcullis_policy::cull::LatencyWindow,
     cull: AtomicU8,
     /// Dry run: the budget granted a cull that was not carried out.
     dry_run_cull: AtomicBool,
@@ -62,6 +64,7 @@ impl BackendState {
             addr,
             addr_str: addr.to_string(),
             window: portcullis_policy::cull::ErrorWindow::new(window_secs),
+            latency: portcullis_policy::cull::LatencyWindow::new(window_secs),
             cull: AtomicU8::new(CullMark::In as u8),
             dry_run_cull: AtomicBool::new(false),
             total_requests: AtomicU64::new(0),
