@@ -124,14 +124,24 @@ impl Gate for Shed<'_> {
     /// The slot, and whether it was taken over the cap (a shadow refusal).
     type Admit = (InflightGuard, bool);
     #[inline]
-    fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+    fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
+        let now_secs = now_ms / 1000;
         if let Some(guard) = self.shedder.try_acquire(facts.priority) {
+            self.shedder.share.on_admit(now_secs);
             return Ok((guard, false));
         }
         match self.shadow {
-            None => Err(Refusal::Shed {
-                retry_after: self.retry_after,
-            }),
+            None => {
+                // Spread the retries by the share of load being shed (README, Gray failure).
+                self.shedder.share.on_shed(now_secs);
+                Err(Refusal::Shed {
+                    retry_after: crate::shed::spread::spread_retry_after(
+                        self.retry_after,
+                        self.shedder.share.share(now_secs),
+                        fastrand::u64(..),
+                    ),
+                })
+            }
             Some(counters) => {
                 counters[facts.priority.index()].inc();
                 Ok((self.shedder.acquire_over_cap(), true))
