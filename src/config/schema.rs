@@ -370,6 +370,11 @@ pub struct UpstreamSection {
     /// Per-upstream in-flight cap (bulkhead); 0 = none.
     #[serde(default)]
     pub max_inflight: u64,
+    /// This upstream learns its own cap from its latency (as `[shedding] adaptive`),
+    /// never above `max_inflight` (which must be > 0): a slow upstream sheds its own
+    /// traffic, not the others'.
+    #[serde(default)]
+    pub adaptive: bool,
     /// How often backend host names are resolved again.
     #[serde(default = "default_resolve_interval")]
     pub resolve_interval_seconds: u64,

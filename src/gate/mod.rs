@@ -183,13 +183,18 @@ pub struct Bulkhead<'a> {
 impl Gate for Bulkhead<'_> {
     type Admit = Option<BulkheadGuard>;
     #[inline]
-    fn check(&self, _facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+    fn check(&self, _facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
         let Some(pool) = self.pool else {
             return Ok(None);
         };
         match pool.enter() {
             crate::upstream::Bulkhead::Unlimited => Ok(None),
-            crate::upstream::Bulkhead::Entered(g) => Ok(Some(g)),
+            crate::upstream::Bulkhead::Entered(g) => {
+                if pool.balance.adaptive {
+                    pool.shared.limit.share.on_admit(now_ms / 1000);
+                }
+                Ok(Some(g))
+            }
             crate::upstream::Bulkhead::Full => {
                 self.metrics
                     .shed
@@ -197,9 +202,20 @@ impl Gate for Bulkhead<'_> {
                     .with_label_values(&[pool.name.as_str()])
                     .inc();
                 tracing::debug!(event = "bulkhead_shed", upstream = %pool.name);
-                Err(Refusal::Shed {
-                    retry_after: self.retry_after,
-                })
+                // An adaptive upstream's learned cap spreads its retries by its own shed
+                // share; a fixed max_inflight answers the fixed value.
+                let retry_after = if pool.balance.adaptive {
+                    let share = &pool.shared.limit.share;
+                    share.on_shed(now_ms / 1000);
+                    crate::shed::spread::spread_retry_after(
+                        self.retry_after,
+                        share.share(now_ms / 1000),
+                        fastrand::u64(..),
+                    )
+                } else {
+                    self.retry_after
+                };
+                Err(Refusal::Shed { retry_after })
             }
         }
     }

@@ -503,9 +503,12 @@ impl ProxyHttp for Proxy {
         if let (Some(_), Some(t0), None) = (&ctx.upstream.backend, ctx.upstream.attempt_start, e) {
             if status > 0 && status < 500 {
                 // The adaptive limit learns from answered requests only.
-                self.shared
-                    .shedder
-                    .on_latency(now, now.saturating_duration_since(t0));
+                let rtt = now.saturating_duration_since(t0);
+                self.shared.shedder.on_latency(now, rtt);
+                if let Some(pool) = &ctx.routing.pool {
+                    // An adaptive upstream learns from its own latency only (CONTRACT §15).
+                    pool.on_latency(now, rtt);
+                }
             }
         }
         let backend = ctx.upstream.backend.take();

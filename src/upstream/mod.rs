@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The least cap an `adaptive` upstream learns (or its `max_inflight`, when lower).
+pub const ADAPTIVE_FLOOR: u64 = 8;
+
 /// Per-backend state that outlives reloads while the backend stays configured.
 #[derive(Debug)]
 pub struct BackendState {
@@ -278,6 +281,9 @@ impl Drop for Attempt {
 pub struct UpstreamShared {
     inflight: AtomicU64,
     pub budget: crate::balance::retry_budget::RetryBudget,
+    /// The learned cap of an `adaptive` upstream (its own gradient limit, in-flight
+    /// count and shed share); unused otherwise.
+    pub limit: Arc<crate::shed::Shedder>,
 }
 
 /// The bulkhead's answer for one request.
@@ -292,11 +298,20 @@ pub enum Bulkhead {
 }
 
 #[derive(Debug)]
-pub struct BulkheadGuard(Arc<UpstreamShared>);
+pub struct BulkheadGuard(Slot);
+
+/// A fixed bulkhead's slot, or one of an adaptive upstream's learned cap.
+#[derive(Debug)]
+enum Slot {
+    Fixed(Arc<UpstreamShared>),
+    Adaptive(#[allow(dead_code)] crate::shed::InflightGuard),
+}
 
 impl Drop for BulkheadGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        if let Slot::Fixed(sh) = &self.0 {
+            sh.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -466,9 +481,20 @@ impl Pool {
             .any(|b| !b.is_out() && !tried.contains(&b.addr))
     }
 
-    /// The bulkhead (`max_inflight`): take a slot or be shed.
+    /// The bulkhead (`max_inflight`, or the learned cap when `adaptive`): take a slot or
+    /// be shed.
     #[inline]
     pub fn enter(&self) -> Bulkhead {
+        if self.balance.adaptive {
+            return match self
+                .shared
+                .limit
+                .try_acquire(crate::shed::Priority::Critical)
+            {
+                Some(g) => Bulkhead::Entered(BulkheadGuard(Slot::Adaptive(g))),
+                None => Bulkhead::Full,
+            };
+        }
         let cap = self.balance.max_inflight;
         if cap == 0 {
             return Bulkhead::Unlimited;
@@ -485,9 +511,17 @@ impl Pool {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Bulkhead::Entered(BulkheadGuard(Arc::clone(sh))),
+                Ok(_) => return Bulkhead::Entered(BulkheadGuard(Slot::Fixed(Arc::clone(sh)))),
                 Err(actual) => cur = actual,
             }
+        }
+    }
+
+    /// Feed one answered request's latency to an `adaptive` upstream's own cap.
+    #[inline]
+    pub fn on_latency(&self, now: std::time::Instant, rtt: Duration) {
+        if self.balance.adaptive {
+            self.shared.limit.on_latency(now, rtt);
         }
     }
 
