@@ -48,6 +48,17 @@ pub fn header(
     if let (Refusal::RateLimited { fields, .. }, Some(parts)) = (refusal, parts) {
         apply_rate_fields(fields, parts, &mut resp)?;
     }
+    if let Refusal::Blamed { retry_after } = refusal {
+        // CONTRACT §15: a blamed key's quota is 0 until its cooldown ends.
+        resp.insert_header(
+            &crate::edge::headers::names::RATELIMIT_POLICY,
+            http::HeaderValue::from_static("\"blame\";q=0"),
+        )?;
+        resp.insert_header(
+            &crate::edge::headers::names::RATELIMIT,
+            format!("\"blame\";r=0;t={}", (*retry_after).max(1)),
+        )?;
+    }
     if close {
         resp.insert_header("connection", "close")?;
     }

@@ -282,3 +282,14 @@ fn culling_outlier_keys_parse_and_bad_ones_name_the_key_path_and_line() {
         assert_eq!(e.line_col.map(|l| l.0), Some(6), "{body}: {e}");
     }
 }
+
+#[test]
+fn an_adaptive_upstream_needs_a_ceiling() {
+    let ok = check("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\nadaptive = true\nmax_inflight = 64\n").unwrap();
+    assert!(ok.upstreams[0].balance.adaptive);
+    let e =
+        check("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\nadaptive = true\n")
+            .unwrap_err();
+    assert_eq!(e.key_path, "upstreams[0].adaptive", "{e}");
+    assert_eq!(e.line_col.map(|l| l.0), Some(4), "{e}");
+}

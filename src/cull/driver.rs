@@ -177,9 +177,14 @@ impl Culling {
             for b in &pool.backends {
                 live.insert((pool.name.clone(), b.addr));
             }
-            let samples = self
+            let mut samples = self
                 .samples(pool, &mut memory.states, now_secs, buckets)
                 .await;
+            if cfg.blame_tenants {
+                // Before any rule judges the backends: errors a blamed key caused are not
+                // theirs (CONTRACT §15).
+                self.blame(pool, &mut samples, &params, now_ms);
+            }
             let eval = evaluate_sharded(&samples, params.error_threshold, pool.balance.shard_size);
             report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
             // The outlier rules; an upstream the error rule calls systemic culls nothing.
@@ -279,6 +284,78 @@ impl Culling {
             tracing::debug!(event = "cull", upstream = %pool.name, judged, outliers, "outliers alike; culling none");
         }
         verdict
+    }
+
+    /// `blame_tenants`: blame the keys that cause most errors on two or more backends while
+    /// other keys succeed there ([`super::find_blamed`]), limit them for the cooldown, and
+    /// take the errors of every key limited now out of `samples`.
+    fn blame(&self, pool: &Pool, samples: &mut [BackendSample], params: &CullParams, now_ms: u64) {
+        let now_secs = now_ms / 1000;
+        let blamed = &pool.shared.blamed;
+        blamed.expire(now_ms);
+        let ledger = pool
+            .shared
+            .blame_ledger
+            .snapshot(now_secs, params.window_secs);
+        if ledger.is_empty() {
+            return;
+        }
+        let counts: Vec<super::BackendCounts> = pool
+            .backends
+            .iter()
+            .zip(samples.iter())
+            .map(|(b, s)| super::BackendCounts {
+                addr: b.addr,
+                requests: s.requests,
+                errors: s.errors,
+            })
+            .collect();
+        for found in super::find_blamed(&ledger, &counts, params.error_threshold) {
+            if blamed.limited(found.key, now_ms).is_some() {
+                continue;
+            }
+            blamed.blame(found.key, now_ms.saturating_add(params.cooldown_ms()));
+            let tenant = super::blame::tenant_label(found.key);
+            self.shared
+                .metrics
+                .cull
+                .blamed
+                .with_label_values(&[tenant])
+                .inc();
+            let backends: Vec<String> = found.backends.iter().map(|(a, _)| a.to_string()).collect();
+            let figures = format!(
+                "key {} caused {} errors on {} backends; limited for {} s",
+                super::blame::tag(found.key),
+                found.errors(),
+                found.backends.len(),
+                params.cooldown_secs
+            );
+            tracing::warn!(event = "cull", result = "blamed", upstream = %pool.name, tenant, backends = %backends.join(","), figures = %figures, "a key causes the errors: limited instead of culling backends");
+            self.shared
+                .observe
+                .culls
+                .record(crate::observe::journal::CullEntry {
+                    at_ms: unix_ms(),
+                    upstream: pool.name.clone(),
+                    backend: backends.join(","),
+                    result: "blamed",
+                    errors: found.errors(),
+                    rule: Some("blame_tenants"),
+                    figures: Some(figures),
+                    ..Default::default()
+                });
+        }
+        for (key, per) in &ledger {
+            if blamed.limited(*key, now_ms).is_none() {
+                continue;
+            }
+            for (s, b) in samples.iter_mut().zip(&pool.backends) {
+                if let Some(n) = per.get(&b.addr) {
+                    s.errors -= (*n).min(s.errors);
+                    s.requests -= (*n).min(s.requests);
+                }
+            }
+        }
     }
 
     /// Each backend's `(requests, errors)` over the window: the larger of this

@@ -15,6 +15,7 @@
 //!   All checks and the commit happen in one atomic Lua script (one round trip).
 //! * Redis unreachable or slow → `Err(StoreError)`; the caller must not cull.
 
+pub mod blame;
 pub mod driver;
 mod http;
 mod webhook;

@@ -73,6 +73,23 @@ impl Proxy {
     }
 
     /// Refuse through an error: `fail_to_proxy` answers with `ctx.answer.refusal`.
+    /// `blame_tenants`: a key blamed for its upstream's errors is answered 429 until its
+    /// cooldown ends (CONTRACT §15). One atomic load while no key is blamed.
+    fn blamed(&self, session: &Session, ctx: &Ctx) -> Option<Refusal> {
+        let pool = ctx.routing.pool.as_deref()?;
+        if !ctx.runtime.config.culling.blame_tenants || !pool.shared.blamed.any() {
+            return None;
+        }
+        let req = session.req_header();
+        let key =
+            crate::cull::blame::identity(&ctx.runtime, &req.headers, &req.uri, ctx.routing.client)?;
+        let secs = pool
+            .shared
+            .blamed
+            .limited(key, crate::store::clock::unix_ms())?;
+        Some(Refusal::Blamed { retry_after: secs })
+    }
+
     fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
         session.set_keepalive(None);
         let status = refusal.status();
@@ -168,6 +185,9 @@ impl ProxyHttp for Proxy {
             )
         };
         if let Err(refusal) = verdict {
+            return self.refuse(session, ctx, refusal).await;
+        }
+        if let Some(refusal) = self.blamed(session, ctx) {
             return self.refuse(session, ctx, refusal).await;
         }
         if ctx.gates.tunnel.is_some() {
@@ -520,6 +540,27 @@ impl ProxyHttp for Proxy {
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
             let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
             b.record(now_secs, is_error);
+            let culling = &ctx.runtime.config.culling;
+            if is_error && culling.blame_tenants {
+                // Blame the tenant: errors by key (the success path records nothing).
+                if let Some(pool) = &ctx.routing.pool {
+                    let req = session.req_header();
+                    let who = crate::cull::blame::identity(
+                        &ctx.runtime,
+                        &req.headers,
+                        &req.uri,
+                        ctx.routing.client,
+                    );
+                    if let Some(key) = who {
+                        pool.shared.blame_ledger.record(
+                            now_secs,
+                            culling.params.window_secs,
+                            key,
+                            b.addr,
+                        );
+                    }
+                }
+            }
             if let (Some(t0), None, true) = (ctx.upstream.attempt_start, e, status > 0) {
                 // The latency outlier rule's window: answered attempts only (CONTRACT §15).
                 if ctx.runtime.config.culling.params.outlier.rule

@@ -105,6 +105,8 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
             inflight: AtomicU64::new(0),
             budget: crate::balance::retry_budget::RetryBudget::new(cfg.balance.retry_budget_ratio),
             limit: crate::shed::Shedder::new(0),
+            blame_ledger: Default::default(),
+            blamed: Default::default(),
         }),
     };
     shared.budget.set_ratio(cfg.balance.retry_budget_ratio);

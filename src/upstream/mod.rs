@@ -284,6 +284,9 @@ pub struct UpstreamShared {
     /// The learned cap of an `adaptive` upstream (its own gradient limit, in-flight
     /// count and shed share); unused otherwise.
     pub limit: Arc<crate::shed::Shedder>,
+    /// `blame_tenants`: errors by key, and the keys limited now (CONTRACT §15).
+    pub blame_ledger: portcullis_policy::cull::BlameLedger,
+    pub blamed: portcullis_policy::cull::BlameList,
 }
 
 /// The bulkhead's answer for one request.

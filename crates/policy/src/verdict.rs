@@ -63,6 +63,9 @@ pub enum Refusal {
         /// The refusing policy's numbers; `fields.policy` names the policy.
         fields: RateFields,
     },
+    /// The key was blamed for most of its upstream's errors (CONTRACT §15,
+    /// `blame_tenants`): 429 with `RateLimit-Policy: "blame";q=0` until its cooldown ends.
+    Blamed { retry_after: u64 },
     /// No key and `missing_key = "reject"` (401).
     KeyMissing,
     /// A key longer than `max_key_bytes` (400).
@@ -93,7 +96,7 @@ impl Refusal {
     pub fn status(&self) -> u16 {
         match self {
             Refusal::Shed { .. } | Refusal::NoBackend { .. } | Refusal::TunnelCap { .. } => 503,
-            Refusal::RateLimited { .. } => 429,
+            Refusal::RateLimited { .. } | Refusal::Blamed { .. } => 429,
             Refusal::KeyMissing => 401,
             Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
             Refusal::HeaderTooLarge => 431,
@@ -110,7 +113,7 @@ impl Refusal {
     pub fn outcome(&self) -> Outcome {
         match self {
             Refusal::Shed { .. } | Refusal::TunnelCap { .. } => Outcome::Shed,
-            Refusal::RateLimited { .. } => Outcome::RateLimited,
+            Refusal::RateLimited { .. } | Refusal::Blamed { .. } => Outcome::RateLimited,
             Refusal::NoBackend { .. } => Outcome::NoBackend,
             Refusal::KeyMissing
             | Refusal::KeyTooLong
@@ -131,6 +134,7 @@ impl Refusal {
             Refusal::Shed { .. } => "portcullis: overloaded (load shed)\n",
             Refusal::TunnelCap { .. } => "portcullis: too many open tunnels (max_tunnels)\n",
             Refusal::RateLimited { .. } => "portcullis: rate limited\n",
+            Refusal::Blamed { .. } => "portcullis: rate limited (blamed for backend errors)\n",
             Refusal::KeyMissing => "portcullis: API key required\n",
             Refusal::KeyTooLong => "portcullis: API key too long\n",
             Refusal::KeyAmbiguous => "portcullis: more than one API key in the request\n",
@@ -152,7 +156,8 @@ impl Refusal {
             Refusal::Shed { retry_after }
             | Refusal::TunnelCap { retry_after }
             | Refusal::NoBackend { retry_after }
-            | Refusal::RateLimited { retry_after, .. } => Some((*retry_after).max(1)),
+            | Refusal::RateLimited { retry_after, .. }
+            | Refusal::Blamed { retry_after } => Some((*retry_after).max(1)),
             _ => None,
         }
     }

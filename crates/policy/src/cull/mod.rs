@@ -2,6 +2,7 @@
 //! fleet-wide disruption budget, and each backend's state machine. The driver that runs it
 //! against real backends and the budget stores are in the app and store crates.
 
+mod blame;
 mod budget_store;
 mod claim;
 pub mod claims;
@@ -14,6 +15,7 @@ mod params;
 mod state;
 mod window;
 
+pub use blame::{find_blamed, BackendCounts, BlameLedger, BlameList, Blamed};
 pub use budget_store::{BudgetStore, ClaimCommit};
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
