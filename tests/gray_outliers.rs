@@ -212,7 +212,10 @@ fn a_slow_backend_is_culled_fleet_wide_kept_out_while_slow_and_readmitted_after_
     assert!(!views.is_empty(), "an outlier view in /status");
     let v = &views[0];
     assert_eq!(v["rule"], "latency");
-    let (value, limit) = (v["value"].as_f64().unwrap(), v["limit"].as_f64().unwrap());
+    let (value, limit) = (
+        v["value"].as_f64().expect("value"),
+        v["limit"].as_f64().expect("limit"),
+    );
     assert!(
         value >= 120.0 && limit < value,
         "p90 {value} ms over {limit} ms: {v}"
