@@ -24,8 +24,10 @@ fn main() {
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
-    let window = LatencyWindow::new(60);
-    let share = ShedShare::default();
+    // Behind `black_box`, so the compiler cannot see that nothing else touches them.
+    let window = black_box(LatencyWindow::new(60));
+    let share = black_box(ShedShare::default());
+    let (window, share) = (black_box(&window), black_box(&share));
     let t0 = 1_700_000_000u64;
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for i in 0..n {
