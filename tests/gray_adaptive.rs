@@ -148,9 +148,10 @@ fn limit(p: &Proxy, upstream: &str) -> f64 {
 fn a_slow_upstream_sheds_its_own_excess_while_a_fast_one_beside_it_serves_everything() {
     let fast = Backend::start("fast");
     let slow = Backend::start("slow");
-    // Both answer in 10 ms to begin with: each upstream learns that as its baseline.
-    fast.set_mode(Mode::Slow(Duration::from_millis(10)));
-    slow.set_mode(Mode::Slow(Duration::from_millis(10)));
+    // Both answer in 20 ms to begin with: each upstream learns that as its baseline (20 ms
+    // rather than less, so a loaded machine's jitter is well inside the 25 % tolerance).
+    fast.set_mode(Mode::Slow(Duration::from_millis(20)));
+    slow.set_mode(Mode::Slow(Duration::from_millis(20)));
     let p = Proxy::start(&config(&fast, &slow));
     let fast_clients = Clients::start(&p.addr(), "/fast/x");
     let slow_clients = Clients::start(&p.addr(), "/slow/x");
@@ -163,11 +164,12 @@ fn a_slow_upstream_sheds_its_own_excess_while_a_fast_one_beside_it_serves_everyt
                 && slow_clients.tally(t0).get(&200).copied().unwrap_or(0) >= 300
         },
     );
-    assert_eq!(limit(&p, "fast"), CEILING as f64);
-    assert_eq!(limit(&p, "slow"), CEILING as f64);
+    for u in ["fast", "slow"] {
+        assert!(limit(&p, u) >= CONNS as f64, "{u}: {}", limit(&p, u));
+    }
 
     // The slow upstream's backend turns 20× slower.
-    slow.set_mode(Mode::Slow(Duration::from_millis(200)));
+    slow.set_mode(Mode::Slow(Duration::from_millis(400)));
     let t_slow = Instant::now();
     eventually(
         DEADLINE,
