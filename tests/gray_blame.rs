@@ -227,3 +227,57 @@ fn without_blame_the_same_poison_key_culls_backends() {
     assert_eq!(clients.count(POISON, 429), 0);
     clients.finish();
 }
+
+/// Fleet-wide through the store, like a cull: two proxies on one Redis; the poison key's
+/// requests (and so its errors) go through the first only, and the second limits it too.
+#[test]
+fn a_blame_is_shared_through_redis_with_the_rest_of_the_fleet() {
+    let redis = RedisServer::start();
+    let bs = backends();
+    let conf = format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"gblame\"\n\n{}",
+        redis.url(),
+        config(&bs, true)
+    );
+    let (a, b) = (Proxy::start(&conf), Proxy::start(&conf));
+    let mut keys = GOOD.to_vec();
+    keys.push(POISON);
+    let clients = Clients::start(&a.addr(), &keys);
+    eventually(
+        DEADLINE,
+        || {
+            format!(
+                "the poison key limited on the first proxy: {}",
+                a.status_json()
+            )
+        },
+        || clients.count(POISON, 429) >= 5,
+    );
+    clients.finish();
+    // The second proxy saw none of its errors, and limits it all the same.
+    eventually(
+        DEADLINE,
+        || "the poison key limited on the second proxy".into(),
+        || {
+            let r = b.get("/x", &[("x-api-key", POISON)]);
+            r.status == 429 && r.header("ratelimit-policy") == Some("\"blame\";q=0")
+        },
+    );
+    assert_eq!(b.get("/x", &[("x-api-key", GOOD[0])]).status, 200);
+    // Counted where it was decided; the store holds a hash of the key, never the key.
+    assert_eq!(
+        a.metric("portcullis_blamed_total{tenant=\"unknown\"}"),
+        Some(1.0)
+    );
+    let keys = redis.cmd(&["KEYS", "gblame:*blame*"]);
+    assert!(keys.contains("blame:app"), "{keys}");
+    let fields = redis.cmd(&["HKEYS", "gblame:cull:{gblame}:blame:app"]);
+    assert!(!fields.contains(POISON), "{fields}");
+    assert!(
+        culled(&a).is_empty() && culled(&b).is_empty(),
+        "no backend culled: {}\n{}\n{}",
+        a.status_json()["culling"],
+        b.status_json()["culling"],
+        a.logs()
+    );
+}

@@ -8,8 +8,9 @@
 //! for `portcullis_blamed_total{tenant}`; until then every key is `"unknown"` (a bounded
 //! label).
 //!
-//! Scope: per instance and per upstream. Each instance blames from the errors it saw and
-//! limits the key for requests to that upstream; the blame is not shared through the store.
+//! Scope: per upstream (the key is limited for requests to the upstream it failed on), and
+//! fleet-wide through the budget store (`BudgetStore::exchange_blame`); per instance
+//! without Redis.
 
 use std::net::IpAddr;
 

@@ -80,6 +80,8 @@ pub struct Culling {
     /// The fleet view the sync keeps: `[budget]`'s `max_concurrent` and one group at a
     /// time hold culls back too (`None`: no view, as in unit tests).
     view: Option<Arc<crate::fleet::sync::FleetView>>,
+    /// This process's id in the fleet's blame records.
+    instance: u64,
 }
 
 /// What the loop remembers between ticks.
@@ -127,6 +129,7 @@ impl Culling {
             shared,
             budget,
             view: None,
+            instance: fastrand::u64(1..),
         }
     }
 
@@ -183,7 +186,7 @@ impl Culling {
             if cfg.blame_tenants {
                 // Before any rule judges the backends: errors a blamed key caused are not
                 // theirs (CONTRACT §15).
-                self.blame(pool, &mut samples, &params, now_ms);
+                self.blame(pool, &mut samples, &params, now_ms).await;
             }
             let eval = evaluate_sharded(&samples, params.error_threshold, pool.balance.shard_size);
             report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
@@ -287,9 +290,17 @@ impl Culling {
     }
 
     /// `blame_tenants`: blame the keys that cause most errors on two or more backends while
-    /// other keys succeed there ([`super::find_blamed`]), limit them for the cooldown, and
-    /// take the errors of every key limited now out of `samples`.
-    fn blame(&self, pool: &Pool, samples: &mut [BackendSample], params: &CullParams, now_ms: u64) {
+    /// other keys succeed there ([`super::find_blamed`]) and limit them for the cooldown;
+    /// share blames and suspects (a key that is the main cause on one backend so far,
+    /// [`super::attributed`]) through the store; and take the errors of every blamed or
+    /// suspect key, this instance's or the fleet's, out of `samples`.
+    async fn blame(
+        &self,
+        pool: &Pool,
+        samples: &mut [BackendSample],
+        params: &CullParams,
+        now_ms: u64,
+    ) {
         let now_secs = now_ms / 1000;
         let blamed = &pool.shared.blamed;
         blamed.expire(now_ms);
@@ -297,9 +308,6 @@ impl Culling {
             .shared
             .blame_ledger
             .snapshot(now_secs, params.window_secs);
-        if ledger.is_empty() {
-            return;
-        }
         let counts: Vec<super::BackendCounts> = pool
             .backends
             .iter()
@@ -310,52 +318,111 @@ impl Culling {
                 errors: s.errors,
             })
             .collect();
-        for found in super::find_blamed(&ledger, &counts, params.error_threshold) {
-            if blamed.limited(found.key, now_ms).is_some() {
+        let suspect_until =
+            now_ms.saturating_add(3 * params.check_interval_secs.max(1).saturating_mul(1000));
+        let mut published: Vec<super::FleetBlame> = Vec::new();
+        for found in super::attributed(&ledger, &counts, params.error_threshold) {
+            let limit = found.backends.len() >= super::BLAME_MIN_BACKENDS;
+            let until = if limit {
+                now_ms.saturating_add(params.cooldown_ms())
+            } else {
+                suspect_until
+            };
+            published.push(super::FleetBlame {
+                key: found.key,
+                from: self.instance,
+                until_ms: until,
+                limit,
+                errors: ledger
+                    .get(&found.key)
+                    .map(|per| per.iter().map(|(a, n)| (a.to_string(), *n)).collect())
+                    .unwrap_or_default(),
+            });
+            if !limit || blamed.limited(found.key, now_ms).is_some() {
                 continue;
             }
-            blamed.blame(found.key, now_ms.saturating_add(params.cooldown_ms()));
-            let tenant = super::blame::tenant_label(found.key);
-            self.shared
-                .metrics
-                .cull
-                .blamed
-                .with_label_values(&[tenant])
-                .inc();
-            let backends: Vec<String> = found.backends.iter().map(|(a, _)| a.to_string()).collect();
-            let figures = format!(
-                "key {} caused {} errors on {} backends; limited for {} s",
-                super::blame::tag(found.key),
-                found.errors(),
-                found.backends.len(),
-                params.cooldown_secs
-            );
-            tracing::warn!(event = "cull", result = "blamed", upstream = %pool.name, tenant, backends = %backends.join(","), figures = %figures, "a key causes the errors: limited instead of culling backends");
-            self.shared
-                .observe
-                .culls
-                .record(crate::observe::journal::CullEntry {
-                    at_ms: unix_ms(),
-                    upstream: pool.name.clone(),
-                    backend: backends.join(","),
-                    result: "blamed",
-                    errors: found.errors(),
-                    rule: Some("blame_tenants"),
-                    figures: Some(figures),
-                    ..Default::default()
-                });
+            blamed.blame(found.key, until);
+            self.record_blame(pool, &found, params);
         }
-        for (key, per) in &ledger {
-            if blamed.limited(*key, now_ms).is_none() {
-                continue;
+        // Fleet-wide through the store, like a cull: publish ours, follow the others'.
+        let fleet = match self
+            .budget
+            .exchange_blame(&pool.name, &published, now_ms)
+            .await
+        {
+            Some(Ok(fleet)) => fleet,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "fleet blame unavailable; this instance's only");
+                published
             }
-            for (s, b) in samples.iter_mut().zip(&pool.backends) {
-                if let Some(n) = per.get(&b.addr) {
-                    s.errors -= (*n).min(s.errors);
-                    s.requests -= (*n).min(s.requests);
+            None => published,
+        };
+        // The errors to take out, per backend: what the other instances published of each
+        // blamed or suspect key, plus what this one saw of it (the fleet's counts are sums).
+        let mut theirs: HashMap<(u64, String), u64> = HashMap::new();
+        let mut keys: HashSet<u64> = HashSet::new();
+        for fb in &fleet {
+            keys.insert(fb.key);
+            if fb.limit {
+                if blamed.limited(fb.key, now_ms).is_none() {
+                    tracing::info!(event = "cull", result = "blamed", upstream = %pool.name, key = %super::blame::tag(fb.key), "following the fleet's blame");
                 }
+                blamed.blame(fb.key, fb.until_ms);
+            }
+            if fb.from == self.instance {
+                continue;
+            }
+            for (b, n) in &fb.errors {
+                *theirs.entry((fb.key, b.clone())).or_insert(0) += *n;
             }
         }
+        for key in &keys {
+            for (addr, n) in ledger.get(key).into_iter().flatten() {
+                *theirs.entry((*key, addr.to_string())).or_insert(0) += *n;
+            }
+        }
+        for (s, b) in samples.iter_mut().zip(&pool.backends) {
+            let n: u64 = theirs
+                .iter()
+                .filter(|((_, addr), _)| *addr == b.addr_str)
+                .map(|(_, n)| *n)
+                .sum();
+            s.errors -= n.min(s.errors);
+            s.requests -= n.min(s.requests);
+        }
+    }
+
+    /// A key blamed here: the metric, the log line and the journal.
+    fn record_blame(&self, pool: &Pool, found: &super::Blamed, params: &CullParams) {
+        let tenant = super::blame::tenant_label(found.key);
+        self.shared
+            .metrics
+            .cull
+            .blamed
+            .with_label_values(&[tenant])
+            .inc();
+        let backends: Vec<String> = found.backends.iter().map(|(a, _)| a.to_string()).collect();
+        let figures = format!(
+            "key {} caused {} errors on {} backends; limited for {} s",
+            super::blame::tag(found.key),
+            found.errors(),
+            found.backends.len(),
+            params.cooldown_secs
+        );
+        tracing::warn!(event = "cull", result = "blamed", upstream = %pool.name, tenant, backends = %backends.join(","), figures = %figures, "a key causes the errors: limited instead of culling backends");
+        self.shared
+            .observe
+            .culls
+            .record(crate::observe::journal::CullEntry {
+                at_ms: unix_ms(),
+                upstream: pool.name.clone(),
+                backend: backends.join(","),
+                result: "blamed",
+                errors: found.errors(),
+                rule: Some("blame_tenants"),
+                figures: Some(figures),
+                ..Default::default()
+            });
     }
 
     /// Each backend's `(requests, errors)` over the window: the larger of this

@@ -110,6 +110,75 @@ impl BlameLedger {
     }
 }
 
+/// A blame as the fleet shares it: the key's hash, until when (Unix ms), and the errors
+/// it caused per backend (`host:port`), so an instance that did not see them can still take
+/// them out of the fleet's counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetBlame {
+    pub key: u64,
+    /// The instance that published it (a random id per process): counts of different
+    /// instances add up, as the fleet's error counts do.
+    pub from: u64,
+    pub until_ms: u64,
+    /// Blamed (limited); `false`: a suspect, whose errors are its own but which is not
+    /// limited (yet): see [`attributed`].
+    pub limit: bool,
+    pub errors: Vec<(String, u64)>,
+}
+
+impl FleetBlame {
+    /// The store's value: `until;L|S;backend=n,backend=n` (L: limited, S: suspect).
+    pub fn encode_value(&self) -> String {
+        let per: Vec<String> = self
+            .errors
+            .iter()
+            .map(|(b, n)| format!("{b}={n}"))
+            .collect();
+        let kind = if self.limit { "L" } else { "S" };
+        format!("{};{kind};{}", self.until_ms, per.join(","))
+    }
+
+    /// The store's field: `key:instance`, both in hex.
+    pub fn encode_field(&self) -> String {
+        format!("{:016x}:{:016x}", self.key, self.from)
+    }
+
+    /// A field and value as [`FleetBlame::encode_field`] and
+    /// [`FleetBlame::encode_value`] wrote them.
+    pub fn decode_entry(field: &str, value: &str) -> Option<Self> {
+        let (key, from) = field.split_once(':')?;
+        let mut b = Self::decode(u64::from_str_radix(key, 16).ok()?, value)?;
+        b.from = u64::from_str_radix(from, 16).ok()?;
+        Some(b)
+    }
+
+    /// The inverse of [`FleetBlame::encode_value`] (`None` for anything else).
+    pub fn decode(key: u64, value: &str) -> Option<Self> {
+        let (until, rest) = value.split_once(';')?;
+        let (kind, per) = rest.split_once(';')?;
+        let limit = match kind {
+            "L" => true,
+            "S" => false,
+            _ => return None,
+        };
+        let errors = per
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (b, n) = p.rsplit_once('=')?;
+                Some((b.to_string(), n.parse().ok()?))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            key,
+            from: 0,
+            until_ms: until.parse().ok()?,
+            limit,
+            errors,
+        })
+    }
+}
+
 /// One backend's window, for [`find_blamed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackendCounts {
@@ -138,6 +207,21 @@ pub fn find_blamed(
     backends: &[BackendCounts],
     min_errors: u64,
 ) -> Vec<Blamed> {
+    attributed(ledger, backends, min_errors)
+        .into_iter()
+        .filter(|b| b.backends.len() >= MIN_BACKENDS)
+        .collect()
+}
+
+/// Every key that is the main cause of errors on at least one backend while other keys
+/// succeed there (the per-backend part of the rule), with those backends. On those
+/// backends the errors are the key's, not the backend's: culling does not count them even
+/// before the key is blamed on a second backend (or when it never is).
+pub fn attributed(
+    ledger: &HashMap<u64, HashMap<SocketAddr, u64>>,
+    backends: &[BackendCounts],
+    min_errors: u64,
+) -> Vec<Blamed> {
     let min_errors = min_errors.max(1);
     let mut out: Vec<Blamed> = Vec::new();
     for (key, per) in ledger {
@@ -156,7 +240,7 @@ pub fn find_blamed(
                 on.push((b.addr, mine));
             }
         }
-        if on.len() >= MIN_BACKENDS {
+        if !on.is_empty() {
             on.sort();
             out.push(Blamed {
                 key: *key,
@@ -255,10 +339,16 @@ mod tests {
     }
 
     #[test]
-    fn one_backend_is_not_enough() {
+    fn one_backend_is_not_enough_to_blame_but_the_errors_are_the_keys() {
         let l = ledger(&[(7, 1, 20), (7, 2, 2)]);
         let b = [counts(1, 200, 20), counts(2, 200, 2), counts(3, 200, 0)];
         assert!(find_blamed(&l, &b, 5).is_empty());
+        let a = attributed(&l, &b, 5);
+        assert_eq!(a.len(), 1);
+        assert_eq!(
+            a[0].backends,
+            vec![(SocketAddr::from(([127, 0, 0, 1], 1)), 20)]
+        );
     }
 
     #[test]
@@ -318,6 +408,36 @@ mod tests {
         let s = l.snapshot(5, 10);
         assert_eq!(s.len(), MAX_KEYS);
         assert_eq!(s[&0][&a(1)], 2);
+    }
+
+    #[test]
+    fn a_fleet_blame_round_trips_through_its_value() {
+        let mut b = FleetBlame {
+            key: 7,
+            from: 0,
+            until_ms: 1_700_000_000_000,
+            limit: true,
+            errors: vec![("127.0.0.1:1".into(), 20), ("[::1]:2".into(), 3)],
+        };
+        assert_eq!(FleetBlame::decode(7, &b.encode_value()), Some(b.clone()));
+        b.limit = false;
+        assert_eq!(FleetBlame::decode(7, &b.encode_value()), Some(b.clone()));
+        let c = FleetBlame {
+            from: 0xabc,
+            ..b.clone()
+        };
+        assert_eq!(
+            FleetBlame::decode_entry(&c.encode_field(), &c.encode_value()),
+            Some(c)
+        );
+        assert_eq!(FleetBlame::decode_entry("7", "5;S;"), None);
+        assert_eq!(FleetBlame::decode(7, "junk"), None);
+        assert_eq!(FleetBlame::decode(7, "5;L;a=x"), None);
+        assert_eq!(FleetBlame::decode(7, "5;X;"), None);
+        assert_eq!(
+            FleetBlame::decode(7, "5;S;").map(|b| b.errors.len()),
+            Some(0)
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ mod params;
 mod state;
 mod window;
 
-pub use blame::{find_blamed, BackendCounts, BlameLedger, BlameList, Blamed};
+pub use blame::{
+    attributed, find_blamed, BackendCounts, BlameLedger, BlameList, Blamed, FleetBlame,
+    MIN_BACKENDS as BLAME_MIN_BACKENDS,
+};
 pub use budget_store::{BudgetStore, ClaimCommit};
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
