@@ -224,8 +224,63 @@ fn route_lookup(c: &mut Criterion) {
     g.finish();
 }
 
+/// The tenant gate's lookup (SHA-256 of the key, then one hash-map probe) among 10 and
+/// 100,000 tenants, and a concurrency slot taken and released (CONTRACT §14).
+fn tenant_lookup(c: &mut Criterion) {
+    use portcullis::config::tenants::{Period, Tenant, TenantSettings, Tier};
+    let mut g = c.benchmark_group("tenant");
+    let metrics = portcullis::metrics::Metrics::new();
+    for n in [10usize, 100_000] {
+        let tenants = (0..n)
+            .map(|i| {
+                let mut h = [0u8; 32];
+                h.copy_from_slice(&sha256_of(format!("key-{i}").as_bytes()));
+                Tenant {
+                    name: format!("t{i}").into(),
+                    tier: 0,
+                    keys: vec![h],
+                    from_store: false,
+                }
+            })
+            .collect();
+        let settings = TenantSettings {
+            file: Some("t.toml".into()),
+            tiers: vec![Tier {
+                name: "pro".into(),
+                limit: 100,
+                concurrency: 1_000,
+                priority: None,
+                quota: 0,
+                period: Period::Day,
+            }],
+            tenants,
+            ..Default::default()
+        };
+        let reg = portcullis::tenants::Registry::build(&settings, None, &metrics);
+        let key = format!("key-{}", n - 1);
+        g.bench_with_input(BenchmarkId::new("lookup", n), &key, |b, k| {
+            b.iter(|| black_box(reg.lookup(black_box(k.as_bytes()))).is_some())
+        });
+        g.bench_with_input(BenchmarkId::new("lookup_unknown", n), &key, |b, _| {
+            b.iter(|| black_box(reg.lookup(black_box(b"no-such-key"))).is_none())
+        });
+        if let Some(t) = reg.lookup(key.as_bytes()) {
+            g.bench_with_input(BenchmarkId::new("enter_release", n), t, |b, t| {
+                b.iter(|| drop(black_box(t.enter())))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn sha256_of(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).to_vec()
+}
+
 criterion_group!(
     benches,
+    tenant_lookup,
     shedding,
     ratelimit,
     cull_accounting,

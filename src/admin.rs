@@ -270,6 +270,16 @@ impl Admin {
             s.limiter.late_answers_total(),
         );
         let rt = s.runtime.load();
+        if let Some(registry) = rt.tenants.as_deref() {
+            let now = crate::store::clock::unix_ms();
+            for t in registry.tenants.iter().filter(|t| t.tier.quota > 0) {
+                let used = s.tenant_quota.used(t.quota_key, t.tier.period, now);
+                m.tenants
+                    .quota_used
+                    .with_label_values(&[&t.name])
+                    .set(i64::try_from(used).unwrap_or(i64::MAX));
+            }
+        }
         let mut seen = match self.backend_errors_seen.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -385,6 +395,7 @@ impl Admin {
             },
             "upstreams": upstreams,
             "routes": crate::observe::traffic::routes_json(&rt, traffic_now),
+            "tenants": rt.tenants.as_deref().map(|r| crate::tenants::status_json(r, &s.tenant_quota)),
         })
     }
 }

@@ -48,6 +48,7 @@ pub mod server;
 pub mod shed;
 pub mod state;
 pub mod store;
+pub mod tenants;
 pub mod upstream;
 pub mod watchdog;
 pub mod window;

@@ -48,16 +48,29 @@ pub fn header(
     if let (Refusal::RateLimited { fields, .. }, Some(parts)) = (refusal, parts) {
         apply_rate_fields(fields, parts, &mut resp)?;
     }
-    if let Refusal::Blamed { retry_after } = refusal {
-        // CONTRACT §15: a blamed key's quota is 0 until its cooldown ends.
-        resp.insert_header(
-            &crate::edge::headers::names::RATELIMIT_POLICY,
-            http::HeaderValue::from_static("\"blame\";q=0"),
-        )?;
-        resp.insert_header(
-            &crate::edge::headers::names::RATELIMIT,
-            format!("\"blame\";r=0;t={}", (*retry_after).max(1)),
-        )?;
+    match refusal {
+        Refusal::TenantConcurrency { limit } => {
+            let v = format!("\"concurrency\";q={limit}");
+            resp.insert_header(&crate::edge::headers::names::RATELIMIT_POLICY, v)?;
+        }
+        Refusal::QuotaExceeded {
+            quota, period_secs, ..
+        } => {
+            let v = format!("\"quota\";q={quota};w={period_secs}");
+            resp.insert_header(&crate::edge::headers::names::RATELIMIT_POLICY, v)?;
+        }
+        Refusal::Blamed { retry_after } => {
+            // CONTRACT §15: a blamed key's quota is 0 until its cooldown ends.
+            resp.insert_header(
+                &crate::edge::headers::names::RATELIMIT_POLICY,
+                http::HeaderValue::from_static("\"blame\";q=0"),
+            )?;
+            resp.insert_header(
+                &crate::edge::headers::names::RATELIMIT,
+                format!("\"blame\";r=0;t={}", (*retry_after).max(1)),
+            )?;
+        }
+        _ => {}
     }
     if close {
         resp.insert_header("connection", "close")?;
@@ -70,9 +83,16 @@ pub fn header(
 /// A shed 503 under overload is the case this is for: cloning a built header
 /// is a copy of its two small maps, building one parses and inserts each field.
 fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box<ResponseHeader>> {
-    if let Refusal::RateLimited { fields, .. } = refusal {
-        let parts = policies.fields(fields.policy);
-        return Ok(Box::new(header(refusal, close, parts)?));
+    match refusal {
+        Refusal::RateLimited { fields, .. } => {
+            let parts = policies.fields(fields.policy);
+            return Ok(Box::new(header(refusal, close, parts)?));
+        }
+        // Their fields change with the tenant's tier.
+        Refusal::TenantConcurrency { .. } | Refusal::QuotaExceeded { .. } => {
+            return Ok(Box::new(header(refusal, close, None)?));
+        }
+        _ => {}
     }
     // Everything the header holds: status, Content-Length, Retry-After, Connection.
     let key = (

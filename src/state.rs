@@ -32,6 +32,8 @@ pub struct Runtime {
     routes: RouteTable,
     /// `shedding.shadow`: the shed gate's shadow-refusal counters by priority class.
     pub shed_shadow: Option<[prometheus::IntCounter; 3]>,
+    /// `[tenants]`: the registry of tenants; `None` when keys are not identities.
+    pub tenants: Option<Arc<crate::tenants::Registry>>,
 }
 
 /// The rate-limit policies of `config`: `[rate_limit]` on `default`, each named policy on
@@ -141,7 +143,15 @@ impl Runtime {
         let rate = build_policies(&config, previous, limiter, metrics);
         let routes = RouteTable::build(&config.routes);
         let shed_shadow = config.shedding.shadow.then(|| metrics.shadow.shed());
+        let tenants = config.tenants.enabled().then(|| {
+            Arc::new(crate::tenants::Registry::build(
+                &config.tenants,
+                previous.and_then(|p| p.tenants.as_deref()),
+                metrics,
+            ))
+        });
         Self {
+            tenants,
             shed_shadow,
             routes,
             pools,
@@ -207,6 +217,8 @@ pub struct Shared {
     pub runtime: ArcSwap<Runtime>,
     pub shedder: Arc<Shedder>,
     pub limiter: Arc<Limiter>,
+    /// The tenants' cost quotas (CONTRACT §14): flushed with the rate limit's counts.
+    pub tenant_quota: Arc<portcullis_policy::tenant::QuotaBook>,
     pub metrics: Arc<Metrics>,
     /// The tunnel cap's slots (`shedding.max_tunnels`) and open-tunnel gauge.
     pub tunnels: Arc<crate::edge::tunnel::Tunnels>,
@@ -225,6 +237,8 @@ pub struct Shared {
     proxy_runtime: std::sync::OnceLock<tokio::runtime::Handle>,
     /// Held by the reload under way (`reload::reload_off_thread`): one at a time.
     pub reloading: std::sync::Mutex<()>,
+    /// `[tenants] redis_sync`: the store's tenant entries as last read (sorted).
+    store_tenants: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 impl Shared {
@@ -247,6 +261,7 @@ impl Shared {
             runtime: ArcSwap::from_pointee(runtime),
             shedder,
             limiter,
+            tenant_quota: Arc::default(),
             tunnels: crate::edge::tunnel::Tunnels::new(metrics.edge.tunnels_open.clone()),
             proxied: Arc::default(),
             metrics,
@@ -257,6 +272,7 @@ impl Shared {
             keep_header_case,
             proxy_runtime: std::sync::OnceLock::new(),
             reloading: std::sync::Mutex::new(()),
+            store_tenants: std::sync::Mutex::default(),
         })
     }
 
@@ -297,9 +313,80 @@ impl Shared {
         self.runtime.load().rate.limiters()
     }
 
+    /// After each rate-limit flush: each tenant's share of its tier's concurrency, from
+    /// the fleet's counts just synced. While the store is unreachable the last shares stay
+    /// (the last known state).
+    pub fn refresh_tenants(&self) {
+        let rt = self.runtime.load();
+        let Some(registry) = rt.tenants.as_deref() else {
+            return;
+        };
+        if !self.limiter.store_healthy() {
+            return;
+        }
+        let now = unix_ms();
+        let window_ms = rt.config.rate_limit.params.window_secs.saturating_mul(1000);
+        let mut seed = now ^ 0x9e37_79b9_7f4a_7c15;
+        // splitmix64: the shares' remainders are drawn independently on each instance.
+        let draw = move || {
+            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = seed;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 53) as f64
+        };
+        registry.refresh(
+            now,
+            window_ms,
+            self.limiter.instances(),
+            |ident| self.limiter.fleet_estimate(ident, now),
+            draw,
+        );
+    }
+
+    /// Records the store's tenant entries (sorted); whether they changed.
+    pub fn set_store_tenants(&self, entries: Vec<(String, String)>) -> bool {
+        let mut cur = self.store_tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if *cur == entries {
+            return false;
+        }
+        *cur = entries;
+        true
+    }
+
+    /// Rebuilds the runtime from its own config (the store's tenants changed).
+    pub fn reapply(&self) {
+        let _one = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        let config = self.runtime.load().config.clone();
+        self.apply(config);
+    }
+
+    /// `config`'s tenants: the file's, then the store's that can join them (each one's
+    /// tier limit on its key); the entries left out are logged with the reason.
+    fn merge_store_tenants(&self, config: &mut Config) {
+        let t = &mut config.tenants;
+        t.tenants.retain(|t| !t.from_store);
+        if !t.redis_sync {
+            return;
+        }
+        let entries = self
+            .store_tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (joined, skipped) = crate::config::tenants::store_tenants(t, &entries);
+        for why in skipped {
+            tracing::warn!(event = "tenants_sync", "{why}; left out");
+        }
+        t.tenants.extend(joined);
+        crate::config::tenants::tier_limits(t, &mut config.rate_limit.params.overrides);
+    }
+
     /// Swap in a new config: routes, pools, caps and limits. Backends that stay
     /// keep their state; removed backends finish what they have in flight.
-    pub fn apply(&self, config: Config) {
+    pub fn apply(&self, mut config: Config) {
+        self.merge_store_tenants(&mut config);
         let sh = &config.shedding;
         self.shedder
             .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);

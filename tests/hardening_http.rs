@@ -166,6 +166,16 @@ fn ambiguous_or_malformed_framing_is_400_and_closed() {
             "quote in the request target",
             format!("GET /ca\"se HTTP/1.1\r\nHost: x\r\n\r\n{hidden}"),
         ),
+        // The fuzzer's find (issue 46): a target has no fragment (RFC 9112 §3.2), and the
+        // URI parser would drop it, so the backend would see another target than sent.
+        (
+            "fragment in the request target",
+            format!("GET /case#x HTTP/1.1\r\nHost: x\r\n\r\n{hidden}"),
+        ),
+        (
+            "fragment after a query",
+            format!("GET /case?a=1#frag HTTP/1.1\r\nHost: x\r\n\r\n{hidden}"),
+        ),
     ];
     let mut failures = Vec::new();
     for (i, (what, raw)) in cases.iter().enumerate() {

@@ -190,8 +190,8 @@ fn policies_hold_across_two_instances_on_redis() {
             s => panic!("status {s}"),
         }
     }
-    // Shares are rounded up (at most n - 1 = 1 over) while Redis answers within the flush
-    // interval; a store answer later than that (a loaded machine) can let 2 more through
+    // At most n - 1 = 1 over (both may draw the remainder of a share) while Redis answers
+    // within the flush interval; a store answer later than that (a loaded machine) can let 2 more through
     // (`ratelimit::limiter::tests::fleet_share_alternating_requests_with_slow_answers`
     // measures it on paused time: up to 23 of 20). If a loaded machine took the burst
     // past the end of its 10 s window, the sliding window has admitted what the previous

@@ -16,6 +16,7 @@ mod server;
 mod settings;
 mod store;
 mod telemetry;
+pub mod tenants;
 mod tls;
 mod upstreams;
 mod validate;
@@ -178,9 +179,13 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         })?;
     let text = &*expanded;
     let raw: FileConfig = deserialize(file, text)?;
-    validate::validate(raw).map_err(|(key_path, reason)| {
+    let mut config = validate::validate(raw).map_err(|(key_path, reason)| {
         ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)
-    })
+    })?;
+    // The tenants file: its errors point into it.
+    tenants::read_file(&mut config.tenants)?;
+    tenants::tier_limits(&config.tenants, &mut config.rate_limit.params.overrides);
+    Ok(config)
 }
 
 fn deserialize(file: &str, text: &str) -> Result<FileConfig, ConfigError> {

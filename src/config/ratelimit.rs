@@ -38,7 +38,22 @@ pub(super) fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSett
         keys: r.keys.clone(),
         policies,
         shadow: r.shadow,
+        cost_header: cost_header(&r.cost_header)?,
     })
+}
+
+/// `rate_limit.cost_header`: "" or a header name.
+fn cost_header(name: &str) -> VResult<Option<http::HeaderName>> {
+    if name.is_empty() {
+        return Ok(None);
+    }
+    match http::HeaderName::from_bytes(name.as_bytes()) {
+        Ok(h) => Ok(Some(h)),
+        Err(_) => err(
+            "rate_limit.cost_header",
+            format!("invalid header name {name:?}"),
+        ),
+    }
 }
 
 /// The window, limit and key bounds of the section's own (default) policy.

@@ -114,6 +114,69 @@ pub struct FileConfig {
     pub log: LogSection,
     /// `[tls]`: TLS listeners; absent = none.
     pub tls: Option<TlsSection>,
+    /// `[tenants]`: API keys as identities (CONTRACT §14): a tenants file of key hashes.
+    #[serde(default)]
+    pub tenants: TenantsSection,
+    /// `[tiers.NAME]`: what a tenant of each tier may do.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, TierSection>,
+}
+
+/// What a key that no tenant holds gets.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownKeySection {
+    /// Limited as its own key under `[rate_limit]` (as without tenants).
+    #[default]
+    Allow,
+    /// Limited by the client's address, as a request without a key.
+    ClientIp,
+    /// Answered 401.
+    Reject,
+}
+
+/// `[tenants]`.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantsSection {
+    /// A TOML file of `[[tenant]]` entries (name, tier, keys as `sha256:HEX`); re-read on
+    /// reload and when it changes. "" = no tenants.
+    pub file: String,
+    /// Also read tenants from the store (hash `<key_prefix>:tenants`), in the background.
+    pub redis_sync: bool,
+    /// allow | client_ip | reject (401): what a key no tenant holds gets.
+    pub unknown_key: UnknownKeySection,
+}
+
+/// `[tiers.NAME]`: the limits of every tenant of the tier (all its keys share them).
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TierSection {
+    /// Admitted requests per window of `[rate_limit]`.
+    pub limit: u64,
+    /// Requests in flight per tenant across the fleet; 0 = no cap; beyond: 429.
+    pub concurrency: u64,
+    /// critical | normal | low: the shedding class of the tenant's requests; absent: the
+    /// route's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PrioritySection>,
+    /// Cost units per `quota_period`; 0 = none; beyond: 429 until the period ends.
+    pub quota: u64,
+    /// hour | day | month (UTC calendar periods).
+    #[schemars(regex(pattern = r"^(hour|day|month)$"))]
+    pub quota_period: String,
+}
+
+impl Default for TierSection {
+    fn default() -> Self {
+        Self {
+            limit: 600,
+            concurrency: 0,
+            priority: None,
+            quota: 0,
+            quota_period: "day".into(),
+        }
+    }
 }
 
 /// `[tls]`: TLS listeners (HTTP/1.1 and HTTP/2 by ALPN).
@@ -550,6 +613,9 @@ pub struct RateLimitSection {
     /// is admitted and counted in `portcullis_shadow_refusals_total{gate="rate_limit"}`.
     /// Also the default of every `[[rate_limit.policies]]` entry's `shadow`.
     pub shadow: bool,
+    /// A response header whose integer value is the request's cost against its tenant's
+    /// quota (absent or invalid = 1); removed before the client sees the response.
+    pub cost_header: String,
 }
 
 /// One `[[rate_limit.policies]]` entry: a further limit on the requests under a path.
@@ -608,6 +674,7 @@ impl Default for RateLimitSection {
             keys: BTreeMap::new(),
             policies: Vec::new(),
             shadow: false,
+            cost_header: String::new(),
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Config {
     pub log: LogSettings,
     /// `[tls]`: TLS listeners and their certificates (loaded); `None` = none.
     pub tls: Option<TlsSettings>,
+    /// `[tenants]` and `[tiers.*]`, with the tenants file read.
+    pub tenants: super::tenants::TenantSettings,
 }
 
 /// `[tls]`, with the certificate files already read and checked.
@@ -170,6 +172,8 @@ pub struct RateLimitSettings {
     pub policies: Vec<RatePolicySettings>,
     /// Shadow mode of the `[rate_limit]` policy: decide and report, never refuse.
     pub shadow: bool,
+    /// `cost_header`: the response header holding a request's cost; `None` = none.
+    pub cost_header: Option<http::HeaderName>,
 }
 
 /// One `[[rate_limit.policies]]` entry.

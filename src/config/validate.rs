@@ -32,7 +32,21 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let access_log = validate_access_log(&raw.access_log)?;
     let tracing = validate_tracing(&raw.tracing)?;
     let log = validate_log(&raw.log)?;
+    let tenants = super::tenants::validate_tenants(&raw.tenants, &raw.tiers)?;
+    if tenants.redis_sync && store.is_none() {
+        return Err((
+            "tenants.redis_sync".into(),
+            "reads tenants from the store: it needs a [redis] section".into(),
+        ));
+    }
+    if tenants.enabled() && !rate_limit.enabled {
+        return Err((
+            "tenants.file".into(),
+            "tenants are identified by [rate_limit]'s key: set rate_limit.enabled = true".into(),
+        ));
+    }
     Ok(Config {
+        tenants,
         tls,
         server,
         store,

@@ -10,6 +10,7 @@
 //! implements [`Gate`] and takes its place in [`admit`].
 
 mod ratelimit;
+mod tenant;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -25,8 +26,10 @@ use crate::state::{Runtime, Shared};
 use crate::upstream::{BulkheadGuard, Pool};
 
 pub use ratelimit::{RateAdmit, RateLimit};
+pub use tenant::Who;
 
 /// What the gates know of a request: read once from its header, before any gate runs.
+#[derive(Clone, Copy)]
 pub struct RequestFacts<'a> {
     /// The priority class of the request's route.
     pub priority: Priority,
@@ -70,6 +73,10 @@ pub struct Admitted {
     pub rate: Option<RateFields>,
     /// The gates in shadow mode that would have refused the request (CONTRACT §13).
     pub shadow: Shadowed,
+    /// The request's tenant (CONTRACT §14), when its key is a tenant's.
+    pub tenant: Option<Arc<crate::tenants::TenantRt>>,
+    /// Held while the request is in flight: its tenant's concurrency slot.
+    pub tenant_slot: Option<crate::tenants::TenantSlot>,
 }
 
 /// The shadow refusals of one admitted request: which gates in shadow mode would have
@@ -232,6 +239,22 @@ pub fn admit(
     now_ms: u64,
     admitted: &mut Admitted,
 ) -> Result<(), Refusal> {
+    // Who is asking: a tenant's tier may change the request's shedding class.
+    let who = match rt.tenants.as_deref() {
+        None => Who::Unresolved,
+        Some(registry) => tenant::identify(registry, &rt.config.rate_limit, facts)?,
+    };
+    if let Who::Tenant(t) = who {
+        admitted.tenant = Some(Arc::clone(t));
+    }
+    let with_class;
+    let facts = match who.priority() {
+        Some(priority) if priority != facts.priority => {
+            with_class = RequestFacts { priority, ..*facts };
+            &with_class
+        }
+        _ => facts,
+    };
     let retry_after = rt.config.shedding.retry_after_secs;
     let (slot, shed_shadow) = Shed {
         shedder: &shared.shedder,
@@ -253,12 +276,23 @@ pub fn admit(
         retry_after,
     }
     .check(facts, now_ms)?;
+    if let Who::Tenant(t) = who {
+        admitted.tenant_slot = tenant::TenantGate {
+            tenant: t,
+            quota: &shared.tenant_quota,
+        }
+        .check(facts, now_ms)?;
+    }
     let rate = RateLimit {
         settings: &rt.config.rate_limit,
         policies: &rt.rate,
+        who,
     }
     .check(facts, now_ms)?;
     admitted.rate = rate.fields;
     admitted.shadow.rate = rate.shadow;
+    if let Who::Tenant(t) = who {
+        t.note_admitted(now_ms, rt.config.rate_limit.params.window_secs * 1000);
+    }
     Ok(())
 }

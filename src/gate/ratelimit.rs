@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use super::{Gate, RequestFacts};
+use super::{Gate, RequestFacts, Who};
 use crate::config::RateLimitSettings;
 use crate::ratelimit::{extract_key, Combined, KeyOutcome, MissingKey, Policies, PolicyKey};
 use crate::respond::{RateFields, Refusal};
@@ -15,6 +15,8 @@ use crate::respond::{RateFields, Refusal};
 pub struct RateLimit<'a> {
     pub settings: &'a RateLimitSettings,
     pub policies: &'a Policies,
+    /// Who the request is (its tenant counts as one key, under its tier's limit).
+    pub who: Who<'a>,
 }
 
 /// What the rate-limit gate admitted a request with.
@@ -32,7 +34,14 @@ impl Gate for RateLimit<'_> {
     #[inline]
     fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
         let mut shadow = 0;
-        let fields = check(self.settings, self.policies, facts, now_ms, &mut shadow)?;
+        let fields = check(
+            self.settings,
+            self.policies,
+            facts,
+            self.who,
+            now_ms,
+            &mut shadow,
+        )?;
         Ok(RateAdmit { fields, shadow })
     }
 }
@@ -69,33 +78,41 @@ fn check(
     rl: &RateLimitSettings,
     policies: &Policies,
     req: &RequestFacts<'_>,
+    who: Who<'_>,
     now_ms: u64,
     shadow: &mut u64,
 ) -> Result<Option<RateFields>, Refusal> {
     if policies.list.len() > 1 {
-        return check_all(rl, policies, req, now_ms, shadow);
+        return check_all(rl, policies, req, who, now_ms, shadow);
     }
     let Some(policy) = policies.list.first().filter(|_| policies.default_enabled) else {
         return Ok(None);
     };
     // One policy: decide while the key is still borrowed from the request (no copy of it).
     let limiter = &policy.limiter;
-    let decision = match extract_key(&rl.source, req.headers, req.uri, rl.params.max_key_bytes) {
-        KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
-        KeyOutcome::TooLong => {
-            return key_refusal(policies, 0, Refusal::KeyTooLong, shadow).map(|()| None)
-        }
-        // The limiter would count one value while the backend may act on another.
-        KeyOutcome::Duplicate => {
-            return key_refusal(policies, 0, Refusal::KeyAmbiguous, shadow).map(|()| None)
-        }
-        KeyOutcome::Missing => match rl.missing_key {
-            MissingKey::Allow => return Ok(None),
-            MissingKey::Reject => {
-                return key_refusal(policies, 0, Refusal::KeyMissing, shadow).map(|()| None)
+    let decision = match who {
+        // The tenant's key (its tier's limit is that key's limit in the limiter).
+        Who::Tenant(t) => limiter.check(&*t.ident, now_ms),
+        Who::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
+        Who::Unresolved => {
+            match extract_key(&rl.source, req.headers, req.uri, rl.params.max_key_bytes) {
+                KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
+                KeyOutcome::TooLong => {
+                    return key_refusal(policies, 0, Refusal::KeyTooLong, shadow).map(|()| None)
+                }
+                // The limiter would count one value while the backend may act on another.
+                KeyOutcome::Duplicate => {
+                    return key_refusal(policies, 0, Refusal::KeyAmbiguous, shadow).map(|()| None)
+                }
+                KeyOutcome::Missing => match rl.missing_key {
+                    MissingKey::Allow => return Ok(None),
+                    MissingKey::Reject => {
+                        return key_refusal(policies, 0, Refusal::KeyMissing, shadow).map(|()| None)
+                    }
+                    MissingKey::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
+                },
             }
-            MissingKey::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
-        },
+        }
     };
     let combined = Combined::of(0, decision);
     match combined {
@@ -120,6 +137,7 @@ fn check_all(
     rl: &RateLimitSettings,
     policies: &Policies,
     req: &RequestFacts<'_>,
+    who: Who<'_>,
     now_ms: u64,
     shadow: &mut u64,
 ) -> Result<Option<RateFields>, Refusal> {
@@ -137,6 +155,20 @@ fn check_all(
             }
             PolicyKey::Source(s) => s,
         };
+        // A policy keyed as `[rate_limit]` counts the tenant (or the address) as its key.
+        if i == 0 || *source == rl.source {
+            match who {
+                Who::Tenant(t) => {
+                    keys.push((i, Cow::Borrowed(&*t.ident)));
+                    continue;
+                }
+                Who::ClientIp => {
+                    keys.push((i, Cow::Owned(ip_key(req.client_ip).into_bytes())));
+                    continue;
+                }
+                Who::Unresolved => {}
+            }
+        }
         match extract_key(source, req.headers, req.uri, max) {
             KeyOutcome::Key(k) => keys.push((i, k)),
             KeyOutcome::TooLong => key_refusal(policies, i, Refusal::KeyTooLong, shadow)?,

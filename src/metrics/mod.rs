@@ -21,6 +21,7 @@ mod proxy;
 mod ratelimit;
 mod shadow;
 mod shed;
+mod tenants;
 pub use access_log::AccessLogMetrics;
 pub use admin::AdminMetrics;
 pub use cull::CullMetrics;
@@ -31,6 +32,7 @@ pub use proxy::{BackendSeries, ProxyMetrics, RouteSeries};
 pub use ratelimit::RateLimitMetrics;
 pub use shadow::ShadowMetrics;
 pub use shed::ShedMetrics;
+pub use tenants::TenantMetrics;
 
 /// Histogram buckets for an edge proxy: 1 ms to 30 s.
 pub const LATENCY_BUCKETS: [f64; 14] = [
@@ -48,6 +50,7 @@ pub struct Metrics {
     pub lifecycle: LifecycleMetrics,
     pub access_log: AccessLogMetrics,
     pub shadow: ShadowMetrics,
+    pub tenants: TenantMetrics,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -83,6 +86,7 @@ impl Metrics {
             lifecycle: LifecycleMetrics::register(&registry),
             access_log: AccessLogMetrics::register(&registry),
             shadow: ShadowMetrics::register(&registry),
+            tenants: TenantMetrics::register(&registry),
             registry,
         }
     }

@@ -78,6 +78,9 @@ pub struct AccessRecord<'a> {
     /// `(gate, policy)` of each gate in shadow mode that would have refused the request,
     /// written as `"shadow":["gate:policy",…]`; the field is left out when there is none.
     pub shadow: Option<&'a dyn ShadowNames>,
+    /// The request's tenant (CONTRACT §14), written as `"tenant"`; left out when the key
+    /// is no tenant's (or tenants are off). Never the key.
+    pub tenant: Option<&'a str>,
 }
 
 /// The shadow refusals of a request, named only when its line is encoded (the request
@@ -264,6 +267,9 @@ impl AccessRecord<'_> {
         match self.upstream_us {
             Some(us) => json_ms(out, us),
             None => out.extend_from_slice(b"null"),
+        }
+        if let Some(tenant) = self.tenant {
+            json_strs(out, ["tenant"], [tenant]);
         }
         if let Some(shadow) = self.shadow {
             let mut first = true;
@@ -599,6 +605,7 @@ mod tests {
             duration_us: 1_500,
             upstream_us: None,
             shadow: None,
+            tenant: None,
         }
     }
 

@@ -68,6 +68,8 @@ pub(super) struct Answer {
     pub(super) request_id: Option<http::HeaderValue>,
     /// A gRPC call failed by gRPC semantics (`grpc-status`): a backend error.
     pub(super) grpc_failed: bool,
+    /// The request's cost from the backend's `rate_limit.cost_header` (CONTRACT §14).
+    pub(super) cost: Option<u64>,
 }
 
 /// A routed request leaves its route's in-flight count when its context goes,

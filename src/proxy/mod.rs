@@ -356,6 +356,11 @@ impl ProxyHttp for Proxy {
                 "backend answered 502/503; retrying on another backend",
             );
         }
+        if let Some(name) = &ctx.runtime.config.rate_limit.cost_header {
+            // The request's cost against its tenant's quota; never shown to the client.
+            ctx.answer.cost = Some(crate::tenants::cost_of(resp.headers.get(name)));
+            resp.remove_header(name);
+        }
         Ok(())
     }
 
@@ -531,6 +536,21 @@ impl ProxyHttp for Proxy {
                 }
             }
         }
+        if let Some(registry) = ctx.runtime.tenants.as_deref() {
+            let tenant = ctx.gates.tenant.as_deref();
+            registry.count(tenant, outcome);
+            if let Some(t) = tenant.filter(|t| t.tier.quota > 0) {
+                // Charged once the request went to a backend (not when a gate refused it).
+                if matches!(outcome, Outcome::Proxied | Outcome::UpstreamError) {
+                    self.shared.tenant_quota.charge(
+                        t.quota_key,
+                        t.tier.period,
+                        ctx.answer.cost.unwrap_or(1),
+                        crate::store::clock::unix_ms(),
+                    );
+                }
+            }
+        }
         let backend = ctx.upstream.backend.take();
         if let Some(b) = &backend {
             let now_secs = crate::store::clock::unix_secs();
@@ -591,6 +611,7 @@ impl ProxyHttp for Proxy {
                 now_secs: crate::observe::traffic::secs(now),
                 shadow: ctx.gates.shadow,
                 priority: ctx.runtime.route_at(ctx.routing.route).priority,
+                tenant: ctx.gates.tenant.as_ref().map(|t| &*t.name),
             },
         );
         tracing::debug!(

@@ -107,6 +107,8 @@ pub struct Finished<'a> {
     pub shadow: crate::gate::Shadowed,
     /// The request's class (a shed shadow refusal is named by it).
     pub priority: crate::config::Priority,
+    /// The request's tenant's name, when its key is a tenant's.
+    pub tenant: Option<&'a str>,
 }
 
 /// A request's shadow refusals with what names them (its class, its runtime's policies).
@@ -262,6 +264,7 @@ fn write_line(
         duration_us: f.elapsed.as_micros() as u64,
         upstream_us: obs.upstream_ms.map(|ms| (ms * 1000.0).round() as u64),
         shadow: (!f.shadow.is_empty()).then_some(&shadow as _),
+        tenant: f.tenant,
     });
 }
 

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use portcullis_policy::ratelimit::flush;
-use portcullis_policy::ratelimit::CounterStore;
+use portcullis_policy::ratelimit::flush_with;
 use portcullis_policy::ratelimit::Limiter;
+use portcullis_policy::ratelimit::{CounterStore, FlushExtra};
 
 /// Wall-clock Unix time in milliseconds (the `now_ms` the proxy passes to `check`).
 pub use crate::store::clock::unix_ms as now_ms;
@@ -34,20 +34,27 @@ pub fn flush_interval_for(base: Duration, instances: u64) -> Duration {
 /// true (or its sender is dropped), then flushes once more. Each flush is bounded by the
 /// store's own timeout, so a hung store only delays this task. Health and error counters
 /// are kept on the first limiter (and health on every one).
-pub async fn run_flusher<F>(
+///
+/// `extra`'s counts (the tenants' quotas) ride in the same batches; `after` runs after
+/// each flush (the tenants' concurrency shares follow the counts just synced).
+pub async fn run_flusher<F, A>(
     limiters: F,
+    extra: Option<Arc<dyn FlushExtra>>,
+    after: A,
     store: Arc<dyn CounterStore>,
     flush_interval: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     F: Fn() -> Vec<Arc<Limiter>> + Send + Sync,
+    A: Fn() + Send + Sync,
 {
     let once = |force: bool| {
         let set = limiters();
         let store = Arc::clone(&store);
+        let extra = extra.clone();
         async move {
             let refs: Vec<&Limiter> = set.iter().map(|l| &**l).collect();
-            flush(&refs, store.as_ref(), &now_ms, force).await
+            flush_with(&refs, extra.as_deref(), store.as_ref(), &now_ms, force).await
         }
     };
     let every = |n: u64| flush_interval_for(flush_interval, n);
@@ -71,6 +78,7 @@ pub async fn run_flusher<F>(
                 if let Err(e) = once(false).await {
                     tracing::debug!(target: "portcullis::ratelimit", error = %e, "rate-limit flush failed");
                 }
+                after();
             }
             changed = shutdown.changed() => {
                 if changed.is_err() {
@@ -154,6 +162,8 @@ mod tests {
         let l = Arc::clone(lim);
         let task = tokio::spawn(run_flusher(
             move || vec![l.clone()],
+            None,
+            || {},
             Arc::clone(store) as Arc<dyn CounterStore>,
             Duration::from_millis(50),
             rx,

@@ -59,8 +59,12 @@ struct Flusher {
 impl BackgroundService for Flusher {
     async fn start(&self, shutdown: ShutdownWatch) {
         let shared = Arc::clone(&self.shared);
+        let quota: Arc<dyn crate::ratelimit::FlushExtra> = shared.tenant_quota.clone();
+        let after = Arc::clone(&shared);
         crate::ratelimit::run_flusher(
             move || shared.rate_limiters(),
+            Some(quota),
+            move || after.refresh_tenants(),
             Arc::clone(&self.store),
             self.interval,
             shutdown,
@@ -128,10 +132,13 @@ struct Reloader {
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        // DNS re-resolution is applied like a reload, so it runs here too.
+        // DNS re-resolution and a changed tenants file are applied like a reload, so they
+        // run here too.
+        let tenants = crate::tenants::watch::watch(Arc::clone(&self.shared), shutdown.clone());
         tokio::select! {
             _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
             _ = crate::state::resolve::run(Arc::clone(&self.shared)) => {}
+            _ = tenants => {}
             _ = shutdown.changed() => {}
         }
     }
@@ -200,6 +207,10 @@ pub(super) fn services(
     let reloader = background_service("reload", Reloader { shared: sh() });
     let access_log_reopen =
         background_service("access log reopen", AccessLogReopen { shared: sh() });
+    let tenant_sync = background_service(
+        "tenants sync",
+        crate::tenants::sync::TenantSync::new(sh(), fleet_store),
+    );
     let watchdog = crate::watchdog::Watchdog::new(sh(), fleet_store);
     let watchdog = background_service("watchdog", watchdog);
     let mut all: Vec<Box<dyn ServiceWithDependents>> = vec![
@@ -211,6 +222,7 @@ pub(super) fn services(
         Box::new(watchdog),
         Box::new(culling),
         Box::new(fleet_sync),
+        Box::new(tenant_sync),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
     if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {

@@ -10,6 +10,7 @@ pub mod cull;
 pub mod ratelimit;
 pub mod shed;
 mod store_error;
+pub mod tenant;
 pub mod traffic;
 pub mod verdict;
 pub mod window;

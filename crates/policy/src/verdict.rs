@@ -66,8 +66,20 @@ pub enum Refusal {
     /// The key was blamed for most of its upstream's errors (CONTRACT §15,
     /// `blame_tenants`): 429 with `RateLimit-Policy: "blame";q=0` until its cooldown ends.
     Blamed { retry_after: u64 },
+    /// A tenant's requests in flight reached its tier's `concurrency` across the fleet
+    /// (429, `RateLimit-Policy: "concurrency";q=LIMIT`).
+    TenantConcurrency { limit: u64 },
+    /// A tenant's cost quota of the period is spent (429 until the period ends,
+    /// `RateLimit-Policy: "quota";q=QUOTA;w=PERIOD`).
+    QuotaExceeded {
+        retry_after: u64,
+        quota: u64,
+        period_secs: u64,
+    },
     /// No key and `missing_key = "reject"` (401).
     KeyMissing,
+    /// A key no tenant holds, with `tenants.unknown_key = "reject"` (401).
+    KeyUnknown,
     /// A key longer than `max_key_bytes` (400).
     KeyTooLong,
     /// More than one value for the key (400): never guess which one counts.
@@ -96,8 +108,11 @@ impl Refusal {
     pub fn status(&self) -> u16 {
         match self {
             Refusal::Shed { .. } | Refusal::NoBackend { .. } | Refusal::TunnelCap { .. } => 503,
-            Refusal::RateLimited { .. } | Refusal::Blamed { .. } => 429,
-            Refusal::KeyMissing => 401,
+            Refusal::RateLimited { .. }
+            | Refusal::Blamed { .. }
+            | Refusal::TenantConcurrency { .. }
+            | Refusal::QuotaExceeded { .. } => 429,
+            Refusal::KeyMissing | Refusal::KeyUnknown => 401,
             Refusal::KeyTooLong | Refusal::KeyAmbiguous | Refusal::BadRequest(_) => 400,
             Refusal::HeaderTooLarge => 431,
             Refusal::PayloadTooLarge => 413,
@@ -113,9 +128,13 @@ impl Refusal {
     pub fn outcome(&self) -> Outcome {
         match self {
             Refusal::Shed { .. } | Refusal::TunnelCap { .. } => Outcome::Shed,
-            Refusal::RateLimited { .. } | Refusal::Blamed { .. } => Outcome::RateLimited,
+            Refusal::RateLimited { .. }
+            | Refusal::Blamed { .. }
+            | Refusal::TenantConcurrency { .. }
+            | Refusal::QuotaExceeded { .. } => Outcome::RateLimited,
             Refusal::NoBackend { .. } => Outcome::NoBackend,
-            Refusal::KeyMissing
+            Refusal::KeyUnknown
+            | Refusal::KeyMissing
             | Refusal::KeyTooLong
             | Refusal::KeyAmbiguous
             | Refusal::HeaderTooLarge
@@ -135,7 +154,12 @@ impl Refusal {
             Refusal::TunnelCap { .. } => "portcullis: too many open tunnels (max_tunnels)\n",
             Refusal::RateLimited { .. } => "portcullis: rate limited\n",
             Refusal::Blamed { .. } => "portcullis: rate limited (blamed for backend errors)\n",
+            Refusal::TenantConcurrency { .. } => {
+                "portcullis: too many requests in flight for this tenant\n"
+            }
+            Refusal::QuotaExceeded { .. } => "portcullis: quota exhausted for this period\n",
             Refusal::KeyMissing => "portcullis: API key required\n",
+            Refusal::KeyUnknown => "portcullis: unknown API key\n",
             Refusal::KeyTooLong => "portcullis: API key too long\n",
             Refusal::KeyAmbiguous => "portcullis: more than one API key in the request\n",
             Refusal::NoBackend { .. } => "portcullis: no backend available\n",
@@ -157,7 +181,9 @@ impl Refusal {
             | Refusal::TunnelCap { retry_after }
             | Refusal::NoBackend { retry_after }
             | Refusal::RateLimited { retry_after, .. }
-            | Refusal::Blamed { retry_after } => Some((*retry_after).max(1)),
+            | Refusal::Blamed { retry_after }
+            | Refusal::QuotaExceeded { retry_after, .. } => Some((*retry_after).max(1)),
+            Refusal::TenantConcurrency { .. } => Some(1),
             _ => None,
         }
     }

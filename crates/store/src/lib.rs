@@ -26,6 +26,7 @@ pub mod clock;
 pub mod counter;
 mod endpoint;
 mod redis;
+pub mod tenants;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -9,7 +9,7 @@ use super::limiter::Limiter;
 use super::pending::{PendingBatch, Taken};
 use super::shard::{gc_step, lock};
 use super::slot::{apply, Slot, QUEUED, SHARED};
-use super::store::{Batch, CounterStore, Delta, StoreError};
+use super::store::{Batch, CounterStore, Delta, GlobalCounts, StoreError};
 
 /// With nothing to flush, probe the store this often (ms) so health (and the fleet size)
 /// is kept current.
@@ -22,6 +22,17 @@ pub(super) const SYNC_EVERY: u64 = 8;
 /// least `2 * SYNC_EVERY` flush intervals) is taken as final: late deltas of the other
 /// instances for it have arrived. It is then not read again for that window.
 pub(super) const PREV_SETTLE_MS: u64 = 2_000;
+
+/// Further counts that ride in the limiters' batches, with no round trip of their own
+/// (the tenants' cost quotas): each is a [`Delta`] like a key's window count.
+pub trait FlushExtra: Send + Sync {
+    /// Appends this flush's deltas to `out` (`all`: also those with nothing new, to read
+    /// their totals). Deltas taken are owed an [`FlushExtra::answered`]; a batch that
+    /// fails is retried unchanged until it is answered.
+    fn take(&self, now_ms: u64, all: bool, out: &mut Vec<Delta>);
+    /// The store's totals for `deltas`, in their order.
+    fn answered(&self, deltas: &[Delta], counts: &[GlobalCounts]);
+}
 
 /// Result of one successful [`Limiter::flush_once`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -195,6 +206,18 @@ pub async fn flush(
     clock: &(dyn Fn() -> u64 + Sync),
     force: bool,
 ) -> Result<FlushOutcome, StoreError> {
+    flush_with(set, None, store, clock, force).await
+}
+
+/// As [`flush`], with `extra`'s deltas in the same batch (after the limiters'), taken
+/// whenever the limiters' keys are all sent (`all`) and otherwise when they have news.
+pub async fn flush_with(
+    set: &[&Limiter],
+    extra: Option<&dyn FlushExtra>,
+    store: &dyn CounterStore,
+    clock: &(dyn Fn() -> u64 + Sync),
+    force: bool,
+) -> Result<FlushOutcome, StoreError> {
     let now_ms = clock();
     let Some(&anchor) = set.first() else {
         return Ok(FlushOutcome::default());
@@ -216,7 +239,7 @@ pub async fn flush(
     if let Some(pb) = fs.pending.take() {
         anchor.last_store_call_ms.store(now_ms, Ordering::Relaxed);
         out.called_store = true;
-        match send(set, store, &pb, now_ms, interval, clock).await {
+        match send(set, extra, store, &pb, now_ms, interval, clock).await {
             Ok(()) => {
                 out.keys += pb.batch.len();
                 out.admissions += pb.admissions;
@@ -232,6 +255,10 @@ pub async fn flush(
     let mut take = Take::default();
     for l in set {
         l.take(now_ms, sync_all, interval, &mut take);
+    }
+    let extra_from = take.batch.len();
+    if let Some(x) = extra {
+        x.take(now_ms, sync_all, &mut take.batch);
     }
 
     if take.batch.is_empty() {
@@ -252,9 +279,10 @@ pub async fn flush(
         taken: take.taken,
         limiters: take.limiters,
         admissions: take.admissions,
+        extra_from,
     };
     out.called_store = true;
-    match send(set, store, &pb, now_ms, interval, clock).await {
+    match send(set, extra, store, &pb, now_ms, interval, clock).await {
         Ok(()) => {
             out.keys += pb.batch.len();
             out.admissions += pb.admissions;
@@ -275,6 +303,7 @@ pub async fn flush(
 /// late: the other instances may have synced meanwhile (see [`apply`]).
 async fn send(
     set: &[&Limiter],
+    extra: Option<&dyn FlushExtra>,
     store: &dyn CounterStore,
     pb: &PendingBatch,
     now_ms: u64,
@@ -316,6 +345,15 @@ async fn send(
                     apply(s, &pb.batch[k], counts[k], n, pb.taken[k].prev_final, late);
                 });
                 l.healthy.store(true, Ordering::Relaxed);
+            }
+            if let (Some(x), Some(deltas), Some(totals)) = (
+                extra,
+                pb.batch.get(pb.extra_from..),
+                counts.get(pb.extra_from..),
+            ) {
+                if !deltas.is_empty() {
+                    x.answered(deltas, totals);
+                }
             }
             if !was_healthy {
                 tracing::info!(target: "portcullis::ratelimit", "rate-limit store healthy again");

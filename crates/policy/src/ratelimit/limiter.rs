@@ -182,6 +182,34 @@ impl Limiter {
         self.decide_key(key.as_ref(), now_ms, true)
     }
 
+    /// What the fleet admitted of `key` over the sliding window at `now_ms`, as this
+    /// instance knows it (the last synced totals with its own admissions since): `None`
+    /// while the key has never been synced with the store (no fleet view).
+    pub fn fleet_estimate<K: AsRef<[u8]> + ?Sized>(&self, key: &K, now_ms: u64) -> Option<u64> {
+        let p = self.params.load();
+        let id = self.id_of(key.as_ref());
+        let shard = lock(self.shard_of(id));
+        let i = shard.find(id)?;
+        let s = shard.table.slots().get(i)?;
+        if s.flags & SYNCED == 0 {
+            return None;
+        }
+        let wms = p.window_ms;
+        let w = now_ms / wms;
+        let (prev, cur) = (
+            u64::from(s.g_prev).saturating_add(s.own_prev()),
+            u64::from(s.g_cur).saturating_add(s.own_cur()),
+        );
+        Some(super::slot::estimate_at(
+            s.win,
+            prev,
+            cur,
+            w,
+            wms,
+            now_ms % wms,
+        ))
+    }
+
     /// As [`Limiter::check`], but an admission is not counted: whether this policy would
     /// admit the request. A request checked against several policies is counted against
     /// each only once every one of them admits it (see the app's `ratelimit::policy`).
@@ -304,7 +332,11 @@ impl Limiter {
             && own >= LOCAL_ONLY_MAX
             && self.healthy.load(Ordering::Relaxed);
         let n = self.share_n.load(Ordering::Relaxed);
-        unknown || (n > 1 && !window::within_share(s.known_global(wms, e), s.own(), limit, n))
+        unknown
+            || (n > 1
+                && !window::within_share(s.known_global(wms, e), s.own(), limit, n, || {
+                    s.share_draw()
+                }))
     }
 
     /// Adds a slot for a new key, evicting one under the shard's cap. A key evicted before

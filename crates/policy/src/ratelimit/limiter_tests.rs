@@ -1,6 +1,6 @@
 use super::super::flush::SYNC_EVERY;
 use super::super::shard::approx_bytes_per_key;
-use super::super::sim::{simulate, T0};
+use super::super::sim::{simulate, simulate_fleet, FleetSim, Spread, T0};
 use super::super::slot::estimate_at;
 use super::super::store::{Batch, CounterStore, Delta, LocalStore, StoreError, SyncResult};
 use super::*;
@@ -392,7 +392,7 @@ async fn fleet_share_bursts_on_both_stay_at_the_limit() {
             }
         }
         eprintln!("burst on 2 instances, flushes {stagger} ms apart: {total} admitted (limit 200)");
-        // (Shares are rounded up: at most n - 1 over.)
+        // (At most n - 1 over: both instances may draw the remainder of an odd share.)
         assert!((190..=201).contains(&total), "stagger {stagger}: {total}");
     }
 }
@@ -433,6 +433,36 @@ async fn fleet_share_window_accuracy() {
     for (i, n) in per_window.iter().enumerate() {
         let r = *n as f64 / 600.0;
         assert!((0.95..=1.10).contains(&r), "window {i}: {n} admitted ({r})");
+    }
+}
+
+#[tokio::test]
+async fn fleet_of_100_stays_within_5_percent_of_the_limit() {
+    // 100 instances, the default 600 per 60 s, 50 ms staggered flushes, one key at 100x its
+    // limit spread evenly and skewed. Rounding every share up (`ceil(R / n)`) let the fleet
+    // admit 1.065 and 1.125 x the limit in a full window here (`fleet_sim`, BENCHMARKS.md);
+    // granting the remainder at random keeps every full window within 5%, above and below.
+    for spread in [Spread::Even, Spread::Skewed] {
+        let run = simulate_fleet(&FleetSim {
+            instances: 100,
+            limit: 600,
+            window_secs: 60,
+            flush_ms: 50,
+            load: 100,
+            spread,
+            windows: 1,
+            seed: 7,
+        })
+        .await;
+        eprintln!("100 instances, {spread:?}: {run:?} (limit 600)");
+        assert_eq!(run.full.len(), 1);
+        for (i, &n) in run.full.iter().enumerate() {
+            let r = n as f64 / 600.0;
+            assert!(
+                (0.95..=1.05).contains(&r),
+                "{spread:?}, window {i}: {n} ({r})"
+            );
+        }
     }
 }
 
@@ -1104,11 +1134,12 @@ async fn fleet_share_alternating_requests_with_slow_answers() {
     // The e2e policies test's burst (60 requests alternating between two instances, limit
     // 20, 50 ms flushes), on paused time, 2,000 random timings per answer latency bound.
     // While answers come back within the flush interval, the two admit at most the limit
-    // plus n - 1 (shares are rounded up). An answer later than the interval is older than
-    // the other instance's next sync, and the estimate of its unsynced admissions misses
-    // them: a few runs admit 2 or 3 more. Measured at answers of 50 to 60 ms: 12 of 2,000
-    // runs over 21 (11 at 22, 1 at 23); 15 (12 at 22, 3 at 23) before a late answer kept
-    // the estimate (`slot::apply`). The rest: an answer to a flush that sent nothing
+    // plus n - 1 (both may draw the remainder of a share). An answer later than the interval
+    // is older than the other instance's next sync, and the estimate of its unsynced admissions misses
+    // them: a few runs admit 2 or 3 more. Measured at answers of 50 to 60 ms: 7 to 9 of
+    // 2,000 runs over 21 (6 to 8 at 22, 1 at 23) with the remainder of a share drawn (the
+    // draws are random per run); 12 (11 at 22, 1 at 23) when every share was rounded up;
+    // 15 (12 at 22, 3 at 23) before a late answer kept the estimate (`slot::apply`). The rest: an answer to a flush that sent nothing
     // estimates the others at nothing, though they may have synced after the script ran.
     for lat in [5u64, 20, 49, 60] {
         let mut hist = std::collections::BTreeMap::new();

@@ -26,6 +26,9 @@ pub(super) struct PendingBatch {
     /// The tokens of the limiters the deltas came from (see [`Taken::limiter`]).
     pub(super) limiters: Vec<Arc<()>>,
     pub(super) admissions: u64,
+    /// `batch[extra_from..]` are the [`super::FlushExtra`]'s deltas (`taken` covers the
+    /// limiters' only).
+    pub(super) extra_from: usize,
 }
 
 #[derive(Default)]

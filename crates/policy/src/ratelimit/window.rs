@@ -93,12 +93,24 @@ impl Sliding {
 /// `global`: the fleet's counts as last known (may include an estimate of admissions not
 /// seen yet), with the instant (`w`, `e`); `own = (prev, cur)`: this instance's admissions
 /// not included in them. The fleet has `R = limit - estimate(global)` left; this
-/// instance's share is `S = ceil(R / n)` whole requests (0 when `R < 1`), and one more is
-/// admitted iff `estimate(own) + 1 <= S`. With `n = 1` this never refuses what
-/// [`Sliding::admits`] admits (on the summed counts); with `n >= 2` it admits nothing
-/// [`Sliding::admits`] would refuse (`S <= R`).
+/// instance's share is `S = floor(R / n)` whole requests plus one more with probability
+/// `frac(R / n)` (0 when `R < 1`), so the shares of the `n` instances add up to `R` in
+/// expectation (rounding every share up, as before, let `n` instances admit `R + n - 1`).
+/// One more is admitted iff `estimate(own) + 1 <= S`. `draw` gives the chance of the extra
+/// request: uniform over `u64`, drawn per instance and key and held between two syncs
+/// ([`share_draw`]); the extra request is granted iff `draw < frac(R / n) * 2^64`. It is
+/// called only when the extra request decides (`own` has used `floor(R / n)`, not more).
+/// With `n = 1` there is no rounding (`S = R`): this is exactly [`Sliding::admits`] on the
+/// summed counts; with `n >= 2` it admits nothing [`Sliding::admits`] would refuse, whatever
+/// the draw (`S <= ceil(R / n) <= R`).
 #[inline]
-pub fn within_share(global: Sliding, own: (u64, u64), limit: u64, n: u64) -> bool {
+pub fn within_share(
+    global: Sliding,
+    own: (u64, u64),
+    limit: u64,
+    n: u64,
+    draw: impl FnOnce() -> u64,
+) -> bool {
     let w = u128::from(global.w);
     let a = w - u128::from(global.e);
     let cap = u128::from(limit) * w;
@@ -106,9 +118,44 @@ pub fn within_share(global: Sliding, own: (u64, u64), limit: u64, n: u64) -> boo
     if used + w > cap {
         return false; // R < 1: no share
     }
-    let share = (cap - used).div_ceil(u128::from(n.max(1)) * w);
     let need = u128::from(own.0) * a + (u128::from(own.1) + 1) * w;
-    need <= share * w
+    let left = cap - used; // R * w
+    if n <= 1 {
+        return need <= left;
+    }
+    // R / n = q + rem / d, in units of `w`.
+    let d = u128::from(n) * w;
+    let (q, rem) = (left / d, left % d);
+    let whole = q * w;
+    if need <= whole {
+        return true; // within floor(R / n): no draw needed
+    }
+    if rem == 0 || need > whole + w {
+        return false;
+    }
+    // The extra request, with probability rem / d: draw * d / 2^64 < rem (one 64 x 64-bit
+    // product: `d` = n x window ms fits 64 bits for any real fleet).
+    let draw = draw();
+    match u64::try_from(d) {
+        Ok(d) => (u128::from(draw) * u128::from(d)) >> 64 < rem,
+        Err(_) => u128::from(draw) % d < rem,
+    }
+}
+
+/// The draw of [`within_share`] for one key on one instance: a hash of `seed` (a
+/// per-instance, per-key value: the key's process-local id, random per limiter), the window
+/// index and `view` (what the last sync told: it changes at each sync that brings news, not
+/// between two syncs, so repeating a request between syncs does not redraw the extra).
+/// Draws of different instances are independent.
+#[inline]
+pub fn share_draw(seed: u64, window: u64, view: u64) -> u64 {
+    // splitmix64's finalizer over the three inputs.
+    let mut z = seed
+        ^ window.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ view.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Earliest elapsed offset `e' in [0, w)` with `prev * (w - e') <= budget * w`, if any.
@@ -155,6 +202,7 @@ mod tests {
     fn drain_ms(prev: u64, cur: u64, w: u64, e: u64) -> u64 {
         Sliding { prev, cur, w, e }.drain_ms()
     }
+    /// With the draw 0: every share that has a remainder gets its extra request.
     fn within_share(
         (prev, cur): (u64, u64),
         own: (u64, u64),
@@ -163,7 +211,18 @@ mod tests {
         w: u64,
         e: u64,
     ) -> bool {
-        super::within_share(Sliding { prev, cur, w, e }, own, limit, n)
+        super::within_share(Sliding { prev, cur, w, e }, own, limit, n, || 0)
+    }
+    /// With the largest draw: no share gets its extra request.
+    fn within_floor_share(
+        (prev, cur): (u64, u64),
+        own: (u64, u64),
+        limit: u64,
+        n: u64,
+        w: u64,
+        e: u64,
+    ) -> bool {
+        super::within_share(Sliding { prev, cur, w, e }, own, limit, n, || u64::MAX)
     }
 
     /// Brute force: scan forward ms by ms (for small cases) for the first admitting instant.
@@ -286,11 +345,24 @@ mod tests {
         // New key, 2 instances, limit 200: 100 each.
         assert!(within_share((0, 0), (0, 99), 200, 2, W, 0));
         assert!(!within_share((0, 0), (0, 100), 200, 2, W, 0));
-        // Rounded up: limit 201 -> 101 each; 3 left -> 2 each; 1 left -> 1 each.
+        // A remainder is granted by the draw: the smallest draw grants it (limit 201 -> 101
+        // each; 3 left -> 2 each; 1 left -> 1 each), the largest never (100 each; 1 each;
+        // nothing).
         assert!(within_share((0, 0), (0, 100), 201, 2, W, 0));
+        assert!(!within_floor_share((0, 0), (0, 100), 201, 2, W, 0));
+        assert!(within_floor_share((0, 0), (0, 99), 201, 2, W, 0));
         assert!(within_share((0, 198), (0, 1), 201, 2, W, 0));
+        assert!(!within_floor_share((0, 198), (0, 1), 201, 2, W, 0));
+        assert!(within_floor_share((0, 198), (0, 0), 201, 2, W, 0));
         assert!(!within_share((0, 198), (0, 2), 201, 2, W, 0));
         assert!(within_share((0, 199), (0, 0), 200, 8, W, 0));
+        assert!(!within_floor_share((0, 199), (0, 0), 200, 8, W, 0));
+        // One instance: no rounding at all, the share is what is left, fractions included
+        // (3/4 into the window: 2.5 left, own 1 x 1/4 + 1 fits; at 1/4: 1.5 left, 3/4 + 1
+        // does not).
+        assert!(within_floor_share((0, 198), (0, 1), 200, 1, W, 0));
+        assert!(within_floor_share((2, 197), (1, 0), 200, 1, W, W / 4 * 3));
+        assert!(!within_floor_share((2, 197), (1, 0), 200, 1, W, W / 4));
         // Nothing left (R < 1): no share at all.
         assert!(!within_share((0, 200), (0, 0), 200, 2, W, 0));
         assert!(!within_share((1, 199), (0, 0), 200, 2, W, W / 2));
@@ -303,9 +375,50 @@ mod tests {
     }
 
     #[test]
+    fn share_remainder_is_granted_with_its_probability() {
+        // R / n = 600 / 1,000, 1,300 / 1,000 and 7 / 3 (R = limit - 50, 50 in the current
+        // window), over draws spread evenly over u64: every draw grants floor(R / n), the
+        // extra request goes to the fraction frac(R / n) of them, nothing more to any: n
+        // instances' shares add up to R in expectation.
+        let draws = 100_000u64;
+        let step = u64::MAX / draws;
+        for (left, n, whole) in [(600u64, 1_000u64, 0u64), (1_300, 1_000, 1), (7, 3, 2)] {
+            let limit = left + 50;
+            let mut extra = 0u64;
+            for k in 0..draws {
+                let g = Sliding {
+                    prev: 0,
+                    cur: 50,
+                    w: W,
+                    e: 0,
+                };
+                let d = k * step;
+                let share = |own| super::within_share(g, (0, own), limit, n, || d);
+                assert!(whole == 0 || share(whole - 1));
+                extra += u64::from(share(whole));
+                assert!(!share(whole + 1));
+            }
+            let expect = (left % n) as f64 / n as f64;
+            let got = extra as f64 / draws as f64;
+            assert!((got - expect).abs() < 1e-3, "{left}/{n}: {got} vs {expect}");
+        }
+        // The draw of an instance holds between syncs (same inputs, same draw), and
+        // differs between instances, windows and views.
+        assert_eq!(share_draw(1, 2, 3), share_draw(1, 2, 3));
+        let d = share_draw(1, 2, 3);
+        assert!([
+            share_draw(9, 2, 3),
+            share_draw(1, 9, 3),
+            share_draw(1, 2, 9)
+        ]
+        .iter()
+        .all(|&x| x != d));
+    }
+
+    #[test]
     fn share_is_consistent_with_admits() {
-        // n = 1: the share never refuses what `admits` admits (so it can be skipped);
-        // n >= 2: the share admits nothing `admits` would refuse.
+        // n = 1: the share is exactly `admits` (so it can be skipped);
+        // n >= 2: the share admits nothing `admits` would refuse, whatever the draw.
         let w = 1_000;
         let es = [0u64, 1, 250, 500, 999];
         let axes: [&[u64]; 6] = [
@@ -319,12 +432,19 @@ mod tests {
         grid(axes, |[limit, gp, gc, op, oc, e]| {
             let a = admits(gp + op, gc + oc, limit, w, e);
             let case = format!("{gp} {gc} {op} {oc} {limit} {e}");
-            if a {
-                assert!(within_share((gp, gc), (op, oc), limit, 1, w, e), "{case}");
-            }
-            for n in 2..5 {
-                if within_share((gp, gc), (op, oc), limit, n, w, e) {
-                    assert!(a, "n {n}: {case}");
+            let g = Sliding {
+                prev: gp,
+                cur: gc,
+                w,
+                e,
+            };
+            for draw in [0, 1 << 63, u64::MAX] {
+                let share = |n| super::within_share(g, (op, oc), limit, n, || draw);
+                assert_eq!(share(1), a, "draw {draw}: {case}");
+                for n in 2..5 {
+                    if share(n) {
+                        assert!(a, "n {n}, draw {draw}: {case}");
+                    }
                 }
             }
         });

@@ -1,0 +1,442 @@
+//! `[tenants]`, `[tiers.NAME]` and the tenants file (CONTRACT §14): API keys as
+//! identities. The file holds only SHA-256 hashes of keys (`sha256:HEX`); a key in clear
+//! is refused, and no error ever shows a key.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::check::{err, range, VResult, MAX_COUNT};
+use super::schema::{PrioritySection, TenantsSection, TierSection, UnknownKeySection};
+use super::{locate, ConfigError};
+use crate::shed::Priority;
+pub use portcullis_policy::tenant::Period;
+
+/// What a key no tenant holds gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownKey {
+    /// Limited as its own key (as without tenants).
+    #[default]
+    Allow,
+    /// Limited by the client's address, as a request without a key.
+    ClientIp,
+    /// 401.
+    Reject,
+}
+
+impl UnknownKey {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnknownKey::Allow => "allow",
+            UnknownKey::ClientIp => "client_ip",
+            UnknownKey::Reject => "reject",
+        }
+    }
+}
+
+/// One tier: what every tenant of it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub name: Arc<str>,
+    /// Requests per window of `[rate_limit]`.
+    pub limit: u64,
+    /// Requests in flight across the fleet; 0 = no cap.
+    pub concurrency: u64,
+    /// The shedding class of its requests; `None`: the route's.
+    pub priority: Option<Priority>,
+    /// Cost units per period; 0 = none.
+    pub quota: u64,
+    pub period: Period,
+}
+
+/// One tenant of the file: its name, its tier (an index in [`TenantSettings::tiers`]) and
+/// the SHA-256 of each of its keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: Arc<str>,
+    pub tier: usize,
+    pub keys: Vec<[u8; 32]>,
+    /// Read from the store (`redis_sync`), not the file.
+    pub from_store: bool,
+}
+
+/// `[tenants]` and `[tiers]`, with the file's tenants once read ([`read_file`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TenantSettings {
+    pub file: Option<PathBuf>,
+    pub redis_sync: bool,
+    pub unknown_key: UnknownKey,
+    /// In name order.
+    pub tiers: Vec<Tier>,
+    /// The tenants file's entries, in file order.
+    pub tenants: Vec<Tenant>,
+}
+
+impl TenantSettings {
+    /// Whether requests are identified by tenant at all.
+    pub fn enabled(&self) -> bool {
+        self.file.is_some() || self.redis_sync
+    }
+
+    pub fn tier(&self, name: &str) -> Option<usize> {
+        self.tiers.iter().position(|t| &*t.name == name)
+    }
+}
+
+/// The rate-limit key of tenant `name`: apart from every API key (a NUL cannot be sent
+/// in a header or a query), shared by all of the tenant's keys.
+pub fn ident(name: &str) -> String {
+    format!("\0tenant\0{name}")
+}
+
+/// A tenant or tier name: the label of the metrics, so short and plain.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+pub(super) fn validate_tenants(
+    t: &TenantsSection,
+    tiers: &BTreeMap<String, TierSection>,
+) -> VResult<TenantSettings> {
+    let mut out = Vec::with_capacity(tiers.len());
+    for (name, tier) in tiers {
+        let at = |k: &str| format!("tiers.{name}.{k}");
+        if !valid_name(name) {
+            return err(
+                format!("tiers.{name}"),
+                "a tier name is 1-64 characters of A-Z a-z 0-9 - _ .",
+            );
+        }
+        range(&at("limit"), tier.limit, 1, MAX_COUNT, "requests")?;
+        range(
+            &at("concurrency"),
+            tier.concurrency,
+            0,
+            1_000_000,
+            "requests",
+        )?;
+        range(&at("quota"), tier.quota, 0, u64::MAX / 4, "cost units")?;
+        let Some(period) = Period::parse(&tier.quota_period) else {
+            return err(at("quota_period"), "expected hour, day or month");
+        };
+        out.push(Tier {
+            name: name.as_str().into(),
+            limit: tier.limit,
+            concurrency: tier.concurrency,
+            priority: tier.priority.map(|p| match p {
+                PrioritySection::Critical => Priority::Critical,
+                PrioritySection::Normal => Priority::Normal,
+                PrioritySection::Low => Priority::Low,
+            }),
+            quota: tier.quota,
+            period,
+        });
+    }
+    let settings = TenantSettings {
+        file: (!t.file.is_empty()).then(|| PathBuf::from(&t.file)),
+        redis_sync: t.redis_sync,
+        unknown_key: match t.unknown_key {
+            UnknownKeySection::Allow => UnknownKey::Allow,
+            UnknownKeySection::ClientIp => UnknownKey::ClientIp,
+            UnknownKeySection::Reject => UnknownKey::Reject,
+        },
+        tiers: out,
+        tenants: Vec::new(),
+    };
+    if settings.enabled() && settings.tiers.is_empty() {
+        return err(
+            "tiers",
+            "tenants need at least one [tiers.NAME] (their limits come from their tier)",
+        );
+    }
+    Ok(settings)
+}
+
+/// The tenants file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantsFile {
+    #[serde(default)]
+    tenant: Vec<TenantEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    name: String,
+    tier: String,
+    #[serde(default)]
+    keys: Vec<String>,
+}
+
+/// Most tenants a file may hold.
+pub const MAX_TENANTS: usize = 1_000_000;
+
+/// Reads `settings.file` (when set) into `settings.tenants`. Errors name the tenants
+/// file, the entry's key path and its line.
+pub(super) fn read_file(settings: &mut TenantSettings) -> Result<(), ConfigError> {
+    let Some(path) = settings.file.clone() else {
+        return Ok(());
+    };
+    let file = path.display().to_string();
+    let fail = |line_col, key_path: &str, reason: &str| {
+        ConfigError::new(&file, line_col, key_path.to_string(), reason)
+    };
+    let bytes = super::read_regular_file(&path)
+        .map_err(|e| fail(None, "", &format!("cannot read the tenants file: {e}")))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| fail(None, "", "the tenants file must be UTF-8"))?;
+    settings.tenants = parse_tenants(&text, &settings.tiers)
+        .map_err(|(key_path, reason)| fail(locate::locate(&text, &key_path), &key_path, &reason))?;
+    Ok(())
+}
+
+/// The store's tenants (`redis_sync`: `(name, JSON value)` of the hash) that can join
+/// `settings`' file tenants: an entry that is invalid, names a file tenant, or holds a
+/// key another tenant holds is left out, with the reason (no key is ever shown).
+pub fn store_tenants(
+    settings: &TenantSettings,
+    entries: &[(String, String)],
+) -> (Vec<Tenant>, Vec<String>) {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Value {
+        tier: String,
+        #[serde(default)]
+        keys: Vec<String>,
+    }
+    let mut owners: HashMap<[u8; 32], &str> = HashMap::new();
+    let mut names: HashMap<&str, ()> = HashMap::new();
+    for t in settings.tenants.iter().filter(|t| !t.from_store) {
+        names.insert(&t.name, ());
+        for k in &t.keys {
+            owners.insert(*k, &t.name);
+        }
+    }
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    let mut sorted: Vec<&(String, String)> = entries.iter().collect();
+    sorted.sort();
+    'entries: for (name, value) in sorted {
+        let mut skip = |why: String| skipped.push(format!("tenant {name:?} in the store: {why}"));
+        if !valid_name(name) {
+            skip("a tenant name is 1-64 characters of A-Z a-z 0-9 - _ .".into());
+            continue;
+        }
+        if names.contains_key(name.as_str()) {
+            skip("the tenants file has a tenant of that name (the file wins)".into());
+            continue;
+        }
+        let v: Value = match serde_json::from_str(value) {
+            Ok(v) => v,
+            Err(e) => {
+                skip(format!(
+                    "expected {{\"tier\": \"NAME\", \"keys\": [\"sha256:HEX\"]}}: {}",
+                    e.to_string().chars().take(120).collect::<String>()
+                ));
+                continue;
+            }
+        };
+        let Some(tier) = settings.tier(&v.tier) else {
+            skip(format!("no tier {:?}", v.tier));
+            continue;
+        };
+        let mut keys = Vec::with_capacity(v.keys.len());
+        for (i, k) in v.keys.iter().enumerate() {
+            match decode_key_hash(k) {
+                Ok(h) if owners.contains_key(&h) => {
+                    skip(format!("keys[{i}] is another tenant's"));
+                    continue 'entries;
+                }
+                Ok(h) => keys.push(h),
+                Err(why) => {
+                    skip(format!("keys[{i}]: {why}"));
+                    continue 'entries;
+                }
+            }
+        }
+        for h in &keys {
+            owners.insert(*h, name);
+        }
+        names.insert(name, ());
+        out.push(Tenant {
+            name: name.as_str().into(),
+            tier,
+            keys,
+            from_store: true,
+        });
+    }
+    (out, skipped)
+}
+
+/// Each tenant's tier limit, as a limit of its key ([`ident`]) in `overrides` (the
+/// `[rate_limit]` policy's per-key limits).
+pub fn tier_limits(settings: &TenantSettings, overrides: &mut HashMap<String, u64>) {
+    for t in &settings.tenants {
+        if let Some(tier) = settings.tiers.get(t.tier) {
+            overrides.insert(ident(&t.name), tier.limit);
+        }
+    }
+}
+
+/// The tenants of `text` (a tenants file), each key's hash decoded; an error is
+/// `(key path, reason)`.
+pub fn parse_tenants(text: &str, tiers: &[Tier]) -> VResult<Vec<Tenant>> {
+    let raw: TenantsFile = match toml::from_str(text) {
+        Ok(r) => r,
+        Err(e) => {
+            let at = e
+                .span()
+                .and_then(|s| locate::path_at(text, s.start))
+                .unwrap_or_default();
+            return err(at, e.message().trim().to_string());
+        }
+    };
+    if raw.tenant.len() > MAX_TENANTS {
+        return err("tenant", format!("at most {MAX_TENANTS} tenants"));
+    }
+    let mut names: HashMap<&str, usize> = HashMap::with_capacity(raw.tenant.len());
+    let mut owners: HashMap<[u8; 32], usize> = HashMap::new();
+    let mut out = Vec::with_capacity(raw.tenant.len());
+    for (i, t) in raw.tenant.iter().enumerate() {
+        let at = |k: &str| format!("tenant[{i}].{k}");
+        if !valid_name(&t.name) {
+            return err(
+                at("name"),
+                "a tenant name is 1-64 characters of A-Z a-z 0-9 - _ . (it labels metrics)",
+            );
+        }
+        if let Some(first) = names.insert(&t.name, i) {
+            return err(
+                at("name"),
+                format!("tenant {:?} is also tenant[{first}]", t.name),
+            );
+        }
+        let Some(tier) = tiers.iter().position(|x| *x.name == *t.tier) else {
+            let known: Vec<&str> = tiers.iter().map(|x| &*x.name).collect();
+            return err(
+                at("tier"),
+                format!("no tier {:?} (tiers: {})", t.tier, known.join(", ")),
+            );
+        };
+        let mut keys = Vec::with_capacity(t.keys.len());
+        for (k, key) in t.keys.iter().enumerate() {
+            let path = format!("tenant[{i}].keys[{k}]");
+            let hash = decode_key_hash(key).map_err(|why| (path.clone(), why))?;
+            if let Some(other) = owners.insert(hash, i) {
+                let why = if other == i {
+                    "the same key twice".to_string()
+                } else {
+                    format!("this key is also tenant[{other}]'s: a key names one tenant")
+                };
+                return err(path, why);
+            }
+            keys.push(hash);
+        }
+        out.push(Tenant {
+            name: t.name.as_str().into(),
+            tier,
+            keys,
+            from_store: false,
+        });
+    }
+    Ok(out)
+}
+
+/// `sha256:` and 64 hex digits. Anything else is refused without being shown: it may be
+/// a key in clear.
+pub fn decode_key_hash(s: &str) -> Result<[u8; 32], String> {
+    const HOW: &str =
+        "write its SHA-256 instead: sha256:$(printf %s \"$KEY\" | sha256sum | cut -d' ' -f1)";
+    let Some(hex_part) = s.strip_prefix("sha256:") else {
+        return Err(format!(
+            "a key in clear (or not a key hash) is refused: the file holds only key hashes; {HOW}"
+        ));
+    };
+    let mut out = [0u8; 32];
+    if hex_part.len() != 64 || hex::decode_to_slice(hex_part, &mut out).is_err() {
+        return Err(format!(
+            "sha256: must be followed by 64 hex digits ({} characters given); {HOW}",
+            hex_part.len()
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn tiers() -> Vec<Tier> {
+        vec![Tier {
+            name: "pro".into(),
+            limit: 10,
+            concurrency: 0,
+            priority: None,
+            quota: 0,
+            period: Period::Day,
+        }]
+    }
+
+    const H: &str = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn a_tenants_file_parses_and_its_errors_point_at_the_entry() {
+        let text = format!("[[tenant]]\nname = \"acme\"\ntier = \"pro\"\nkeys = [\"{H}\"]\n");
+        let t = parse_tenants(&text, &tiers()).unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(&*t[0].name, "acme");
+        assert_eq!(t[0].keys[0][0], 0x9f);
+
+        let clear = "[[tenant]]\nname = \"acme\"\ntier = \"pro\"\nkeys = [\"my-secret-key\"]\n";
+        let (path, why) = parse_tenants(clear, &tiers()).unwrap_err();
+        assert_eq!(path, "tenant[0].keys[0]");
+        assert!(why.contains("in clear"), "{why}");
+        assert!(!why.contains("my-secret-key"), "{why}");
+
+        let short = "[[tenant]]\nname = \"a\"\ntier = \"pro\"\nkeys = [\"sha256:abc\"]\n";
+        assert!(parse_tenants(short, &tiers())
+            .unwrap_err()
+            .1
+            .contains("64 hex"));
+
+        let tier = format!("[[tenant]]\nname = \"a\"\ntier = \"gold\"\nkeys = [\"{H}\"]\n");
+        assert_eq!(
+            parse_tenants(&tier, &tiers()).unwrap_err().0,
+            "tenant[0].tier"
+        );
+
+        let twice = format!(
+            "[[tenant]]\nname = \"a\"\ntier = \"pro\"\nkeys = [\"{H}\"]\n[[tenant]]\nname = \"b\"\ntier = \"pro\"\nkeys = [\"{H}\"]\n"
+        );
+        let (path, why) = parse_tenants(&twice, &tiers()).unwrap_err();
+        assert_eq!(path, "tenant[1].keys[0]");
+        assert!(why.contains("tenant[0]"), "{why}");
+
+        let names =
+            "[[tenant]]\nname = \"a\"\ntier = \"pro\"\n[[tenant]]\nname = \"a\"\ntier = \"pro\"\n";
+        assert_eq!(
+            parse_tenants(names, &tiers()).unwrap_err().0,
+            "tenant[1].name"
+        );
+
+        let label = "[[tenant]]\nname = \"a b\\\"}\"\ntier = \"pro\"\n";
+        assert_eq!(
+            parse_tenants(label, &tiers()).unwrap_err().0,
+            "tenant[0].name"
+        );
+
+        let unknown = "[[tenant]]\nname = \"a\"\ntier = \"pro\"\nkey = []\n";
+        assert!(parse_tenants(unknown, &tiers()).is_err());
+        // Line numbers come from the text.
+        let at = locate::locate(clear, "tenant[0].keys[0]").unwrap();
+        assert_eq!(at.0, 4);
+    }
+}
