@@ -281,3 +281,51 @@ fn a_blame_is_shared_through_redis_with_the_rest_of_the_fleet() {
         a.logs()
     );
 }
+
+/// With tenants (CONTRACT §14) the identity is the tenant: the blame is counted under the
+/// tenant's name, and every key of the tenant is limited, also one that never failed.
+#[test]
+fn a_tenant_is_blamed_by_name_and_all_its_keys_are_limited() {
+    use sha2::{Digest, Sha256};
+    let bs = backends();
+    let dir = std::env::temp_dir().join(format!("gray-blame-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let hash = |k: &str| format!("sha256:{}", hex::encode(Sha256::digest(k.as_bytes())));
+    let file = dir.join("tenants.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[tenant]]\nname = \"acme\"\ntier = \"pro\"\nkeys = [\"{}\", \"{}\"]\n",
+            hash(POISON),
+            hash("acme-other")
+        ),
+    )
+    .expect("write tenants file");
+    let conf = config(&bs, true).replace(
+        "[rate_limit]\nenabled = false\n",
+        &format!(
+            "[rate_limit]\nlimit = 1000000\n\n[tenants]\nfile = \"{}\"\n\n[tiers.pro]\nlimit = 1000000\n",
+            file.display()
+        ),
+    );
+    let p = Proxy::start(&conf);
+    let mut keys = GOOD.to_vec();
+    keys.push(POISON);
+    let clients = Clients::start(&p.addr(), &keys);
+    eventually(
+        DEADLINE,
+        || format!("the tenant limited: {}", p.status_json()),
+        || clients.count(POISON, 429) >= 5,
+    );
+    clients.finish();
+    assert_eq!(
+        p.metric("portcullis_blamed_total{tenant=\"acme\"}"),
+        Some(1.0)
+    );
+    let other = p.get("/x", &[("x-api-key", "acme-other")]);
+    assert_eq!(other.status, 429, "the tenant's other key is limited too");
+    assert_eq!(other.header("ratelimit-policy"), Some("\"blame\";q=0"));
+    assert_eq!(p.get("/x", &[("x-api-key", GOOD[0])]).status, 200);
+    assert!(culled(&p).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

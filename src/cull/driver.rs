@@ -394,12 +394,12 @@ impl Culling {
 
     /// A key blamed here: the metric, the log line and the journal.
     fn record_blame(&self, pool: &Pool, found: &super::Blamed, params: &CullParams) {
-        let tenant = super::blame::tenant_label(found.key);
+        let tenant = pool.shared.blame_names.label(found.key);
         self.shared
             .metrics
             .cull
             .blamed
-            .with_label_values(&[tenant])
+            .with_label_values(&[&*tenant])
             .inc();
         let backends: Vec<String> = found.backends.iter().map(|(a, _)| a.to_string()).collect();
         let figures = format!(
@@ -409,7 +409,7 @@ impl Culling {
             found.backends.len(),
             params.cooldown_secs
         );
-        tracing::warn!(event = "cull", result = "blamed", upstream = %pool.name, tenant, backends = %backends.join(","), figures = %figures, "a key causes the errors: limited instead of culling backends");
+        tracing::warn!(event = "cull", result = "blamed", upstream = %pool.name, tenant = %tenant, backends = %backends.join(","), figures = %figures, "a key causes the errors: limited instead of culling backends");
         self.shared
             .observe
             .culls

@@ -81,8 +81,13 @@ impl Proxy {
             return None;
         }
         let req = session.req_header();
-        let key =
-            crate::cull::blame::identity(&ctx.runtime, &req.headers, &req.uri, ctx.routing.client)?;
+        let key = crate::cull::blame::identity(
+            &ctx.runtime,
+            ctx.gates.tenant.as_deref(),
+            &req.headers,
+            &req.uri,
+            ctx.routing.client,
+        )?;
         let secs = pool
             .shared
             .blamed
@@ -565,13 +570,16 @@ impl ProxyHttp for Proxy {
                 // Blame the tenant: errors by key (the success path records nothing).
                 if let Some(pool) = &ctx.routing.pool {
                     let req = session.req_header();
+                    let tenant = ctx.gates.tenant.as_deref();
                     let who = crate::cull::blame::identity(
                         &ctx.runtime,
+                        tenant,
                         &req.headers,
                         &req.uri,
                         ctx.routing.client,
                     );
                     if let Some(key) = who {
+                        pool.shared.blame_names.note(key, tenant);
                         pool.shared.blame_ledger.record(
                             now_secs,
                             culling.params.window_secs,

@@ -107,6 +107,7 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
             limit: crate::shed::Shedder::new(0),
             blame_ledger: Default::default(),
             blamed: Default::default(),
+            blame_names: Default::default(),
         }),
     };
     shared.budget.set_ratio(cfg.balance.retry_budget_ratio);

@@ -287,6 +287,7 @@ pub struct UpstreamShared {
     /// `blame_tenants`: errors by key, and the keys limited now (CONTRACT §15).
     pub blame_ledger: portcullis_policy::cull::BlameLedger,
     pub blamed: portcullis_policy::cull::BlameList,
+    pub blame_names: crate::cull::blame::Names,
 }
 
 /// The bulkhead's answer for one request.
