@@ -344,6 +344,16 @@ impl Culling {
             blamed.blame(found.key, until);
             self.record_blame(pool, &found, params);
         }
+        // Keys limited already (by us or the fleet): what this instance saw of them is
+        // published too, so the others can take it out of the fleet's counts.
+        for (key, per) in &ledger {
+            if published.iter().any(|p| p.key == *key) {
+                continue;
+            }
+            if let Some(secs) = blamed.limited(*key, now_ms) {
+                published.push(self.fleet_blame(*key, now_ms + secs * 1000, true, per));
+            }
+        }
         // Fleet-wide through the store, like a cull: publish ours, follow the others'.
         let fleet = match self
             .budget
@@ -353,9 +363,9 @@ impl Culling {
             Some(Ok(fleet)) => fleet,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "fleet blame unavailable; this instance's only");
-                published
+                published.clone()
             }
-            None => published,
+            None => published.clone(),
         };
         // The errors to take out, per backend: what the other instances published of each
         // blamed or suspect key, plus what this one saw of it (the fleet's counts are sums).
@@ -376,6 +386,22 @@ impl Culling {
                 *theirs.entry((fb.key, b.clone())).or_insert(0) += *n;
             }
         }
+        // A key the fleet blames that this instance has errors of but did not publish yet:
+        // publish them now (a second round trip, only then), so no instance mistakes them
+        // for the backends' before this one's next check.
+        let late: Vec<super::FleetBlame> = fleet
+            .iter()
+            .filter(|fb| fb.limit && !published.iter().any(|p| p.key == fb.key))
+            .filter_map(|fb| {
+                let per = ledger.get(&fb.key)?;
+                Some(self.fleet_blame(fb.key, fb.until_ms, true, per))
+            })
+            .collect();
+        if !late.is_empty() {
+            if let Some(Err(e)) = self.budget.exchange_blame(&pool.name, &late, now_ms).await {
+                tracing::debug!(error = %e, "fleet blame unavailable");
+            }
+        }
         for key in &keys {
             for (addr, n) in ledger.get(key).into_iter().flatten() {
                 *theirs.entry((*key, addr.to_string())).or_insert(0) += *n;
@@ -389,6 +415,23 @@ impl Culling {
                 .sum();
             s.errors -= n.min(s.errors);
             s.requests -= n.min(s.requests);
+        }
+    }
+
+    /// This instance's record of `key` for the fleet: its errors per backend.
+    fn fleet_blame(
+        &self,
+        key: u64,
+        until_ms: u64,
+        limit: bool,
+        per: &HashMap<std::net::SocketAddr, u64>,
+    ) -> super::FleetBlame {
+        super::FleetBlame {
+            key,
+            from: self.instance,
+            until_ms,
+            limit,
+            errors: per.iter().map(|(a, n)| (a.to_string(), *n)).collect(),
         }
     }
 
