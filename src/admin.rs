@@ -246,6 +246,12 @@ impl Admin {
         let m = &s.metrics;
         m.shed.inflight.set(s.shedder.inflight() as i64);
         m.shed.concurrency_limit.set(s.shedder.cap() as i64);
+        for pool in s.runtime.load().pools.iter().filter(|p| p.balance.adaptive) {
+            m.shed
+                .upstream_concurrency_limit
+                .with_label_values(&[pool.name.as_str()])
+                .set(pool.shared.limit.cap() as i64);
+        }
         m.lifecycle.ready.set(i64::from(s.lifecycle.is_ready()));
         m.ratelimit
             .store_healthy
@@ -336,6 +342,7 @@ impl Admin {
                             "requests_in_window": requests,
                             "dry_run_culled": b.is_dry_run_culled(),
                             "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
+                            "outlier": s.observe.culls.outlier(&pool.name, &b.addr_str),
                         });
                         crate::observe::traffic::add_backend_fields(&mut v, b, traffic_now);
                         v

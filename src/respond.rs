@@ -62,6 +62,17 @@ pub fn header(
             let v = format!("\"quota\";q={quota};w={period_secs}");
             resp.insert_header(&crate::edge::headers::names::RATELIMIT_POLICY, v)?;
         }
+        Refusal::Blamed { retry_after } => {
+            // CONTRACT §15: a blamed key's quota is 0 until its cooldown ends.
+            resp.insert_header(
+                &crate::edge::headers::names::RATELIMIT_POLICY,
+                http::HeaderValue::from_static("\"blame\";q=0"),
+            )?;
+            resp.insert_header(
+                &crate::edge::headers::names::RATELIMIT,
+                format!("\"blame\";r=0;t={}", (*retry_after).max(1)),
+            )?;
+        }
         _ => {}
     }
     if close {

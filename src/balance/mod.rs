@@ -59,8 +59,11 @@ pub struct BalanceSettings {
     pub retries: u32,
     /// Retries stay under this share of the upstream's recent requests.
     pub retry_budget_ratio: f64,
-    /// Per-upstream in-flight cap (bulkhead); 0 = none.
+    /// Per-upstream in-flight cap (bulkhead); 0 = none. With `adaptive`, the ceiling of
+    /// the learned cap.
     pub max_inflight: u64,
+    /// The upstream learns its cap from its own latency (CONTRACT §15).
+    pub adaptive: bool,
     /// How often backends given as hostnames are re-resolved.
     pub resolve_interval: Duration,
     /// > 0: each hash-key value is served by this many backends.
@@ -76,6 +79,7 @@ impl Default for BalanceSettings {
             retries: 1,
             retry_budget_ratio: 0.2,
             max_inflight: 0,
+            adaptive: false,
             resolve_interval: Duration::from_secs(30),
             shard_size: 0,
         }

@@ -4,7 +4,7 @@
 use super::check::{err, range, VResult, DAY, HOUR, MAX_COUNT, MINUTE_MS, WEEK};
 use super::schema::*;
 use super::settings::*;
-use portcullis_policy::cull::CullParams;
+use portcullis_policy::cull::{CullParams, OutlierParams, OutlierRule};
 
 pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
     range(
@@ -96,6 +96,7 @@ pub(super) fn validate_culling(c: &CullingSection) -> VResult<CullingSettings> {
     if !c.webhook_url.is_empty() && !c.webhook_url.starts_with("http://") {
         return err("culling.webhook_url", "must be empty or an http:// URL");
     }
+    let outlier = validate_outlier(c)?;
     Ok(CullingSettings {
         enabled: c.enabled,
         params: CullParams {
@@ -107,8 +108,47 @@ pub(super) fn validate_culling(c: &CullingSection) -> VResult<CullingSettings> {
             max_culled_fraction: c.max_culled_fraction,
             cooldown_secs: c.cooldown_seconds,
             dry_run: c.dry_run,
+            outlier,
         },
         webhook_url: c.webhook_url.clone(),
+        blame_tenants: c.blame_tenants,
+    })
+}
+
+/// `[culling]`'s outlier keys (CONTRACT §15).
+fn validate_outlier(c: &CullingSection) -> VResult<OutlierParams> {
+    let Some(rule) = OutlierRule::parse(&c.outlier) else {
+        return err(
+            "culling.outlier",
+            format!("must be none, success_rate or latency, not {:?}", c.outlier),
+        );
+    };
+    range(
+        "culling.outlier_min_requests",
+        c.outlier_min_requests,
+        1,
+        MAX_COUNT,
+        "requests",
+    )?;
+    if !(c.outlier_stdev_factor.is_finite() && c.outlier_stdev_factor > 0.0)
+        || c.outlier_stdev_factor > 100.0
+    {
+        return err(
+            "culling.outlier_stdev_factor",
+            "must be above 0 and at most 100",
+        );
+    }
+    if !(c.latency_factor.is_finite() && c.latency_factor > 1.0) || c.latency_factor > 1000.0 {
+        return err(
+            "culling.latency_factor",
+            "must be above 1.0 (slower than the peers) and at most 1000",
+        );
+    }
+    Ok(OutlierParams {
+        rule,
+        min_requests: c.outlier_min_requests,
+        stdev_factor: c.outlier_stdev_factor,
+        latency_factor: c.latency_factor,
     })
 }
 

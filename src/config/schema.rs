@@ -451,6 +451,11 @@ pub struct UpstreamSection {
     /// Per-upstream in-flight cap (bulkhead); 0 = none.
     #[serde(default)]
     pub max_inflight: u64,
+    /// This upstream learns its own cap from its latency (as `[shedding] adaptive`),
+    /// never above `max_inflight` (which must be > 0): a slow upstream sheds its own
+    /// traffic, not the others'.
+    #[serde(default)]
+    pub adaptive: bool,
     /// How often backend host names are resolved again.
     #[serde(default = "default_resolve_interval")]
     pub resolve_interval_seconds: u64,
@@ -748,6 +753,17 @@ pub struct CullingSection {
     pub dry_run: bool,
     /// Optional URL that receives a POST of `{upstream, backend, reason, errors}` on a cull.
     pub webhook_url: String,
+    /// Outliers judged against the upstream's peers: none | success_rate | latency.
+    pub outlier: String,
+    /// Requests a backend needs in the window to be judged as an outlier.
+    pub outlier_min_requests: u64,
+    /// success_rate: an outlier is below the peers' mean − factor × their stdev.
+    pub outlier_stdev_factor: f64,
+    /// latency: an outlier's p90 is over factor × the median of its peers' p90.
+    pub latency_factor: f64,
+    /// When one tenant's (or key's) requests cause most of the errors, limit that tenant
+    /// instead of culling backends.
+    pub blame_tenants: bool,
 }
 
 impl Default for CullingSection {
@@ -763,6 +779,11 @@ impl Default for CullingSection {
             cooldown_seconds: 60,
             dry_run: false,
             webhook_url: String::new(),
+            outlier: "none".into(),
+            outlier_min_requests: 50,
+            outlier_stdev_factor: 1.9,
+            latency_factor: 3.0,
+            blame_tenants: false,
         }
     }
 }

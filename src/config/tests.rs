@@ -246,3 +246,50 @@ fn listen_addresses_are_ip_addresses_or_localhost() {
     assert!(e.reason.contains("IP address"), "{e}");
     assert_eq!(e.line_col.map(|l| l.0), Some(2));
 }
+
+#[test]
+fn culling_outlier_keys_parse_and_bad_ones_name_the_key_path_and_line() {
+    let c = check(MIN).unwrap();
+    let o = &c.culling.params.outlier;
+    assert_eq!(o.rule, portcullis_policy::cull::OutlierRule::None);
+    assert_eq!(
+        (o.min_requests, o.stdev_factor, o.latency_factor),
+        (50, 1.9, 3.0)
+    );
+    assert!(!c.culling.blame_tenants);
+    let c = check(&format!(
+        "{MIN}[culling]\noutlier = \"latency\"\noutlier_min_requests = 20\nlatency_factor = 4.5\nblame_tenants = true\n"
+    ))
+    .unwrap();
+    let o = &c.culling.params.outlier;
+    assert_eq!(o.rule, portcullis_policy::cull::OutlierRule::Latency);
+    assert_eq!((o.min_requests, o.latency_factor), (20, 4.5));
+    assert!(c.culling.blame_tenants);
+    let cases = [
+        ("outlier = \"p99\"", "culling.outlier"),
+        ("outlier_min_requests = 0", "culling.outlier_min_requests"),
+        ("outlier_stdev_factor = 0.0", "culling.outlier_stdev_factor"),
+        (
+            "outlier_stdev_factor = -1.0",
+            "culling.outlier_stdev_factor",
+        ),
+        ("latency_factor = 1.0", "culling.latency_factor"),
+        ("latency_factor = nan", "culling.latency_factor"),
+    ];
+    for (body, path) in cases {
+        let e = check(&format!("{MIN}[culling]\nenabled = true\n{body}\n")).unwrap_err();
+        assert_eq!(e.key_path, path, "{body}: {e}");
+        assert_eq!(e.line_col.map(|l| l.0), Some(6), "{body}: {e}");
+    }
+}
+
+#[test]
+fn an_adaptive_upstream_needs_a_ceiling() {
+    let ok = check("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\nadaptive = true\nmax_inflight = 64\n").unwrap();
+    assert!(ok.upstreams[0].balance.adaptive);
+    let e =
+        check("[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\nadaptive = true\n")
+            .unwrap_err();
+    assert_eq!(e.key_path, "upstreams[0].adaptive", "{e}");
+    assert_eq!(e.line_col.map(|l| l.0), Some(4), "{e}");
+}

@@ -221,6 +221,12 @@ fn validate_balance(
         10_000_000,
         "requests",
     )?;
+    if u.adaptive && u.max_inflight == 0 {
+        return err(
+            p("adaptive"),
+            "needs a max_inflight above 0 (the ceiling of the learned cap)",
+        );
+    }
     range(
         &p("resolve_interval_seconds"),
         u.resolve_interval_seconds,
@@ -243,6 +249,7 @@ fn validate_balance(
         retries: u.retries as u32,
         retry_budget_ratio: u.retry_budget_ratio,
         max_inflight: u.max_inflight,
+        adaptive: u.adaptive,
         resolve_interval: Duration::from_secs(u.resolve_interval_seconds),
         shard_size: u.shard_size as usize,
     })

@@ -8,9 +8,10 @@
 //! takes `now`, so a test can drive ticks on its own clock.
 
 use super::{
-    evaluate_sharded, failing_reason, http, webhook, Action, BackendSample, Buckets,
-    BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation, FailingInput,
-    FleetDelta, StoreError, TickInput,
+    evaluate_outliers, evaluate_sharded, failing_reason, http, webhook, Action, BackendSample,
+    Buckets, BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation,
+    FailingInput, FleetDelta, Outlier, OutlierRule, OutlierVerdict, PeerSample, StoreError,
+    TickInput,
 };
 use crate::metrics::CullResult;
 use crate::state::Shared;
@@ -34,6 +35,8 @@ struct Tracked {
     pushed: (u64, u64),
     /// Last readmission (Unix seconds): fleet errors before it are forgiven.
     since_secs: u64,
+    /// Culled as a latency outlier: the probe must also answer within this (µs).
+    probe_within_us: Option<u64>,
 }
 
 /// One backend's turn in a tick.
@@ -43,6 +46,31 @@ struct Step<'a> {
     /// Errors in the window (for logs and the webhook).
     errors: u64,
     now_ms: u64,
+    /// The rule that made it a candidate, and an outlier's figures.
+    why: Why,
+}
+
+/// Which culling rule made a backend a candidate (CONTRACT §15: the journal says).
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    ErrorThreshold,
+    Outlier(Outlier),
+}
+
+impl Why {
+    fn rule(&self) -> &'static str {
+        match self {
+            Why::ErrorThreshold => "error_threshold",
+            Why::Outlier(o) => o.rule.as_str(),
+        }
+    }
+
+    fn figures(&self) -> Option<String> {
+        match self {
+            Why::ErrorThreshold => None,
+            Why::Outlier(o) => Some(o.describe()),
+        }
+    }
 }
 
 /// The culling driver: performs what the policy decides.
@@ -52,6 +80,8 @@ pub struct Culling {
     /// The fleet view the sync keeps: `[budget]`'s `max_concurrent` and one group at a
     /// time hold culls back too (`None`: no view, as in unit tests).
     view: Option<Arc<crate::fleet::sync::FleetView>>,
+    /// This process's id in the fleet's blame records.
+    instance: u64,
 }
 
 /// What the loop remembers between ticks.
@@ -99,6 +129,7 @@ impl Culling {
             shared,
             budget,
             view: None,
+            instance: fastrand::u64(1..),
         }
     }
 
@@ -149,11 +180,21 @@ impl Culling {
             for b in &pool.backends {
                 live.insert((pool.name.clone(), b.addr));
             }
-            let samples = self
+            let mut samples = self
                 .samples(pool, &mut memory.states, now_secs, buckets)
                 .await;
+            if cfg.blame_tenants {
+                // Before any rule judges the backends: errors a blamed key caused are not
+                // theirs (CONTRACT §15).
+                self.blame(pool, &mut samples, &params, now_ms).await;
+            }
             let eval = evaluate_sharded(&samples, params.error_threshold, pool.balance.shard_size);
             report_systemic(&self.shared, &mut memory.systemic, pool, &eval);
+            // The outlier rules; an upstream the error rule calls systemic culls nothing.
+            let outliers = match eval {
+                Evaluation::Systemic { .. } => OutlierVerdict::Off,
+                _ => self.outliers(pool, &samples, &params, now_secs),
+            };
             for (bi, b) in pool.backends.iter().enumerate() {
                 if b.manual().state() == crate::upstream::ManualState::Maint {
                     // In maintenance: neither culled, probed nor readmitted by the loop
@@ -164,9 +205,22 @@ impl Culling {
                     .states
                     .entry((pool.name.clone(), b.addr))
                     .or_default();
+                let outlier = outliers.find(bi).copied();
+                self.shared.observe.culls.set_outlier(
+                    &pool.name,
+                    &b.addr_str,
+                    outlier
+                        .as_ref()
+                        .map(crate::observe::journal::OutlierView::of),
+                );
+                let over_threshold = eval.candidates().contains(&bi);
+                let why = match outlier {
+                    Some(o) if !over_threshold => Why::Outlier(o),
+                    _ => Why::ErrorThreshold,
+                };
                 let input = TickInput {
                     now_ms,
-                    candidate: eval.candidates().contains(&bi),
+                    candidate: over_threshold || outlier.is_some(),
                     fleet_claimed: fleet_claimed(&snapshot, pi, &b.addr_str),
                 };
                 let action = tracked.state.on_tick(input, &params);
@@ -181,10 +235,11 @@ impl Culling {
                     b,
                     errors,
                     now_ms,
+                    why,
                 };
                 let claim = self.perform(step, tracked, action, &params).await;
                 b.set_failing(failing_reason(FailingInput {
-                    over_threshold: errors >= params.error_threshold.max(1),
+                    over_threshold: errors >= params.error_threshold.max(1) || outlier.is_some(),
                     ejected: b.is_culled(),
                     candidate: input.candidate,
                     others_in_rotation: in_rotation(pool, b),
@@ -197,6 +252,220 @@ impl Culling {
             }
         }
         memory.states.retain(|k, _| live.contains(k));
+    }
+
+    /// The outlier rule's verdict on `pool` (CONTRACT §15): success rates from the same
+    /// samples as the error rule (fleet-wide counts), latencies from this instance's
+    /// windows (each instance judges what it saw; the cull itself spends a fleet token).
+    fn outliers(
+        &self,
+        pool: &Pool,
+        samples: &[BackendSample],
+        params: &CullParams,
+        now_secs: u64,
+    ) -> OutlierVerdict {
+        if params.outlier.rule == OutlierRule::None {
+            return OutlierVerdict::Off;
+        }
+        let peers: Vec<PeerSample> = pool
+            .backends
+            .iter()
+            .zip(samples)
+            .map(|(b, s)| PeerSample {
+                index: s.index,
+                requests: s.requests,
+                errors: s.errors,
+                latency: if params.outlier.rule == OutlierRule::Latency {
+                    b.latency.summary(now_secs)
+                } else {
+                    Default::default()
+                },
+            })
+            .collect();
+        let verdict = evaluate_outliers(&peers, &params.outlier);
+        if let OutlierVerdict::Systemic { judged, outliers } = verdict {
+            tracing::debug!(event = "cull", upstream = %pool.name, judged, outliers, "outliers alike; culling none");
+        }
+        verdict
+    }
+
+    /// `blame_tenants`: blame the keys that cause most errors on two or more backends while
+    /// other keys succeed there ([`super::find_blamed`]) and limit them for the cooldown;
+    /// share blames and suspects (a key that is the main cause on one backend so far,
+    /// [`super::attributed`]) through the store; and take the errors of every blamed or
+    /// suspect key, this instance's or the fleet's, out of `samples`.
+    async fn blame(
+        &self,
+        pool: &Pool,
+        samples: &mut [BackendSample],
+        params: &CullParams,
+        now_ms: u64,
+    ) {
+        let now_secs = now_ms / 1000;
+        let blamed = &pool.shared.blamed;
+        blamed.expire(now_ms);
+        let ledger = pool
+            .shared
+            .blame_ledger
+            .snapshot(now_secs, params.window_secs);
+        let counts: Vec<super::BackendCounts> = pool
+            .backends
+            .iter()
+            .zip(samples.iter())
+            .map(|(b, s)| super::BackendCounts {
+                addr: b.addr,
+                requests: s.requests,
+                errors: s.errors,
+            })
+            .collect();
+        let suspect_until =
+            now_ms.saturating_add(3 * params.check_interval_secs.max(1).saturating_mul(1000));
+        let mut published: Vec<super::FleetBlame> = Vec::new();
+        for found in super::attributed(&ledger, &counts, params.error_threshold) {
+            let limit = found.backends.len() >= super::BLAME_MIN_BACKENDS;
+            let until = if limit {
+                now_ms.saturating_add(params.cooldown_ms())
+            } else {
+                suspect_until
+            };
+            published.push(super::FleetBlame {
+                key: found.key,
+                from: self.instance,
+                until_ms: until,
+                limit,
+                errors: ledger
+                    .get(&found.key)
+                    .map(|per| per.iter().map(|(a, n)| (a.to_string(), *n)).collect())
+                    .unwrap_or_default(),
+            });
+            if !limit || blamed.limited(found.key, now_ms).is_some() {
+                continue;
+            }
+            blamed.blame(found.key, until);
+            self.record_blame(pool, &found, params);
+        }
+        // Keys limited already (by us or the fleet): what this instance saw of them is
+        // published too, so the others can take it out of the fleet's counts.
+        for (key, per) in &ledger {
+            if published.iter().any(|p| p.key == *key) {
+                continue;
+            }
+            if let Some(secs) = blamed.limited(*key, now_ms) {
+                published.push(self.fleet_blame(*key, now_ms + secs * 1000, true, per));
+            }
+        }
+        // Fleet-wide through the store, like a cull: publish ours, follow the others'.
+        let fleet = match self
+            .budget
+            .exchange_blame(&pool.name, &published, now_ms)
+            .await
+        {
+            Some(Ok(fleet)) => fleet,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "fleet blame unavailable; this instance's only");
+                published.clone()
+            }
+            None => published.clone(),
+        };
+        // The errors to take out, per backend: what the other instances published of each
+        // blamed or suspect key, plus what this one saw of it (the fleet's counts are sums).
+        let mut theirs: HashMap<(u64, String), u64> = HashMap::new();
+        let mut keys: HashSet<u64> = HashSet::new();
+        for fb in &fleet {
+            keys.insert(fb.key);
+            if fb.limit {
+                if blamed.limited(fb.key, now_ms).is_none() {
+                    tracing::info!(event = "cull", result = "blamed", upstream = %pool.name, key = %super::blame::tag(fb.key), "following the fleet's blame");
+                }
+                blamed.blame(fb.key, fb.until_ms);
+            }
+            if fb.from == self.instance {
+                continue;
+            }
+            for (b, n) in &fb.errors {
+                *theirs.entry((fb.key, b.clone())).or_insert(0) += *n;
+            }
+        }
+        // A key the fleet blames that this instance has errors of but did not publish yet:
+        // publish them now (a second round trip, only then), so no instance mistakes them
+        // for the backends' before this one's next check.
+        let late: Vec<super::FleetBlame> = fleet
+            .iter()
+            .filter(|fb| fb.limit && !published.iter().any(|p| p.key == fb.key))
+            .filter_map(|fb| {
+                let per = ledger.get(&fb.key)?;
+                Some(self.fleet_blame(fb.key, fb.until_ms, true, per))
+            })
+            .collect();
+        if !late.is_empty() {
+            if let Some(Err(e)) = self.budget.exchange_blame(&pool.name, &late, now_ms).await {
+                tracing::debug!(error = %e, "fleet blame unavailable");
+            }
+        }
+        for key in &keys {
+            for (addr, n) in ledger.get(key).into_iter().flatten() {
+                *theirs.entry((*key, addr.to_string())).or_insert(0) += *n;
+            }
+        }
+        for (s, b) in samples.iter_mut().zip(&pool.backends) {
+            let n: u64 = theirs
+                .iter()
+                .filter(|((_, addr), _)| *addr == b.addr_str)
+                .map(|(_, n)| *n)
+                .sum();
+            s.errors -= n.min(s.errors);
+            s.requests -= n.min(s.requests);
+        }
+    }
+
+    /// This instance's record of `key` for the fleet: its errors per backend.
+    fn fleet_blame(
+        &self,
+        key: u64,
+        until_ms: u64,
+        limit: bool,
+        per: &HashMap<std::net::SocketAddr, u64>,
+    ) -> super::FleetBlame {
+        super::FleetBlame {
+            key,
+            from: self.instance,
+            until_ms,
+            limit,
+            errors: per.iter().map(|(a, n)| (a.to_string(), *n)).collect(),
+        }
+    }
+
+    /// A key blamed here: the metric, the log line and the journal.
+    fn record_blame(&self, pool: &Pool, found: &super::Blamed, params: &CullParams) {
+        let tenant = pool.shared.blame_names.label(found.key);
+        self.shared
+            .metrics
+            .cull
+            .blamed
+            .with_label_values(&[&*tenant])
+            .inc();
+        let backends: Vec<String> = found.backends.iter().map(|(a, _)| a.to_string()).collect();
+        let figures = format!(
+            "key {} caused {} errors on {} backends; limited for {} s",
+            super::blame::tag(found.key),
+            found.errors(),
+            found.backends.len(),
+            params.cooldown_secs
+        );
+        tracing::warn!(event = "cull", result = "blamed", upstream = %pool.name, tenant = %tenant, backends = %backends.join(","), figures = %figures, "a key causes the errors: limited instead of culling backends");
+        self.shared
+            .observe
+            .culls
+            .record(crate::observe::journal::CullEntry {
+                at_ms: unix_ms(),
+                upstream: pool.name.clone(),
+                backend: backends.join(","),
+                result: "blamed",
+                errors: found.errors(),
+                rule: Some("blame_tenants"),
+                figures: Some(figures),
+                ..Default::default()
+            });
     }
 
     /// Each backend's `(requests, errors)` over the window: the larger of this
@@ -272,6 +541,7 @@ impl Culling {
             b,
             errors,
             now_ms,
+            why,
         } = step;
         let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
         let mut claim = None;
@@ -288,7 +558,7 @@ impl Culling {
                                 .await
                         }
                     };
-                    self.record_claim(pool, b, &res, errors);
+                    self.record_claim(pool, b, &res, errors, why);
                     if params.dry_run {
                         b.set_dry_run_cull(matches!(
                             res,
@@ -301,15 +571,21 @@ impl Culling {
                 }
                 Action::Eject => {
                     b.set_culled(true);
+                    tracked.probe_within_us = match why {
+                        Why::Outlier(o) if o.rule == OutlierRule::Latency => Some(o.limit as u64),
+                        _ => None,
+                    };
                     tracing::warn!(
                         event = "cull",
                         upstream = %pool.name,
                         backend = %b.addr_str,
                         errors,
+                        rule = why.rule(),
+                        figures = why.figures().unwrap_or_default(),
                         "backend ejected; draining in-flight requests"
                     );
                     let url = &self.shared.runtime.load().config.culling.webhook_url;
-                    webhook::notify(url, &pool.name, &b.addr_str, errors);
+                    webhook::notify(url, &pool.name, &b.addr_str, why.rule(), errors);
                     Action::None
                 }
                 Action::Renew => {
@@ -320,7 +596,7 @@ impl Culling {
                     tracked.state.on_renew(now_ms, &res, params)
                 }
                 Action::Probe => {
-                    let healthy = probe(pool, b).await;
+                    let healthy = probe(pool, b, tracked.probe_within_us).await;
                     tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, healthy, "probe after cooldown");
                     tracked.state.on_probe(now_ms, healthy, params)
                 }
@@ -348,6 +624,7 @@ impl Culling {
         b: &BackendState,
         res: &Result<ClaimOutcome, StoreError>,
         errors: u64,
+        why: Why,
     ) {
         let result = match res {
             Ok(o) => match o.decision_label() {
@@ -360,18 +637,27 @@ impl Culling {
             Err(_) => CullResult::StoreError,
         };
         self.shared.metrics.cull.decision(result);
-        self.journal(pool, b, result, errors);
+        self.journal(pool, b, result, errors, Some(why));
         tracing::info!(
             event = "cull_decision",
             result = result.as_str(),
             upstream = %pool.name,
             backend = %b.addr_str,
             errors,
+            rule = why.rule(),
+            figures = why.figures().unwrap_or_default(),
         );
     }
 
     /// Keep the decision for the status page.
-    fn journal(&self, pool: &Pool, b: &BackendState, result: CullResult, errors: u64) {
+    fn journal(
+        &self,
+        pool: &Pool,
+        b: &BackendState,
+        result: CullResult,
+        errors: u64,
+        why: Option<Why>,
+    ) {
         self.shared
             .observe
             .culls
@@ -381,6 +667,8 @@ impl Culling {
                 backend: b.addr_str.clone(),
                 result: result.as_str(),
                 errors,
+                rule: why.map(|w| w.rule()),
+                figures: why.and_then(|w| w.figures()),
                 ..Default::default()
             });
     }
@@ -390,9 +678,10 @@ impl Culling {
         b.set_culled(false);
         b.set_dry_run_cull(false);
         b.window.reset();
+        b.latency.reset();
         if was {
             self.shared.metrics.cull.decision(CullResult::Readmitted);
-            self.journal(pool, b, CullResult::Readmitted, 0);
+            self.journal(pool, b, CullResult::Readmitted, 0, None);
             tracing::info!(event = "cull", upstream = %pool.name, backend = %b.addr_str, "backend readmitted");
         }
     }
@@ -465,15 +754,16 @@ fn fleet_claimed(
 }
 
 /// Probe a culled backend: its `health_check_path` (2xx = healthy) if set,
-/// else a trial `GET /` (anything below 500 = healthy).
-async fn probe(pool: &Pool, b: &BackendState) -> bool {
+/// else a trial `GET /` (anything below 500 = healthy). A backend culled as a latency
+/// outlier must also answer within `within_us` (the line it crossed).
+async fn probe(pool: &Pool, b: &BackendState, within_us: Option<u64>) -> bool {
     let (path, want_2xx) = if pool.health_check_path.is_empty() {
         ("/", false)
     } else {
         (pool.health_check_path.as_str(), true)
     };
     let bound = pool.connect_timeout + Duration::from_secs(2);
-    match http::status_of(
+    let answer = http::timed_status_of(
         b.addr,
         "GET",
         path,
@@ -482,10 +772,13 @@ async fn probe(pool: &Pool, b: &BackendState) -> bool {
         None,
         bound,
     )
-    .await
-    {
-        Ok(status) if want_2xx => (200..300).contains(&status),
-        Ok(status) => status < 500,
+    .await;
+    let in_time = |took: Duration| {
+        within_us.is_none_or(|limit| u64::try_from(took.as_micros()).unwrap_or(u64::MAX) <= limit)
+    };
+    match answer {
+        Ok((status, took)) if want_2xx => (200..300).contains(&status) && in_time(took),
+        Ok((status, took)) => status < 500 && in_time(took),
         Err(_) => false,
     }
 }

@@ -21,6 +21,22 @@ pub async fn status_of(
     body: Option<(&'static str, String)>,
     timeout: Duration,
 ) -> pingora::Result<u16> {
+    timed_status_of(addr, method, path, host, user_agent, body, timeout)
+        .await
+        .map(|(status, _)| status)
+}
+
+/// [`status_of`], with the time from the request sent to the response header read
+/// (what the backend took to answer; the connect and the client's setup left out).
+pub async fn timed_status_of(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    user_agent: &str,
+    body: Option<(&'static str, String)>,
+    timeout: Duration,
+) -> pingora::Result<(u16, Duration)> {
     let exchange = async {
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(timeout);
@@ -43,10 +59,12 @@ pub async fn status_of(
                 .await?;
         }
         session.finish_request_body().await?;
+        let sent = std::time::Instant::now();
         session.read_response_header().await?;
+        let took = sent.elapsed();
         let status = session.response_header().map(|r| r.status.as_u16());
         session.shutdown().await;
-        status.ok_or_else(|| {
+        status.map(|s| (s, took)).ok_or_else(|| {
             pingora::Error::explain(pingora::ErrorType::InvalidHTTPHeader, "no response header")
         })
     };

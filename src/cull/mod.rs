@@ -15,6 +15,7 @@
 //!   All checks and the commit happen in one atomic Lua script (one round trip).
 //! * Redis unreachable or slow → `Err(StoreError)`; the caller must not cull.
 
+pub mod blame;
 pub mod driver;
 mod http;
 mod webhook;
@@ -22,6 +23,9 @@ mod webhook;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod driver_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod outlier_tests;
 
 pub use portcullis_policy::cull::*;
 pub use portcullis_policy::StoreError;

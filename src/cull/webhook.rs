@@ -6,14 +6,14 @@ use std::time::Duration;
 use super::http::status_of;
 
 /// Spawn the POST; failures are logged, never retried, never block culling.
-pub fn notify(url: &str, upstream: &str, backend: &str, errors: u64) {
+pub fn notify(url: &str, upstream: &str, backend: &str, reason: &str, errors: u64) {
     if url.is_empty() {
         return;
     }
     let body = serde_json::json!({
         "upstream": upstream,
         "backend": backend,
-        "reason": "error_threshold",
+        "reason": reason,
         "errors": errors,
     })
     .to_string();

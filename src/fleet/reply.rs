@@ -69,6 +69,7 @@ pub fn record(shared: &Shared, d: &Done<'_>) {
             action: Some(d.action),
             by: Some(d.by.to_string()),
             reason: Some(d.reason.clone()),
+            ..Default::default()
         });
     tracing::info!(
         event = "admin_action",

@@ -131,14 +131,24 @@ impl Gate for Shed<'_> {
     /// The slot, and whether it was taken over the cap (a shadow refusal).
     type Admit = (InflightGuard, bool);
     #[inline]
-    fn check(&self, facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+    fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
+        let now_secs = now_ms / 1000;
         if let Some(guard) = self.shedder.try_acquire(facts.priority) {
+            self.shedder.share.on_admit(now_secs);
             return Ok((guard, false));
         }
         match self.shadow {
-            None => Err(Refusal::Shed {
-                retry_after: self.retry_after,
-            }),
+            None => {
+                // Spread the retries by the share of load being shed (README, Gray failure).
+                self.shedder.share.on_shed(now_secs);
+                Err(Refusal::Shed {
+                    retry_after: crate::shed::spread::spread_retry_after(
+                        self.retry_after,
+                        self.shedder.share.share(now_secs),
+                        fastrand::u64(..),
+                    ),
+                })
+            }
             Some(counters) => {
                 counters[facts.priority.index()].inc();
                 Ok((self.shedder.acquire_over_cap(), true))
@@ -180,13 +190,18 @@ pub struct Bulkhead<'a> {
 impl Gate for Bulkhead<'_> {
     type Admit = Option<BulkheadGuard>;
     #[inline]
-    fn check(&self, _facts: &RequestFacts<'_>, _now_ms: u64) -> Result<Self::Admit, Refusal> {
+    fn check(&self, _facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
         let Some(pool) = self.pool else {
             return Ok(None);
         };
         match pool.enter() {
             crate::upstream::Bulkhead::Unlimited => Ok(None),
-            crate::upstream::Bulkhead::Entered(g) => Ok(Some(g)),
+            crate::upstream::Bulkhead::Entered(g) => {
+                if pool.balance.adaptive {
+                    pool.shared.limit.share.on_admit(now_ms / 1000);
+                }
+                Ok(Some(g))
+            }
             crate::upstream::Bulkhead::Full => {
                 self.metrics
                     .shed
@@ -194,9 +209,20 @@ impl Gate for Bulkhead<'_> {
                     .with_label_values(&[pool.name.as_str()])
                     .inc();
                 tracing::debug!(event = "bulkhead_shed", upstream = %pool.name);
-                Err(Refusal::Shed {
-                    retry_after: self.retry_after,
-                })
+                // An adaptive upstream's learned cap spreads its retries by its own shed
+                // share; a fixed max_inflight answers the fixed value.
+                let retry_after = if pool.balance.adaptive {
+                    let share = &pool.shared.limit.share;
+                    share.on_shed(now_ms / 1000);
+                    crate::shed::spread::spread_retry_after(
+                        self.retry_after,
+                        share.share(now_ms / 1000),
+                        fastrand::u64(..),
+                    )
+                } else {
+                    self.retry_after
+                };
+                Err(Refusal::Shed { retry_after })
             }
         }
     }

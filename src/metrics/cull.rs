@@ -12,6 +12,9 @@ pub struct CullMetrics {
     decisions: IntCounterVec,
     pub tokens_available: IntGauge,
     pub upstream_panic_mode: IntGaugeVec,
+    /// `portcullis_blamed_total{tenant}`: keys blamed for their upstream's errors and
+    /// limited (CONTRACT §15). `tenant` is a bounded name, never a raw key.
+    pub blamed: IntCounterVec,
 }
 
 impl CullMetrics {
@@ -64,12 +67,23 @@ impl CullMetrics {
                 &["upstream"],
             ),
         );
+        let blamed = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_blamed_total",
+                    "Tenants (keys) blamed for most of their upstream's errors and limited for cooldown_seconds",
+                ),
+                &["tenant"],
+            ),
+        );
         Self {
             backend_culled,
             backend_errors,
             decisions,
             tokens_available,
             upstream_panic_mode,
+            blamed,
         }
     }
 

@@ -30,6 +30,45 @@ pub struct CullEntry {
     /// The reason given, or the refusal's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The culling rule that made it a candidate (`error_threshold`, `success_rate`,
+    /// `latency`; cull decisions only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<&'static str>,
+    /// The rule's figures in words (outlier rules).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub figures: Option<String>,
+}
+
+/// A backend the last check judged an outlier against its peers (CONTRACT §15), with the
+/// figures: `value` (success rate, or p90 in ms), `baseline` (the peers' mean success
+/// rate, or the median of their p90 in ms) and the `limit` it crossed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct OutlierView {
+    pub rule: &'static str,
+    pub value: f64,
+    pub baseline: f64,
+    pub limit: f64,
+    pub peers: usize,
+    pub figures: String,
+}
+
+impl OutlierView {
+    pub fn of(o: &portcullis_policy::cull::Outlier) -> Self {
+        // Latencies in ms, rounded to 0.1 ms; rates to 0.001.
+        let (scale, round) = match o.rule {
+            portcullis_policy::cull::OutlierRule::Latency => (1e-3, 10.0),
+            _ => (1.0, 1000.0),
+        };
+        let r = |v: f64| (v * scale * round).round() / round;
+        Self {
+            rule: o.rule.as_str(),
+            value: r(o.value),
+            baseline: r(o.baseline),
+            limit: r(o.limit),
+            peers: o.peers,
+            figures: o.describe(),
+        }
+    }
 }
 
 /// An ejected backend's lease as this instance sees it.
@@ -75,6 +114,7 @@ impl LeaseView {
 pub struct CullJournal {
     recent: Mutex<VecDeque<CullEntry>>,
     leases: Mutex<HashMap<(String, String), LeaseView>>,
+    outliers: Mutex<HashMap<(String, String), OutlierView>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -106,6 +146,26 @@ impl CullJournal {
                 leases.remove(&key);
             }
         }
+    }
+
+    /// What the last check judged of the backend against its peers (`None`: not an outlier).
+    pub fn set_outlier(&self, upstream: &str, backend: &str, view: Option<OutlierView>) {
+        let key = (upstream.to_string(), backend.to_string());
+        let mut m = lock(&self.outliers);
+        match view {
+            Some(v) => {
+                m.insert(key, v);
+            }
+            None => {
+                m.remove(&key);
+            }
+        }
+    }
+
+    pub fn outlier(&self, upstream: &str, backend: &str) -> Option<OutlierView> {
+        lock(&self.outliers)
+            .get(&(upstream.to_string(), backend.to_string()))
+            .cloned()
     }
 
     pub fn lease(&self, upstream: &str, backend: &str) -> Option<LeaseView> {

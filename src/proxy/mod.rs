@@ -73,6 +73,28 @@ impl Proxy {
     }
 
     /// Refuse through an error: `fail_to_proxy` answers with `ctx.answer.refusal`.
+    /// `blame_tenants`: a key blamed for its upstream's errors is answered 429 until its
+    /// cooldown ends (CONTRACT §15). One atomic load while no key is blamed.
+    fn blamed(&self, session: &Session, ctx: &Ctx) -> Option<Refusal> {
+        let pool = ctx.routing.pool.as_deref()?;
+        if !ctx.runtime.config.culling.blame_tenants || !pool.shared.blamed.any() {
+            return None;
+        }
+        let req = session.req_header();
+        let key = crate::cull::blame::identity(
+            &ctx.runtime,
+            ctx.gates.tenant.as_deref(),
+            &req.headers,
+            &req.uri,
+            ctx.routing.client,
+        )?;
+        let secs = pool
+            .shared
+            .blamed
+            .limited(key, crate::store::clock::unix_ms())?;
+        Some(Refusal::Blamed { retry_after: secs })
+    }
+
     fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
         session.set_keepalive(None);
         let status = refusal.status();
@@ -168,6 +190,9 @@ impl ProxyHttp for Proxy {
             )
         };
         if let Err(refusal) = verdict {
+            return self.refuse(session, ctx, refusal).await;
+        }
+        if let Some(refusal) = self.blamed(session, ctx) {
             return self.refuse(session, ctx, refusal).await;
         }
         if ctx.gates.tunnel.is_some() {
@@ -518,9 +543,12 @@ impl ProxyHttp for Proxy {
         if let (Some(_), Some(t0), None) = (&ctx.upstream.backend, ctx.upstream.attempt_start, e) {
             if status > 0 && status < 500 {
                 // The adaptive limit learns from answered requests only.
-                self.shared
-                    .shedder
-                    .on_latency(now, now.saturating_duration_since(t0));
+                let rtt = now.saturating_duration_since(t0);
+                self.shared.shedder.on_latency(now, rtt);
+                if let Some(pool) = &ctx.routing.pool {
+                    // An adaptive upstream learns from its own latency only (CONTRACT §15).
+                    pool.on_latency(now, rtt);
+                }
             }
         }
         if let Some(registry) = ctx.runtime.tenants.as_deref() {
@@ -548,6 +576,40 @@ impl ProxyHttp for Proxy {
                 e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
             let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
             b.record(now_secs, is_error);
+            let culling = &ctx.runtime.config.culling;
+            if is_error && culling.blame_tenants {
+                // Blame the tenant: errors by key (the success path records nothing).
+                if let Some(pool) = &ctx.routing.pool {
+                    let req = session.req_header();
+                    let tenant = ctx.gates.tenant.as_deref();
+                    let who = crate::cull::blame::identity(
+                        &ctx.runtime,
+                        tenant,
+                        &req.headers,
+                        &req.uri,
+                        ctx.routing.client,
+                    );
+                    if let Some(key) = who {
+                        pool.shared.blame_names.note(key, tenant);
+                        pool.shared.blame_ledger.record(
+                            now_secs,
+                            culling.params.window_secs,
+                            key,
+                            b.addr,
+                        );
+                    }
+                }
+            }
+            if let (Some(t0), None, true) = (ctx.upstream.attempt_start, e, status > 0) {
+                // The latency outlier rule's window: answered attempts only (CONTRACT §15).
+                if ctx.runtime.config.culling.params.outlier.rule
+                    == portcullis_policy::cull::OutlierRule::Latency
+                {
+                    let us = now.saturating_duration_since(t0).as_micros();
+                    b.latency
+                        .record(now_secs, u64::try_from(us).unwrap_or(u64::MAX));
+                }
+            }
         }
         telemetry::finish(
             &self.shared,

@@ -104,9 +104,21 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
         None => Arc::new(UpstreamShared {
             inflight: AtomicU64::new(0),
             budget: crate::balance::retry_budget::RetryBudget::new(cfg.balance.retry_budget_ratio),
+            limit: crate::shed::Shedder::new(0),
+            blame_ledger: Default::default(),
+            blamed: Default::default(),
+            blame_names: Default::default(),
         }),
     };
     shared.budget.set_ratio(cfg.balance.retry_budget_ratio);
+    // An adaptive upstream learns its cap between ADAPTIVE_FLOOR and max_inflight; a
+    // learned cap survives a reload (clamped to the new bounds).
+    let ceiling = cfg.balance.max_inflight;
+    shared.limit.configure(
+        ceiling,
+        cfg.balance.adaptive,
+        ceiling.min(crate::upstream::ADAPTIVE_FLOOR),
+    );
     shared
 }
 

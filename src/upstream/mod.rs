@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The least cap an `adaptive` upstream learns (or its `max_inflight`, when lower).
+pub const ADAPTIVE_FLOOR: u64 = 8;
+
 /// Per-backend state that outlives reloads while the backend stays configured.
 #[derive(Debug)]
 pub struct BackendState {
@@ -25,6 +28,8 @@ pub struct BackendState {
     pub addr_str: String,
     /// Requests and errors over the culling window (the hot-path accounting).
     pub window: portcullis_policy::cull::ErrorWindow,
+    /// Latencies over the culling window (recorded only with `[culling] outlier = "latency"`).
+    pub latency: portcullis_policy::cull::LatencyWindow,
     cull: AtomicU8,
     /// Dry run: the budget granted a cull that was not carried out.
     dry_run_cull: AtomicBool,
@@ -62,6 +67,7 @@ impl BackendState {
             addr,
             addr_str: addr.to_string(),
             window: portcullis_policy::cull::ErrorWindow::new(window_secs),
+            latency: portcullis_policy::cull::LatencyWindow::new(window_secs),
             cull: AtomicU8::new(CullMark::In as u8),
             dry_run_cull: AtomicBool::new(false),
             total_requests: AtomicU64::new(0),
@@ -275,6 +281,13 @@ impl Drop for Attempt {
 pub struct UpstreamShared {
     inflight: AtomicU64,
     pub budget: crate::balance::retry_budget::RetryBudget,
+    /// The learned cap of an `adaptive` upstream (its own gradient limit, in-flight
+    /// count and shed share); unused otherwise.
+    pub limit: Arc<crate::shed::Shedder>,
+    /// `blame_tenants`: errors by key, and the keys limited now (CONTRACT §15).
+    pub blame_ledger: portcullis_policy::cull::BlameLedger,
+    pub blamed: portcullis_policy::cull::BlameList,
+    pub blame_names: crate::cull::blame::Names,
 }
 
 /// The bulkhead's answer for one request.
@@ -289,11 +302,20 @@ pub enum Bulkhead {
 }
 
 #[derive(Debug)]
-pub struct BulkheadGuard(Arc<UpstreamShared>);
+pub struct BulkheadGuard(Slot);
+
+/// A fixed bulkhead's slot, or one of an adaptive upstream's learned cap.
+#[derive(Debug)]
+enum Slot {
+    Fixed(Arc<UpstreamShared>),
+    Adaptive(#[allow(dead_code)] crate::shed::InflightGuard),
+}
 
 impl Drop for BulkheadGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        if let Slot::Fixed(sh) = &self.0 {
+            sh.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -463,9 +485,20 @@ impl Pool {
             .any(|b| !b.is_out() && !tried.contains(&b.addr))
     }
 
-    /// The bulkhead (`max_inflight`): take a slot or be shed.
+    /// The bulkhead (`max_inflight`, or the learned cap when `adaptive`): take a slot or
+    /// be shed.
     #[inline]
     pub fn enter(&self) -> Bulkhead {
+        if self.balance.adaptive {
+            return match self
+                .shared
+                .limit
+                .try_acquire(crate::shed::Priority::Critical)
+            {
+                Some(g) => Bulkhead::Entered(BulkheadGuard(Slot::Adaptive(g))),
+                None => Bulkhead::Full,
+            };
+        }
         let cap = self.balance.max_inflight;
         if cap == 0 {
             return Bulkhead::Unlimited;
@@ -482,9 +515,17 @@ impl Pool {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Bulkhead::Entered(BulkheadGuard(Arc::clone(sh))),
+                Ok(_) => return Bulkhead::Entered(BulkheadGuard(Slot::Fixed(Arc::clone(sh)))),
                 Err(actual) => cur = actual,
             }
+        }
+    }
+
+    /// Feed one answered request's latency to an `adaptive` upstream's own cap.
+    #[inline]
+    pub fn on_latency(&self, now: std::time::Instant, rtt: Duration) {
+        if self.balance.adaptive {
+            self.shared.limit.on_latency(now, rtt);
         }
     }
 

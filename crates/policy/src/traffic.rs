@@ -115,10 +115,21 @@ impl Default for Slot {
     }
 }
 
+/// The count `word` holds for `lap` (0 when it holds another lap's).
+#[inline]
+pub(crate) fn count_at(word: &AtomicU64, lap: u64) -> u64 {
+    let v = word.load(Ordering::Relaxed);
+    if v >> LAP_SHIFT == lap {
+        v & COUNT_MASK
+    } else {
+        0
+    }
+}
+
 /// Add one to `word` for `lap`. A word of an older lap restarts at 1; a record for a
 /// lap older than the word's (a clock read far behind) is dropped.
 #[inline]
-fn bump(word: &AtomicU64, lap: u64) {
+pub(crate) fn bump(word: &AtomicU64, lap: u64) {
     let mut cur = word.load(Ordering::Relaxed);
     loop {
         let cur_lap = cur >> LAP_SHIFT;

@@ -63,6 +63,9 @@ pub enum Refusal {
         /// The refusing policy's numbers; `fields.policy` names the policy.
         fields: RateFields,
     },
+    /// The key was blamed for most of its upstream's errors (CONTRACT §15,
+    /// `blame_tenants`): 429 with `RateLimit-Policy: "blame";q=0` until its cooldown ends.
+    Blamed { retry_after: u64 },
     /// A tenant's requests in flight reached its tier's `concurrency` across the fleet
     /// (429, `RateLimit-Policy: "concurrency";q=LIMIT`).
     TenantConcurrency { limit: u64 },
@@ -109,6 +112,7 @@ impl Refusal {
         match self {
             Refusal::Shed { .. } | Refusal::NoBackend { .. } | Refusal::TunnelCap { .. } => 503,
             Refusal::RateLimited { .. }
+            | Refusal::Blamed { .. }
             | Refusal::TenantConcurrency { .. }
             | Refusal::QuotaExceeded { .. } => 429,
             Refusal::KeyMissing | Refusal::KeyUnknown | Refusal::TokenInvalid => 401,
@@ -128,6 +132,7 @@ impl Refusal {
         match self {
             Refusal::Shed { .. } | Refusal::TunnelCap { .. } => Outcome::Shed,
             Refusal::RateLimited { .. }
+            | Refusal::Blamed { .. }
             | Refusal::TenantConcurrency { .. }
             | Refusal::QuotaExceeded { .. } => Outcome::RateLimited,
             Refusal::NoBackend { .. } => Outcome::NoBackend,
@@ -152,6 +157,7 @@ impl Refusal {
             Refusal::Shed { .. } => "portcullis: overloaded (load shed)\n",
             Refusal::TunnelCap { .. } => "portcullis: too many open tunnels (max_tunnels)\n",
             Refusal::RateLimited { .. } => "portcullis: rate limited\n",
+            Refusal::Blamed { .. } => "portcullis: rate limited (blamed for backend errors)\n",
             Refusal::TenantConcurrency { .. } => {
                 "portcullis: too many requests in flight for this tenant\n"
             }
@@ -188,6 +194,7 @@ impl Refusal {
             | Refusal::TunnelCap { retry_after }
             | Refusal::NoBackend { retry_after }
             | Refusal::RateLimited { retry_after, .. }
+            | Refusal::Blamed { retry_after }
             | Refusal::QuotaExceeded { retry_after, .. } => Some((*retry_after).max(1)),
             Refusal::TenantConcurrency { .. } => Some(1),
             _ => None,

@@ -26,6 +26,12 @@ pub enum Mode {
     Hold,
     /// Close the connection without answering.
     Close,
+    /// Every n-th request (by the backend's request count) answers this status, the
+    /// others 200 at once: `FailEvery(4, 503)` fails a quarter.
+    FailEvery(u64, u16),
+    /// Requests whose header (first field, case-insensitive) has this value answer
+    /// this status, the others 200 at once: a poison key.
+    FailFor(&'static str, &'static str, u16),
 }
 
 /// What the backend received.
@@ -394,6 +400,20 @@ fn status_for(st: &BackendState, w: &TcpStream, rec: Received) -> Option<(u16, R
     let status = match mode {
         Mode::Ok => 200,
         Mode::Fail(s) => s,
+        Mode::FailEvery(n, s) => {
+            if st.requests.load(Ordering::Relaxed) % n.max(1) == 0 {
+                s
+            } else {
+                200
+            }
+        }
+        Mode::FailFor(name, value, s) => {
+            if rec.header(name) == Some(value) {
+                s
+            } else {
+                200
+            }
+        }
         Mode::Slow(d) => {
             thread::sleep(d);
             200

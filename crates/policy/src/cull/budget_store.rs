@@ -73,6 +73,19 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         buckets: Buckets,
     ) -> Option<Result<Vec<(u64, u64)>, StoreError>>;
 
+    /// Blame the tenant (CONTRACT §15), fleet-wide: publish the keys this instance just
+    /// blamed on `upstream` (`(key hash, until Unix ms)`) and read every key the fleet
+    /// blames there now. `None` for a store that is not shared (the in-process budget):
+    /// this instance's own list already is the whole fleet's.
+    async fn exchange_blame(
+        &self,
+        _upstream: &str,
+        _blamed: &[super::FleetBlame],
+        _now_ms: u64,
+    ) -> Option<Result<Vec<super::FleetBlame>, StoreError>> {
+        None
+    }
+
     /// Tokens and the active claims of every listed upstream, in one round trip.
     async fn snapshot(
         &self,

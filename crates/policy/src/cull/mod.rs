@@ -2,6 +2,7 @@
 //! fleet-wide disruption budget, and each backend's state machine. The driver that runs it
 //! against real backends and the budget stores are in the app and store crates.
 
+mod blame;
 mod budget_store;
 mod claim;
 pub mod claims;
@@ -9,15 +10,24 @@ mod evaluate;
 mod failing;
 mod fleet;
 pub mod ops;
+mod outlier;
 mod params;
 mod state;
 mod window;
 
+pub use blame::{
+    attributed, find_blamed, BackendCounts, BlameLedger, BlameList, Blamed, FleetBlame,
+    MIN_BACKENDS as BLAME_MIN_BACKENDS,
+};
 pub use budget_store::{BudgetStore, ClaimCommit};
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use failing::{failing_reason, Failing, FailingInput};
 pub use fleet::{Buckets, FleetDelta};
+pub use outlier::{
+    evaluate_outliers, LatencySummary, LatencyWindow, Outlier, OutlierParams, OutlierRule,
+    OutlierVerdict, PeerSample,
+};
 pub use params::{max_out, CullParams, CullingSettings};
 pub use state::{Action, CullState, TickInput};
 pub use window::ErrorWindow;

@@ -20,6 +20,8 @@ pub struct CullParams {
     pub cooldown_secs: u64,
     /// Decide and report, but commit nothing and eject nothing.
     pub dry_run: bool,
+    /// Outliers by comparison with peers (CONTRACT §15).
+    pub outlier: super::OutlierParams,
 }
 
 impl Default for CullParams {
@@ -33,6 +35,7 @@ impl Default for CullParams {
             max_culled_fraction: 0.5,
             cooldown_secs: 60,
             dry_run: false,
+            outlier: super::OutlierParams::default(),
         }
     }
 }
@@ -99,6 +102,8 @@ pub struct CullingSettings {
     pub params: CullParams,
     /// `""`: no webhook.
     pub webhook_url: String,
+    /// Limit a tenant (or key) that causes most of the errors instead of culling backends.
+    pub blame_tenants: bool,
 }
 
 #[cfg(test)]

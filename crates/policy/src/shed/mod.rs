@@ -7,6 +7,7 @@
 //! learns it from upstream latency and the classes apply to the learned cap.
 
 pub mod adaptive;
+pub mod spread;
 
 /// A route's load-shedding class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +51,8 @@ pub struct Shedder {
     cap: AtomicU64,
     /// `Some` with `shedding.adaptive`.
     adaptive: std::sync::Mutex<Option<adaptive::GradientLimit>>,
+    /// The share of requests shed lately (the spread of `Retry-After`).
+    pub share: spread::ShedShare,
 }
 
 /// Class limit for a cap: critical 100%, normal 90%, low 75%, at least 1.
@@ -78,6 +81,7 @@ impl Shedder {
             inflight: AtomicU64::new(0),
             cap: AtomicU64::new(cap),
             adaptive: std::sync::Mutex::new(None),
+            share: spread::ShedShare::default(),
         })
     }
 

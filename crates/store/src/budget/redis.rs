@@ -26,7 +26,7 @@ use portcullis_policy::cull::ops::{OpRecord, OpRefusal, OpRequest};
 use portcullis_policy::cull::ClaimCommit;
 use portcullis_policy::cull::{max_out, BudgetStore, CullParams};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-use portcullis_policy::cull::{Buckets, FleetDelta};
+use portcullis_policy::cull::{Buckets, FleetBlame, FleetDelta};
 
 /// KEYS: tokens, claims, ops, version. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
 /// The backends out are the active claims and the operations that take a backend out
@@ -213,6 +213,50 @@ impl RedisBudget {
         format!("{p}:cull:{{{p}}}:ops:{upstream}", p = self.client.prefix())
     }
 
+    /// Key of an upstream's blamed keys (field: the key's hash in hex → until, Unix ms).
+    pub fn blame_key(&self, upstream: &str) -> String {
+        format!(
+            "{p}:cull:{{{p}}}:blame:{upstream}",
+            p = self.client.prefix()
+        )
+    }
+
+    /// Publish `blamed` and read the upstream's blamed keys still in force at `now_ms`, in
+    /// one round trip. The hash expires with the last blame published into it.
+    async fn fleet_blame(
+        &self,
+        upstream: &str,
+        blamed: &[FleetBlame],
+        now_ms: u64,
+    ) -> Result<Vec<FleetBlame>, StoreError> {
+        let key = self.blame_key(upstream);
+        let mut pipe = redis::pipe();
+        if let Some(last) = blamed.iter().map(|b| b.until_ms).max() {
+            for b in blamed {
+                pipe.cmd("HSET")
+                    .arg(&key)
+                    .arg(b.encode_field())
+                    .arg(b.encode_value())
+                    .ignore();
+            }
+            // Every instance blames for its cooldown: the newest blame ends last.
+            pipe.cmd("PEXPIRE")
+                .arg(&key)
+                .arg(last.saturating_sub(now_ms).max(1))
+                .ignore();
+        }
+        pipe.cmd("HGETALL").arg(&key);
+        let (rows,): (Vec<(String, String)>,) = self
+            .client
+            .run(|mut c| async move { pipe.query_async(&mut c).await })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(k, v)| FleetBlame::decode_entry(&k, &v))
+            .filter(|b| b.until_ms > now_ms)
+            .collect())
+    }
+
     /// Key of one backend's fleet error bucket.
     pub fn errors_key(&self, upstream: &str, backend: &str, bucket: u64) -> String {
         format!(
@@ -389,6 +433,15 @@ impl BudgetStore for RedisBudget {
         buckets: Buckets,
     ) -> Option<Result<Vec<(u64, u64)>, StoreError>> {
         Some(self.fleet_errors(upstream, deltas, now_secs, buckets).await)
+    }
+
+    async fn exchange_blame(
+        &self,
+        upstream: &str,
+        blamed: &[FleetBlame],
+        now_ms: u64,
+    ) -> Option<Result<Vec<FleetBlame>, StoreError>> {
+        Some(self.fleet_blame(upstream, blamed, now_ms).await)
     }
 
     async fn put_op(
