@@ -44,7 +44,7 @@ pub fn identity(
                 ip.as_bytes(),
             ]))
         }
-        KeyOutcome::TooLong | KeyOutcome::Duplicate => None,
+        KeyOutcome::TooLong | KeyOutcome::Duplicate | KeyOutcome::Invalid => None,
     }
 }
 
