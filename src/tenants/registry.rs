@@ -132,8 +132,13 @@ impl TenantRt {
     }
 }
 
+/// An idle tenant's share is refreshed at every this many refreshes (flushes).
+const IDLE_EVERY: u64 = 20;
+
 /// The tenants of one runtime.
 pub struct Registry {
+    /// Refreshes so far ([`Registry::refresh`]).
+    refreshes: AtomicU64,
     by_key: HashMap<[u8; 32], u32, BuildHasherDefault<FirstBytes>>,
     pub tenants: Vec<Arc<TenantRt>>,
     pub unknown_key: UnknownKey,
@@ -194,6 +199,7 @@ impl Registry {
             .map(|o| vec.with_label_values(&["unknown", o.as_str()]))
             .collect();
         Self {
+            refreshes: AtomicU64::new(0),
             by_key,
             tenants,
             unknown_key: settings.unknown_key,
@@ -238,12 +244,19 @@ impl Registry {
         fleet: impl Fn(&[u8]) -> Option<u64>,
         mut draw: impl FnMut() -> f64,
     ) {
+        // A tenant with no traffic here keeps its share between refreshes but every
+        // IDLE_EVERY-th (its share only matters once its requests come): 10,000 capped
+        // tenants cost one lookup each per second, not per flush.
+        let all = self.refreshes.fetch_add(1, Ordering::Relaxed) % IDLE_EVERY == 0;
         for t in &self.tenants {
             let cap = t.tier.concurrency;
             if cap == 0 {
                 continue;
             }
             let own = t.live.own_estimate(now_ms, window_ms);
+            if own == 0 && t.live.inflight() == 0 && !all {
+                continue;
+            }
             let share = concurrency_allowance(cap, own, fleet(&t.ident), instances, draw());
             t.live.allowance.store(share, Ordering::Relaxed);
         }
