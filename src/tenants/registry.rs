@@ -247,7 +247,10 @@ impl Registry {
         // A tenant with no traffic here keeps its share between refreshes but every
         // IDLE_EVERY-th (its share only matters once its requests come): 10,000 capped
         // tenants cost one lookup each per second, not per flush.
-        let all = self.refreshes.fetch_add(1, Ordering::Relaxed) % IDLE_EVERY == 0;
+        let all = self
+            .refreshes
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(IDLE_EVERY);
         for t in &self.tenants {
             let cap = t.tier.concurrency;
             if cap == 0 {
