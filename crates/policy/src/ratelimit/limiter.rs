@@ -335,7 +335,7 @@ impl Limiter {
         unknown
             || (n > 1
                 && !window::within_share(s.known_global(wms, e), s.own(), limit, n, || {
-                    s.share_draw()
+                    s.share_draw(e)
                 }))
     }
 

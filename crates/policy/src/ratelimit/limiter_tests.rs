@@ -1148,7 +1148,14 @@ async fn fleet_share_alternating_requests_with_slow_answers() {
         }
         eprintln!("answers within {lat} ms: admitted (runs) {hist:?}");
         let worst = hist.keys().max().copied().unwrap_or(0);
-        let bound = if lat < 50 { 21 } else { 23 };
+        // Answers just inside the interval (49 ms of 50) can arrive after the other
+        // instance's staggered sync: with drawn remainders 1 run in about 2,000 admitted
+        // 22 there (CI, 2026-11-27), as late answers do.
+        let bound = match lat {
+            0..=20 => 21,
+            21..=49 => 22,
+            _ => 23,
+        };
         assert!(
             worst <= bound,
             "answers within {lat} ms: {worst} admitted: {hist:?}"

@@ -116,18 +116,24 @@ impl Slot {
         }
         n > 1
             && !window::within_share(self.known_global(wms, e), self.own(), self.limit, n, || {
-                self.share_draw()
+                self.share_draw(e)
             })
     }
 
     /// This key's draw for the fleet share on this instance ([`window::share_draw`]): from
     /// its process-local id (random per limiter, so independent between instances), its
-    /// window and the counts of its last sync, so it holds between two syncs.
+    /// window, the counts of its last sync and the second of the window (`e`: elapsed ms),
+    /// so it holds between two syncs within a second. The second matters when no sync
+    /// brings news: with R = 1 left and two instances that both drew "no", nothing would
+    /// change the draw until the window ends; a new draw each second keeps the share's
+    /// `Retry-After: 1` true (at most one more admission per instance per second while
+    /// the fleet still has some left).
     #[inline]
-    pub(super) fn share_draw(&self) -> u64 {
+    pub(super) fn share_draw(&self, e: u64) -> u64 {
         let view = u64::from(self.g_cur)
             ^ (u64::from(self.est) << 32)
-            ^ u64::from(self.g_prev).rotate_left(48);
+            ^ u64::from(self.g_prev).rotate_left(48)
+            ^ (e / 1000).rotate_left(16);
         window::share_draw(self.id, self.win, view)
     }
 
