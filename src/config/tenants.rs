@@ -4,86 +4,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::check::{err, range, VResult, MAX_COUNT};
 use super::schema::{PrioritySection, TenantsSection, TierSection, UnknownKeySection};
+pub use super::settings::{Tenant, TenantSettings, Tier, UnknownKey};
 use super::{locate, ConfigError};
 use crate::shed::Priority;
 pub use portcullis_policy::tenant::Period;
-
-/// What a key no tenant holds gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UnknownKey {
-    /// Limited as its own key (as without tenants).
-    #[default]
-    Allow,
-    /// Limited by the client's address, as a request without a key.
-    ClientIp,
-    /// 401.
-    Reject,
-}
-
-impl UnknownKey {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UnknownKey::Allow => "allow",
-            UnknownKey::ClientIp => "client_ip",
-            UnknownKey::Reject => "reject",
-        }
-    }
-}
-
-/// One tier: what every tenant of it may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tier {
-    pub name: Arc<str>,
-    /// Requests per window of `[rate_limit]`.
-    pub limit: u64,
-    /// Requests in flight across the fleet; 0 = no cap.
-    pub concurrency: u64,
-    /// The shedding class of its requests; `None`: the route's.
-    pub priority: Option<Priority>,
-    /// Cost units per period; 0 = none.
-    pub quota: u64,
-    pub period: Period,
-}
-
-/// One tenant of the file: its name, its tier (an index in [`TenantSettings::tiers`]) and
-/// the SHA-256 of each of its keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant {
-    pub name: Arc<str>,
-    pub tier: usize,
-    pub keys: Vec<[u8; 32]>,
-    /// Read from the store (`redis_sync`), not the file.
-    pub from_store: bool,
-}
-
-/// `[tenants]` and `[tiers]`, with the file's tenants once read ([`read_file`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TenantSettings {
-    pub file: Option<PathBuf>,
-    pub redis_sync: bool,
-    pub unknown_key: UnknownKey,
-    /// In name order.
-    pub tiers: Vec<Tier>,
-    /// The tenants file's entries, in file order.
-    pub tenants: Vec<Tenant>,
-}
-
-impl TenantSettings {
-    /// Whether requests are identified by tenant at all.
-    pub fn enabled(&self) -> bool {
-        self.file.is_some() || self.redis_sync
-    }
-
-    pub fn tier(&self, name: &str) -> Option<usize> {
-        self.tiers.iter().position(|t| &*t.name == name)
-    }
-}
 
 /// The rate-limit key of tenant `name`: apart from every API key (a NUL cannot be sent
 /// in a header or a query), shared by all of the tenant's keys.
