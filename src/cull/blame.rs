@@ -15,15 +15,15 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use crate::config::RateLimitSettings;
 use crate::ratelimit::{extract_key, KeyOutcome};
-use crate::state::Runtime;
 use crate::tenants::TenantRt;
 
 /// The blame identity of a request: a 64-bit hash of its tenant (CONTRACT §14: all the
 /// tenant's keys are one identity), else of its rate-limit key, else of its client address;
 /// `None` for a key the rate limiter refuses anyway.
 pub fn identity(
-    rt: &Runtime,
+    rl: &RateLimitSettings,
     tenant: Option<&TenantRt>,
     headers: &http::HeaderMap,
     uri: &http::Uri,
@@ -34,7 +34,6 @@ pub fn identity(
             b"tenant:", &t.ident,
         ]));
     }
-    let rl = &rt.config.rate_limit;
     match extract_key(&rl.source, headers, uri, rl.params.max_key_bytes) {
         KeyOutcome::Key(k) => Some(portcullis_policy::balance::stable_hash(&[b"key:", &k])),
         KeyOutcome::Missing => {

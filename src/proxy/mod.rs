@@ -82,7 +82,7 @@ impl Proxy {
         }
         let req = session.req_header();
         let key = crate::cull::blame::identity(
-            &ctx.runtime,
+            &ctx.runtime.config.rate_limit,
             ctx.gates.tenant.as_deref(),
             &req.headers,
             &req.uri,
@@ -583,7 +583,7 @@ impl ProxyHttp for Proxy {
                     let req = session.req_header();
                     let tenant = ctx.gates.tenant.as_deref();
                     let who = crate::cull::blame::identity(
-                        &ctx.runtime,
+                        &ctx.runtime.config.rate_limit,
                         tenant,
                         &req.headers,
                         &req.uri,
