@@ -5,7 +5,8 @@
 //! `cargo run -p portcullis-policy --release --example fleet_sim`
 //!
 //! Options (all optional): `--instances 2,4,16,100,1000` `--loads 4,100` `--windows 3`
-//! `--limit 600` `--window-secs 60` `--flush-ms 50` `--seed 1`.
+//! `--limit 600` `--window-secs 60` `--flush-ms 50` `--seed 1`
+//! `--spreads even,skewed,joining`.
 
 use portcullis_policy::ratelimit::{simulate_fleet, FleetSim, Spread};
 
@@ -17,6 +18,7 @@ fn list(v: &str) -> Vec<u64> {
 async fn main() {
     let mut instances = vec![2, 4, 16, 100, 1000];
     let mut loads = vec![4, 100];
+    let mut spreads = vec![Spread::Even, Spread::Skewed, Spread::Joining];
     let (mut windows, mut limit, mut window_secs, mut flush_ms, mut seed) = (3, 600, 60, 50, 1);
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -36,6 +38,17 @@ async fn main() {
             "--window-secs" => window_secs = one(),
             "--flush-ms" => flush_ms = one(),
             "--seed" => seed = one(),
+            "--spreads" => {
+                spreads = v
+                    .split(',')
+                    .map(|x| match x.trim() {
+                        "even" => Spread::Even,
+                        "skewed" => Spread::Skewed,
+                        "joining" => Spread::Joining,
+                        other => panic!("--spreads: unknown spread {other}"),
+                    })
+                    .collect()
+            }
             _ => panic!("unknown option {k}"),
         }
     }
@@ -47,7 +60,7 @@ async fn main() {
     println!("|---:|---:|---|---:|---:|---:|---:|");
     for &n in &instances {
         for &load in &loads {
-            for spread in [Spread::Even, Spread::Skewed] {
+            for &spread in &spreads {
                 let cfg = FleetSim {
                     instances: n,
                     limit,
@@ -68,6 +81,7 @@ async fn main() {
                     match spread {
                         Spread::Even => "even",
                         Spread::Skewed => "skewed",
+                        Spread::Joining => "joining",
                     },
                     r(run.warmup),
                     mean / limit as f64,

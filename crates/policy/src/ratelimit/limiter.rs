@@ -334,9 +334,13 @@ impl Limiter {
         let n = self.share_n.load(Ordering::Relaxed);
         unknown
             || (n > 1
-                && !window::within_share(s.known_global(wms, e), s.own(), limit, n, || {
-                    s.share_draw(e)
-                }))
+                && !window::within_share(
+                    s.known_global(wms, e),
+                    s.own(),
+                    limit,
+                    s.share_divisor(n),
+                    || s.share_draw(e),
+                ))
     }
 
     /// Adds a slot for a new key, evicting one under the shard's cap. A key evicted before

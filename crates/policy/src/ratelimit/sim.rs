@@ -48,6 +48,13 @@ pub enum Spread {
     /// Instance `i` receives a share proportional to `1 / (i + 1)` (Zipf): at 100
     /// instances the busiest takes 19% of the requests, at 1,000 13%.
     Skewed,
+    /// The key reaches the instances one after another through the warm-up window (as when
+    /// its clients move onto a fleet, or instances come back from a rolling restart):
+    /// at elapsed fraction `f` of that window, a request goes to one of the first
+    /// `1 + f * (instances - 1)` instances, drawn uniformly; in the full windows, to any.
+    /// The instances reached late make their first contact after the fleet has spent the
+    /// limit: the worst case of a first contact.
+    Joining,
 }
 
 /// One fleet simulation: `instances` limiters of the policy crate sharing one in-process
@@ -144,7 +151,7 @@ pub async fn simulate_fleet(cfg: &FleetSim) -> FleetRun {
     // Cumulative weights of the instances (the draw picks the first at or above it).
     let weights: Vec<f64> = (0..n)
         .map(|i| match cfg.spread {
-            Spread::Even => 1.0,
+            Spread::Even | Spread::Joining => 1.0,
             Spread::Skewed => 1.0 / (i + 1) as f64,
         })
         .scan(0.0, |acc, w| {
@@ -174,8 +181,14 @@ pub async fn simulate_fleet(cfg: &FleetSim) -> FleetRun {
                 round += 1;
             }
         }
-        let x = rng.unit() * total_weight;
-        let i = weights.partition_point(|&c| c <= x).min(n - 1);
+        let i = if cfg.spread == Spread::Joining && t < T0 + wms {
+            // Instances reached so far: 1 at the window's start, all of them at its end.
+            let reached = 1 + ((n as u64 - 1) * (t - T0) / wms) as usize;
+            ((rng.unit() * reached as f64) as usize).min(reached - 1)
+        } else {
+            let x = rng.unit() * total_weight;
+            weights.partition_point(|&c| c <= x).min(n - 1)
+        };
         if fleet[i].check("hot", t).is_allowed() {
             admitted[((t - T0) / wms) as usize] += 1;
         }
