@@ -24,6 +24,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("config", config),
     ("admin", admin),
     ("jwt", jwt),
+    ("tenants", tenants),
 ];
 
 /// The PROXY v1/v2 header parser (`edge::proxy_protocol::parse`), as bytes arrive:
@@ -428,4 +429,95 @@ pub fn jwt(data: &[u8]) {
         KeyOutcome::Invalid => assert!(v.verify(data.trim_ascii(), now).is_err()),
         KeyOutcome::Missing | KeyOutcome::TooLong | KeyOutcome::Duplicate => {}
     }
+}
+
+/// The tenants file (`config::tenants::parse_tenants`, what `--check` and a reload read)
+/// and the tenants kept in the store (`store_tenants`, the `redis_sync` hash: each input
+/// line after a line `--store` is `NAME<TAB>JSON`): never a panic; what is accepted holds
+/// the rules (names valid and unique, each key a hash owned by one tenant, a known tier);
+/// and no message about a key shows it: a string literal that holds `SECRET` (the seeds
+/// write it only in key positions) never appears in an error about `keys` or in a store
+/// entry's reason (quoted values shown as `"…"`; backquoted field names are the
+/// parser's own words and are left out of the check).
+pub fn tenants(data: &[u8]) {
+    use portcullis::config::tenants::{parse_tenants, store_tenants, valid_name};
+    use portcullis::config::{TenantSettings, Tier, UnknownKey};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let tier = |name: &str| Tier {
+        name: name.into(),
+        limit: 10,
+        concurrency: 0,
+        priority: None,
+        quota: 0,
+        period: portcullis_policy::tenant::Period::Day,
+    };
+    let tiers = vec![tier("gold"), tier("pro")];
+    // Backquoted text is the parser's naming of fields, not a value.
+    let shown = |msg: &str| -> bool {
+        let mut outside = String::new();
+        for (i, part) in msg.split('`').enumerate() {
+            if i % 2 == 0 {
+                outside.push_str(part);
+            }
+        }
+        outside.contains("SECRET")
+    };
+    let (file, store) = match text.split_once("\n--store\n") {
+        Some((f, s)) => (f, Some(s)),
+        None => (text, None),
+    };
+    let tenants = match parse_tenants(file, &tiers) {
+        Ok(t) => t,
+        Err((path, why)) => {
+            assert!(
+                !(path.contains("keys") && shown(&why)),
+                "{path}: {why} shows a key"
+            );
+            Vec::new()
+        }
+    };
+    let check = |all: &[portcullis::config::Tenant]| {
+        let mut names = std::collections::HashSet::new();
+        let mut keys = std::collections::HashSet::new();
+        for t in all {
+            assert!(valid_name(&t.name), "{:?}", t.name);
+            assert!(names.insert(t.name.clone()), "{:?} twice", t.name);
+            assert!(t.tier < tiers.len());
+            for k in &t.keys {
+                assert!(keys.insert(*k), "a key of two tenants");
+            }
+        }
+    };
+    check(&tenants);
+    let Some(store) = store else {
+        return;
+    };
+    let entries: Vec<(String, String)> = store
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    let settings = TenantSettings {
+        file: None,
+        redis_sync: true,
+        unknown_key: UnknownKey::Allow,
+        tiers: tiers.clone(),
+        tenants,
+    };
+    let (joined, skipped) = store_tenants(&settings, &entries);
+    for why in &skipped {
+        // "tenant NAME in the store: REASON": the name is shown, the reason never shows a key.
+        let reason = why
+            .split_once(" in the store: ")
+            .map_or(why.as_str(), |(_, r)| r);
+        assert!(
+            !(reason.contains("keys") || reason.starts_with("expected {")) || !shown(reason),
+            "{why} shows a key"
+        );
+    }
+    let mut all = settings.tenants.clone();
+    all.extend(joined);
+    check(&all);
 }

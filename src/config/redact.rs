@@ -1,10 +1,45 @@
 //! Keep secrets out of error text: a Redis URL's password (`redis://user:pw@host`
-//! or `?password=`) is shown as `***`.
+//! or `?password=`) is shown as `***`; a parser's message about a file that may hold API
+//! keys shows no quoted value ([`without_quoted_values`]).
 
 /// `url` with the password of its user-info, and any `pass`/`password` query
 /// parameter, replaced by `***`. Text that is not a URL comes back unchanged.
 pub fn redact_url(url: &str) -> String {
     redact_secrets(url)
+}
+
+/// A TOML or JSON parser's message with every double-quoted value in it shown as `"…"`:
+/// `invalid type: string "my-key", expected a sequence` (a key written where a list of
+/// key hashes belongs) must not print the key. Backquoted names (`` unknown field `key` ``)
+/// stay: they are the parser's own words or field names.
+pub fn without_quoted_values(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut chars = msg.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c != '"' {
+            continue;
+        }
+        // Skip to the closing quote (a backslash escapes the next character).
+        let mut closed = false;
+        while let Some(d) = chars.next() {
+            match d {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    closed = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        out.push('…');
+        if closed {
+            out.push('"');
+        }
+    }
+    out
 }
 
 /// Every URL inside `text` redacted as by [`redact_url`].
@@ -74,6 +109,20 @@ fn is_secret_param(k: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_values_are_not_shown() {
+        assert_eq!(
+            without_quoted_values(r#"invalid type: string "my-key", expected a sequence"#),
+            r#"invalid type: string "…", expected a sequence"#
+        );
+        assert_eq!(
+            without_quoted_values(r#"a "b\"c" d "e" `f`"#),
+            r#"a "…" d "…" `f`"#
+        );
+        assert_eq!(without_quoted_values(r#"open "abc"#), r#"open "…"#);
+        assert_eq!(without_quoted_values("none"), "none");
+    }
 
     #[test]
     fn password_in_userinfo_is_hidden() {

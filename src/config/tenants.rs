@@ -167,7 +167,10 @@ pub fn store_tenants(
             Err(e) => {
                 skip(format!(
                     "expected {{\"tier\": \"NAME\", \"keys\": [\"sha256:HEX\"]}}: {}",
-                    e.to_string().chars().take(120).collect::<String>()
+                    super::redact::without_quoted_values(&e.to_string())
+                        .chars()
+                        .take(120)
+                        .collect::<String>()
                 ));
                 continue;
             }
@@ -224,7 +227,8 @@ pub fn parse_tenants(text: &str, tiers: &[Tier]) -> VResult<Vec<Tenant>> {
                 .span()
                 .and_then(|s| locate::path_at(text, s.start))
                 .unwrap_or_default();
-            return err(at, e.message().trim().to_string());
+            // The message may quote a value: a key in clear must not be shown.
+            return err(at, super::redact::without_quoted_values(e.message().trim()));
         }
     };
     if raw.tenant.len() > MAX_TENANTS {
@@ -362,10 +366,43 @@ mod tests {
             "tenant[0].name"
         );
 
+        // A key written where the list belongs: the parser's message would quote it.
+        let single = "[[tenant]]\nname = \"a\"\ntier = \"pro\"\nkeys = \"my-secret-key\"\n";
+        let (path, why) = parse_tenants(single, &tiers()).unwrap_err();
+        assert_eq!(path, "tenant[0].keys");
+        assert!(why.contains("expected a sequence"), "{why}");
+        assert!(!why.contains("my-secret"), "{why}");
+
         let unknown = "[[tenant]]\nname = \"a\"\ntier = \"pro\"\nkey = []\n";
         assert!(parse_tenants(unknown, &tiers()).is_err());
         // Line numbers come from the text.
         let at = locate::locate(clear, "tenant[0].keys[0]").unwrap();
         assert_eq!(at.0, 4);
+    }
+
+    #[test]
+    fn the_stores_tenants_never_show_a_key() {
+        let settings = TenantSettings {
+            file: None,
+            redis_sync: true,
+            unknown_key: UnknownKey::Allow,
+            tiers: tiers(),
+            tenants: Vec::new(),
+        };
+        let entries = [
+            ("a", r#"{"tier":"pro","keys":"my-secret-key-1"}"#),
+            ("b", r#"{"tier":"pro","keys":["my-secret-key-2"]}"#),
+            ("c", r#"{"tier":"pro","keys":[1, "my-secret-key-3"]}"#),
+            ("d", r#"{"tier":"pro","keys":["my-secret-key-4"#),
+            ("e", &format!(r#"{{"tier":"pro","keys":["{H}"]}}"#)),
+        ]
+        .map(|(n, v)| (n.to_string(), v.to_string()));
+        let (joined, skipped) = store_tenants(&settings, &entries);
+        assert_eq!(joined.len(), 1);
+        assert_eq!(&*joined[0].name, "e");
+        assert_eq!(skipped.len(), 4, "{skipped:?}");
+        for why in &skipped {
+            assert!(!why.contains("my-secret"), "{why}");
+        }
     }
 }
