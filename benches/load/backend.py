@@ -5,6 +5,8 @@
       HTTP/1.1 keep-alive server with a fixed service time and a fixed
       capacity: at most SLOTS requests are served at once (the rest wait in
       FIFO order), each takes SERVICE_MS. Capacity = SLOTS * 1000 / SERVICE_MS rps.
+      A request's `x-seq` header is echoed in its 200 (overload.lua times the
+      2xx by it).
   backend.py hang PORT LIFETIME_S
       Listens but never accepts: connects succeed (kernel backlog), requests
       are never answered. Used to hold a load-shedding slot open.
@@ -20,6 +22,10 @@ RESP = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
     b"Connection: keep-alive\r\n\r\nok\n"
 )
+RESP_SEQ = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
+    b"X-Seq: %s\r\nConnection: keep-alive\r\n\r\nok\n"
+)
 
 
 async def slow(port: int, slots: int, service_ms: float, lifetime: float) -> None:
@@ -31,14 +37,18 @@ async def slow(port: int, slots: int, service_ms: float, lifetime: float) -> Non
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 # GET/HEAD only in the benchmarks; skip a body if one is declared
+                seq = None
                 for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
+                    name = line[:15].lower()
+                    if name == b"content-length:":
                         n = int(line[15:].strip() or 0)
                         if n:
                             await reader.readexactly(n)
+                    elif name[:6] == b"x-seq:":
+                        seq = line[6:].strip()
                 async with sem:
                     await asyncio.sleep(delay)
-                writer.write(RESP)
+                writer.write(RESP if seq is None else RESP_SEQ % seq)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass

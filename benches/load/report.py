@@ -112,6 +112,118 @@ def read_env(path):
     return env
 
 
+
+OVL_NAMES = {
+    "capacity_direct": "the backend alone: its capacity (`wrk -t2 -c32` straight at it, no think time)",
+    "unloaded_c4": "portcullis cap 8, unloaded (`wrk -t1 -c4`, no think time)",
+    "overload_noshed": "portcullis, no cap",
+    "overload_shed_cap8": "**portcullis, fixed cap 8** (the backend's slots; the reference)",
+    "overload_shed_cap12": "portcullis, fixed cap 12",
+    "overload_shed_cap64": "portcullis, fixed cap 64 (far too high)",
+    "overload_adaptive_max64": "portcullis, `[shedding] adaptive` (global), ceiling 64, floor 4",
+    "overload_upstream_adaptive_max64": "**portcullis, `[[upstreams]] adaptive`**, `max_inflight` 64 (floor 8)",
+}
+OVL_ORDER = ["capacity_direct", "unloaded_c4", "overload_noshed", "overload_shed_cap8",
+             "overload_shed_cap12", "overload_shed_cap64", "overload_adaptive_max64",
+             "overload_upstream_adaptive_max64"]
+OVL_REF = "overload_shed_cap8"
+
+
+def ovl_name(t):
+    if t in OVL_NAMES:
+        return OVL_NAMES[t]
+    if t.startswith("overload_haproxy_maxconn8_queue"):
+        q = t[len("overload_haproxy_maxconn8_queue"):]
+        return f"**HAProxy**, server `maxconn 8`, `timeout queue {q}`"
+    return t
+
+
+def ratio_cell(m, rs):
+    if not rs:
+        return "–"
+    return f"{f2(m)} ({f2(min(rs))}–{f2(max(rs))})"
+
+
+def ovl_scenario_b(w, heading, og, env):
+    """The overload part with the capacity measured and an open-loop client."""
+    cap = env.get("overload_capacity_rps", "?")
+    heading("Scenario (b): overload at ~3× the backend's capacity",
+            "Backend: `benches/load/backend.py slow` — at most 8 requests served at once, 10 ms "
+            "each (800 rps nominal), the excess waits FIFO in it. Its capacity is measured in the "
+            "same run: first (it sets the client) and once every round (`wrk -t2 -c32` straight at "
+            "the backend, no think time: the 200s per second it then serves). Overload client: "
+            f"{env.get('overload', '?')} — an approximate open loop: `benches/load/overload.lua` "
+            "draws each connection's think time from an exponential distribution, so the rate "
+            "offered barely depends on how fast answers come back as long as they come back well "
+            "within the mean think time (a queue that holds requests for ~1 s lowers it: the "
+            "`offered ÷ capacity` column says what each target really got, against the capacity "
+            "measured in the same round). Route priority `critical`, so a portcullis class limit "
+            "equals its cap. The 2xx latencies are measured per request (`x-seq` echoed by the "
+            "backend), not derived; `refused` are the 503s (the proxy's shed, or HAProxy's queue "
+            "timeout). Ratios `÷ cap 8` are taken within each round (adjacent in time), then "
+            "the median over rounds (range in brackets): higher goodput and lower p99 are better. "
+            f"Capacity measured first: {cap} rps.")
+    targets = [t for t in OVL_ORDER if t in og] + sorted(
+        t for t in og if t.startswith("overload_haproxy_"))
+    targets += sorted(t for t in og if t not in targets)
+    capr = {r["round"]: r["ok_rps"] for r in og.get("capacity_direct", []) if r["round"] > 0}
+    w("| run | offered rps | offered ÷ capacity | goodput (2xx/s) | goodput ÷ cap 8 | refused (503) | "
+      "p50 of 2xx ms | p99 of 2xx ms | p99 of 2xx ÷ cap 8 | socket errors | proxy CPU µs/req |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in targets:
+        rs = [r for r in og[t] if r["round"] > 0]
+        if not rs:
+            continue
+        share = sum(r.get("n503", r["non2xx"]) for r in rs) / max(1, sum(r["requests"] for r in rs))
+        load = [r["rps"] / capr[r["round"]] for r in rs if capr.get(r["round"])]
+        over = t.startswith("overload_")
+        g_m, g_rs = per_round_ratio(og, t, OVL_REF, "ok_rps") if over else (0, [])
+        p_m, p_rs = per_round_ratio(og, t, OVL_REF, "ok_p99_us") if over else (0, [])
+        if t == OVL_REF:
+            g_rs = p_rs = []
+        w(f"| {ovl_name(t)} | {f0(med([r['rps'] for r in rs]))} | "
+          f"{f2(med(load)) if load and t != 'capacity_direct' else '–'} | "
+          f"{f0(med([r['ok_rps'] for r in rs]))} | {ratio_cell(g_m, g_rs) if t != OVL_REF else '1'} | "
+          f"{share:.1%} | {ms(med([r['ok_p50_us'] for r in rs]))} | "
+          f"{ms(med([r['ok_p99_us'] for r in rs]))} | {ratio_cell(p_m, p_rs) if t != OVL_REF else '1'} | "
+          f"{f0(sum(r['sock_errors'] for r in rs))} | "
+          f"{f1(med([r['proxy_cpu_us_per_req'] for r in rs])) if t != 'capacity_direct' else '–'} |")
+    w("")
+    lim = [f"{k.split('_')[1]} {env[k] or '?'}" for k in
+           ("overload_global_adaptive_limit", "overload_upstream_adaptive_limit") if k in env]
+    if lim:
+        w("Learned caps after the last round (`portcullis_concurrency_limit`): " + ", ".join(lim) + ".")
+        w("")
+
+
+def ovl_scenario_b_closed(w, heading, og, env):
+    """The overload part before the capacity was measured (closed-loop client)."""
+    heading("Scenario (b): overload at ~3× capacity",
+            f"Backend: `benches/load/backend.py slow` — 8 concurrent slots × 10 ms fixed service "
+      f"time = 800 rps capacity, excess waits FIFO. Route priority `critical`, so the class "
+      f"limit equals the cap: `cap8` = exactly the backend's slots, `cap12` = 50% headroom, `cap64` = a fixed cap guessed far too high, `adaptive_max64` = the adaptive limit (`min_concurrency = 4`) under that same ceiling of 64. Unloaded: `wrk -t1 -c4` (≈ half capacity). Overload: "
+      f"{env.get('overload', '').strip() or 'wrk -t2 -c32 with 10 ms think time'} — closed loop, so "
+      f"the offered rate depends on how fast answers come back (with shedding ≈ 3× capacity; "
+      f"without it the clients slow down to the backend's pace and queue). Latencies of the "
+      f"200s are derived from wrk's histogram assuming every 503 is faster than every 200 "
+      f"(the `p99 of 503s` column, computed the same way, checks it: it must stay well under the 10 ms service time).")
+    w("| run | offered rps | goodput (200/s) | shed % | p50 of 200s ms | p99 of 200s ms | p99 of 503s ms | proxy CPU µs/req | proxy cores |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in ["unloaded_c4", "overload_shed_cap8", "overload_shed_cap12", "overload_noshed",
+              "overload_shed_cap64", "overload_adaptive_max64"]:
+        rs = og.get(t)
+        if not rs:
+            continue
+        share = sum(r["non2xx"] for r in rs) / max(1, sum(r["requests"] for r in rs))
+        cores = med([r["proxy_cpu_s"] / r["seconds"] for r in rs if r["seconds"]])
+        w(f"| {t} | {f0(med([r['rps'] for r in rs]))} | {f0(med([r['ok_rps'] for r in rs]))} | "
+          f"{share:.1%} | {ms(med([r['ok_p50_us'] for r in rs]))} | "
+          f"{ms(med([r['ok_p99_us'] for r in rs]))} | "
+          f"{ms(med([r.get('fail_p99_us', r.get('fail_max_us', 0)) for r in rs])) if share else '–'} | "
+          f"{f1(med([r['proxy_cpu_us_per_req'] for r in rs]))} | {f2(cores)} |")
+    w("")
+
+
 def main():
     results, bench_md = sys.argv[1], sys.argv[2]
     write = len(sys.argv) < 4 or sys.argv[3] != "0"
@@ -220,30 +332,10 @@ def main():
 
     if ovl_rows:
         og = by_target(ovl_rows)
-        heading("Scenario (b): overload at ~3× capacity",
-                f"Backend: `benches/load/backend.py slow` — 8 concurrent slots × 10 ms fixed service "
-          f"time = 800 rps capacity, excess waits FIFO. Route priority `critical`, so the class "
-          f"limit equals the cap: `cap8` = exactly the backend's slots, `cap12` = 50% headroom, `cap64` = a fixed cap guessed far too high, `adaptive_max64` = the adaptive limit (`min_concurrency = 4`) under that same ceiling of 64. Unloaded: `wrk -t1 -c4` (≈ half capacity). Overload: "
-          f"{env.get('overload', '').strip() or 'wrk -t2 -c32 with 10 ms think time'} — closed loop, so "
-          f"the offered rate depends on how fast answers come back (with shedding ≈ 3× capacity; "
-          f"without it the clients slow down to the backend's pace and queue). Latencies of the "
-          f"200s are derived from wrk's histogram assuming every 503 is faster than every 200 "
-          f"(the `p99 of 503s` column, computed the same way, checks it: it must stay well under the 10 ms service time).")
-        w("| run | offered rps | goodput (200/s) | shed % | p50 of 200s ms | p99 of 200s ms | p99 of 503s ms | proxy CPU µs/req | proxy cores |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for t in ["unloaded_c4", "overload_shed_cap8", "overload_shed_cap12", "overload_noshed",
-                  "overload_shed_cap64", "overload_adaptive_max64"]:
-            rs = og.get(t)
-            if not rs:
-                continue
-            share = sum(r["non2xx"] for r in rs) / max(1, sum(r["requests"] for r in rs))
-            cores = med([r["proxy_cpu_s"] / r["seconds"] for r in rs if r["seconds"]])
-            w(f"| {t} | {f0(med([r['rps'] for r in rs]))} | {f0(med([r['ok_rps'] for r in rs]))} | "
-              f"{share:.1%} | {ms(med([r['ok_p50_us'] for r in rs]))} | "
-              f"{ms(med([r['ok_p99_us'] for r in rs]))} | "
-              f"{ms(med([r.get('fail_p99_us', r.get('fail_max_us', 0)) for r in rs])) if share else '–'} | "
-              f"{f1(med([r['proxy_cpu_us_per_req'] for r in rs]))} | {f2(cores)} |")
-        w("")
+        if "capacity_direct" in og:
+            ovl_scenario_b(w, heading, og, env)
+        else:
+            ovl_scenario_b_closed(w, heading, og, env)
 
     var_rows = load(os.path.join(results, "variants.csv"))
     if var_rows:

@@ -25,7 +25,8 @@
 #   ROUNDS=5 [3]      rounds of the main comparison (each target once per round)
 #   DURATION=10 [4]   seconds per wrk run
 #   SCEN_ROUNDS=3 [1] rounds of each portcullis scenario
-#   PARTS="main shed overload" ["main shed"]   which parts to run; add
+#   PARTS="main shed overload" ["main shed"]   which parts to run (overload: see
+#                     OVL_* below); add
 #                     `accesslog` for the JSON access log's CPU per request
 #                     (off vs on at sample 1.0 and 0.01, ratios per round); add
 #                     `variants` for the allocator / runtime A-B (LD_PRELOAD
@@ -57,6 +58,20 @@
 #   MAX_RUNTIME=1800 [300]  the script stops itself this many seconds after the build
 #   KEEP_TMP=1        keep the temp dir (rendered configs and logs) after the run
 #   WRITE_REPORT=1 [0]  (re)write the generated block of BENCHMARKS.md
+#
+# The overload part: backend.py slow (8 slots x 10 ms = 800 rps nominal), its
+# capacity measured in every round (wrk -t2 -c32 straight at it, no think
+# time), then offered OVL_FACTOR times that capacity through each target in
+# rotating order: portcullis with no cap, fixed caps 8 / 12 / 64, the global
+# adaptive limit ([shedding] adaptive, ceiling 64), the per-upstream adaptive
+# cap ([[upstreams]] adaptive, max_inflight 64), and HAProxy with `maxconn 8` on
+# the server and a queue (`timeout queue` of each OVL_HAP_QUEUE_MS). The client
+# (overload.lua) is an approximate open loop: OVL_CONNS connections, each
+# thinking an exponential time of mean OVL_DELAY_MS before each request;
+# OVL_CONNS = OVL_FACTOR x capacity x OVL_DELAY_MS / 1000 from the first
+# capacity measurement unless given. The 2xx latencies are measured exactly
+# (an echoed x-seq header), not derived.
+#   OVL_FACTOR=3  OVL_DELAY_MS=500  OVL_CONNS=(computed)  OVL_HAP_QUEUE_MS="20 1000"
 #
 # Only loopback is targeted; every process this script starts is stopped by
 # PID when it exits (normally, on error, on Ctrl-C or when MAX_RUNTIME hits).
@@ -225,7 +240,7 @@ measure() {
   {
     time env "$@" timeout $((DURATION + 30)) \
       wrk -t"$threads" -c"$conns" -d"${DURATION}s" --timeout 5s --latency \
-      -s "$HERE/keys.lua" "$url" >"$raw" 2>&1
+      -s "${WRK_SCRIPT:-$HERE/keys.lua}" "$url" >"$raw" 2>&1
   } 2>"$TMP/time" || log "wrk failed for $label (see $raw)"
   # shellcheck disable=SC2086
   p1=$(proc_ticks $pids)
@@ -288,6 +303,9 @@ row = {
     "redis_cmds": int(r1) - int(r0),
     "redis_cmds_per_req": round((int(r1) - int(r0)) / n, 5) if n else 0,
 }
+if "ok_matched" in kv:  # overload.lua: the 2xx timed by their echoed x-seq, and the 503s
+    row["ok_matched"] = kv["ok_matched"]
+    row["n503"] = kv["n503"]
 new = not os.path.exists(path)
 with open(path, "a", newline="") as f:
     w = csv.DictWriter(f, fieldnames=list(row))
@@ -370,7 +388,9 @@ PC_BIN=${PC_BIN:-$TARGET_DIR/release/portcullis}
 case " $TARGETS " in *" bare "*) stale_check "$TARGET_DIR/release/examples/bare_pingora" ;; esac
 [ -x "$PC_BIN" ] || die "no portcullis binary at $PC_BIN"
 cp "$PC_BIN" "$TMP/portcullis"
-cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
+if has_target bare || has_part variants; then
+  cp "$TARGET_DIR/release/examples/bare_pingora" "$TMP/bare_pingora"
+fi
 
 # ------------------------------------------------------------ results dir
 mkdir -p "$RAW"
@@ -407,7 +427,7 @@ cat "$RESULTS/env.txt" >&2
 # Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
-  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 P_LC A_LC P_CASE A_CASE < <(free_ports 43)
+  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 P_LC A_LC P_CASE A_CASE P_OVU A_OVU P_HOQ1 P_HOQ2 < <(free_ports 47)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
 common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
@@ -471,6 +491,17 @@ pc_conf pc_ovl_shed12 overload "$P_OV12" "$A_OV12" MAX_CONCURRENCY=12 BACKEND_PO
 # A fixed cap guessed far too high (64) vs the adaptive limit under the same ceiling.
 pc_conf pc_ovl_cap64 overload "$P_OV64" "$A_OV64" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
 pc_conf pc_ovl_adapt64 overload-adaptive "$P_OVA" "$A_OVA" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
+# The per-upstream adaptive cap (CONTRACT §15) under the same ceiling, no global cap.
+pc_conf pc_ovl_upadapt64 overload-upstream-adaptive "$P_OVU" "$A_OVU" MAX_INFLIGHT=64 BACKEND_PORT="$P_SLOW"
+# HAProxy: maxconn 8 on the server (its slots) and a queue, one config per queue timeout.
+OVL_HAP_QUEUE_MS=${OVL_HAP_QUEUE_MS:-20 1000}
+read -r -a OVL_HAP_Q <<<"$OVL_HAP_QUEUE_MS"
+[ "${#OVL_HAP_Q[@]}" -le 2 ] || die "OVL_HAP_QUEUE_MS: at most two queue timeouts"
+OVL_HAP_PORTS=("$P_HOQ1" "$P_HOQ2")
+for i in "${!OVL_HAP_Q[@]}"; do
+  render "$CONF/haproxy-overload.cfg" "$TMP/haproxy-ovl-q${OVL_HAP_Q[i]}.cfg" "${common[@]}" \
+    PORT="${OVL_HAP_PORTS[i]}" BACKEND_PORT="$P_SLOW" MAXCONN=8 QUEUE_MS="${OVL_HAP_Q[i]}"
+done
 # Access-log cost: gates off with the log off, on at sample 1.0, on at 0.01.
 pc_conf pc_log_off accesslog "$P_LOFF" "$A_LOFF" LOG_ENABLED=false LOG_SAMPLE=1.0
 pc_conf pc_log_all accesslog "$P_LALL" "$A_LALL" LOG_ENABLED=true LOG_SAMPLE=1.0
@@ -631,47 +662,121 @@ fi # shed
 
 # ------------------------------------------------------------ scenario (b): overload
 if has_part overload; then
-log "scenario overload: backend 8 slots x 10 ms (800 rps), ~3x offered ($SCEN_ROUNDS rounds)"
+OVL_FACTOR=${OVL_FACTOR:-3}
+OVL_DELAY_MS=${OVL_DELAY_MS:-500}
+log "scenario overload: backend 8 slots x 10 ms (800 rps nominal), ${OVL_FACTOR}x its measured capacity offered ($SCEN_ROUNDS rounds)"
 start slow "$PY" "$HERE/backend.py" slow "$P_SLOW" 8 10 "$LIFETIME"
 start pc_ovl_shed "$TMP/portcullis" -c "$TMP/pc_ovl_shed.toml"
 start pc_ovl_noshed "$TMP/portcullis" -c "$TMP/pc_ovl_noshed.toml"
 start pc_ovl_shed12 "$TMP/portcullis" -c "$TMP/pc_ovl_shed12.toml"
 start pc_ovl_cap64 "$TMP/portcullis" -c "$TMP/pc_ovl_cap64.toml"
 start pc_ovl_adapt64 "$TMP/portcullis" -c "$TMP/pc_ovl_adapt64.toml"
+start pc_ovl_upadapt64 "$TMP/portcullis" -c "$TMP/pc_ovl_upadapt64.toml"
+for q in "${OVL_HAP_Q[@]}"; do
+  start "hap_ovl_q$q" haproxy -db -f "$TMP/haproxy-ovl-q$q.cfg"
+done
 wait_http "http://127.0.0.1:$P_SLOW/" slow
 wait_http "http://127.0.0.1:$A_OVS/readyz" pc_ovl_shed
 wait_http "http://127.0.0.1:$A_OVN/readyz" pc_ovl_noshed
 wait_http "http://127.0.0.1:$A_OV12/readyz" pc_ovl_shed12
 wait_http "http://127.0.0.1:$A_OV64/readyz" pc_ovl_cap64
 wait_http "http://127.0.0.1:$A_OVA/readyz" pc_ovl_adapt64
-# The adaptive limit learns its baseline from traffic: a short light warm-up.
-timeout 10 wrk -t1 -c2 -d2s "http://127.0.0.1:$P_OVA/" >/dev/null 2>&1 || true
-OVL_CONNS=${OVL_CONNS:-32}
-OVL_DELAY_MS=${OVL_DELAY_MS:-10}
+wait_http "http://127.0.0.1:$A_OVU/readyz" pc_ovl_upadapt64
+# target -> PIDs charged as the proxy's, and URL
+declare -A OPIDS=(
+  [capacity_direct]=${PID[slow]} [unloaded_c4]=${PID[pc_ovl_shed]}
+  [overload_shed_cap8]=${PID[pc_ovl_shed]} [overload_shed_cap12]=${PID[pc_ovl_shed12]}
+  [overload_noshed]=${PID[pc_ovl_noshed]} [overload_shed_cap64]=${PID[pc_ovl_cap64]}
+  [overload_adaptive_max64]=${PID[pc_ovl_adapt64]}
+  [overload_upstream_adaptive_max64]=${PID[pc_ovl_upadapt64]}
+)
+declare -A OURL=(
+  [capacity_direct]="http://127.0.0.1:$P_SLOW/" [unloaded_c4]="http://127.0.0.1:$P_OVS/"
+  [overload_shed_cap8]="http://127.0.0.1:$P_OVS/" [overload_shed_cap12]="http://127.0.0.1:$P_OV12/"
+  [overload_noshed]="http://127.0.0.1:$P_OVN/" [overload_shed_cap64]="http://127.0.0.1:$P_OV64/"
+  [overload_adaptive_max64]="http://127.0.0.1:$P_OVA/"
+  [overload_upstream_adaptive_max64]="http://127.0.0.1:$P_OVU/"
+)
+OVL_TARGETS=(capacity_direct unloaded_c4 overload_shed_cap8 overload_shed_cap12 overload_noshed
+  overload_shed_cap64 overload_adaptive_max64 overload_upstream_adaptive_max64)
+for i in "${!OVL_HAP_Q[@]}"; do
+  q=${OVL_HAP_Q[i]}
+  wait_http "http://127.0.0.1:${OVL_HAP_PORTS[i]}/" "hap_ovl_q$q"
+  OPIDS[overload_haproxy_maxconn8_queue${q}ms]=${PID[hap_ovl_q$q]}
+  OURL[overload_haproxy_maxconn8_queue${q}ms]="http://127.0.0.1:${OVL_HAP_PORTS[i]}/"
+  OVL_TARGETS+=("overload_haproxy_maxconn8_queue${q}ms")
+done
+# Every target answers 200 through to the slow backend, which echoes x-seq.
+for t in "${OVL_TARGETS[@]}"; do
+  hdr=$(curl -s -D - -o /dev/null -m 5 -H 'x-seq: 7' "${OURL[$t]}" | tr -d '\r')
+  grep -q '^HTTP/1.1 200' <<<"$hdr" && grep -qi '^x-seq: 7$' <<<"$hdr" ||
+    die "overload target $t: no 200 with the echoed x-seq: $hdr"
+done
+# The adaptive limits learn their baseline from traffic: a short light warm-up.
+for u in "http://127.0.0.1:$P_OVA/" "http://127.0.0.1:$P_OVU/"; do
+  timeout 10 wrk -t1 -c2 -d2s "$u" >/dev/null 2>&1 || true
+done
 BACKEND_PIDS_FAST=$BACKEND_PIDS
 BACKEND_PIDS=${PID[slow]}
+WRK_SCRIPT=$HERE/overload.lua
+# ovl_settle: until the slow backend answers at its service time again (a
+# run that queued leaves a backlog in it), 15 s at most.
+ovl_settle() {
+  local i tt
+  for ((i = 0; i < 150; i++)); do
+    tt=$(curl -s -o /dev/null -m 5 -w '%{time_total}' "http://127.0.0.1:$P_SLOW/" || echo 9)
+    awk -v t="$tt" 'BEGIN { exit !(t < 0.03) }' && return 0
+    sleep 0.1
+  done
+  log "overload: the slow backend still answers in ${tt}s"
+}
+# ovl_measure ROUND TARGET: the target's load shape
+ovl_measure() {
+  local r=$1 t=$2
+  case $t in
+    capacity_direct) measure overload "r${r}_$t" "${OPIDS[$t]}" "${OURL[$t]}" 2 32 ;;
+    unloaded_c4) measure overload "r${r}_$t" "${OPIDS[$t]}" "${OURL[$t]}" 1 4 ;;
+    *) measure overload "r${r}_$t" "${OPIDS[$t]}" "${OURL[$t]}" 2 "$OVL_CONNS" \
+      LB_DELAY_MS="$OVL_DELAY_MS" ;;
+  esac
+}
+# The capacity, measured first: it sets OVL_CONNS (unless given).
+ovl_measure 0 capacity_direct
+OVL_CAP=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "ok_rps") c = i } END { print $c }' "$RESULTS/overload.csv")
+OVL_CONNS=${OVL_CONNS:-$(awk -v f="$OVL_FACTOR" -v c="$OVL_CAP" -v d="$OVL_DELAY_MS" 'BEGIN { printf "%d", f * c * d / 1000 + 0.5 }')}
+log "overload: capacity ${OVL_CAP} rps measured; ${OVL_CONNS} connections x 1 request per ${OVL_DELAY_MS} ms (mean) offer $((OVL_CONNS * 1000 / OVL_DELAY_MS)) rps"
+[ "$OVL_CONNS" -ge 1 ] || die "overload: no capacity measured"
 for ((r = 1; r <= SCEN_ROUNDS; r++)); do
-  measure overload "r${r}_unloaded_c4" "${PID[pc_ovl_shed]}" "http://127.0.0.1:$P_OVS/" 1 4
-  sleep 1
-  measure overload "r${r}_overload_shed_cap8" "${PID[pc_ovl_shed]}" "http://127.0.0.1:$P_OVS/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
-  sleep 1
-  measure overload "r${r}_overload_shed_cap12" "${PID[pc_ovl_shed12]}" "http://127.0.0.1:$P_OV12/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
-  sleep 1
-  measure overload "r${r}_overload_noshed" "${PID[pc_ovl_noshed]}" "http://127.0.0.1:$P_OVN/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
-  sleep 1
-  measure overload "r${r}_overload_shed_cap64" "${PID[pc_ovl_cap64]}" "http://127.0.0.1:$P_OV64/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
-  sleep 1
-  measure overload "r${r}_overload_adaptive_max64" "${PID[pc_ovl_adapt64]}" "http://127.0.0.1:$P_OVA/" 2 "$OVL_CONNS" LB_DELAY_MS="$OVL_DELAY_MS"
-  sleep 1
+  for ((j = 0; j < ${#OVL_TARGETS[@]}; j++)); do
+    t=${OVL_TARGETS[$(((j + r - 1) % ${#OVL_TARGETS[@]}))]}
+    ovl_settle
+    ovl_measure "$r" "$t"
+  done
 done
+ovl_settle
+# The learned caps at the end (the adaptive rows' state), for the record.
+{
+  echo "overload_global_adaptive_limit=$(curl -s -m 2 "http://127.0.0.1:$A_OVA/metrics" | awk '/^portcullis_concurrency_limit /{ print $2 }')"
+  echo "overload_upstream_adaptive_limit=$(curl -s -m 2 "http://127.0.0.1:$A_OVU/metrics" | awk '/^portcullis_concurrency_limit\{upstream="app"\}/{ print $2 }')"
+} >>"$RESULTS/env.txt"
+unset WRK_SCRIPT
 BACKEND_PIDS=$BACKEND_PIDS_FAST
 stop pc_ovl_shed
 stop pc_ovl_noshed
 stop pc_ovl_shed12
 stop pc_ovl_cap64
 stop pc_ovl_adapt64
+stop pc_ovl_upadapt64
+for q in "${OVL_HAP_Q[@]}"; do stop "hap_ovl_q$q"; done
 stop slow
-echo "overload=wrk -t2 -c$OVL_CONNS with ${OVL_DELAY_MS} ms think time per request" >>"$RESULTS/env.txt"
+{
+  echo "overload=wrk -t2 -c$OVL_CONNS (overload.lua), exponential think time of mean ${OVL_DELAY_MS} ms before each request: ${OVL_FACTOR}x the capacity measured first (${OVL_CAP} rps)"
+  echo "overload_capacity_rps=$OVL_CAP"
+  echo "overload_conns=$OVL_CONNS"
+  echo "overload_delay_ms=$OVL_DELAY_MS"
+  echo "overload_factor=$OVL_FACTOR"
+  echo "overload_haproxy_queue_ms=$OVL_HAP_QUEUE_MS"
+} >>"$RESULTS/env.txt"
 fi # overload
 
 # ------------------------------------------------------------ access log (opt-in)
