@@ -22,6 +22,20 @@
 //! slower for good is accepted as the new normal. While the proxy is
 //! app-limited (in flight under half the limit) the limit is not raised: no
 //! evidence says the backend could take more.
+//!
+//! The probe (Envoy's minRTT recalculation): the limit keeps a small queue at the
+//! backend (the `√limit` headroom over a latency within `TOLERANCE` of the
+//! baseline), so under sustained overload, where the limit binds in every window and
+//! the backend never drains, every window's median holds that queue, the windowed
+//! minimum forgets the unqueued latency after two epochs, and the limit and the
+//! latency ratchet up (measured at 3x overload: a cap learned at 13 drifted to 24,
+//! its median latency from 19 to 32 ms over a minute). So when the limit first binds,
+//! and then every [`PROBE_INTERVAL`] (one epoch) in which it bound, it drops to `min`
+//! until the requests in flight are down to `min` (at most [`PROBE_DRAIN`]), measures
+//! one window there, counts that window's median in the epoch's minimum, and goes back
+//! to the limit it had. A probe only ever lowers the baseline (a backend slower even at
+//! `min` becomes the new normal after one to two epochs, as before). The price: for
+//! about one window every epoch, requests over `min` are shed.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +47,28 @@ pub const MIN_SAMPLES: usize = 9;
 pub const TOLERANCE: f64 = 0.25;
 /// How long a window's latency can serve as the baseline (one to two epochs).
 pub const BASELINE_EPOCH: Duration = Duration::from_secs(10);
+/// A probe at most this often, and only after an interval in which the limit bound: one
+/// baseline epoch, so that every epoch's minimum can hold an unqueued measurement.
+pub const PROBE_INTERVAL: Duration = BASELINE_EPOCH;
+/// Longest a probe waits for the requests in flight to drain to `min`, and then for
+/// its window's samples, before it gives up and restores the limit.
+pub const PROBE_DRAIN: Duration = Duration::from_secs(5);
+
+/// Where the probe stands ([`GradientLimit`]'s module doc).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Probe {
+    Off,
+    /// The limit is `min` since `since`; `restore` is the limit before the probe.
+    Draining {
+        restore: f64,
+        since: Instant,
+    },
+    /// In flight reached `min`: the samples since `since` are the probe's window.
+    Measuring {
+        restore: f64,
+        since: Instant,
+    },
+}
 
 #[derive(Debug, Clone)]
 pub struct GradientLimit {
@@ -47,6 +83,11 @@ pub struct GradientLimit {
     min_cur: f64,
     min_prev: f64,
     epoch_start: Option<Instant>,
+    probe: Probe,
+    /// The last probe's end (`None`: none yet).
+    last_probe: Option<Instant>,
+    /// A window since the last probe had as many in flight as the limit.
+    bound: bool,
 }
 
 impl GradientLimit {
@@ -64,7 +105,15 @@ impl GradientLimit {
             min_cur: f64::INFINITY,
             min_prev: f64::INFINITY,
             epoch_start: None,
+            probe: Probe::Off,
+            last_probe: None,
+            bound: false,
         }
+    }
+
+    /// Whether a probe holds the limit at `min` now.
+    pub fn probing(&self) -> bool {
+        self.probe != Probe::Off
     }
 
     pub fn limit(&self) -> u64 {
@@ -81,6 +130,51 @@ impl GradientLimit {
     /// One completed request's latency, with the requests in flight now.
     /// Returns the new limit when a window closed.
     pub fn on_sample(&mut self, now: Instant, rtt: Duration, inflight: u64) -> Option<u64> {
+        match self.probe {
+            Probe::Off => {
+                // The first probe comes as soon as the limit binds: it starts at `max`,
+                // so the first windows' latency may already hold a queue.
+                let due = self
+                    .last_probe
+                    .is_none_or(|last| now.saturating_duration_since(last) >= PROBE_INTERVAL);
+                if self.bound && due {
+                    self.probe = Probe::Draining {
+                        restore: self.limit,
+                        since: now,
+                    };
+                    self.samples.clear();
+                    self.peak_inflight = 0;
+                    self.limit = self.min as f64;
+                    return Some(self.limit());
+                }
+            }
+            Probe::Draining { restore, since } => {
+                if now.saturating_duration_since(since) >= PROBE_DRAIN {
+                    return Some(self.end_probe(now, restore, None));
+                }
+                if inflight <= self.min {
+                    // Drained: the requests admitted from now on meet at most `min`.
+                    self.probe = Probe::Measuring {
+                        restore,
+                        since: now,
+                    };
+                }
+                return None;
+            }
+            Probe::Measuring { restore, since } => {
+                self.samples.push(rtt.as_secs_f64());
+                let long = now.saturating_duration_since(since);
+                if long >= PROBE_DRAIN {
+                    return Some(self.end_probe(now, restore, None));
+                }
+                if long < WINDOW || self.samples.len() < MIN_SAMPLES {
+                    return None;
+                }
+                self.samples.sort_by(f64::total_cmp);
+                let median = self.samples[self.samples.len() / 2];
+                return Some(self.end_probe(now, restore, Some(median)));
+            }
+        }
         let start = *self.window_start.get_or_insert(now);
         self.samples.push(rtt.as_secs_f64());
         self.peak_inflight = self.peak_inflight.max(inflight);
@@ -96,7 +190,29 @@ impl GradientLimit {
         Some(self.update(now, short, peak))
     }
 
+    /// Ends a probe: the limit back to `restore` (within the bounds), and a measured
+    /// `median` counted in the epoch's minimum like any window's. It can only lower the
+    /// baseline: a backend slower even at `min` is accepted after one to two epochs, as
+    /// without probes, not at once.
+    fn end_probe(&mut self, now: Instant, restore: f64, median: Option<f64>) -> u64 {
+        if let Some(m) = median {
+            self.epoch_start.get_or_insert(now);
+            self.min_cur = self.min_cur.min(m.max(1e-6));
+        }
+        self.probe = Probe::Off;
+        self.last_probe = Some(now);
+        self.bound = false;
+        self.samples.clear();
+        self.peak_inflight = 0;
+        self.window_start = Some(now);
+        self.limit = restore.clamp(self.min as f64, self.max as f64);
+        self.limit()
+    }
+
     fn update(&mut self, now: Instant, short: f64, peak_inflight: u64) -> u64 {
+        if peak_inflight as f64 >= self.limit.floor() {
+            self.bound = true;
+        }
         let short = short.max(1e-6);
         let epoch = *self.epoch_start.get_or_insert(now);
         if now.saturating_duration_since(epoch) >= BASELINE_EPOCH {
@@ -235,13 +351,15 @@ mod tests {
         let t0 = Instant::now();
         let mut l = GradientLimit::new(4, 100);
         let mut t = 0u64;
+        // The limit binds: as many in flight as it allows.
         let mut feed = |l: &mut GradientLimit, ms: u64, rtt: u64| {
             for _ in 0..ms / 20 {
                 t += 20;
+                let inflight = l.limit();
                 l.on_sample(
                     t0 + Duration::from_millis(t),
                     Duration::from_millis(rtt),
-                    100,
+                    inflight,
                 );
             }
         };
@@ -252,6 +370,60 @@ mod tests {
         // Two epochs later the slower latency is the baseline.
         feed(&mut l, 2 * BASELINE_EPOCH.as_millis() as u64 + 5_000, 50);
         assert_eq!(l.limit(), 100);
+    }
+
+    /// Open-loop arrivals at 3x the capacity of a backend of `servers` servers that take
+    /// `service` ms each, first come first served (a queue at the backend), on simulated
+    /// time in 1 ms steps, for `secs`: returns the limit at each second and the latencies
+    /// of the last 30 s.
+    fn overload(servers: usize, service: u64, secs: u64) -> (Vec<u64>, Vec<u64>) {
+        let t0 = Instant::now();
+        let mut lim = GradientLimit::new(8, 64);
+        let mut free = vec![0u64; servers]; // when each server is next free
+        let mut inflight: Vec<(u64, u64)> = Vec::new(); // (done, admitted)
+        let per_ms = 3.0 * servers as f64 / service as f64;
+        let (mut due, mut limits, mut late) = (0.0, Vec::new(), Vec::new());
+        for t in 0..secs * 1000 {
+            let now = t0 + Duration::from_millis(t);
+            let n = inflight.len() as u64;
+            let (done, rest): (Vec<_>, Vec<_>) = inflight.iter().partition(|(d, _)| *d <= t);
+            inflight = rest;
+            for (d, a) in done {
+                lim.on_sample(now, Duration::from_millis(d - a), n);
+                if t >= (secs - 30) * 1000 {
+                    late.push(d - a);
+                }
+            }
+            due += per_ms;
+            while due >= 1.0 {
+                due -= 1.0;
+                if (inflight.len() as u64) < lim.limit() {
+                    let s = (0..servers).min_by_key(|&i| free[i]).unwrap_or(0);
+                    let start = free[s].max(t);
+                    free[s] = start + service;
+                    inflight.push((start + service, t));
+                }
+            }
+            if t % 1000 == 0 {
+                limits.push(lim.limit());
+            }
+        }
+        late.sort_unstable();
+        (limits, late)
+    }
+
+    #[test]
+    fn sustained_overload_does_not_ratchet_the_limit_up() {
+        // 8 servers of 10 ms (800/s), 2,400/s offered for two minutes. Without the probe
+        // the windowed minimum forgets the unqueued 10 ms after two epochs and the limit
+        // climbs with the queue it keeps (to 64 here, the median to 80 ms); the probe
+        // re-measures at `min` every 30 s.
+        let (limits, late) = overload(8, 10, 120);
+        let median = late[late.len() / 2];
+        let top = limits.iter().skip(2).copied().max().unwrap_or(0);
+        eprintln!("limits {limits:?}, median {median} ms");
+        assert!(top <= 24, "the limit climbed to {top}: {limits:?}");
+        assert!(median <= 25, "median latency {median} ms in the last 30 s");
     }
 
     #[test]
