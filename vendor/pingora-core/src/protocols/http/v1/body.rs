@@ -682,6 +682,13 @@ impl BodyReader {
                             "Got size {chunk_size}, payload_index: {payload_index}, chunk: {:?}",
                             String::from_utf8_lossy(buf).escape_default(),
                         );
+                        // portcullis patch (chunk-size-needs-a-digit): httparse reads a
+                        // chunk-size line without a hex digit (an empty line, `;ext`) as
+                        // size 0, the last chunk; RFC 9112 §7.1 has chunk-size = 1*HEXDIG.
+                        if !buf.first().is_some_and(u8::is_ascii_hexdigit) {
+                            self.body_state = self.body_state.done(0);
+                            return Error::e_explain(INVALID_CHUNK, "chunk size without a digit");
+                        }
                         let chunk_size = match usize::try_from(chunk_size) {
                             Ok(chunk_size) => chunk_size,
                             Err(_) => {
