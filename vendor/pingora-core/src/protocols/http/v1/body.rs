@@ -2269,6 +2269,30 @@ mod tests {
         assert_eq!(body_reader.body_state, ParseState::Done(0));
     }
 
+    // portcullis patch (chunk-size-needs-a-digit): a size line without a hex digit is not
+    // the last chunk, whole in the first read or after a partial chunk head.
+    #[tokio::test]
+    async fn read_with_body_chunk_size_without_a_digit() {
+        init_log();
+        for (first, rest) in [
+            (&b"\r\n5\r\nhello\r\n0\r\n\r\n"[..], &b""[..]),
+            (b";x\r\n5\r\nhello\r\n0\r\n\r\n", b""),
+            (b"5\r\nhello\r\n", b"\r\n0\r\n\r\n"),
+            (b";", b"x\r\n0\r\n\r\n"),
+        ] {
+            let mut mock_io = Builder::new().read(first).read(rest).build();
+            let mut body_reader = BodyReader::new(false);
+            body_reader.init_chunked(b"");
+            let mut result = body_reader.read_body(&mut mock_io).await;
+            while let Ok(Some(_)) = result {
+                result = body_reader.read_body(&mut mock_io).await;
+            }
+            let err = result.expect_err("a chunk size without a digit is an error");
+            assert_eq!(*err.etype(), INVALID_CHUNK, "{first:?} {rest:?}");
+            assert!(matches!(body_reader.body_state, ParseState::Done(_)));
+        }
+    }
+
     #[tokio::test]
     async fn read_with_body_max_chunk_size() {
         init_log();
