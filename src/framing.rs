@@ -115,6 +115,25 @@ pub fn asterisk_target_misused(method: &http::Method, raw_target: &[u8]) -> bool
     raw_target == b"*" && method != http::Method::OPTIONS
 }
 
+/// A request target in none of the four forms of RFC 9112 §3.2: origin-form (`/` first),
+/// absolute-form (a scheme and `:` first, RFC 3986 §3.1), authority-form (CONNECT only,
+/// left to Pingora's checks) and asterisk-form (`*`). `?q`, `` `/a``, `{/a`, `%00/a` or
+/// `x` would otherwise go upstream as they came, and a backend reads them as it likes
+/// (as `/?q`, as `/a`, or refuses them); RFC 9112 §3 has an invalid request line answered
+/// 400, as HAProxy does (found by the differential target, fuzz/differential/).
+pub fn target_form_invalid(method: &http::Method, raw_target: &[u8]) -> bool {
+    if method == http::Method::CONNECT || raw_target == b"*" || raw_target.first() == Some(&b'/') {
+        return false;
+    }
+    let scheme = raw_target.split(|&b| b == b':').next().unwrap_or_default();
+    let is_scheme = scheme.len() < raw_target.len()
+        && scheme.first().is_some_and(u8::is_ascii_alphabetic)
+        && scheme
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    !is_scheme
+}
+
 /// One `Transfer-Encoding` field, and its coding `chunked` and nothing else: the only
 /// framing by transfer coding that is passed on (requests), or that can be decoded for
 /// a client that cannot read it (responses to HTTP/1.0).
@@ -256,6 +275,41 @@ mod tests {
         assert!(asterisk_target_misused(&http::Method::GET, b"*"));
         assert!(asterisk_target_misused(&http::Method::POST, b"*"));
         assert!(!asterisk_target_misused(&http::Method::GET, b"/*"));
+    }
+
+    #[test]
+    fn a_target_in_no_form_of_rfc_9112_is_invalid() {
+        use http::Method;
+        let get = Method::GET;
+        for bad in [
+            &b"?q"[..],
+            b"`/a",
+            b"{/a",
+            b"%00/a",
+            b"x",
+            b"",
+            b"1http://a/",
+            b":x",
+            b".a:b",
+        ] {
+            assert!(target_form_invalid(&get, bad), "{bad:?}");
+        }
+        for ok in [
+            &b"/"[..],
+            b"/a?q",
+            b"//a",
+            b"*",
+            b"http://a/b",
+            b"HTTP://a",
+            b"ftp://a/b",
+            b"example.test:443",
+            b"urn:x",
+            b"a+b-c.d:e",
+        ] {
+            assert!(!target_form_invalid(&get, ok), "{ok:?}");
+        }
+        assert!(!target_form_invalid(&Method::CONNECT, b"example.test:443"));
+        assert!(!target_form_invalid(&Method::CONNECT, b"x"));
     }
 
     #[test]

@@ -785,3 +785,87 @@ fn encoded_target_passes_raw_space_does_not() {
     assert!(closed_within(&mut c, Duration::from_secs(5)));
     assert_eq!(b.received_paths(), vec!["/x%20y?q=%22"]);
 }
+
+/// Found by the differential target (fuzz/differential/FINDINGS.md): a request target in
+/// none of the forms of RFC 9112 §3.2 (`?q`, `` `/a``, `{/a`, `%00/a`, `x`) went upstream
+/// as it came, for the backend to read as it liked (`/?q`, `/a`, …); HAProxy answers 400.
+/// The four forms still pass.
+#[test]
+fn a_target_in_no_request_target_form_is_refused() {
+    let b = Backend::start("app");
+    let p = Proxy::start(&upstream(&b));
+    for target in ["?q", "`/put", "{/t", "%00/up", "x"] {
+        let mut c = Conn::open(&p.addr()).expect("connect");
+        c.write_raw(format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .expect("write");
+        let r = c.read_response().expect("response");
+        assert_eq!(r.status, 400, "{target}: {}", r.body_str());
+    }
+    for (request, path) in [
+        (
+            &b"GET /origin?q HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+            "/origin?q",
+        ),
+        (
+            b"GET http://x/absolute HTTP/1.1\r\nHost: x\r\n\r\n",
+            "/absolute",
+        ),
+        (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", "*"),
+    ] {
+        let mut c = Conn::open(&p.addr()).expect("connect");
+        c.write_raw(request).expect("write");
+        let r = c.read_response().expect("response");
+        assert_eq!(r.status, 200, "{path}: {}", r.body_str());
+        eventually(
+            DEADLINE,
+            || format!("backend never saw {path}: {:?}", b.received_paths()),
+            || b.received_paths().iter().any(|p| p.ends_with(path)),
+        );
+    }
+    flush_marker(&p, &b, "/after-forms");
+    let paths = b.received_paths();
+    assert!(
+        paths
+            .iter()
+            .all(|p| ["/origin?q", "*", "/after-forms"].contains(&p.as_str())
+                || p.ends_with("/absolute")),
+        "nothing in no form may reach the backend: {paths:?}"
+    );
+}
+
+/// Found by the differential target (fuzz/differential/FINDINGS.md; vendor patch 0025): a
+/// chunk-size line without a hex digit (`\r\n` where the size belongs) was read as the last
+/// chunk, and the request went upstream with an empty body while a hop that skips the
+/// stray line reads `hello`. RFC 9112 §7.1: chunk-size = 1*HEXDIG. HAProxy answers 400.
+#[test]
+fn a_chunk_size_without_a_digit_is_refused() {
+    let b = Backend::start("app");
+    let p = Proxy::start(&upstream(&b));
+    for body in [
+        &b"\r\n5\r\nhello\r\n0\r\n\r\n"[..],
+        b";x\r\n5\r\nhello\r\n0\r\n\r\n",
+    ] {
+        let mut c = Conn::open(&p.addr()).expect("connect");
+        let mut req =
+            b"POST /nodigit HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        req.extend_from_slice(body);
+        c.write_raw(&req).expect("write");
+        let r = c.read_response().expect("response");
+        assert_eq!(
+            r.status,
+            400,
+            "{:?}: {}",
+            String::from_utf8_lossy(body),
+            r.body_str()
+        );
+        assert!(closed_within(&mut c, Duration::from_secs(5)));
+    }
+    let r = post(&p.addr(), "/digits", &[], b"hello");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    flush_marker(&p, &b, "/after-nodigit");
+    assert!(
+        !b.received_paths().iter().any(|p| p == "/nodigit"),
+        "no /nodigit request may reach the backend as a complete one: {:?}",
+        b.received_paths()
+    );
+}

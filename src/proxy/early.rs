@@ -36,6 +36,10 @@ pub(super) fn first_refusal(
         let why = "portcullis: request target * is for OPTIONS only\n";
         return Ok(Some(Refusal::BadRequest(why)));
     }
+    if crate::framing::target_form_invalid(&req.method, req.raw_path()) {
+        let why = "portcullis: request target in no form of RFC 9112 section 3.2\n";
+        return Ok(Some(Refusal::BadRequest(why)));
+    }
     match crate::framing::content_length_list(&session.req_header().headers) {
         Ok(None) => {}
         Ok(Some(one)) => {

@@ -682,6 +682,13 @@ impl BodyReader {
                             "Got size {chunk_size}, payload_index: {payload_index}, chunk: {:?}",
                             String::from_utf8_lossy(buf).escape_default(),
                         );
+                        // portcullis patch (chunk-size-needs-a-digit): httparse reads a
+                        // chunk-size line without a hex digit (an empty line, `;ext`) as
+                        // size 0, the last chunk; RFC 9112 §7.1 has chunk-size = 1*HEXDIG.
+                        if !buf.first().is_some_and(u8::is_ascii_hexdigit) {
+                            self.body_state = self.body_state.done(0);
+                            return Error::e_explain(INVALID_CHUNK, "chunk size without a digit");
+                        }
                         let chunk_size = match usize::try_from(chunk_size) {
                             Ok(chunk_size) => chunk_size,
                             Err(_) => {
@@ -2260,6 +2267,30 @@ mod tests {
         let err = body_reader.read_body(&mut mock_io).await.unwrap_err();
         assert_eq!(*err.etype(), INVALID_CHUNK);
         assert_eq!(body_reader.body_state, ParseState::Done(0));
+    }
+
+    // portcullis patch (chunk-size-needs-a-digit): a size line without a hex digit is not
+    // the last chunk, whole in the first read or after a partial chunk head.
+    #[tokio::test]
+    async fn read_with_body_chunk_size_without_a_digit() {
+        init_log();
+        for (first, rest) in [
+            (&b"\r\n5\r\nhello\r\n0\r\n\r\n"[..], &b""[..]),
+            (b";x\r\n5\r\nhello\r\n0\r\n\r\n", b""),
+            (b"5\r\nhello\r\n", b"\r\n0\r\n\r\n"),
+            (b";", b"x\r\n0\r\n\r\n"),
+        ] {
+            let mut mock_io = Builder::new().read(first).read(rest).build();
+            let mut body_reader = BodyReader::new(false);
+            body_reader.init_chunked(b"");
+            let mut result = body_reader.read_body(&mut mock_io).await;
+            while let Ok(Some(_)) = result {
+                result = body_reader.read_body(&mut mock_io).await;
+            }
+            let err = result.expect_err("a chunk size without a digit is an error");
+            assert_eq!(*err.etype(), INVALID_CHUNK, "{first:?} {rest:?}");
+            assert!(matches!(body_reader.body_state, ParseState::Done(_)));
+        }
     }
 
     #[tokio::test]
