@@ -3,7 +3,6 @@
 //! tier's priority, concurrency, quota and limit. Policy (the quota book, the
 //! concurrency share) is `portcullis_policy::tenant`.
 
-pub mod jwt;
 pub mod registry;
 pub mod sync;
 pub mod watch;
