@@ -394,7 +394,12 @@ impl Admin {
                 "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,
-            "routes": crate::observe::traffic::routes_json(&rt, traffic_now),
+            "routes": crate::observe::traffic::routes_json(
+                rt.routes_with_series().map(|(route, series)| {
+                    (route, series, rt.pools.get(route.upstream).map(|p| p.name.as_str()))
+                }),
+                traffic_now,
+            ),
             "tenants": rt.tenants.as_deref().map(|r| crate::tenants::status_json(r, &s.tenant_quota)),
         })
     }

@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use portcullis::balance::{key::hash_bytes, HashKey};
 use portcullis::edge::proxy_protocol::{self, Parsed};
 use portcullis::framing;
+use portcullis::ratelimit::jwt::Verifier;
 use portcullis::ratelimit::{extract_key, extract_request_key, KeyOutcome, KeySource};
-use portcullis::tenants::jwt::Verifier;
 
 /// A harness: arbitrary bytes in, a panic on a defect.
 pub type Harness = fn(&[u8]);
@@ -388,12 +388,12 @@ fn strict_decode(seg: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The public halves of src/tenants/testdata/ (kids `r1`, RS256, and `e1`, ES256).
+/// The public halves of src/ratelimit/testdata/ (kids `r1`, RS256, and `e1`, ES256).
 const JWT_JWKS: &str = include_str!("jwt.jwks");
-/// The HS256 secret of src/tenants/jwt.rs's tests.
+/// The HS256 secret of src/ratelimit/jwt.rs's tests.
 const JWT_SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
-/// JWT verification (`tenants::jwt::Verifier`, the `jwt:CLAIM` key) on arbitrary bytes as a
+/// JWT verification (`ratelimit::jwt::Verifier`, the `jwt:CLAIM` key) on arbitrary bytes as a
 /// token, against a JWKS of an RSA and an EC key and an HS256 secret: never a panic; the
 /// cached verdict is the uncached one (a token that fails is never admitted from the cache);
 /// and through the request path (`Authorization: Bearer <bytes>`), a key comes only from a

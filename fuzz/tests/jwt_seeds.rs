@@ -1,8 +1,8 @@
 //! The `jwt` target's seeds are what they say: the signed ones (made with the `openssl`
-//! CLI from src/tenants/testdata/) verify against the harness's keys, the others do not,
+//! CLI from src/ratelimit/testdata/) verify against the harness's keys, the others do not,
 //! so the harness's property is exercised on both sides.
 
-use portcullis::tenants::jwt::Verifier;
+use portcullis::ratelimit::jwt::Verifier;
 use std::path::Path;
 
 #[test]

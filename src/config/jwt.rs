@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::check::{err, VResult};
 use super::schema::JwtSection;
 use super::settings::RateLimitSettings;
+use crate::ratelimit::jwt::{Part, Verifier};
 use crate::ratelimit::{KeySource, PolicyKey};
-use crate::tenants::jwt::{Part, Verifier};
 
 pub(super) fn validate_jwt(
     section: Option<&JwtSection>,
@@ -80,7 +80,7 @@ fn verifier(j: &JwtSection) -> VResult<Verifier> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use crate::tenants::jwt::testkeys;
+    use crate::ratelimit::jwt::testkeys;
 
     fn parse(extra: &str) -> Result<crate::config::Config, crate::config::ConfigError> {
         let text = format!("[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:9\"]\n{extra}");

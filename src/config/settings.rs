@@ -176,7 +176,7 @@ pub struct RateLimitSettings {
     pub cost_header: Option<http::HeaderName>,
     /// `[jwt]`: the verifier of `jwt:CLAIM` keys (its files read at load); `None` without
     /// `[jwt]`.
-    pub jwt: Option<std::sync::Arc<crate::tenants::jwt::Verifier>>,
+    pub jwt: Option<std::sync::Arc<crate::ratelimit::jwt::Verifier>>,
 }
 
 /// One `[[rate_limit.policies]]` entry.

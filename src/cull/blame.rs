@@ -5,15 +5,14 @@
 //! Identity is the request's tenant (CONTRACT §14: every key of a tenant is one identity),
 //! else its rate-limit key (`[rate_limit] key`), else its client address, hashed to 64
 //! bits: raw keys are never kept or shown. `portcullis_blamed_total{tenant}` is labelled
-//! with the tenant's name, `"unknown"` for a key no tenant holds ([`Names`]).
+//! with the tenant's name, `"unknown"` for a key no tenant holds (each upstream's
+//! [`BlameNames`](crate::upstream::BlameNames)).
 //!
 //! Scope: per upstream (the key is limited for requests to the upstream it failed on), and
 //! fleet-wide through the budget store (`BudgetStore::exchange_blame`); per instance
 //! without Redis.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
 
 use crate::config::RateLimitSettings;
 use crate::ratelimit::{extract_key, KeyOutcome};
@@ -46,33 +45,6 @@ pub fn identity(
         KeyOutcome::TooLong | KeyOutcome::Duplicate | KeyOutcome::Invalid => None,
     }
 }
-
-/// The tenant names of the identities that erred, for the `tenant` label of
-/// `portcullis_blamed_total` (a bounded set: the configured tenants' names).
-#[derive(Debug, Default)]
-pub struct Names(Mutex<HashMap<u64, Arc<str>>>);
-
-impl Names {
-    /// Remember `tenant`'s name for `id` (called on errors only).
-    pub fn note(&self, id: u64, tenant: Option<&TenantRt>) {
-        if let Some(t) = tenant {
-            let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            if m.len() < MAX_NAMES || m.contains_key(&id) {
-                m.insert(id, Arc::clone(&t.name));
-            }
-        }
-    }
-
-    /// The `tenant` label of a blamed identity: its tenant's name, or `"unknown"` for a key
-    /// no tenant holds (never the key itself).
-    pub fn label(&self, id: u64) -> Arc<str> {
-        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&id).cloned().unwrap_or_else(|| Arc::from("unknown"))
-    }
-}
-
-/// Names remembered per upstream.
-const MAX_NAMES: usize = 100_000;
 
 /// A short, stable, non-reversible tag of a key for logs and the journal.
 pub fn tag(key: u64) -> String {

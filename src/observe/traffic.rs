@@ -4,6 +4,8 @@
 //! [`portcullis_policy::traffic`]; this module holds the per-route state and
 //! renders both as JSON.
 
+use crate::config::Route;
+use crate::metrics::RouteSeries;
 pub use portcullis_policy::traffic::RouteTraffic;
 use portcullis_policy::traffic::{TrafficSnapshot, CLASSES};
 use serde_json::{json, Value};
@@ -60,16 +62,20 @@ pub fn add_backend_fields(obj: &mut Value, b: &crate::upstream::BackendState, no
 }
 
 /// `/status` `routes`: every route of the config, then the default route
-/// (requests no route matched), each with its upstream and traffic.
-pub fn routes_json(rt: &crate::state::Runtime, now_secs: u64) -> Value {
-    let routes: Vec<Value> = rt
-        .routes_with_series()
-        .map(|(route, series)| {
+/// (requests no route matched), each with its upstream and traffic. `routes` gives each
+/// route with its series and its upstream's name (`state::Runtime::routes_with_series`).
+pub fn routes_json<'a>(
+    routes: impl IntoIterator<Item = (&'a Route, &'a RouteSeries, Option<&'a str>)>,
+    now_secs: u64,
+) -> Value {
+    let routes: Vec<Value> = routes
+        .into_iter()
+        .map(|(route, series, upstream)| {
             json!({
                 "route": series.label,
                 "host": route.host,
                 "path_prefix": route.path_prefix,
-                "upstream": rt.pools.get(route.upstream).map(|p| p.name.as_str()),
+                "upstream": upstream,
                 "inflight": series.traffic.inflight(),
                 "traffic": traffic_json(&series.traffic.window.snapshot(now_secs)),
             })

@@ -590,7 +590,7 @@ impl ProxyHttp for Proxy {
                         ctx.routing.client,
                     );
                     if let Some(key) = who {
-                        pool.shared.blame_names.note(key, tenant);
+                        pool.shared.blame_names.note(key, tenant.map(|t| &t.name));
                         pool.shared.blame_ledger.record(
                             now_secs,
                             culling.params.window_secs,

@@ -55,7 +55,7 @@ pub enum KeyOutcome<'a> {
 /// no key; a token that does not verify is [`KeyOutcome::Invalid`].
 pub fn extract_request_key<'a>(
     src: &KeySource,
-    jwt: Option<&crate::tenants::jwt::Verifier>,
+    jwt: Option<&super::jwt::Verifier>,
     headers: &'a http::HeaderMap,
     uri: &'a http::Uri,
     max_key_bytes: usize,
@@ -72,7 +72,7 @@ pub fn extract_request_key<'a>(
         &KeySource::Bearer,
         headers,
         uri,
-        crate::tenants::jwt::MAX_TOKEN_BYTES,
+        super::jwt::MAX_TOKEN_BYTES,
     ) {
         KeyOutcome::Key(t) => t,
         KeyOutcome::TooLong => return KeyOutcome::Invalid,

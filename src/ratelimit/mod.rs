@@ -1,4 +1,5 @@
-//! Per-API-key rate limiting at the edge (CONTRACT §4): the request's key ([`extract_key`]),
+//! Per-API-key rate limiting at the edge (CONTRACT §4): the request's key ([`extract_key`];
+//! a verified bearer token's claim for `jwt:CLAIM`, [`jwt`]),
 //! the policies of a route ([`Policies`]), the gate ([`gate`]), the `RateLimit` fields
 //! ([`fields`]), the Redis counter store ([`RedisStore`], from the store crate) and the flusher task
 //! ([`run_flusher`]). The limiter itself, its sliding window and its flush protocol are
@@ -6,6 +7,7 @@
 
 pub mod fields;
 mod flusher;
+pub mod jwt;
 
 mod key;
 pub mod policy;

@@ -1,7 +1,7 @@
 //! The background services of the server: active health checks, the rate-limit
 //! flusher, readiness, access-log reopening, SIGHUP reload (and DNS
-//! re-resolution), the watchdog and culling, all on the one fleet store; and systemd's
-//! watchdog pings when it asked for them.
+//! re-resolution, a changed tenants file), the store's tenants, the watchdog and culling,
+//! all on the one fleet store; and systemd's watchdog pings when it asked for them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -134,7 +134,7 @@ impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         // DNS re-resolution and a changed tenants file are applied like a reload, so they
         // run here too.
-        let tenants = crate::tenants::watch::watch(Arc::clone(&self.shared), shutdown.clone());
+        let tenants = super::tenants_watch::watch(Arc::clone(&self.shared), shutdown.clone());
         tokio::select! {
             _ = crate::reload::watch_sighup(Arc::clone(&self.shared)) => {}
             _ = crate::state::resolve::run(Arc::clone(&self.shared)) => {}
@@ -209,7 +209,7 @@ pub(super) fn services(
         background_service("access log reopen", AccessLogReopen { shared: sh() });
     let tenant_sync = background_service(
         "tenants sync",
-        crate::tenants::sync::TenantSync::new(sh(), fleet_store),
+        super::tenants_sync::TenantSync::new(sh(), fleet_store),
     );
     let watchdog = crate::watchdog::Watchdog::new(sh(), fleet_store);
     let watchdog = background_service("watchdog", watchdog);

@@ -10,6 +10,8 @@
 
 pub mod app;
 mod background;
+mod tenants_sync;
+mod tenants_watch;
 pub mod tls;
 
 use crate::admin::Admin;

@@ -1,12 +1,11 @@
 //! Tenants (CONTRACT §14): API keys as identities. The registry ([`registry`]) maps a
 //! key's SHA-256 to its tenant and tier; the tenant gate (`crate::gate`) applies the
 //! tier's priority, concurrency, quota and limit. Policy (the quota book, the
-//! concurrency share) is `portcullis_policy::tenant`.
+//! concurrency share) is `portcullis_policy::tenant`. Re-reading the tenants file and
+//! syncing the store's tenants are background services of the server, beside the others
+//! that take the shared state.
 
-pub mod jwt;
 pub mod registry;
-pub mod sync;
-pub mod watch;
 
 pub use registry::{Live, Registry, TenantRt, TenantSlot};
 

@@ -4,6 +4,7 @@
 //! per-upstream bulkhead and retry budget. [`peer`]: the transport (TLS,
 //! HTTP/2) to a backend.
 
+mod blame_names;
 mod build;
 pub mod peer;
 
@@ -16,6 +17,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+pub use blame_names::BlameNames;
 
 /// The least cap an `adaptive` upstream learns (or its `max_inflight`, when lower).
 pub const ADAPTIVE_FLOOR: u64 = 8;
@@ -287,7 +290,7 @@ pub struct UpstreamShared {
     /// `blame_tenants`: errors by key, and the keys limited now (CONTRACT §15).
     pub blame_ledger: portcullis_policy::cull::BlameLedger,
     pub blamed: portcullis_policy::cull::BlameList,
-    pub blame_names: crate::cull::blame::Names,
+    pub blame_names: BlameNames,
 }
 
 /// The bulkhead's answer for one request.

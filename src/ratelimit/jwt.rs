@@ -1051,7 +1051,7 @@ mod tests {
     }
 
     /// One verification of each algorithm, uncached and cached (printed, not asserted:
-    /// `cargo test --release --lib tenants::jwt -- --nocapture --ignored`).
+    /// `cargo test --release --lib ratelimit::jwt -- --nocapture --ignored`).
     #[test]
     #[ignore = "a measurement"]
     fn time_one_verification() {
