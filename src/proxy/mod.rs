@@ -235,16 +235,19 @@ impl ProxyHttp for Proxy {
         let keep_case = self.shared.keep_header_case;
         let mut peer = crate::upstream::peer::peer(backend.addr, &pool.transport, keep_case);
         peer.options.connection_timeout = Some(pool.connect_timeout);
-        peer.options.read_timeout = if ctx.gates.tunnel.is_none() {
-            Some(pool.read_timeout)
-        } else if crate::edge::conn(session).is_some() {
-            // An upgrade request: the edge stream closes the tunnel once nothing has
-            // gone either way for `tunnel_idle_timeout_seconds` (the wait for the `101`
-            // included); the backend may be quiet while the client talks.
-            None
-        } else {
-            Some(ctx.runtime.config.server.tunnel_idle_timeout)
-        };
+        // Until a response, `read_timeout_ms` times the backend, an upgrade's too (HAProxy's
+        // `timeout server` before `timeout tunnel`): one that never answers gets a 504.
+        peer.options.read_timeout = Some(pool.read_timeout);
+        if ctx.gates.tunnel.is_some() {
+            peer.options.upgraded_read_timeout = Some(if crate::edge::conn(session).is_some() {
+                // After the `101` the edge stream closes the tunnel once nothing has gone
+                // either way for `tunnel_idle_timeout_seconds`; the backend may be quiet
+                // while the client talks.
+                None
+            } else {
+                Some(ctx.runtime.config.server.tunnel_idle_timeout)
+            });
+        }
         peer.options.write_timeout = Some(pool.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         ctx.upstream.backend = Some(backend);

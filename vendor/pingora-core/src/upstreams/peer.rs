@@ -501,6 +501,13 @@ pub struct PeerOptions {
     pub connection_timeout: Option<Duration>,
     pub total_connection_timeout: Option<Duration>,
     pub read_timeout: Option<Duration>,
+    /// portcullis patch: the read timeout of an HTTP/1 connection once its response has
+    /// upgraded it (a `101`, e.g. WebSocket): `None` (the default) keeps `read_timeout`;
+    /// `Some(None)` reads the tunnel without a timeout (its idleness timed elsewhere);
+    /// `Some(Some(t))` times each read by `t` (HAProxy's `timeout tunnel`). Until the `101`,
+    /// `read_timeout` applies: a backend that never answers an upgrade times out as any
+    /// other request does.
+    pub upgraded_read_timeout: Option<Option<Duration>>,
     pub idle_timeout: Option<Duration>,
     pub write_timeout: Option<Duration>,
     pub verify_cert: bool,
@@ -581,6 +588,7 @@ impl PeerOptions {
             connection_timeout: None,
             total_connection_timeout: None,
             read_timeout: None,
+            upgraded_read_timeout: None,
             idle_timeout: None,
             write_timeout: None,
             verify_cert: true,

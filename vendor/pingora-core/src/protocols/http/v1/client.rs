@@ -50,6 +50,10 @@ pub struct HttpSession {
     /// The timeout is reset on every write. This is not a timeout on the overall duration of the
     /// request.
     pub write_timeout: Option<Duration>,
+    /// portcullis patch: the read timeout once the response has upgraded the connection
+    /// (a `101`): `None` keeps `read_timeout`, `Some(t)` replaces it by `t` (`Some(None)`:
+    /// no timeout). See `PeerOptions::upgraded_read_timeout`.
+    pub upgraded_read_timeout: Option<Option<Duration>>,
     keepalive_timeout: KeepaliveStatus,
     pub(crate) digest: Box<Digest>,
     response_header: Option<Box<ResponseHeader>>,
@@ -96,6 +100,7 @@ impl HttpSession {
             request_written: None,
             read_timeout: None,
             write_timeout: None,
+            upgraded_read_timeout: None,
             digest,
             bytes_sent: 0,
             body_recv: 0,
@@ -357,6 +362,12 @@ impl HttpSession {
                         self.upgraded = self
                             .is_upgrade(self.response_header.as_deref().expect("init above"))
                             .unwrap_or(false);
+                        // portcullis patch: from here on the connection is a tunnel
+                        if self.upgraded {
+                            if let Some(t) = self.upgraded_read_timeout {
+                                self.read_timeout = t;
+                            }
+                        }
                         // init body reader if upgrade status has changed body mode
                         // (read_response_task will immediately try to init body afterwards anyways)
                         // informational headers will automatically avoid initializing body reader
@@ -1249,6 +1260,53 @@ mod tests_stream {
         http_stream.read_timeout = Some(Duration::from_secs(1));
         let res = http_stream.read_response().await;
         assert_eq!(res.unwrap_err().etype(), &ErrorType::ReadTimedout);
+    }
+
+    /// portcullis patch: `read_timeout` times the wait for an upgrade's response; once
+    /// the `101` is read, `upgraded_read_timeout` (when set) replaces it.
+    #[tokio::test]
+    async fn upgraded_read_timeout_applies_after_the_101() {
+        init_log();
+        for (status, upgraded) in [(&b"101 Switching Protocols"[..], true), (b"200 OK", false)] {
+            let wire = b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: WS\r\n\r\n";
+            let mut input = b"HTTP/1.1 ".to_vec();
+            input.extend_from_slice(status);
+            input.extend_from_slice(if upgraded {
+                b"\r\nConnection: Upgrade\r\nUpgrade: WS\r\n\r\n"
+            } else {
+                b"\r\nContent-Length: 0\r\n\r\n"
+            });
+            let mock_io = Builder::new().write(wire).read(&input).build();
+            let mut http_stream = HttpSession::new(Box::new(mock_io));
+            http_stream.read_timeout = Some(Duration::from_secs(1));
+            http_stream.upgraded_read_timeout = Some(None);
+            let mut req = RequestHeader::build("GET", b"/", None).unwrap();
+            req.insert_header("Connection", "Upgrade").unwrap();
+            req.insert_header("Upgrade", "WS").unwrap();
+            http_stream.write_request_header(Box::new(req)).await.unwrap();
+            assert_eq!(http_stream.read_timeout, Some(Duration::from_secs(1)));
+            http_stream.read_response().await.unwrap();
+            assert_eq!(http_stream.was_upgraded(), upgraded);
+            let expected = if upgraded {
+                None
+            } else {
+                Some(Duration::from_secs(1))
+            };
+            assert_eq!(http_stream.read_timeout, expected, "{status:?}");
+        }
+        // unset: the read timeout stays what it was (Pingora's behaviour)
+        let wire = b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: WS\r\n\r\n";
+        let input = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: WS\r\n\r\n";
+        let mock_io = Builder::new().write(wire).read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_timeout = Some(Duration::from_secs(1));
+        let mut req = RequestHeader::build("GET", b"/", None).unwrap();
+        req.insert_header("Connection", "Upgrade").unwrap();
+        req.insert_header("Upgrade", "WS").unwrap();
+        http_stream.write_request_header(Box::new(req)).await.unwrap();
+        http_stream.read_response().await.unwrap();
+        assert!(http_stream.was_upgraded());
+        assert_eq!(http_stream.read_timeout, Some(Duration::from_secs(1)));
     }
 
     #[tokio::test]
