@@ -5,6 +5,8 @@ use clap::{Parser, Subcommand};
 // jemalloc instead of glibc malloc: Pingora allocates per request (headers,
 // buffers) from several threads; BENCHMARKS.md has the A/B (jemalloc 0.85x
 // the CPU per request of glibc, mimalloc 0.88x).
+// The `system-alloc` feature (profiling only) keeps the system allocator.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use std::path::PathBuf;

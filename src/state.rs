@@ -287,10 +287,12 @@ impl Shared {
     }
 
     /// [`Shared::next_request_id`] as a header value (hex: always valid), marked unique
-    /// (`edge::headers::unique`: HTTP/2 sends it unindexed).
+    /// (`edge::headers::unique`: HTTP/2 sends it unindexed). Its bytes are owned by one
+    /// shared allocation: the request and the response each hold the value, and a clone
+    /// counts a reference (a value copied from a slice allocated again on its first clone).
     pub fn next_request_id_value(&self) -> http::HeaderValue {
         crate::edge::headers::unique(
-            http::HeaderValue::from_bytes(&next_request_id_bytes())
+            http::HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(next_request_id_bytes()))
                 .unwrap_or_else(|_| http::HeaderValue::from_static("")),
         )
     }
@@ -433,6 +435,7 @@ mod tests {
         assert!(is_id(&a) && is_id(&b), "{a} {b}");
         assert_ne!(a, b);
         let v = s.next_request_id_value();
+        assert!(v.is_sensitive(), "HTTP/2 must not index a unique value");
         let v = v.to_str().expect("ascii header value");
         assert!(is_id(v), "{v}");
     }
