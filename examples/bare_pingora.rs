@@ -10,7 +10,6 @@
 //! `BARE_WORK_STEALING=0` runs the service on one single-threaded runtime per
 //! thread (Pingora's `work_stealing = false`) instead of one work-stealing runtime.
 
-use async_trait::async_trait;
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::server::configuration::{Opt, ServerConf};
@@ -21,7 +20,6 @@ struct Bare {
     upstream: SocketAddr,
 }
 
-#[async_trait]
 impl ProxyHttp for Bare {
     type CTX = ();
 

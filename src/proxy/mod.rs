@@ -35,7 +35,6 @@ mod upstream_request;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -136,7 +135,6 @@ impl Proxy {
 /// The traffic class of an attempt the backend did not answer (`error`).
 const NO_ANSWER: usize = portcullis_policy::traffic::CLASSES.len() - 1;
 
-#[async_trait]
 impl ProxyHttp for Proxy {
     type CTX = Ctx;
 

@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 
 use log::info;
 use pingora_core::connectors::l4::ConnectErrorExt;
@@ -33,7 +32,6 @@ struct RetryCtx {
 
 struct BackoffRetryProxy;
 
-#[async_trait]
 impl ProxyHttp for BackoffRetryProxy {
     type CTX = RetryCtx;
     fn new_ctx(&self) -> Self::CTX {

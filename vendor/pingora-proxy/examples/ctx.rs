@@ -12,7 +12,6 @@
 // See the License for the specific language governing permissions and
 // limitations under the License.
 
-use async_trait::async_trait;
 use log::info;
 use std::sync::Mutex;
 
@@ -39,7 +38,6 @@ fn check_beta_user(req: &pingora_http::RequestHeader) -> bool {
     req.headers.get("beta-flag").is_some()
 }
 
-#[async_trait]
 impl ProxyHttp for MyProxy {
     type CTX = MyCtx;
     fn new_ctx(&self) -> Self::CTX {

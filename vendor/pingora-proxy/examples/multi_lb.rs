@@ -12,7 +12,6 @@
 // See the License for the specific language governing permissions and
 // limitations under the License.
 
-use async_trait::async_trait;
 use std::sync::Arc;
 
 use pingora_core::{prelude::*, services::background::GenBackgroundService};
@@ -28,7 +27,6 @@ struct Router {
     cluster_two: Arc<LoadBalancer<RoundRobin>>,
 }
 
-#[async_trait]
 impl ProxyHttp for Router {
     type CTX = ();
     fn new_ctx(&self) {}

@@ -12,7 +12,6 @@
 // See the License for the specific language governing permissions and
 // limitations under the License.
 
-use async_trait::async_trait;
 
 use pingora_core::server::configuration::Opt;
 use pingora_core::server::Server;
@@ -22,7 +21,6 @@ use pingora_proxy::{ProxyHttp, Session};
 
 pub struct PipelinedGateway;
 
-#[async_trait]
 impl ProxyHttp for PipelinedGateway {
     type CTX = ();
     fn new_ctx(&self) -> Self::CTX {}

@@ -2019,7 +2019,6 @@ mod tests {
 
     struct DefaultRetryProxy;
 
-    #[async_trait]
     impl ProxyHttp for DefaultRetryProxy {
         type CTX = ();
 
@@ -2627,7 +2626,6 @@ mod tests {
 
     struct NoopProxy;
 
-    #[async_trait]
     impl ProxyHttp for NoopProxy {
         type CTX = ();
         fn new_ctx(&self) -> Self::CTX {}

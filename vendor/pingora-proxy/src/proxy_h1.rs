@@ -1377,7 +1377,6 @@ mod tests {
 
     struct ResponseFilter101;
 
-    #[async_trait]
     impl ProxyHttp for ResponseFilter101 {
         type CTX = ();
 

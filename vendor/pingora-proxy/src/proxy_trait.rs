@@ -44,7 +44,10 @@ pub enum ProxyWarnLogContext {
 /// particular stage (if applicable).
 ///
 /// If any of the filters returns [Result::Err], the request will fail, and the error will be logged.
-#[cfg_attr(not(doc_async_trait), async_trait)]
+// portcullis patch: the async methods return `impl Future + Send` (return-position `impl
+// Trait` in traits) instead of `#[async_trait]`'s `Pin<Box<dyn Future>>`: the future is
+// the caller's, not one heap allocation per call (about ten per request). Implementors write
+// them as plain `async fn`.
 pub trait ProxyHttp {
     /// The per request object to share state across the different filters
     type CTX;
@@ -56,11 +59,11 @@ pub trait ProxyHttp {
     ///
     /// The returned [HttpPeer] contains the information regarding where and how this request should
     /// be forwarded to.
-    async fn upstream_peer(
+    fn upstream_peer(
         &self,
         session: &mut Session,
         ctx: &mut Self::CTX,
-    ) -> Result<Box<HttpPeer>>;
+    ) -> impl std::future::Future<Output = Result<Box<HttpPeer>>> + Send;
 
     /// Set up downstream modules.
     ///
@@ -99,11 +102,13 @@ pub trait ProxyHttp {
     /// the proxy would exit. The proxy continues to the next phases when `Ok(false)` is returned.
     ///
     /// By default this filter does nothing and returns `Ok(false)`.
-    async fn request_filter(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<bool>
+    fn request_filter(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> impl std::future::Future<Output = Result<bool>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(false)
+        async move {
+            Ok(false)
+        }
     }
 
     /// Handle the incoming request before any downstream module is executed.
@@ -115,11 +120,13 @@ pub trait ProxyHttp {
     /// Note that because this function is executed before any module that might provide access
     /// control or rate limiting, logic should stay in request_filter() if it can in order to be
     /// protected by said modules.
-    async fn early_request_filter(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<()>
+    fn early_request_filter(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     /// Returns whether this session is allowed to spawn subrequests.
@@ -145,17 +152,19 @@ pub trait ProxyHttp {
     /// The async nature of this function allows to throttle the upload speed and/or executing
     /// heavy computation logic such as WAF rules on offloaded threads without blocking the threads
     /// who process the requests themselves.
-    async fn request_body_filter(
+    fn request_body_filter(
         &self,
         _session: &mut Session,
         _body: &mut Option<Bytes>,
         _end_of_stream: bool,
         _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     /// This filter decides if the request is cacheable and what cache backend to use
@@ -205,18 +214,20 @@ pub trait ProxyHttp {
     ///
     /// The value returned indicates if the force invalidation should be used,
     /// and which kind. Returning `None` indicates no forced invalidation
-    async fn cache_hit_filter(
+    fn cache_hit_filter(
         &self,
         _session: &mut Session,
         _meta: &CacheMeta,
         _hit_handler: &mut HitHandler,
         _is_fresh: bool,
         _ctx: &mut Self::CTX,
-    ) -> Result<Option<ForcedFreshness>>
+    ) -> impl std::future::Future<Output = Result<Option<ForcedFreshness>>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(None)
+        async move {
+            Ok(None)
+        }
     }
 
     /// Decide if a request should continue to upstream after not being served from cache.
@@ -229,15 +240,17 @@ pub trait ProxyHttp {
     ///
     /// By default the session will attempt to be reused after returning Ok(false). It is the
     /// caller's responsibility to disable keepalive or drain the request body if needed.
-    async fn proxy_upstream_filter(
+    fn proxy_upstream_filter(
         &self,
         _session: &mut Session,
         _ctx: &mut Self::CTX,
-    ) -> Result<bool>
+    ) -> impl std::future::Future<Output = Result<bool>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(true)
+        async move {
+            Ok(true)
+        }
     }
 
     /// Decide if the response is cacheable
@@ -319,16 +332,18 @@ pub trait ProxyHttp {
     /// For an HTTP/1 upstream, if the downstream request has a non-empty body and this callback
     /// leaves neither `Content-Length` nor `Transfer-Encoding`, Pingora adds
     /// `Transfer-Encoding: chunked`.
-    async fn upstream_request_filter(
+    fn upstream_request_filter(
         &self,
         _session: &mut Session,
         _upstream_request: &mut RequestHeader,
         _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     /// Adjust upstream modules before they process the response header.
@@ -351,17 +366,19 @@ pub trait ProxyHttp {
     ///
     /// This filter requires the `upstream_modules` feature to be enabled.
     #[cfg(feature = "upstream_modules")]
-    async fn adjust_upstream_modules(
+    fn adjust_upstream_modules(
         &self,
         _session: &mut Session,
         _upstream_response: &ResponseHeader,
         _end_of_stream: bool,
         _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     /// Modify the response header from the upstream
@@ -371,77 +388,87 @@ pub trait ProxyHttp {
     /// Responses served from cache won't trigger this filter. If the cache needed revalidation,
     /// only the 304 from upstream will trigger the filter (though it will be merged into the
     /// cached header, not served directly to downstream).
-    async fn upstream_response_filter(
+    fn upstream_response_filter(
         &self,
         _session: &mut Session,
         _upstream_response: &mut ResponseHeader,
         _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     /// Modify the response header before it is send to the downstream
     ///
     /// The modification is after caching. This filter is called for all responses including
     /// responses served from cache.
-    async fn response_filter(
+    fn response_filter(
         &self,
         _session: &mut Session,
         _upstream_response: &mut ResponseHeader,
         _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     // custom_forwarding is called when downstream and upstream connections are successfully established.
     #[doc(hidden)]
-    async fn custom_forwarding(
+    fn custom_forwarding(
         &self,
         _session: &mut Session,
         _ctx: &mut Self::CTX,
         _custom_message_to_upstream: Option<mpsc::Sender<Bytes>>,
         _custom_message_to_downstream: mpsc::Sender<Bytes>,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     // received a custom message from the downstream before sending it to the upstream.
     #[doc(hidden)]
-    async fn downstream_custom_message_proxy_filter(
+    fn downstream_custom_message_proxy_filter(
         &self,
         _session: &mut Session,
         custom_message: Bytes,
         _ctx: &mut Self::CTX,
         _final_hop: bool,
-    ) -> Result<Option<Bytes>>
+    ) -> impl std::future::Future<Output = Result<Option<Bytes>>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(Some(custom_message))
+        async move {
+            Ok(Some(custom_message))
+        }
     }
 
     // received a custom message from the upstream before sending it to the downstream.
     #[doc(hidden)]
-    async fn upstream_custom_message_proxy_filter(
+    fn upstream_custom_message_proxy_filter(
         &self,
         _session: &mut Session,
         custom_message: Bytes,
         _ctx: &mut Self::CTX,
         _final_hop: bool,
-    ) -> Result<Option<Bytes>>
+    ) -> impl std::future::Future<Output = Result<Option<Bytes>>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(Some(custom_message))
+        async move {
+            Ok(Some(custom_message))
+        }
     }
 
     /// Similar to [Self::upstream_response_filter()] but for response body
@@ -487,16 +514,18 @@ pub trait ProxyHttp {
     /// trailers being written to the response body.
     ///
     /// TODO: make this interface more intuitive
-    async fn response_trailer_filter(
+    fn response_trailer_filter(
         &self,
         _session: &mut Session,
         _upstream_trailers: &mut header::HeaderMap,
         _ctx: &mut Self::CTX,
-    ) -> Result<Option<Bytes>>
+    ) -> impl std::future::Future<Output = Result<Option<Bytes>>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(None)
+        async move {
+            Ok(None)
+        }
     }
 
     /// This filter is called when the entire response is sent to the downstream successfully or
@@ -504,10 +533,12 @@ pub trait ProxyHttp {
     ///
     /// An error log is already emitted if there is any error. This phase is used for collecting
     /// metrics and sending access logs.
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, _ctx: &mut Self::CTX)
+    fn logging(&self, _session: &mut Session, _e: Option<&Error>, _ctx: &mut Self::CTX) -> impl std::future::Future<Output = ()> + Send
     where
         Self::CTX: Send + Sync,
     {
+        async move {
+        }
     }
 
     /// Called after [`Self::logging`] when the downstream connection will be reused for another
@@ -628,43 +659,45 @@ pub trait ProxyHttp {
     /// Additionally, the user can return whether this session may be reused in spite of the error.
     /// Today this reuse status is only respected for errors that occur prior to upstream peer
     /// selection, and the keepalive configured on the `Session` itself still takes precedent.
-    async fn fail_to_proxy(
+    fn fail_to_proxy(
         &self,
         session: &mut Session,
         e: &Error,
         _ctx: &mut Self::CTX,
-    ) -> FailToProxy
+    ) -> impl std::future::Future<Output = FailToProxy> + Send
     where
         Self::CTX: Send + Sync,
     {
-        let code = match e.etype() {
-            HTTPStatus(code) => *code,
-            _ => {
-                match e.esource() {
-                    ErrorSource::Upstream => 502,
-                    ErrorSource::Downstream => {
-                        match e.etype() {
-                            WriteError | ReadError | ConnectionClosed => {
-                                /* conn already dead */
-                                0
+        async move {
+            let code = match e.etype() {
+                HTTPStatus(code) => *code,
+                _ => {
+                    match e.esource() {
+                        ErrorSource::Upstream => 502,
+                        ErrorSource::Downstream => {
+                            match e.etype() {
+                                WriteError | ReadError | ConnectionClosed => {
+                                    /* conn already dead */
+                                    0
+                                }
+                                _ => 400,
                             }
-                            _ => 400,
                         }
+                        ErrorSource::Internal | ErrorSource::Unset => 500,
                     }
-                    ErrorSource::Internal | ErrorSource::Unset => 500,
                 }
+            };
+            if code > 0 {
+                session.respond_error(code).await.unwrap_or_else(|e| {
+                    error!("failed to send error response to downstream: {e}");
+                });
             }
-        };
-        if code > 0 {
-            session.respond_error(code).await.unwrap_or_else(|e| {
-                error!("failed to send error response to downstream: {e}");
-            });
-        }
 
-        FailToProxy {
-            error_code: code,
-            // default to no reuse, which is safest
-            can_reuse_downstream: false,
+            FailToProxy {
+                error_code: code,
+                // default to no reuse, which is safest
+                can_reuse_downstream: false,
+            }
         }
     }
 
@@ -692,7 +725,7 @@ pub trait ProxyHttp {
     /// This filter is called when the request just established or reused a connection to the upstream
     ///
     /// This filter allows user to log timing and connection related info.
-    async fn connected_to_upstream(
+    fn connected_to_upstream(
         &self,
         _session: &mut Session,
         _reused: bool,
@@ -701,11 +734,13 @@ pub trait ProxyHttp {
         #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
         _digest: Option<&Digest>,
         _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    ) -> impl std::future::Future<Output = Result<()>> + Send
     where
         Self::CTX: Send + Sync,
     {
-        Ok(())
+        async move {
+            Ok(())
+        }
     }
 
     /// This callback is invoked every time request related error log needs to be generated
