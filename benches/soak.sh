@@ -7,6 +7,7 @@
 #
 #   bash benches/soak.sh                          # 20 minutes, a random seed (printed)
 #   SOAK_SECONDS=120 SOAK_SEED=7 bash benches/soak.sh
+#   SOAK_STORE=cluster SOAK_SECONDS=180 bash benches/soak.sh   # on a Redis Cluster
 #
 # Settings:
 #   SOAK_SECONDS  run length (default 1200); the first max(20, min(60, 1/6)) s are a warm-up
@@ -17,6 +18,13 @@
 #   PC_BIN        the binary (default: build the debug one, cargo build --bin portcullis)
 #   SOAK_RESULTS  the CSV a row is appended to (default benches/soak/results/soak.csv)
 #   SOAK_KEEP=1   keep the scratch directory (configs, every process's log); SOAK_VERBOSE=1
+#   SOAK_STORE    standalone (default): one redis-server, `[redis] url`; cluster: a private
+#                 Redis Cluster instead, 6 redis-server nodes on free loopback ports
+#                 (--cluster-enabled, each its own nodes.conf and directory in the scratch
+#                 directory, --cluster-node-timeout 2000, no persistence) made 3 masters with
+#                 a replica each by `redis-cli --cluster create`, ready when every node says
+#                 cluster_state:ok; the instances get `[redis] mode = "cluster"` and every
+#                 node as a seed in `nodes`. Anything else: exit 2. Needs redis-cli too.
 #
 # Load (about 85 requests/s): 3 HTTP/1.1 keep-alive clients (20-80 requests a connection),
 # one opening a connection per request, one HTTP/2-over-TLS client (ALPN h2, 4 concurrent
@@ -28,7 +36,12 @@
 # reused connection is retried once (RFC 9112 9.3.1), as are the streams a GOAWAY left
 # unprocessed (RFC 9113 6.8), both counted.
 #
-# Faults, every 10-30 s, 1-3 at once: Redis SIGKILLed and restarted empty after 3-12 s; a
+# Faults, every 10-30 s, 1-3 at once: Redis SIGKILLed and restarted empty after 3-12 s
+# (SOAK_STORE=cluster: instead, the same draws, a master failover `cluster_master`: one
+# current master (CLUSTER NODES) SIGKILLed, its replica's promotion awaited (every node ok,
+# the killed one no longer serving slots), 3-12 s later the killed node restarted on its port
+# with its nodes.conf (it rejoins as a replica); the fault ends when every node is ok again
+# and every replica in sync; a cluster run has one at its first fault moment); a
 # backend failing (500s), hanging (never answers; read_timeout_ms 2000) or slow (300 ms)
 # for 8-30 s; a reload (SIGHUP) with a real change (max_concurrency, a route, a culling
 # threshold; checked applied on /metrics); a binary upgrade (-u, upgrade_sock, SIGQUIT: the
@@ -50,7 +63,8 @@
 # - rate limit: a key's admitted requests in each fixed window (the limiter's windows are
 #   epoch-aligned; a request whose send and answer fall in two windows counts in both)
 #   stay within 1.05 x the limit (README), and within 3 x 1.05 (each of the 3 instances
-#   alone) in windows within 20 s of a Redis outage.
+#   alone) in windows within 20 s of a Redis outage or of a master failover (the keys of the
+#   killed master's slots lose their counters until the promotion).
 # - culling: at most max_culled_fraction (0.5) of the 4 backends culled on any instance at
 #   any time (never the last), read each second from portcullis_backend_culled; a backend
 #   whose fault ended is no longer culled within cooldown + 3 checks + 12 s; none at the end.
@@ -59,19 +73,33 @@
 #   then stays flat; the drift from the warm-up is printed too) to the end: VmRSS, open
 #   fds (/proc) and portcullis_ratelimit_tracked_keys, means of 1 s samples over 30 s there
 #   and over the last 30 s, within 10% (tracked keys move ±15% within a window).
-# - logs: every ERROR line of every process falls within 20 s after an injected fault.
+# - logs: every ERROR line of every process falls within 20 s after an injected fault (a
+#   store ERROR: after a Redis restart or a master failover).
+# - cluster: a replica is promoted within 30 s of a master's kill; every node is ok again
+#   within 60 s of the killed node's restart. Printed, not checked: the promotion time and
+#   each instance's store healthy again after it (portcullis_ratelimit_store_healthy).
 #
-# Prints one line `soak: PASS|FAIL seed=... failed=N ...` and appends a row to the CSV.
-# Needs redis-server, openssl, python3 with python3-h2 (scripts/setup.sh).
+# Prints one line `soak: PASS|FAIL store=... seed=... failed=N ...` and appends a row to the
+# CSV (its last columns, faults_cluster_master and store, are absent in rows written before
+# them: read those as 0 and standalone).
+# Needs redis-server, openssl, python3 with python3-h2 (scripts/setup.sh); redis-cli for a cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SOAK_STORE=${SOAK_STORE:-standalone}
+case "$SOAK_STORE" in
+  standalone | cluster) ;;
+  *) echo "soak: SOAK_STORE must be standalone or cluster, not '$SOAK_STORE'" >&2; exit 2 ;;
+esac
+export SOAK_STORE
 if [ -z "${PC_BIN:-}" ]; then
   cargo build -q --bin portcullis
   PC_BIN="${CARGO_TARGET_DIR:-target}/debug/portcullis"
 fi
 PC_BIN=$(realpath "$PC_BIN")
 export PC_BIN
-for t in redis-server openssl; do
+tools="redis-server openssl"
+[ "$SOAK_STORE" = cluster ] && tools="$tools redis-cli"
+for t in $tools; do
   command -v "$t" >/dev/null || { echo "soak: needs $t (scripts/setup.sh)" >&2; exit 2; }
 done
 /usr/bin/python3 -c 'import h2' 2>/dev/null || { echo "soak: needs python3-h2 (scripts/setup.sh)" >&2; exit 2; }

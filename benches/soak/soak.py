@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The soak (issue 46): run by benches/soak.sh, which documents the settings.
 
-Three portcullis instances on one private redis-server, five backends (backend.py),
+Three portcullis instances on one private redis-server (SOAK_STORE=cluster: a private
+Redis Cluster of 3 masters with a replica each), five backends (backend.py),
 mixed clients (HTTP/1.1 keep-alive and a connection per request, HTTP/2 over TLS,
 WebSocket tunnels, a bulkhead burst), and faults from a schedule seeded by SOAK_SEED.
 Everything listens on 127.0.0.1 on free ports; every process it starts is ended by its
@@ -13,6 +14,7 @@ import csv
 import datetime
 import hashlib
 import http.client
+import io
 import json
 import os
 import random
@@ -39,6 +41,12 @@ SEED = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(1, 10*
 RESULTS = os.environ.get("SOAK_RESULTS", os.path.join(HERE, "results", "soak.csv"))
 KEEP = os.environ.get("SOAK_KEEP", "0") == "1"
 VERBOSE = os.environ.get("SOAK_VERBOSE", "0") == "1"
+STORE = os.environ.get("SOAK_STORE", "") or "standalone"  # standalone | cluster
+if STORE not in ("standalone", "cluster"):
+    sys.stderr.write(f"soak: SOAK_STORE must be standalone or cluster, not {STORE!r}\n")
+    sys.exit(2)
+CLUSTER_MASTERS = 3  # each with one replica
+CLUSTER_NODE_TIMEOUT_MS = 2000  # a killed master is failed over in a few seconds
 
 N_INST = 3
 N_BACKENDS = 4  # the culled upstream "app"; a fifth backend serves the bulkhead upstream
@@ -86,10 +94,17 @@ def vlog(msg):
         log(msg)
 
 
+USED_PORTS = set()  # a port handed out once is not handed out again (a node's bus port too)
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in USED_PORTS and port != 6379:  # the machine's Redis is not ours
+            USED_PORTS.add(port)
+            return port
 
 
 def spawn(args, logname, **kw):
@@ -274,6 +289,159 @@ class Redis:
         self.proc.kill()
         self.proc.wait()
 
+    def toml(self):
+        return f'url = "redis://127.0.0.1:{self.port}"'
+
+    def describe(self):
+        return f"redis :{self.port}"
+
+
+def redis_cmd(port, *args, timeout=2):
+    """One command to the redis-server on `port`: its reply as text (a status, an integer
+    or a bulk string), None when the server is unreachable or answers an error."""
+    req = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(req.encode())
+            f = s.makefile("rb")
+            line = f.readline()
+            kind, rest = line[:1], line[1:].rstrip(b"\r\n")
+            if kind in (b"+", b":"):
+                return rest.decode()
+            if kind == b"$" and int(rest) >= 0:
+                data = f.read(int(rest) + 2)
+                return data[:int(rest)].decode(errors="replace")
+            return None
+    except (OSError, ValueError):
+        return None
+
+
+def info_field(text, name):
+    m = re.search(rf"^{name}:(\S+)", text or "", re.M)
+    return m.group(1) if m else None
+
+
+class ClusterNode:
+    """One redis-server in cluster mode: its own port, bus port, directory and
+    nodes.conf, so that a restart on the same port and file rejoins as the same node."""
+
+    def __init__(self):
+        self.port, self.bus = free_port(), free_port()
+        self.dir = os.path.join(TMP, f"cluster-{self.port}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = None
+        self.n = 0
+
+    def start(self):
+        """Starts (or restarts) the node; False when it does not answer PING within 10 s."""
+        self.n += 1
+        self.proc = spawn(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes",
+             "--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
+             "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), "--cluster-port", str(self.bus)],
+            f"redis-{self.port}-{self.n}.log")
+        return wait_until(10, lambda: self.running() and redis_cmd(self.port, "PING") == "PONG")
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def cmd(self, *args):
+        return redis_cmd(self.port, *args) if self.running() else None
+
+
+class Cluster:
+    """A private Redis Cluster: 3 masters, one replica each (redis-cli --cluster create)."""
+
+    def __init__(self):
+        self.nodes = [ClusterNode() for _ in range(CLUSTER_MASTERS * 2)]
+        self.busy = threading.Lock()  # one master failover at a time
+        self.failovers = []  # dicts: port, kill, promoted, restarted, ok (seconds into the run)
+
+    def start(self):
+        for n in self.nodes:
+            if not n.start():
+                raise SystemExit(f"soak: cluster node :{n.port} did not start; see {TMP}")
+        p = spawn(["redis-cli", "--cluster", "create"] + [f"127.0.0.1:{n.port}" for n in self.nodes]
+                  + ["--cluster-replicas", "1", "--cluster-yes"], "redis-cluster-create.log")
+        try:  # bounded: --cluster create waits for the join forever if the nodes cannot meet
+            rc = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = "timeout"
+        if rc != 0:
+            raise SystemExit(f"soak: redis-cli --cluster create failed ({rc}); see {TMP}/redis-cluster-create.log")
+        if not wait_until(60, self.healthy, 0.5):
+            raise SystemExit(f"soak: the cluster never reached cluster_state:ok on every node; see {TMP}")
+
+    def node(self, port):
+        return next(n for n in self.nodes if n.port == port)
+
+    def view(self, node=None):
+        """CLUSTER NODES as `node` (default: the first running node that answers) sees it:
+        [(port, flags, slot ranges)]."""
+        for n in [node] if node else self.nodes:
+            text = n.cmd("CLUSTER", "NODES")
+            if text:
+                out = []
+                for line in text.splitlines():
+                    f = line.split()
+                    if len(f) >= 8:
+                        port = int(f[1].split("@")[0].rsplit(":", 1)[1])
+                        out.append((port, set(f[2].split(",")), f[8:]))
+                return out
+        return []
+
+    def masters(self, view=None):
+        """Ports of the masters that serve slots (not flagged failing)."""
+        view = self.view() if view is None else view
+        return sorted(p for p, flags, slots in view
+                      if "master" in flags and slots and not flags & {"fail", "fail?"})
+
+    def promoted(self, killed):
+        """The killed master's slots are served again: every node that runs says
+        cluster_state:ok and sees 3 slot-serving masters, all running, the killed one not
+        among them."""
+        live = [n for n in self.nodes if n.running()]
+        for n in live:
+            if "cluster_state:ok" not in (n.cmd("CLUSTER", "INFO") or ""):
+                return False
+            m = self.masters(self.view(n))
+            if len(m) != CLUSTER_MASTERS or killed in m or not all(self.node(p).running() for p in m):
+                return False
+        return True
+
+    def healthy(self):
+        """Every node runs and says cluster_state:ok with all 6 known, no node sees a
+        failing node, 3 masters serve the slots and every replica's link is up."""
+        n_all = len(self.nodes)
+        for n in self.nodes:
+            info = n.cmd("CLUSTER", "INFO")
+            if not info or "cluster_state:ok" not in info or info_field(info, "cluster_known_nodes") != str(n_all):
+                return False
+            view = self.view(n)
+            if len(view) != n_all or any(flags & {"fail", "fail?", "handshake", "noaddr"} for _, flags, _ in view):
+                return False
+            if len(self.masters(view)) != CLUSTER_MASTERS:
+                return False
+            repl = n.cmd("INFO", "replication")
+            role = info_field(repl, "role")
+            if role != "master" and info_field(repl, "master_link_status") != "up":
+                return False
+        return True
+
+    def toml(self):
+        nodes = ", ".join(f'"127.0.0.1:{n.port}"' for n in self.nodes)
+        return f'mode = "cluster"\nnodes = [{nodes}]'
+
+    def describe(self):
+        return f"redis cluster {[n.port for n in self.nodes]} (masters {self.masters()})"
+
 
 class Backend:
     def __init__(self, name, slow_ms=300):
@@ -365,7 +533,7 @@ cert = "{CERT}"
 key = "{KEY}"
 
 [redis]
-url = "redis://127.0.0.1:{self.redis.port}"
+{self.redis.toml()}
 key_prefix = "soak"
 
 [[upstreams]]
@@ -794,6 +962,44 @@ def f_redis(rng, redis, insts):
     fault_end(f)
 
 
+def f_cluster_master(rng, cluster):
+    """SIGKILL of one current master; its replica is promoted; 3-12 s later the killed
+    node is restarted on its port with its nodes.conf and rejoins as a replica. The fault
+    ends when the whole cluster is healthy again (every node ok, every replica in sync)."""
+    if not cluster.busy.acquire(blocking=False):
+        return
+    try:
+        masters = [p for p in cluster.masters() if cluster.node(p).running()]
+        if not masters:
+            check_fail("cluster_master: no running master to kill")
+            return
+        port = rng.choice(masters)
+        node = cluster.node(port)
+        fo = {"port": port}
+        f = fault_begin("cluster_master", f"redis:{port}")
+        fo["kill"] = now()
+        node.kill()
+        if wait_until(30, lambda: cluster.promoted(port), 0.2):
+            fo["promoted"] = now()
+            log(f"cluster_master: :{port}'s replica promoted {fo['promoted'] - fo['kill']:.1f} s after the kill; masters now {cluster.masters()}")
+        else:
+            check_fail(f"cluster_master: no replica promoted within 30 s of killing master :{port}")
+        STOP.wait(min(rng.uniform(3, 12), max(1, FAULTS_END - now())))
+        if not node.start():
+            check_fail(f"cluster_master: the killed node :{port} did not restart")
+        fo["restarted"] = now()
+        if wait_until(60, cluster.healthy, 0.5):
+            fo["ok"] = now()
+            log(f"cluster_master: :{port} rejoined; cluster ok on every node {fo['ok'] - fo['restarted']:.1f} s after its restart")
+        else:
+            check_fail(f"cluster_master: the cluster not ok on every node within 60 s of restarting :{port}")
+        with LOCK:
+            cluster.failovers.append(fo)
+        fault_end(f)
+    finally:
+        cluster.busy.release()
+
+
 def f_backend(rng, kind, b):
     f = fault_begin(f"backend_{kind}", b.name)
     b.set(kind)
@@ -900,14 +1106,21 @@ RECOVERED = []  # (backend, t): a backend fault ended
 def schedule(rng, start, stop):
     """The seeded schedule: a moment every 10-30 s, 1-3 faults at it."""
     out, t = [], start
-    kinds = ["redis_restart", "backend_fail", "backend_hang", "backend_slow", "reload",
+    # cluster mode: a master failover takes the place of the Redis restart (the same draws)
+    redis_fault = "cluster_master" if STORE == "cluster" else "redis_restart"
+    kinds = [redis_fault, "backend_fail", "backend_hang", "backend_slow", "reload",
              "upgrade", "cert_reload", "sigterm"]
     while True:
         t += rng.uniform(10, 30)
         if t > stop:
-            return out
+            break
         n = rng.choices([1, 2, 3], [6, 3, 1])[0]
         out.append((t, rng.sample(kinds, n), rng.randrange(1 << 30)))
+    if STORE == "cluster" and out and "cluster_master" not in out[0][1]:
+        # every cluster run fails a master over, at its first fault moment
+        t0, k0, s0 = out[0]
+        out[0] = (t0, ["cluster_master"] + k0[: 2], s0)
+    return out
 
 
 def run_fault(kind, frng, redis, backends, insts):
@@ -915,6 +1128,8 @@ def run_fault(kind, frng, redis, backends, insts):
         if kind == "redis_restart":
             if redis.proc.poll() is None:
                 f_redis(frng, redis, insts)
+        elif kind == "cluster_master":
+            f_cluster_master(frng, redis)
         elif kind.startswith("backend_"):
             free = [b for b in backends if not active({"backend_fail", "backend_hang", "backend_slow"}, now(), now(), target=b.name)]
             if free:
@@ -938,6 +1153,7 @@ def run_fault(kind, frng, redis, backends, insts):
 CULLED = collections.defaultdict(list)  # backend -> [(t, slot)] while seen culled
 MAX_CULLED = [0]
 RES = collections.defaultdict(list)  # pid -> [(t, rss_kib, fds, tracked_keys)]
+STORE_HEALTH = collections.defaultdict(list)  # slot -> [(t, portcullis_ratelimit_store_healthy)]
 
 
 def monitor(insts, backends):
@@ -952,6 +1168,7 @@ def monitor(insts, backends):
             m = i.metrics()
             if m is None:
                 continue
+            STORE_HEALTH[i.slot].append((t, metric_values(m, "portcullis_ratelimit_store_healthy").get("", -1)))
             culled = [k for k, v in metric_values(m, "portcullis_backend_culled").items() if v == 1 and 'upstream="app"' in k]
             with LOCK:
                 MAX_CULLED[0] = max(MAX_CULLED[0], len(culled))
@@ -992,9 +1209,9 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: (cleanup(), os._exit(130)))
     rng = random.Random(SEED)
-    log(f"seed {SEED}, {SECONDS} s (warm-up {WARMUP} s, quiet end {QUIET} s), binary {BIN}, scratch {TMP}")
+    log(f"store {STORE}, seed {SEED}, {SECONDS} s (warm-up {WARMUP} s, quiet end {QUIET} s), binary {BIN}, scratch {TMP}")
     make_cert()
-    redis = Redis()
+    redis = Cluster() if STORE == "cluster" else Redis()
     redis.start()
     backends = [Backend(f"b{i}") for i in range(N_BACKENDS)]
     bulk = Backend("bulk", slow_ms=300)
@@ -1004,8 +1221,8 @@ def main():
     insts = [Instance(s, redis, backends, bulk) for s in range(N_INST)]
     for i in insts:
         i.start()
-    log("all up: redis :%d, backends %s, instances %s" % (
-        redis.port, [b.port for b in backends], [(i.port, i.tls_port, i.admin_port) for i in insts]))
+    log("all up: %s, backends %s, instances %s" % (
+        redis.describe(), [b.port for b in backends], [(i.port, i.tls_port, i.admin_port) for i in insts]))
 
     threads = [threading.Thread(target=guarded(monitor), args=(insts, backends), daemon=True)]
     # hot 40 req/s + cold 40 req/s + churn 1 req/s, split over the clients
@@ -1046,18 +1263,20 @@ def error_causes(j):
     """The injected faults that can explain an ERROR line."""
     target, msg = j.get("target", ""), j.get("message", "")
     if target.startswith("portcullis::store") or "redis" in msg or "store" in msg:
-        return {"redis_restart"}
+        return {"redis_restart", "cluster_master"}  # a master failover is an outage of its slots
     if target.startswith("pingora_core::server::transfer_fd"):  # waits for the old process's fds
         return {"upgrade"}
     if j.get("event") == "proxy_error":
         return {"backend_fail", "backend_hang", "backend_slow", "sigterm", "upgrade"}
-    return {"redis_restart", "backend_fail", "backend_hang", "backend_slow", "reload", "upgrade", "cert_reload", "sigterm"}
+    return {"redis_restart", "cluster_master", "backend_fail", "backend_hang", "backend_slow", "reload", "upgrade",
+            "cert_reload", "sigterm"}
 
 
 def finish(insts, backends, redis):
     fails = [w for _, w in CHECK_FAILS]
     # rate limit: admitted per key per fixed window
-    outages = [(f["start"] + T0, (f["end"] or now()) + T0) for f in FAULTS if f["kind"] == "redis_restart"]
+    # a master failover: the keys of its slots lose their counters until the promotion
+    outages = [(f["start"] + T0, (f["end"] or now()) + T0) for f in FAULTS if f["kind"] in ("redis_restart", "cluster_master")]
     max_norm, max_out, over = 0.0, 0.0, []
     for key in HOT_KEYS + COLD_KEYS:
         for w in set(ADMITTED[key]) | set(AMBIG[key]):
@@ -1137,19 +1356,36 @@ def finish(insts, backends, redis):
     ok = not fails and failed == 0
 
     fk = ["redis_restart", "backend_fail", "backend_hang", "backend_slow", "reload", "upgrade", "cert_reload", "sigterm"]
-    fstr = ",".join(f"{k}:{FAULT_COUNT[k]}" for k in fk)
+    fstr = ",".join(f"{k}:{FAULT_COUNT[k]}" for k in fk + (["cluster_master"] if STORE == "cluster" else []))
+    # master failovers: the promotion after the kill, and each instance's store healthy
+    # again after the promotion (its first 1 s sample at 1 from then; §9 says within 10 s)
+    fo_str = ""
+    if STORE == "cluster":
+        promote, healthy_after, unhealthy_seen = [], [], 0
+        for fo in redis.failovers:
+            if "promoted" not in fo:
+                continue
+            promote.append(fo["promoted"] - fo["kill"])
+            for slot, hs in STORE_HEALTH.items():
+                unhealthy_seen += sum(1 for t, v in hs if fo["kill"] <= t <= fo["promoted"] + 30 and v == 0)
+                after = [t for t, v in hs if fo["promoted"] <= t <= fo["promoted"] + 60 and v == 1]
+                if after:
+                    healthy_after.append(after[0] - fo["promoted"])
+        fo_str = (f"failovers={len(promote)} promote_s_max={max(promote, default=0):.1f} "
+                  f"store_healthy_after_promote_s_max={max(healthy_after, default=0):.1f} "
+                  f"store_unhealthy_samples={unhealthy_seen} ")
     pstr = ",".join(f"{k}:{REQ[k]}" for k in ("h1_keepalive", "h1_new", "h2", "ws", "h1_bulk"))
     cstr = ",".join(f"{k[7:]}:{v}" for k, v in sorted(OUTCOME.items()) if k.startswith("caused:")) or "-"
     env = sum(v for k, v in OUTCOME.items() if k.startswith("env:"))
     dstr = " ".join(
         f"i{s}:" + ("n/a" if d is None else f"rss{d['rss']:+.1%}/fd{d['fd']:+.1%}/keys{d['keys']:+.1%}")
         for s, d in sorted(drift.items()))
-    print(f"soak: {'PASS' if ok else 'FAIL'} seed={SEED} seconds={SECONDS} faults={sum(FAULT_COUNT.values())} ({fstr}) "
+    print(f"soak: {'PASS' if ok else 'FAIL'} store={STORE} seed={SEED} seconds={SECONDS} faults={sum(FAULT_COUNT.values())} ({fstr}) "
           f"requests={total_req} ({pstr}) ok={OUTCOME['ok']} 429={OUTCOME['429']} 503_bulkhead={OUTCOME['503_bulkhead']} "
           f"caused={caused} ({cstr}) retried_stale={OUTCOME['retried_stale']} retried_goaway={OUTCOME['retried_goaway']} "
           f"env_backend_not_scheduled={env} failed={failed} checks_failed={len(fails)} max_key_ratio={max_norm:.3f} (bound {BOUND}) "
           f"max_key_ratio_redis_down={max_out:.3f} (bound {BOUND * N_INST:.2f}) max_culled={MAX_CULLED[0]}/{N_BACKENDS} "
-          f"ws_messages={OUTCOME['ws_messages']} error_lines={errors} unexplained_errors={len(unexplained)} drift {dstr}",
+          f"ws_messages={OUTCOME['ws_messages']} {fo_str}error_lines={errors} unexplained_errors={len(unexplained)} drift {dstr}",
           flush=True)
     for t, w in FAILURES[:30]:
         print(f"soak: failed request at {t - T0:.1f}s: {w}", file=sys.stderr)
@@ -1179,8 +1415,13 @@ def finish(insts, backends, redis):
         for k in ("rss", "fd", "keys"):
             row[f"i{s}_{k}_drift"] = "" if d is None else f"{d[k]:+.3f}"
         row[f"i{s}_rss_drift_from_warmup"] = "" if d is None else f"{d['rss_warm']:+.3f}"
+    # added later, at the end: rows written before them have neither (read: 0, standalone)
+    row["faults_cluster_master"] = FAULT_COUNT["cluster_master"]
+    row["store"] = STORE
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     new = not os.path.exists(RESULTS)
+    if not new:
+        upgrade_header(RESULTS, list(row))
     with open(RESULTS, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(row))
         if new:
@@ -1188,6 +1429,25 @@ def finish(insts, backends, redis):
         w.writerow(row)
     print(f"soak: row appended to {RESULTS}", file=sys.stderr)
     return 0 if ok else 1
+
+
+def upgrade_header(path, fields):
+    """An existing CSV whose header is a prefix of `fields` (written before the last
+    columns were added) gets the full header; its rows stay as they are (shorter: a
+    csv.DictReader reads the missing columns as None)."""
+    with open(path, newline="") as f:
+        lines = f.read().splitlines(keepends=True)
+    if not lines:
+        return
+    old = next(csv.reader([lines[0]]))
+    if old != fields and fields[:len(old)] == old:
+        buf = io.StringIO()
+        csv.writer(buf).writerow(fields)
+        lines[0] = buf.getvalue()
+        tmp = path + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
 
 
 if __name__ == "__main__":
