@@ -52,9 +52,8 @@
 # Checks (any failure: exit 1, and `soak: FAIL ...`):
 # - requests: every outcome other than 2xx, a 429 of a hot key or a bulkhead 503 is a
 #   failure unless caused: a 500 from a backend set to fail; a 500/502/503/504 while a
-#   backend fails or hangs (within read_timeout + 1 s); a WebSocket upgrade unanswered (10 s)
-#   while a backend hangs (the wait for a 101 is bounded by tunnel_idle_timeout_seconds,
-#   not read_timeout_ms: README); a request whose connection was cut
+#   backend fails or hangs (within read_timeout + 1 s; a WebSocket upgrade too: until the
+#   101, read_timeout_ms applies); a request whose connection was cut
 #   or refused by the instance that was SIGTERMed at that time (from the signal until its
 #   restart is ready); a WebSocket tunnel cut on an instance being upgraded (the old process
 #   closes its tunnels at shutdown_timeout_seconds). Failed and caused are counted by cause.

@@ -223,9 +223,6 @@ def classify_failure(proto, status, backend, slot, t0, t1, err):
         return "env:backend_not_scheduled"
     if status is None and active({"sigterm"}, t0, t1, target=slot, grace=1):
         return "caused:sigterm"
-    if status is None and proto == "ws" and err == "TimeoutError" and active({"backend_hang"}, t0, t1):
-        # the wait for a 101 is bounded by tunnel_idle_timeout_seconds (README), not read_timeout_ms
-        return "caused:backend_hang_ws_upgrade"
     if status is None and err == "tunnel_cut" and active({"upgrade"}, t0, t1, target=slot, grace=1):
         return "caused:upgrade_closes_old_tunnels"
     return f"failed:{status if status is not None else err}"
