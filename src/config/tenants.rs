@@ -180,7 +180,14 @@ pub fn store_tenants(
             }
         };
         let Some(tier) = settings.tier(&v.tier) else {
-            skip(format!("no tier {:?}", v.tier));
+            // Not the value itself: an entry's text is whatever the tooling wrote, and this
+            // reason is logged (a key pasted into "tier" must not reach the logs).
+            let known: Vec<&str> = settings.tiers.iter().map(|t| &*t.name).collect();
+            skip(format!(
+                "\"tier\" ({} characters) names no tier (tiers: {})",
+                v.tier.chars().count(),
+                known.join(", ")
+            ));
             continue;
         };
         let mut keys = Vec::with_capacity(v.keys.len());
@@ -399,15 +406,22 @@ mod tests {
             ("c", r#"{"tier":"pro","keys":[1, "my-secret-key-3"]}"#),
             ("d", r#"{"tier":"pro","keys":["my-secret-key-4"#),
             ("f", r#"{"tier":"pro","my-secret-key-5":1}"#),
+            // a key pasted where the tier belongs (found by the tenants fuzz target)
+            ("g", r#"{"tier":"my-secret-key-6","keys":[]}"#),
             ("e", &format!(r#"{{"tier":"pro","keys":["{H}"]}}"#)),
         ]
         .map(|(n, v)| (n.to_string(), v.to_string()));
         let (joined, skipped) = store_tenants(&settings, &entries);
         assert_eq!(joined.len(), 1);
         assert_eq!(&*joined[0].name, "e");
-        assert_eq!(skipped.len(), 5, "{skipped:?}");
+        assert_eq!(skipped.len(), 6, "{skipped:?}");
         for why in &skipped {
             assert!(!why.contains("my-secret"), "{why}");
         }
+        let g = skipped
+            .iter()
+            .find(|w| w.contains("\"g\""))
+            .expect("g skipped");
+        assert!(g.contains("names no tier (tiers: "), "{g}");
     }
 }
