@@ -81,19 +81,33 @@ fn effective_weight(cfg: &Upstream, i: usize, state: &BackendState) -> u32 {
 }
 
 /// The pool's active health checks, `None` without `health_check_path`. A reload
-/// keeps the registry of `previous` (and with it the backends' health) and swaps
-/// in the new check.
+/// keeps the registry of `previous` (and with it the backends' health), and its check
+/// too unless the check's path, timeout or transport changed; then it swaps in a new
+/// one. A new check is two OpenSSL connectors, each loading the system's CA bundle
+/// (about 8 MB allocated and freed by libcrypto, through the C allocator): built on the
+/// reload's fresh blocking-pool thread on every reload, they grew the resident memory
+/// by a glibc malloc arena's worth (~2.7 MB) per reload.
 fn pool_health(cfg: &Upstream, previous: Option<&Pool>) -> Option<PoolHealth> {
     (!cfg.health_check_path.is_empty()).then(|| {
-        let check = http_health_check(&cfg.health_check_path, cfg.connect_timeout, &cfg.transport);
-        match previous.and_then(|p| p.health.as_ref()) {
-            Some(h) => {
-                h.check.0.store(Arc::new(check));
+        let build =
+            || http_health_check(&cfg.health_check_path, cfg.connect_timeout, &cfg.transport);
+        match previous.and_then(|p| p.health.as_ref().map(|h| (p, h))) {
+            Some((p, h)) if same_check(p, cfg) => h.clone(),
+            Some((_, h)) => {
+                h.check.0.store(Arc::new(build()));
                 h.clone()
             }
-            None => PoolHealth::new(check),
+            None => PoolHealth::new(build()),
         }
     })
+}
+
+/// Whether `cfg` asks for the health check `previous` runs (what [`http_health_check`]
+/// is built from).
+fn same_check(previous: &Pool, cfg: &Upstream) -> bool {
+    previous.health_check_path == cfg.health_check_path
+        && previous.connect_timeout == cfg.connect_timeout
+        && previous.transport == cfg.transport
 }
 
 /// The bulkhead and retry budget of the upstream, carried over from `previous`
@@ -238,4 +252,50 @@ fn http_health_check(
         }
     }));
     hc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(path: &str, connect_timeout_ms: u64) -> Upstream {
+        let text = format!(
+            "[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\"]\n\
+             health_check_path = \"{path}\"\nconnect_timeout_ms = {connect_timeout_ms}\n"
+        );
+        let mut cfg = crate::config::parse("t.toml", &text).expect("valid config");
+        cfg.upstreams.remove(0)
+    }
+
+    fn check_of(pool: &Pool) -> Arc<HttpHealthCheck> {
+        pool.health
+            .as_ref()
+            .expect("health checks")
+            .check
+            .0
+            .load_full()
+    }
+
+    #[test]
+    fn a_reload_keeps_an_unchanged_health_check_and_replaces_a_changed_one() {
+        let known = HashMap::new();
+        let first = Pool::build(&upstream("/healthz", 500), 10, &known, None);
+        let before = check_of(&first);
+        let same = Pool::build(&upstream("/healthz", 500), 10, &known, Some(&first));
+        assert!(Arc::ptr_eq(&before, &check_of(&same)), "unchanged: kept");
+        let path = Pool::build(&upstream("/ready", 500), 10, &known, Some(&same));
+        let after_path = check_of(&path);
+        assert!(
+            !Arc::ptr_eq(&before, &after_path),
+            "a new path: a new check"
+        );
+        let timeout = Pool::build(&upstream("/ready", 900), 10, &known, Some(&path));
+        assert!(
+            !Arc::ptr_eq(&after_path, &check_of(&timeout)),
+            "a new timeout: a new check"
+        );
+        // The registry (the backends' health) is the one of the first build throughout.
+        let registry = |p: &Pool| Arc::clone(&p.health.as_ref().expect("health checks").registry);
+        assert!(Arc::ptr_eq(&registry(&first), &registry(&timeout)));
+    }
 }
