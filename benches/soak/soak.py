@@ -266,21 +266,13 @@ class Redis:
 
     def start(self):
         self.n += 1
-        self.proc = spawn(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", TMP, "--protected-mode", "yes"],
-            f"redis-{self.n}.log")
+        self.proc = spawn(redis_server_args(self.port, TMP), f"redis-{self.n}.log")
         ok = wait_until(10, self.ping)
         if not ok:
             raise SystemExit("soak: redis-server did not start")
 
     def ping(self):
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return redis_cmd(self.port, "PING", timeout=1) == "PONG"
 
     def kill(self):
         self.proc.kill()
@@ -291,6 +283,12 @@ class Redis:
 
     def describe(self):
         return f"redis :{self.port}"
+
+
+def redis_server_args(port, dir_):
+    """A throw-away redis-server on loopback `port`: nothing persisted, files in `dir_`."""
+    return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", dir_, "--protected-mode", "yes"]
 
 
 def redis_cmd(port, *args, timeout=2):
@@ -333,10 +331,9 @@ class ClusterNode:
         """Starts (or restarts) the node; False when it does not answer PING within 10 s."""
         self.n += 1
         self.proc = spawn(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "yes",
-             "--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
-             "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), "--cluster-port", str(self.bus)],
+            redis_server_args(self.port, self.dir) + [
+                "--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
+                "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), "--cluster-port", str(self.bus)],
             f"redis-{self.port}-{self.n}.log")
         return wait_until(10, lambda: self.running() and redis_cmd(self.port, "PING") == "PONG")
 
