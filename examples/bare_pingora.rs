@@ -9,6 +9,9 @@
 //!
 //! `BARE_WORK_STEALING=0` runs the service on one single-threaded runtime per
 //! thread (Pingora's `work_stealing = false`) instead of one work-stealing runtime.
+//!
+//! `BARE_TLS=<cert.pem>:<key.pem>` terminates TLS on the listener instead (Mozilla's
+//! intermediate settings, ALPN h2 and http/1.1), for `benches/load/tls_h2.sh`'s h2 rows.
 
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
@@ -49,7 +52,18 @@ fn main() {
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Bare { upstream });
-    proxy.add_tcp(&listen);
+    match std::env::var("BARE_TLS") {
+        Ok(pair) => {
+            let (cert, key) = pair
+                .split_once(':')
+                .expect("BARE_TLS is <cert.pem>:<key.pem>");
+            let mut tls = pingora::listeners::tls::TlsSettings::intermediate(cert, key)
+                .expect("BARE_TLS: certificate and key");
+            tls.enable_h2();
+            proxy.add_tls_with_settings(&listen, None, tls);
+        }
+        Err(_) => proxy.add_tcp(&listen),
+    }
     proxy.threads = Some(threads);
     server.add_service(proxy);
     server.run_forever();

