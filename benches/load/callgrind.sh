@@ -87,7 +87,7 @@ ALLOC = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "mema
          "_rjem_malloc", "_rjem_mallocx", "_rjem_calloc", "_rjem_realloc", "_rjem_rallocx",
          "_rjem_posix_memalign", "_rjem_aligned_alloc"}
 FREE = {"free", "cfree", "_rjem_free", "_rjem_sdallocx", "_rjem_dallocx"}
-names, fn, cfn, total = {}, None, None, 0
+names, fn, cfn, total, summary = {}, None, None, 0, None
 allocs = frees = 0
 def name(tok):
     m = re.match(r"\((\d+)\)(?: (.*))?", tok)
@@ -111,9 +111,15 @@ for line in open(sys.argv[1], errors="replace"):
                 allocs += n
             elif cfn in FREE:
                 frees += n
-    elif line.startswith("summary:") or line.startswith("totals:"):
+    elif line.startswith("summary:"):
+        summary = int(line.split()[1])
+    elif line.startswith("totals:"):
         total = int(line.split()[1])
-print(total, allocs, frees)
+# `summary:` is what was counted since the zero. The first dump's cost lines (and so its
+# `totals:`) can also hold costs from before the zero: 13.2M instructions more in an h2-over-
+# TLS run (3.6M for HAProxy; ~3k over HTTP/1.1), which made (I2 - I1) / (N2 - N1) too low
+# by that much divided by N2 - N1 (-6.6k per stream at N 500/2500, -13.2k at 300/1300).
+print(summary if summary is not None else total, allocs, frees)
 PY
 }
 

@@ -24,18 +24,20 @@ import sys
 LINE = re.compile(r"^\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(\S.*)$")
 # "file:function [object]": keep file:function (the object is the same binary throughout)
 OBJ = re.compile(r"\s+\[[^\]]*\]$")
+ENTRY = re.compile(r"(:clone|:start_thread|::thread_start|call_once\{\{vtable\.shim\}\}|below main|\?\?\?:main)$")
 
 
 def file_total(dump):
-    """The dump's `totals:` line (the sum of its cost lines, which callgrind.sh's total is
-    too; `summary:` can differ in the first dump after a zero)."""
+    """The dump's `summary:` line: what was counted since the zero (callgrind.sh's total).
+    The first dump's cost lines can also hold costs from before the zero (13M instructions
+    in an h2-over-TLS run), so the inclusive rows below can differ from it a little."""
     total = None
     with open(dump, errors="replace") as f:
         for line in f:
-            if line.startswith("totals:") or (total is None and line.startswith("summary:")):
+            if line.startswith("summary:") or (total is None and line.startswith("totals:")):
                 total = int(line.split()[1])
     if total is None:
-        sys.exit(f"callgrind_diff: no totals in {dump}")
+        sys.exit(f"callgrind_diff: no summary in {dump}")
     return total
 
 
@@ -93,15 +95,15 @@ def main():
     for name in set(c1) | set(c2):
         v = (c2.get(name, 0) - c1.get(name, 0)) / n
         rows.append((v, name))
-    rows.sort(reverse=True)
-    # Shares: of the thread roots' inclusive cost (the largest row), or of the sum of the
-    # self costs. callgrind.sh's figure, from the dumps' `totals:` lines, is printed
-    # beside it: after a zero the first dump's cost lines and totals can disagree by a
-    # few per cent (frames active at the zero), so the two totals differ by that much.
     if a.self_cost:
-        per_req_total = sum(v for v, _ in rows if v > 0)
-    else:
-        per_req_total = rows[0][0] if rows else 0
+        # callgrind_annotate lists the threads' entry frames with the whole cost as "self"
+        # (an artefact of how the dumps name their callers); they are not a cost of their own
+        rows = [r for r in rows if not ENTRY.search(r[1])]
+    rows.sort(reverse=True)
+    # Shares are of callgrind.sh's figure (the dumps' `summary:` lines). An async fn's
+    # closure that appears at several levels of one stack (Pingora's request future) counts
+    # once per level in its inclusive row, which can then exceed the total.
+    per_req_total = (t2 - t1) / n
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.writer(f)
@@ -110,10 +112,7 @@ def main():
                 w.writerow([f"{v:.1f}", f"{v / per_req_total:.4f}" if per_req_total else "", name])
     pat = re.compile(a.match) if a.match else None
     kind = "self" if a.self_cost else "inclusive"
-    print(
-        f"{per_req_total:,.0f} instructions per request by the cost lines ({kind} costs below); "
-        f"{(t2 - t1) / n:,.0f} by the dumps' totals (callgrind.sh's figure)"
-    )
+    print(f"{per_req_total:,.0f} instructions per request (callgrind.sh's figure); {kind} costs below")
     shown = 0
     for v, name in rows:
         if pat and not pat.search(name):
