@@ -29,7 +29,7 @@ use super::body::{BodyReader, BodyWriter};
 use super::common::*;
 use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
-use crate::utils::{BufRef, KVRef};
+use crate::utils::BufRef;
 
 /// The HTTP 1.x client session
 pub struct HttpSession {
@@ -288,7 +288,8 @@ impl HttpSession {
                     HeaderParseState::Complete(s) => {
                         let total_read = self.response_header_read_buf.len();
                         let base = self.response_header_read_buf.as_ptr() as usize;
-                        let mut header_refs = Vec::<KVRef>::with_capacity(resp.headers.len());
+                        // portcullis patch (header index scratch): the thread's, not a new one
+                        let mut header_refs = header_refs_scratch(resp.headers.len());
 
                         // Note: resp.headers has the correct number of headers
                         // while header_refs doesn't as it is still empty
@@ -323,7 +324,7 @@ impl HttpSession {
 
                         let buf = std::mem::take(&mut self.response_header_read_buf).freeze();
 
-                        for header in header_refs {
+                        for header in header_refs.iter() {
                             let header_name = header.get_name_bytes(&buf);
                             let header_name = header_name.into_case_header_name();
                             let value_bytes = header.get_value_bytes(&buf);
@@ -335,6 +336,7 @@ impl HttpSession {
                                 return self.fail_response_header_read(e);
                             }
                         }
+                        return_header_refs(header_refs);
 
                         let contains_transfer_encoding = response_header
                             .headers

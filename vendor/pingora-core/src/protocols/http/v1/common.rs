@@ -267,6 +267,34 @@ pub(super) fn is_buf_keepalive(header_value: Option<&HeaderValue>) -> Option<boo
     })
 }
 
+thread_local! {
+    // portcullis patch (header index scratch): see `header_refs_scratch`
+    static HEADER_REFS: std::cell::Cell<Vec<KVRef>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// portcullis patch (header index scratch): an empty `Vec<KVRef>` with room for
+/// `capacity` entries, for [`populate_headers`]. Parsing a request or response head
+/// records each field's offsets before the buffer is frozen; that index lives only
+/// until the fields are copied into the header map (no `.await` in between), so the
+/// thread keeps one and lends it out instead of allocating one per message. Hand it
+/// back with [`return_header_refs`]; one that is dropped instead (an error path) only
+/// costs the next parse an allocation.
+pub(super) fn header_refs_scratch(capacity: usize) -> Vec<KVRef> {
+    let mut refs = HEADER_REFS.with(|c| c.take());
+    refs.clear();
+    refs.reserve(capacity);
+    refs
+}
+
+/// portcullis patch (header index scratch): give the index back to the thread, emptied.
+/// One grown past [`MAX_HEADERS`] entries is not kept.
+pub(super) fn return_header_refs(mut refs: Vec<KVRef>) {
+    if refs.capacity() <= MAX_HEADERS {
+        refs.clear();
+        HEADER_REFS.with(|c| c.set(refs));
+    }
+}
+
 #[inline]
 pub(super) fn populate_headers(
     base: usize,
@@ -520,6 +548,31 @@ mod test {
             headers.append(CONTENT_LENGTH, (*value).try_into().unwrap());
         }
         assert_eq!(content_length_parse_all(&headers), expected);
+    }
+
+    // portcullis patch (header index scratch): the thread lends one index out and takes it
+    // back emptied; a second parse on the thread gets the same allocation; one grown past
+    // MAX_HEADERS entries is dropped, not kept.
+    #[test]
+    fn header_refs_scratch_is_reused_and_bounded() {
+        let mut refs = header_refs_scratch(4);
+        assert!(refs.is_empty() && refs.capacity() >= 4);
+        refs.push(KVRef::new(0, 1, 2, 3));
+        let ptr = refs.as_ptr();
+        return_header_refs(refs);
+        let again = header_refs_scratch(2);
+        assert!(again.is_empty(), "handed back emptied");
+        assert_eq!(again.as_ptr(), ptr, "the same allocation");
+        // lent out: a nested parse on the thread gets a new one, not the same
+        let nested = header_refs_scratch(2);
+        assert_ne!(nested.as_ptr(), ptr);
+        return_header_refs(again);
+        let mut big = header_refs_scratch(MAX_HEADERS + 1);
+        assert!(big.capacity() > MAX_HEADERS);
+        big.push(KVRef::new(0, 1, 2, 3));
+        return_header_refs(big);
+        // the oversized one was not kept: the thread still holds nothing of its size
+        assert!(header_refs_scratch(0).capacity() <= MAX_HEADERS);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use crate::protocols::http::{
     ReusableHttpStream,
 };
 use crate::protocols::{Digest, SocketAddr, Stream};
-use crate::utils::{BufRef, KVRef};
+use crate::utils::BufRef;
 
 /// Tracks which writer is currently processing a task.
 ///
@@ -353,7 +353,8 @@ impl HttpSession {
                         // `KVRef`s to record the offset of each piece of data, drop `req`, convert
                         // buf, the do the 0 copy update
                         let base = buf.as_ptr() as usize;
-                        let mut header_refs = Vec::<KVRef>::with_capacity(req.headers.len());
+                        // portcullis patch (header index scratch): the thread's, not a new one
+                        let mut header_refs = header_refs_scratch(req.headers.len());
                         // Note: req.headers has the correct number of headers
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
@@ -395,7 +396,7 @@ impl HttpSession {
                         };
                         let buf = buf.freeze();
 
-                        for header in header_refs {
+                        for header in header_refs.iter() {
                             let header_name = header.get_name_bytes(&buf);
                             let header_name = header_name.into_case_header_name();
                             let value_bytes = header.get_value_bytes(&buf);
@@ -408,6 +409,7 @@ impl HttpSession {
                                 .append_header(header_name, header_value)
                                 .or_err(InvalidHTTPHeader, "while parsing request header")?;
                         }
+                        return_header_refs(header_refs);
 
                         let contains_transfer_encoding =
                             request_header.headers.contains_key(TRANSFER_ENCODING);
