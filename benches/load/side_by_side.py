@@ -17,6 +17,8 @@ import sys
 
 OUT = sys.argv[1]
 THREADS = ("1", "2")
+# the proxies beside HAProxy in both comparisons: (target, name)
+OTHERS = (("bare", "bare Pingora"), ("nginx", "nginx"), ("envoy", "Envoy"))
 
 
 def rounds(path):
@@ -99,28 +101,27 @@ def row(name, cells, goal):
 row("CPU per request, HTTP/1.1 keep-alive, gates on ÷ HAProxy",
     [fmt(ratio(main[n], "pc_on", "haproxy")) for n in THREADS], "≤ 1.00")
 row("  gates off ÷ HAProxy", [fmt(ratio(main[n], "pc_off", "haproxy")) for n in THREADS], "")
-for other, name in (("bare", "bare Pingora"), ("nginx", "nginx"), ("envoy", "Envoy")):
+for other, name in OTHERS:
     row(f"  {name} ÷ HAProxy", [fmt(ratio(main[n], other, "haproxy")) for n in THREADS], "")
 row("CPU per stream, h2 over TLS, portcullis ÷ HAProxy",
     [fmt(h2[n].get("portcullis")) for n in THREADS], "≤ 1.20")
-for other, name in (("bare", "bare Pingora"), ("nginx", "nginx"), ("envoy", "Envoy")):
+for other, name in OTHERS:
     row(f"  {name} ÷ HAProxy", [fmt(h2[n].get(other)) for n in THREADS], "")
 
 
-def cg_cell(build, target, mode, what):
-    v = cg.get((build, target, mode))
-    if v is None:
-        return "not run"
-    return f"{v[0]:,}" if what == "instr" else f"{v[1]:.1f}"
+def allocs(target, mode):
+    """allocations per request of the PC_BIN build (or HAProxy) under callgrind"""
+    v = cg.get(("pc", target, mode))
+    return "not run" if v is None else f"{v[1]:.1f}"
 
 
 pc_i, ha_i = cg.get(("pc", "pc_on", "h1")), cg.get(("pc", "haproxy", "h1"))
 instr = (f"{pc_i[0]:,} vs {ha_i[0]:,} (**{pc_i[0] / ha_i[0]:.2f}**)" if pc_i and ha_i else "not run")
 row("user-space instructions per request, HTTP/1.1 gates on (callgrind)", [instr, ""], "≤ 1.20")
 row("allocations per request, HTTP/1.1 gates on",
-    [f"**{cg_cell('pc', 'pc_on', 'h1', 'allocs')}** (HAProxy {cg_cell('pc', 'haproxy', 'h1', 'allocs')})", ""], "≤ 20")
+    [f"**{allocs('pc_on', 'h1')}** (HAProxy {allocs('haproxy', 'h1')})", ""], "≤ 20")
 row("allocations per stream, h2 over TLS",
-    [f"**{cg_cell('pc', 'pc_on', 'h2tls', 'allocs')}** (HAProxy {cg_cell('pc', 'haproxy', 'h2tls', 'allocs')})", ""], "≤ 16")
+    [f"**{allocs('pc_on', 'h2tls')}** (HAProxy {allocs('haproxy', 'h2tls')})", ""], "≤ 16")
 row("shed 503 ÷ proxied 200 (gates on), portcullis; HAProxy's own",
     [f"{fmt(ratio(shed[n], 'shed503', 'proxied200_gates_on'))}; {fmt(ratio(shed[n], 'haproxy_503', 'haproxy_200'))}"
      for n in THREADS], "≤ HAProxy's own")
@@ -132,17 +133,17 @@ if builds:
           " `pc` is PC_BIN, `plain` PLAIN_BIN):\n")
     print("| case | " + " | ".join(builds) + " |")
     print("|---|" + "---:|" * len(builds))
-for target, mode, name in () if not builds else (
-    ("pc_on", "h1", "HTTP/1.1, gates on"),
-    ("pc_off", "h1", "HTTP/1.1, gates off"),
-    ("pc_shed", "h1", "a shed 503"),
-    ("pc_on", "h2tls", "h2 over TLS, gates on, per stream"),
-    ("haproxy", "h1", "HAProxy, HTTP/1.1"),
-    ("haproxy", "h2tls", "HAProxy, h2 over TLS"),
-    ("bare", "h1", "bare Pingora, HTTP/1.1"),
-):
-    cells = []
-    for b in builds:
-        v = cg.get((b, target, mode))
-        cells.append(f"{v[0]:,} / {v[1]:.1f}" if v else "")
-    print(f"| {name} | " + " | ".join(cells) + " |")
+    for target, mode, name in (
+        ("pc_on", "h1", "HTTP/1.1, gates on"),
+        ("pc_off", "h1", "HTTP/1.1, gates off"),
+        ("pc_shed", "h1", "a shed 503"),
+        ("pc_on", "h2tls", "h2 over TLS, gates on, per stream"),
+        ("haproxy", "h1", "HAProxy, HTTP/1.1"),
+        ("haproxy", "h2tls", "HAProxy, h2 over TLS"),
+        ("bare", "h1", "bare Pingora, HTTP/1.1"),
+    ):
+        cells = []
+        for b in builds:
+            v = cg.get((b, target, mode))
+            cells.append(f"{v[0]:,} / {v[1]:.1f}" if v else "")
+        print(f"| {name} | " + " | ".join(cells) + " |")
