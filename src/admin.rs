@@ -9,6 +9,19 @@
 //! `[server.admin_tokens]`) it needs `Authorization: Bearer <token>` (401 otherwise), and
 //! the token's name is the action's `by`; without a token it is answered only when
 //! `admin_listen` is a loopback address, and refused (403) elsewhere.
+//!
+//! Browsers are kept out ([`guard`]): the listener answers only to a `Host` that names
+//! it (421 otherwise: DNS rebinding), and a state-changing request from another site
+//! (`Origin`, `Sec-Fetch-Site`: 403) or with a body that is not JSON (415: an HTML form)
+//! is refused before the token is even looked at.
+//!
+//! Every answer carries `Content-Length` and the `X-Portcullis-Admin` marker (`ctl`
+//! refuses an answer without it: a proxy port given by mistake is not the admin API).
+//! A body must arrive within `client_body_timeout_ms` (408), and beyond
+//! `admin_max_connections` a few more connections are let in for `/healthz` and
+//! `/readyz` only, so requests whose body never comes cannot take the probes down.
+
+pub mod guard;
 
 use crate::state::{unix_secs, Shared};
 use async_trait::async_trait;
@@ -37,7 +50,15 @@ pub struct Admin {
     /// The admin listener is bound to a loopback address (fixed at start:
     /// `admin_listen` only changes with a restart).
     loopback: bool,
+    /// Connections open on the admin listener (counted by [`AdminApp`]).
+    open: Arc<AtomicUsize>,
 }
+
+/// Connections let in beyond `admin_max_connections` for `/healthz` and `/readyz` only.
+pub const PROBE_RESERVE: usize = 4;
+
+/// The header every admin answer carries (`portcullis ctl` checks it).
+pub const MARKER: &str = "x-portcullis-admin";
 
 /// Whether a `POST` may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +165,7 @@ impl Admin {
             store_late_seen: AtomicU64::new(0),
             backend_errors_seen: std::sync::Mutex::new(std::collections::HashMap::new()),
             loopback,
+            open: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -198,7 +220,7 @@ impl Admin {
         use crate::fleet::claims_api;
         let (sh, budget, view) = (&self.shared, self.budget.as_ref(), &*self.view);
         Some(match (method.as_str(), path) {
-            ("POST", "/claims") => match Self::body(session).await {
+            ("POST", "/claims") => match self.body(session).await {
                 Ok(body) => claims_api::post(sh, budget, view, &body, by).await,
                 Err(r) => *r,
             },
@@ -215,8 +237,26 @@ impl Admin {
         })
     }
 
-    /// The request body, at most [`crate::fleet::api::MAX_BODY`] bytes (`Err`: 413 or 400).
-    async fn body(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
+    /// The request body, at most [`crate::fleet::api::MAX_BODY`] bytes, all of it within
+    /// `client_body_timeout_ms` (`Err`: 413, 400 or 408).
+    async fn body(&self, session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
+        let within = self.shared.runtime.load().config.server.client_body_timeout;
+        match tokio::time::timeout(within, Self::read_body(session)).await {
+            Ok(read) => read,
+            Err(_) => {
+                session.set_keepalive(None);
+                Err(Box::new(text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!(
+                        "admin: the body did not arrive within client_body_timeout_ms ({} ms)\n",
+                        within.as_millis()
+                    ),
+                )))
+            }
+        }
+    }
+
+    async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Box<Response<Vec<u8>>>> {
         let mut body = Vec::new();
         loop {
             match session.read_request_body().await {
@@ -441,10 +481,11 @@ pub struct AdminApp {
 impl AdminApp {
     pub fn new(admin: Admin) -> Self {
         let shared = Arc::clone(&admin.shared);
+        let open = Arc::clone(&admin.open);
         Self {
             inner: Arc::new(admin),
             shared,
-            open: Arc::new(AtomicUsize::new(0)),
+            open,
             header_timeouts: prometheus::IntCounter::new(
                 "portcullis_admin_header_timeouts",
                 "admin header timeouts (not registered)",
@@ -475,7 +516,8 @@ impl ServerApp for AdminApp {
             .admin_max_connections;
         let now_open = self.open.fetch_add(1, Ordering::Relaxed) + 1;
         let open = AdminOpen(Arc::clone(&self.open));
-        if now_open > max {
+        // The reserve is for the probes: `Admin::response` sends anything else away.
+        if now_open > max.saturating_add(PROBE_RESERVE) {
             tracing::debug!(event = "admin_connection_refused", open = now_open - 1, max);
             return None;
         }
@@ -513,9 +555,93 @@ impl ServerApp for AdminApp {
     }
 }
 
+/// A request header's value as text (`None`: absent or not visible ASCII).
+fn header<'a>(session: &'a ServerSession, name: &str) -> Option<&'a str> {
+    session
+        .req_header()
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+}
+
+impl Admin {
+    /// The refusal of a request the guard keeps out ([`guard`]), or of one beyond
+    /// `admin_max_connections` that is not a probe.
+    fn guard(
+        &self,
+        session: &ServerSession,
+        method: &http::Method,
+        path: &str,
+    ) -> Option<Response<Vec<u8>>> {
+        let probe = matches!(path, "/healthz" | "/readyz");
+        let rt = self.shared.runtime.load();
+        let server = &rt.config.server;
+        if !probe && self.open.load(Ordering::Relaxed) > server.admin_max_connections {
+            let mut r = text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "admin: admin_max_connections are open; this connection is kept for /healthz and /readyz\n",
+            );
+            r.headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
+            return Some(r);
+        }
+        let host = header(session, "host");
+        if !probe && !guard::host_allowed(host, &server.admin_hosts) {
+            return Some(text(
+                StatusCode::MISDIRECTED_REQUEST,
+                "admin: the Host header does not name this listener (an IP address, localhost, \
+                 or a name of server.admin_hosts)\n",
+            ));
+        }
+        if method == http::Method::GET || method == http::Method::HEAD {
+            return None;
+        }
+        let headers = &session.req_header().headers;
+        let has_body = headers.contains_key(http::header::TRANSFER_ENCODING)
+            || headers
+                .get_all(http::header::CONTENT_LENGTH)
+                .iter()
+                .any(|v| v.as_bytes().iter().any(|b| (b'1'..=b'9').contains(b)));
+        let change = guard::ChangeHeaders {
+            host,
+            origin: header(session, "origin"),
+            sec_fetch_site: header(session, "sec-fetch-site"),
+            content_type: header(session, "content-type"),
+            has_body,
+        };
+        match guard::check_change(&change) {
+            Ok(()) => None,
+            Err(guard::Refusal::MediaType) => Some(text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "admin: a request body must be Content-Type: application/json\n",
+            )),
+            Err(_) => Some(text(
+                StatusCode::FORBIDDEN,
+                "admin: refused a state-changing request from another site (Origin or \
+                 Sec-Fetch-Site); use portcullis ctl or curl\n",
+            )),
+        }
+    }
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let mut r = self.handle(session).await;
+        if !r.status().is_success() && !session.is_body_done() {
+            // an unread body would be taken for the next request
+            session.set_keepalive(None);
+        }
+        let len = r.body().len();
+        let h = r.headers_mut();
+        h.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+        h.insert(MARKER, http::HeaderValue::from_static("1"));
+        r
+    }
+}
+
+impl Admin {
+    async fn handle(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         if let Some(conn) = crate::edge::conn_of_server_session(session) {
             // The header is in: its deadline is done; the next request's starts with
             // its first byte, after an idle wait of the proxy's keep-alive timeout.
@@ -525,6 +651,17 @@ impl ServeHttp for Admin {
         }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
+        if let Some(refusal) = self.guard(session, &method, &path) {
+            tracing::warn!(
+                event = "admin",
+                status = refusal.status().as_u16(),
+                method = %method,
+                path = %path,
+                "admin request refused"
+            );
+            session.set_keepalive(None);
+            return refusal;
+        }
         let mut by = String::new();
         if method != http::Method::GET && method != http::Method::HEAD {
             match self.post_caller(session) {
@@ -544,7 +681,7 @@ impl ServeHttp for Admin {
             if method != http::Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
             }
-            return match Self::body(session).await {
+            return match self.body(session).await {
                 Ok(body) => {
                     let (budget, view) = (self.budget.as_ref(), &*self.view);
                     crate::fleet::api::act(&self.shared, budget, view, rest, &body, &by).await

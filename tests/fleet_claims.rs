@@ -329,7 +329,7 @@ fn a_failing_upstream_refuses_voluntary_claims_and_the_store_down_is_503() {
     let r = post(
         &p.admin_addr(),
         "/claims",
-        &[],
+        &[("content-type", "application/json")],
         br#"{"upstream": "app", "backend": "x", "seconds": 5}"#,
     );
     assert_eq!(r.status, 400);
@@ -337,7 +337,7 @@ fn a_failing_upstream_refuses_voluntary_claims_and_the_store_down_is_503() {
     let r = post(
         &p.admin_addr(),
         "/claims",
-        &[],
+        &[("content-type", "application/json")],
         br#"{"upstream": "app", "backend": "1.2.3.4:5", "seconds": 5, "reason": "x"}"#,
     );
     assert_eq!(r.status, 404);

@@ -478,16 +478,27 @@ fn admin_slowloris_is_closed_after_the_header_deadline() {
 fn admin_max_connections_is_enforced() {
     let b = Backend::start("app");
     let p = Proxy::start_with_server("admin_max_connections = 3", &one_upstream(&b));
-    let held: Vec<TcpStream> = (0..3).map(|_| connect(&p.admin_addr())).collect();
-    let healthz = |addr: &str| {
+    let mut held: Vec<TcpStream> = (0..3).map(|_| connect(&p.admin_addr())).collect();
+    let get = |addr: &str, path: &str| {
         Conn::open_with_timeout(addr, Duration::from_secs(5))
-            .and_then(|mut c| c.request("GET", "/healthz", &[], b""))
-            .is_ok_and(|r| r.status == 200)
+            .and_then(|mut c| c.request("GET", path, &[], b""))
+            .map(|r| r.status)
+            .ok()
     };
+    // At the cap, a few more connections are let in, for the probes only.
     eventually(
         Duration::from_secs(5),
-        || "a 4th admin connection was served".into(),
-        || !healthz(&p.admin_addr()),
+        || "a 4th admin connection was served /status".into(),
+        || get(&p.admin_addr(), "/status") == Some(503),
+    );
+    assert_eq!(get(&p.admin_addr(), "/healthz"), Some(200));
+    assert_eq!(get(&p.admin_addr(), "/readyz"), Some(200));
+    // Past the reserve, new connections are closed at once.
+    held.extend((0..4).map(|_| connect(&p.admin_addr())));
+    eventually(
+        Duration::from_secs(5),
+        || "an admin connection past the probes' reserve was served".into(),
+        || get(&p.admin_addr(), "/healthz").is_none(),
     );
     // The proxy listener is not affected.
     assert!(answered(&p.addr()));
@@ -495,7 +506,7 @@ fn admin_max_connections_is_enforced() {
     eventually(
         DEADLINE,
         || "admin slots not freed".into(),
-        || healthz(&p.admin_addr()),
+        || get(&p.admin_addr(), "/status") == Some(200),
     );
 }
 

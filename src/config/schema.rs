@@ -296,6 +296,10 @@ pub struct ServerSection {
     pub tls_handshake_timeout_ms: u64,
     /// Connections to the admin listener; beyond, new ones are closed.
     pub admin_max_connections: usize,
+    /// Host names the admin listener answers to, besides any IP address and `localhost`
+    /// (a request naming another host is refused with 421: a DNS-rebinding page names
+    /// its own); `"*"` answers to any. `/healthz` and `/readyz` answer to any host.
+    pub admin_hosts: Vec<String>,
     /// An upgraded tunnel (WebSocket) idle this long is closed.
     pub tunnel_idle_timeout_seconds: u64,
     /// Per HTTP/2 connection per minute: streams the client resets after they
@@ -329,6 +333,7 @@ impl Default for ServerSection {
             idle_timeout_ms: 60_000,
             tls_handshake_timeout_ms: 10_000,
             admin_max_connections: 64,
+            admin_hosts: Vec::new(),
             tunnel_idle_timeout_seconds: 300,
             h2_max_glitches: 100,
         }

@@ -18,6 +18,7 @@ pub(super) fn validate_server(s: &ServerSection) -> VResult<ServerSettings> {
     buffer_sizes(s)?;
     let edge = validate_server_edge(s)?;
     let admin_listen = admin_listen(s, &listen)?;
+    admin_hosts(s)?;
     let mut settings = server_settings(s, listen, admin_listen, edge);
     settings.admin_token = admin_token;
     Ok(settings)
@@ -103,6 +104,31 @@ fn admin_tokens(s: &ServerSection, admin_token: &str) -> VResult<()> {
     Ok(())
 }
 
+/// `admin_hosts`: host names (letters, digits, `-`, `.`, `_`; no port, scheme or path),
+/// or `"*"` alone.
+fn admin_hosts(s: &ServerSection) -> VResult<()> {
+    for (i, h) in s.admin_hosts.iter().enumerate() {
+        let path = format!("server.admin_hosts[{i}]");
+        if h == "*" {
+            if s.admin_hosts.len() > 1 {
+                return err(path, "\"*\" (any host) stands alone");
+            }
+            continue;
+        }
+        let ok = (1..=253).contains(&h.len())
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if !ok {
+            return err(
+                path,
+                "a host name is 1 to 253 letters, digits, '-', '.' or '_' (no port, scheme or \
+                 path: the admin listener compares the Host header without its port), or \"*\"",
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `max_request_header_bytes` and `max_response_buffer_bytes`.
 fn buffer_sizes(s: &ServerSection) -> VResult<()> {
     range(
@@ -167,6 +193,11 @@ fn server_settings(
         idle_timeout: edge.idle_timeout,
         tls_handshake_timeout: edge.tls_handshake_timeout,
         admin_max_connections: s.admin_max_connections,
+        admin_hosts: s
+            .admin_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect(),
         tunnel_idle_timeout: edge.tunnel_idle_timeout,
         h2_max_glitches: s.h2_max_glitches,
     }

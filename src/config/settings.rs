@@ -91,6 +91,8 @@ pub struct ServerSettings {
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     pub admin_max_connections: usize,
+    /// `admin_hosts`, lowercase, without ports; `["*"]` answers to any host.
+    pub admin_hosts: Vec<String>,
     /// `tunnel_idle_timeout_seconds`: an upgraded tunnel idle this long is closed.
     pub tunnel_idle_timeout: Duration,
     /// Glitches one HTTP/2 connection may cause per minute (`h2_max_glitches`).

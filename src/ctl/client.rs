@@ -32,9 +32,10 @@ pub fn encode(s: &str) -> String {
     out
 }
 
-/// Control characters (an answer could carry terminal escapes) become spaces.
+/// Control, line-separator and bidi characters (an answer could carry terminal escapes, or
+/// reorder a table row) become spaces.
 pub fn clean(s: &str) -> String {
-    s.replace(|c: char| c.is_control(), " ")
+    portcullis_policy::text::one_line(s)
 }
 
 /// The admin API of one proxy.
@@ -54,7 +55,13 @@ pub struct Admin {
 pub struct Answer {
     pub status: StatusCode,
     pub body: String,
+    /// It carried the admin API's marker header (`X-Portcullis-Admin`): it came from a
+    /// portcullis admin listener, not a proxy port or another server.
+    pub marker: bool,
 }
+
+/// The header every portcullis admin answer carries.
+pub const MARKER: &str = "x-portcullis-admin";
 
 impl Answer {
     /// The body as JSON (`Null` when it is not).
@@ -91,12 +98,33 @@ fn base_url(admin: &str) -> Result<(String, String), String> {
     Ok((trim(&url), trim(&shown)))
 }
 
+/// The most a token file may hold (bytes).
+const MAX_TOKEN_FILE: u64 = 4096;
+
 /// The token in `path`, less a trailing newline, as an `Authorization` value. Errors
 /// name the file, never its content.
 fn read_token(path: &Path) -> Result<HeaderValue, String> {
+    use std::io::Read;
     let shown = path.display();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the token file {shown}: {e}"))?;
+    let cannot = |e: std::io::Error| format!("cannot read the token file {shown}: {e}");
+    // Checked before opening: opening a FIFO for reading waits for a writer.
+    let meta = std::fs::metadata(path).map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(format!(
+            "the token file {shown} is not a regular file (a FIFO, a device or a directory)"
+        ));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TOKEN_FILE + 1).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_TOKEN_FILE {
+        return Err(format!(
+            "the token file {shown} is larger than {MAX_TOKEN_FILE} bytes: a token is at most 1024"
+        ));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("the token file {shown} is not UTF-8"))?;
     let token = text.trim_end_matches(['\n', '\r']);
     if token.is_empty() {
         return Err(format!("the token file {shown} is empty"));
@@ -105,6 +133,26 @@ fn read_token(path: &Path) -> Result<HeaderValue, String> {
         .map_err(|_| format!("the token file {shown} holds characters a header cannot carry"))?;
     v.set_sensitive(true);
     Ok(v)
+}
+
+/// The longest answer read (bytes): `GET /backends` of a large fleet is well under it.
+const MAX_ANSWER: u64 = 16 * 1024 * 1024;
+
+/// The body of `resp`, at most [`MAX_ANSWER`] bytes (a longer one is cut there).
+fn read_capped(resp: reqwest::blocking::Response) -> Result<String, reqwest::Error> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let mut limited = resp.take(MAX_ANSWER);
+    if let Err(e) = limited.read_to_end(&mut bytes) {
+        // reqwest's body reader wraps its own error
+        let inner = e
+            .into_inner()
+            .and_then(|e| e.downcast::<reqwest::Error>().ok());
+        if let Some(e) = inner {
+            return Err(*e);
+        }
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// `e`'s innermost cause: "Connection refused (os error 111)" rather than reqwest's
@@ -177,8 +225,13 @@ impl Admin {
         };
         let resp = rb.send().map_err(unreachable)?;
         let status = resp.status();
-        let body = resp.text().map_err(unreachable)?;
-        Ok(Answer { status, body })
+        let marker = resp.headers().contains_key(MARKER);
+        let body = read_capped(resp).map_err(unreachable)?;
+        Ok(Answer {
+            status,
+            body,
+            marker,
+        })
     }
 
     /// The message of an HTTP error answer `a` to `req`: method, URL, status, the answer's
@@ -276,6 +329,7 @@ mod tests {
         let a = Answer {
             status: StatusCode::NOT_FOUND,
             body: r#"{"error": "upstream \"app\" has no backend \"x:1\"\u001b[31m"}"#.into(),
+            marker: true,
         };
         let m = admin.http_error(&req, &a);
         assert_eq!(
@@ -286,6 +340,7 @@ mod tests {
         let a = Answer {
             status: StatusCode::UNAUTHORIZED,
             body: "admin: this endpoint needs a token\n".into(),
+            marker: true,
         };
         let m = admin.http_error(&req, &a);
         assert!(
@@ -296,6 +351,7 @@ mod tests {
         let a = Answer {
             status: StatusCode::BAD_GATEWAY,
             body: "x".repeat(5000),
+            marker: true,
         };
         assert!(admin.http_error(&req, &a).len() < MAX_QUOTED + 100);
     }

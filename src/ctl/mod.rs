@@ -297,7 +297,7 @@ pub fn run(args: &CtlArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    match outcome(&admin, &req, &answer) {
+    match outcome(&admin, &args.command, &req, &answer) {
         Outcome::Done => {
             if args.json {
                 print_raw(&answer.body);
@@ -330,16 +330,59 @@ enum Outcome {
     Failed(String),
 }
 
-fn outcome(admin: &Admin, req: &Request, a: &Answer) -> Outcome {
-    if a.status.as_u16() == 409 {
+/// The status and the shape of the answer `cmd` gets when it is done.
+fn expected(cmd: &CtlCommand) -> (&'static [u16], fn(&Value) -> bool) {
+    fn backend(v: &Value) -> bool {
+        v["address"].is_string() && v["state"].is_string()
+    }
+    match cmd {
+        CtlCommand::Backends | CtlCommand::Claims => (&[200], Value::is_array),
+        CtlCommand::Drain(_)
+        | CtlCommand::Maint(_)
+        | CtlCommand::Ready { .. }
+        | CtlCommand::Weight { .. } => (&[200], backend),
+        // a dry run answers 200 (granted or not), a granted claim 201 with its id
+        CtlCommand::Claim { .. } => (&[200, 201], |v| {
+            v["granted"] == Value::Bool(true)
+                && (v["dry_run"] == Value::Bool(true) || v["id"].is_string())
+        }),
+        CtlCommand::Release { .. } => (&[200], |v| v["released"].is_string()),
+        CtlCommand::Feasible { .. } => (&[200], |v| v["backends"].is_array()),
+    }
+}
+
+fn outcome(admin: &Admin, cmd: &CtlCommand, req: &Request, a: &Answer) -> Outcome {
+    if !a.marker {
+        return Outcome::Failed(format!(
+            "{} {} answered {} without the {} header: this is not a portcullis admin API \
+             (is --admin, or PORTCULLIS_ADMIN, the proxy's admin_listen and not a proxy port?); \
+             nothing was done by ctl",
+            req.method,
+            admin.shown_url(&req.path),
+            a.status,
+            client::MARKER,
+        ));
+    }
+    let body = a.json();
+    let refusal = body["granted"] == Value::Bool(false) && body["reason"].is_string();
+    if a.status.as_u16() == 409 && refusal {
         return Outcome::Refused;
     }
-    if a.status.is_success() {
-        return if a.json()["granted"] == Value::Bool(false) {
-            Outcome::Refused
-        } else {
-            Outcome::Done
-        };
+    let (statuses, shape) = expected(cmd);
+    if statuses.contains(&a.status.as_u16()) {
+        if a.status.as_u16() == 200 && refusal && matches!(cmd, CtlCommand::Claim { .. }) {
+            return Outcome::Refused; // a dry run that would be refused
+        }
+        if shape(&body) {
+            return Outcome::Done;
+        }
+        return Outcome::Failed(format!(
+            "{} {}: {} with an answer ctl does not recognise: {}",
+            req.method,
+            admin.shown_url(&req.path),
+            a.status,
+            client::clean(a.body.chars().take(200).collect::<String>().trim())
+        ));
     }
     Outcome::Failed(admin.http_error(req, a))
 }
@@ -478,29 +521,83 @@ mod tests {
     #[test]
     fn a_409_or_a_dry_run_that_would_be_refused_is_a_refusal() {
         let admin = Admin::new("http://127.0.0.1:1", None).unwrap();
-        let req = req(&["backends"]);
         let a = |status: u16, body: &str| Answer {
             status: reqwest::StatusCode::from_u16(status).unwrap(),
             body: body.into(),
+            marker: true,
         };
-        let o = |status, body| outcome(&admin, &req, &a(status, body));
-        assert_eq!(o(200, "[]"), Outcome::Done);
-        assert_eq!(o(201, r#"{"id": "00ab", "granted": true}"#), Outcome::Done);
-        assert_eq!(o(200, r#"{"released": "00ab"}"#), Outcome::Done);
+        let o = |args: &[&str], status, body| {
+            let cmd = parse(args).unwrap().command;
+            outcome(&admin, &cmd, &request(&cmd), &a(status, body))
+        };
+        let backends = &["backends"][..];
+        let claim = &["claim", "app", "h:1", "--seconds", "60", "--reason", "r"][..];
+        let drain = &["drain", "app", "h:1", "--reason", "r"][..];
+        assert_eq!(o(backends, 200, "[]"), Outcome::Done);
         assert_eq!(
-            o(409, r#"{"granted": false, "reason": "r"}"#),
+            o(claim, 201, r#"{"id": "00ab", "granted": true}"#),
+            Outcome::Done
+        );
+        assert_eq!(
+            o(&["release", "00ab"], 200, r#"{"released": "00ab"}"#),
+            Outcome::Done
+        );
+        assert_eq!(
+            o(claim, 409, r#"{"granted": false, "reason": "r"}"#),
             Outcome::Refused
         );
         assert_eq!(
-            o(200, r#"{"granted": false, "dry_run": true}"#),
+            o(
+                claim,
+                200,
+                r#"{"granted": false, "dry_run": true, "reason": "r"}"#
+            ),
             Outcome::Refused
         );
-        assert!(
-            matches!(o(503, r#"{"error": "store down"}"#), Outcome::Failed(m) if m.contains("503 Service Unavailable: store down"))
+        assert_eq!(
+            o(drain, 200, r#"{"address": "h:1", "state": "draining"}"#),
+            Outcome::Done
         );
         assert!(
-            matches!(o(404, "not found\n"), Outcome::Failed(m) if m.ends_with("/backends: 404 Not Found: not found"))
+            matches!(o(backends, 503, r#"{"error": "store down"}"#), Outcome::Failed(m) if m.contains("503 Service Unavailable: store down"))
         );
+        assert!(
+            matches!(o(backends, 404, "not found\n"), Outcome::Failed(m) if m.ends_with("/backends: 404 Not Found: not found"))
+        );
+    }
+
+    #[test]
+    fn an_answer_that_is_not_the_admin_apis_is_a_failure() {
+        let admin = Admin::new("http://127.0.0.1:1", None).unwrap();
+        let claim = parse(&["claim", "app", "h:1", "--seconds", "60", "--reason", "r"])
+            .unwrap()
+            .command;
+        let req = request(&claim);
+        // a backend behind the proxy port answers any POST with 200 and its own body
+        let proxy_port = Answer {
+            status: reqwest::StatusCode::OK,
+            body: "hello from demo backend\n".into(),
+            marker: false,
+        };
+        assert!(
+            matches!(outcome(&admin, &claim, &req, &proxy_port), Outcome::Failed(m) if m.contains("not a portcullis admin API"))
+        );
+        // marked, but the wrong status or shape for the action
+        for (status, body) in [
+            (200, r#"{"granted": true}"#),
+            (202, r#"{"id": "00ab", "granted": true}"#),
+            (200, "[]"),
+        ] {
+            let a = Answer {
+                status: reqwest::StatusCode::from_u16(status).unwrap(),
+                body: body.into(),
+                marker: true,
+            };
+            assert!(
+                matches!(outcome(&admin, &claim, &req, &a), Outcome::Failed(_)),
+                "{status} {body}"
+            );
+        }
     }
 
     #[test]

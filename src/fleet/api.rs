@@ -144,7 +144,7 @@ fn parse_body(action: Action, body: &[u8], by: &str) -> Result<Option<OpRequest>
     }
     let reason = match (body.reason, action) {
         // Control characters become spaces: a reason stays one line of a log or a page.
-        (Some(r), _) if !r.trim().is_empty() => r.replace(|c: char| c.is_control(), " "),
+        (Some(r), _) if !r.trim().is_empty() => portcullis_policy::text::one_line(&r),
         (_, Action::Weight) => String::new(),
         _ => return Err("reason: missing field `reason` (say why, for the journal)".into()),
     };
@@ -205,6 +205,17 @@ pub async fn act(
     };
     let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
     let fraction = rt.config.culling.params.max_culled_fraction;
+    // Never the last backend that serves, forced or not (the store counts what is out,
+    // not what is down by its health check).
+    if req.as_ref().is_some_and(|r| r.kind.takes_out())
+        && !super::checks::another_serves(pool, &b.addr_str)
+    {
+        let v = super::checks::last_serving_refusal(pool);
+        done.result = "refused";
+        done.reason = v["reason"].as_str().unwrap_or_default().to_string();
+        record(shared, &done);
+        return answer(StatusCode::CONFLICT, &v);
+    }
     // A voluntary operation that takes the backend out answers to [budget] too (from the
     // fleet view); the fraction and the last backend are checked atomically by the store.
     if req.as_ref().is_some_and(|r| r.kind.takes_out() && !r.force) {

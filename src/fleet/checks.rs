@@ -43,6 +43,33 @@ pub fn peers_failing(pool: &Pool, backend: &str) -> bool {
         .any(|b| (!b.is_culled() && b.failing().is_some()) || !pool.is_healthy(b))
 }
 
+/// Whether another backend of `pool` than `backend` can take traffic now: in rotation
+/// (not culled, drained, in maintenance, claimed or at weight 0) and up by its health
+/// check. Taking `backend` out when none can is refused, forced or not: the budget's
+/// "never the last backend" counts backends that serve, not backends that exist.
+pub fn another_serves(pool: &Pool, backend: &str) -> bool {
+    pool.backends.iter().any(|b| {
+        b.addr_str != backend
+            && !b.is_culled()
+            && matches!(b.manual().state(), crate::upstream::ManualState::In)
+            && pool.is_healthy(b)
+    })
+}
+
+/// The refusal body when [`another_serves`] is false.
+pub fn last_serving_refusal(pool: &Pool) -> serde_json::Value {
+    serde_json::json!({
+        "granted": false,
+        "policy": "last_backend",
+        "reason": format!(
+            "last_backend: no other backend of upstream {:?} can take traffic (the others are \
+             down by their health check, culled, drained, in maintenance, claimed or at \
+             weight 0); bring another back first (force does not pass this)",
+            pool.name
+        ),
+    })
+}
+
 /// The ask for `backend` of `pool` (`emergency` as given).
 pub fn ask<'a>(
     rt: &'a Arc<Runtime>,

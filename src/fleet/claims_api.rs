@@ -133,7 +133,16 @@ pub async fn post(
     let ask = ask(&rt, pool, &backend.addr_str, b.emergency, &groups);
     done.upstream = &pool.name;
     done.backend = &backend.addr_str;
-    done.reason = b.reason.replace(|c: char| c.is_control(), " ");
+    done.reason = portcullis_policy::text::one_line(&b.reason);
+    // Never the last backend that serves, emergency or not.
+    if !super::checks::another_serves(pool, &backend.addr_str) {
+        let mut v = super::checks::last_serving_refusal(pool);
+        v["dry_run"] = json!(b.dry_run);
+        done.result = "refused";
+        done.reason = v["reason"].as_str().unwrap_or_default().to_string();
+        record(shared, &done);
+        return answer(StatusCode::CONFLICT, &v);
+    }
     if b.dry_run {
         let fresh;
         let state = match view.load() {

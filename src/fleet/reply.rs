@@ -55,7 +55,10 @@ pub struct Done<'a> {
     pub reason: String,
 }
 
+/// Records `d`. Its reason may quote the request (a refused body's field name): it is
+/// made one line first, so a newline in a JSON key cannot forge a log line.
 pub fn record(shared: &Shared, d: &Done<'_>) {
+    let reason = portcullis_policy::text::one_line(&d.reason);
     shared.metrics.admin.count(d.action, d.result);
     shared
         .observe
@@ -68,7 +71,7 @@ pub fn record(shared: &Shared, d: &Done<'_>) {
             errors: 0,
             action: Some(d.action),
             by: Some(d.by.to_string()),
-            reason: Some(d.reason.clone()),
+            reason: Some(reason.clone()),
             ..Default::default()
         });
     tracing::info!(
@@ -78,7 +81,7 @@ pub fn record(shared: &Shared, d: &Done<'_>) {
         backend = d.backend,
         by = d.by,
         result = d.result,
-        reason = %d.reason,
+        reason = %reason,
         "runtime action on a backend"
     );
 }

@@ -11,6 +11,7 @@ pub mod ratelimit;
 pub mod shed;
 mod store_error;
 pub mod tenant;
+pub mod text;
 pub mod traffic;
 pub mod verdict;
 pub mod window;

@@ -102,15 +102,11 @@ pub struct OpRecord {
 }
 
 impl OpRecord {
-    /// The record of `req` on `backend`, started at `now_ms`. Control characters of `by`
-    /// and `reason` become spaces, so a record stays one line of a log and one record of
+    /// The record of `req` on `backend`, started at `now_ms`. Control, separator and bidi
+    /// characters of `by` and `reason` become spaces ([`crate::text::one_line`]), so a record stays one line of a log and one record of
     /// the store.
     pub fn new(backend: &str, req: &OpRequest, now_ms: u64) -> Self {
-        let clean = |s: &str| -> String {
-            s.chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect()
-        };
+        let clean = crate::text::one_line;
         Self {
             backend: backend.to_string(),
             kind: req.kind,
@@ -125,7 +121,7 @@ impl OpRecord {
     /// The stored value: `until\nkind\nat\nforce\nby\nreason` (`until` 0 = none; `by` and
     /// `reason` hold no control character, see [`OpRecord::new`]).
     pub fn encode(&self) -> String {
-        let clean = |s: &str| s.replace(|c: char| c.is_control(), " ");
+        let clean = crate::text::one_line;
         format!(
             "{}\n{}\n{}\n{}\n{}\n{}",
             self.until_ms.unwrap_or(0),
