@@ -337,6 +337,18 @@ impl Admin {
                     .inc_by(errors.checked_sub(*prev).unwrap_or(errors));
                 *prev = errors;
             }
+            for (addr, counts) in pool.health_counts() {
+                let backend = addr.to_string();
+                for (result, n) in counts {
+                    let c = m.cull.health_checks.with_label_values(&[
+                        pool.name.as_str(),
+                        backend.as_str(),
+                        result,
+                    ]);
+                    // the counts only grow (they live as long as the pool's health registry)
+                    c.inc_by(n.saturating_sub(c.get()));
+                }
+            }
             m.cull
                 .upstream_panic_mode
                 .with_label_values(&[pool.name.as_str()])
@@ -378,6 +390,7 @@ impl Admin {
                             "by": manual["by"],
                             "reason": manual["reason"],
                             "until": manual["until"],
+                            "check": manual["check"],
                             "errors_in_window": errors,
                             "requests_in_window": requests,
                             "dry_run_culled": b.is_dry_run_culled(),

@@ -7,6 +7,7 @@ pub mod certs;
 mod check;
 mod edge;
 pub mod env;
+mod health;
 mod jwt;
 mod locate;
 mod protection;

@@ -409,12 +409,17 @@ pub struct UpstreamSection {
     /// `resolve_interval_seconds`).
     #[schemars(length(min = 1))]
     pub backends: Vec<String>,
-    /// "" = no active check; else the path of a GET, 2xx = healthy.
+    /// "" = no active check; else the path of a GET, 2xx = healthy (one failure takes a
+    /// backend out, one pass brings it back). `[upstreams.health_check]` replaces it.
     #[serde(default)]
     pub health_check_path: String,
-    /// Time between two active checks of a backend.
+    /// Time between two active checks of a backend (with `health_check_path`).
     #[serde(default = "default_hc_interval")]
     pub health_check_interval_seconds: u64,
+    /// Active health checks as HAProxy's `option httpchk`, `http-check` and `inter`,
+    /// `fastinter`, `rise`, `fall`, `port`.
+    #[serde(default)]
+    pub health_check: Option<HealthCheckSection>,
     /// Connecting to a backend must take no longer.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
@@ -704,6 +709,63 @@ impl Default for RateLimitSection {
 }
 
 /// `[culling]`. An error is a 5xx response from the backend, a failed connect or a
+/// `[upstreams.health_check]`.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthCheckSection {
+    /// The probe's path; "" = no active check.
+    pub path: String,
+    /// GET | HEAD | OPTIONS.
+    #[schemars(extend("enum" = ["GET", "HEAD", "OPTIONS"]))]
+    pub method: String,
+    /// The probe's Host header; "" = the upstream's `sni`, else the backend as written.
+    pub host: String,
+    /// More request headers, e.g. { "user-agent" = "probe" }.
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Status codes and ranges that pass: "200,204,300-399".
+    pub expect_status: String,
+    /// A substring the first 64 KiB of the body must contain; "" = any body.
+    pub expect_body: String,
+    /// Time between two probes of a settled backend.
+    pub interval_ms: u64,
+    /// Time between two probes while a backend is between states, or down.
+    pub fast_interval_ms: u64,
+    /// A probe (connect, request, answer and `expect_body`'s read) must end within this.
+    pub timeout_ms: u64,
+    /// Consecutive passes that make a backend healthy.
+    pub rise: u32,
+    /// Consecutive failures that make it unhealthy.
+    pub fall: u32,
+    /// Probe this port instead of the backend's; 0 = the backend's.
+    pub port: u16,
+    /// With the store, each backend is probed by `probers` instances of the fleet (not
+    /// available yet: true is refused).
+    pub shared: bool,
+    /// How many instances probe each backend when `shared`.
+    pub probers: u32,
+}
+
+impl Default for HealthCheckSection {
+    fn default() -> Self {
+        Self {
+            path: "/health".into(),
+            method: "GET".into(),
+            host: String::new(),
+            headers: std::collections::BTreeMap::new(),
+            expect_status: "200-399".into(),
+            expect_body: String::new(),
+            interval_ms: 5000,
+            fast_interval_ms: 1000,
+            timeout_ms: 2000,
+            rise: 2,
+            fall: 3,
+            port: 0,
+            shared: false,
+            probers: 3,
+        }
+    }
+}
+
 /// `[budget]`: the disruption-budget article's limit and health policies, checked for
 /// every claim (`POST /claims`).
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]

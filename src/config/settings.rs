@@ -125,9 +125,14 @@ pub struct StoreSettings {
 pub struct Upstream {
     pub name: String,
     pub backends: Vec<SocketAddr>,
-    /// `""`: no active health check.
+    /// `""`: no active health check (the path of [`Upstream::health`]).
     pub health_check_path: String,
     pub health_check_interval: Duration,
+    /// The active health check (`[upstreams.health_check]`, or the two old keys).
+    pub health: Option<HealthCheck>,
+    /// The `Host` each backend is known by, aligned with `backends`: the entry as
+    /// written (`10.0.0.5:8080`, or `api.example:8080` for each address it resolves to).
+    pub hosts: Vec<String>,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub transport: UpstreamTransport,
@@ -142,6 +147,23 @@ pub struct Upstream {
     /// Balancing, retries, bulkhead, sharding (`balance.weights` is aligned
     /// with `backends`).
     pub balance: crate::balance::BalanceSettings,
+}
+
+/// An upstream's active health check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthCheck {
+    pub path: String,
+    pub method: String,
+    /// `""`: the upstream's `sni`, else the backend as written.
+    pub host: String,
+    /// More request headers, sorted by name.
+    pub headers: Vec<(String, String)>,
+    pub expect_status: portcullis_policy::health::ExpectStatus,
+    pub expect_body: String,
+    pub thresholds: portcullis_policy::health::Thresholds,
+    pub timeout: Duration,
+    /// `None`: the backend's port.
+    pub port: Option<u16>,
 }
 
 /// One `[[routes]]` entry.

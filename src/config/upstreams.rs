@@ -38,12 +38,24 @@ fn validate_upstream<'a>(
     let resolved = (backends.len() == entries.len()).then_some(backends.len());
     let balance = validate_balance(i, u, weights, resolved)?;
     validate_health_and_timeouts(u, &p)?;
+    let health = super::health::validate_health_check(u, &p)?;
     let transport = validate_transport(u, &p)?;
+    let hosts = if backends.len() == entries.len() {
+        entries.iter().map(|(e, _)| e.clone()).collect()
+    } else {
+        Vec::new()
+    };
     Ok(Upstream {
         name: u.name.clone(),
         backends,
-        health_check_path: u.health_check_path.clone(),
-        health_check_interval: Duration::from_secs(u.health_check_interval_seconds),
+        hosts,
+        health_check_path: health.as_ref().map(|h| h.path.clone()).unwrap_or_default(),
+        health_check_interval: health
+            .as_ref()
+            .map_or(Duration::from_secs(u.health_check_interval_seconds), |h| {
+                Duration::from_millis(h.thresholds.interval_ms)
+            }),
+        health,
         connect_timeout: Duration::from_millis(u.connect_timeout_ms),
         read_timeout: Duration::from_millis(u.read_timeout_ms),
         groups: validate_groups(i, u)?,

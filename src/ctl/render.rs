@@ -111,12 +111,26 @@ pub fn backends(list: &[Value], now: i64) -> String {
             ]
         })
         .collect();
-    table(
-        &[
-            "UPSTREAM", "ADDRESS", "STATE", "WEIGHT", "SOURCE", "BY", "REASON", "UNTIL",
-        ],
-        &rows,
-    )
+    let mut header = vec![
+        "UPSTREAM", "ADDRESS", "STATE", "WEIGHT", "SOURCE", "BY", "REASON", "UNTIL",
+    ];
+    // With active checks, the last one (HAProxy's LastChk): `status 500 in 3ms, 1/3`.
+    let mut rows = rows;
+    if list.iter().any(|b| b["check"].is_object()) {
+        header.push("CHECK");
+        for (row, b) in rows.iter_mut().zip(list) {
+            row.push(check(&b["check"]));
+        }
+    }
+    table(&header, &rows)
+}
+
+/// A backend's last active check: `ok in 2ms, 0/3`; `-` without one.
+fn check(c: &Value) -> String {
+    match (c["result"].as_str(), c["duration_ms"].as_u64()) {
+        (Some(r), Some(ms)) => format!("{} in {ms}ms, {}", clean(r), field(c, &["progress"])),
+        _ => "-".into(),
+    }
 }
 
 /// `GET /claims` entries as a table.

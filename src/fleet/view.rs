@@ -22,7 +22,8 @@ fn leading(records: &[OpRecord]) -> Option<&OpRecord> {
 
 /// `upstream`, `address`, `state` (`maint`, `claimed`, `draining`, `culled`, `unhealthy`,
 /// `up`), `weight`, `source` (`manual`, `claim`, `auto` or null), `reason`, `by`, `until` (Unix ms or null),
-/// and `force` when the operation passed the fraction by force.
+/// `force` when the operation passed the fraction by force, and the last active `check`
+/// (an unhealthy backend's `reason` is its result when nothing manual explains it).
 pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
     let records = b.manual().records();
     let lead = leading(&records);
@@ -37,15 +38,45 @@ pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
     let i = pool.backends.iter().position(|x| x.addr == b.addr);
     let configured = i.and_then(|i| pool.configured_weight(i)).unwrap_or(1);
     let weight = b.manual().weight().unwrap_or(configured);
+    let check = check_view(pool, b);
+    // Why an unhealthy backend is out, when nothing manual says why.
+    let health_reason = (state == "unhealthy")
+        .then(|| {
+            check["result"]
+                .as_str()
+                .map(|r| format!("health check: {r}"))
+        })
+        .flatten();
     json!({
         "upstream": pool.name,
         "address": b.addr_str,
         "state": state,
         "weight": weight,
         "source": source,
-        "reason": lead.map(|r| r.reason.as_str()),
+        "reason": lead.map(|r| r.reason.clone()).or(health_reason),
         "by": lead.map(|r| r.by.as_str()),
         "until": lead.and_then(|r| r.until_ms),
         "force": lead.is_some_and(|r| r.force),
+        "check": check,
+    })
+}
+
+/// The last active check of `b` (HAProxy's LastChk and the time in state): `result`
+/// (`ok`, `connect`, `timeout`, `status 500`, `body`, `protocol`), `duration_ms`, `at`
+/// (Unix ms), `healthy`, `progress` toward the next flip (`1/3`: one failure of
+/// `fall` = 3) and `since` (Unix ms it entered its state); null without a check or
+/// before its first probe.
+pub fn check_view(pool: &Pool, b: &BackendState) -> Value {
+    let (Some(track), Some(t)) = (pool.health_track(b), pool.health_thresholds()) else {
+        return Value::Null;
+    };
+    let last = track.last.as_ref();
+    json!({
+        "result": last.map(|l| l.outcome.to_string()),
+        "duration_ms": last.map(|l| l.duration_ms),
+        "at": last.map(|l| l.at_ms),
+        "healthy": track.healthy,
+        "progress": track.progress(&t),
+        "since": track.since_ms,
     })
 }

@@ -15,6 +15,9 @@ pub struct CullMetrics {
     /// `portcullis_blamed_total{tenant}`: keys blamed for their upstream's errors and
     /// limited (CONTRACT §15). `tenant` is a bounded name, never a raw key.
     pub blamed: IntCounterVec,
+    /// `portcullis_health_checks_total{upstream,backend,result}`: active probes by
+    /// result, copied from the probes' counts at each scrape.
+    pub health_checks: IntCounterVec,
 }
 
 impl CullMetrics {
@@ -77,7 +80,18 @@ impl CullMetrics {
                 &["tenant"],
             ),
         );
+        let health_checks = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_health_checks_total",
+                    "Active health-check probes by result (ok, connect, timeout, status, body, protocol)",
+                ),
+                &["upstream", "backend", "result"],
+            ),
+        );
         Self {
+            health_checks,
             backend_culled,
             backend_errors,
             decisions,

@@ -55,7 +55,7 @@ pub fn resolve(mut config: Config) -> Result<Config, (String, String)> {
         if u.entries.iter().all(|(e, _)| is_literal(e)) {
             continue;
         }
-        let (backends, weights) = addresses(i, u)?;
+        let (backends, weights, hosts) = addresses(i, u)?;
         if u.balance.shard_size > backends.len() {
             return Err((
                 format!("upstreams[{i}].shard_size"),
@@ -67,16 +67,21 @@ pub fn resolve(mut config: Config) -> Result<Config, (String, String)> {
             ));
         }
         u.backends = backends;
+        u.hosts = hosts;
         u.balance.weights = if u.weighted { weights } else { Vec::new() };
     }
     Ok(config)
 }
 
-/// Every address of the `i`th upstream's entries with its entry's weight; no address
-/// twice.
-fn addresses(i: usize, u: &Upstream) -> Result<(Vec<SocketAddr>, Vec<u32>), (String, String)> {
+/// Addresses, their weights and the entries they came from (aligned).
+type Resolved = (Vec<SocketAddr>, Vec<u32>, Vec<String>);
+
+/// Every address of the `i`th upstream's entries with its entry's weight and the entry;
+/// no address twice.
+fn addresses(i: usize, u: &Upstream) -> Result<Resolved, (String, String)> {
     let mut backends = Vec::new();
     let mut weights = Vec::new();
+    let mut hosts = Vec::new();
     for (j, (entry, w)) in u.entries.iter().enumerate() {
         let path = || format!("upstreams[{i}].backends[{j}]");
         let addrs = match resolve_entry(entry) {
@@ -93,16 +98,18 @@ fn addresses(i: usize, u: &Upstream) -> Result<(Vec<SocketAddr>, Vec<u32>), (Str
             }
             backends.push(a);
             weights.push(*w);
+            hosts.push(entry.clone());
         }
     }
-    Ok((backends, weights))
+    Ok((backends, weights, hosts))
 }
 
-/// The backend list and weights of `u` from freshly resolved entries; `None`
+/// The backend list, weights and entries of `u` from freshly resolved entries; `None`
 /// when an entry does not resolve now (keep what we have) or nothing changed.
-pub fn re_resolve(u: &Upstream) -> Option<(Vec<SocketAddr>, Vec<u32>)> {
+pub fn re_resolve(u: &Upstream) -> Option<Resolved> {
     let mut backends = Vec::new();
     let mut weights = Vec::new();
+    let mut hosts = Vec::new();
     for (entry, w) in &u.entries {
         match resolve_entry(entry) {
             Ok(addrs) if !addrs.is_empty() => {
@@ -110,6 +117,7 @@ pub fn re_resolve(u: &Upstream) -> Option<(Vec<SocketAddr>, Vec<u32>)> {
                     if !backends.contains(&a) {
                         backends.push(a);
                         weights.push(*w);
+                        hosts.push(entry.clone());
                     }
                 }
             }
@@ -120,7 +128,11 @@ pub fn re_resolve(u: &Upstream) -> Option<(Vec<SocketAddr>, Vec<u32>)> {
         }
     }
     let same = backends == u.backends && (!u.weighted || weights == u.balance.weights);
-    (!same).then_some((backends, if u.weighted { weights } else { Vec::new() }))
+    (!same).then_some((
+        backends,
+        if u.weighted { weights } else { Vec::new() },
+        hosts,
+    ))
 }
 
 /// The config with every hostname re-resolved, or `None` when nothing changed. The
@@ -137,10 +149,11 @@ pub fn refreshed(config: &Config) -> Option<Config> {
         return None;
     }
     let mut next = config.clone();
-    for (i, (backends, weights)) in changes {
+    for (i, (backends, weights, hosts)) in changes {
         let u = &mut next.upstreams[i];
         tracing::info!(upstream = %u.name, before = ?u.backends, after = ?backends, "backend addresses changed (DNS)");
         u.backends = backends;
+        u.hosts = hosts;
         u.balance.weights = weights;
     }
     Some(next)

@@ -9,9 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::lb::discovery;
-use pingora::lb::health_check::HttpHealthCheck;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, Backends, LoadBalancer};
 
@@ -80,34 +78,53 @@ fn effective_weight(cfg: &Upstream, i: usize, state: &BackendState) -> u32 {
     state.manual().weight().unwrap_or(configured).max(1)
 }
 
-/// The pool's active health checks, `None` without `health_check_path`. A reload
-/// keeps the registry of `previous` (and with it the backends' health), and its check
-/// too unless the check's path, timeout or transport changed; then it swaps in a new
-/// one. A new check is two OpenSSL connectors, each loading the system's CA bundle
-/// (about 8 MB allocated and freed by libcrypto, through the C allocator): built on the
-/// reload's fresh blocking-pool thread on every reload, they grew the resident memory
-/// by a glibc malloc arena's worth (~2.7 MB) per reload.
+/// The pool's active health checks, `None` without a check. A reload keeps the
+/// registry of `previous` (and with it the backends' health and their tracks), and its
+/// probe too unless the check or the transport changed, or the backends did (a probe
+/// knows each backend's `Host`); then it swaps in a new one. (A check used to be two
+/// OpenSSL connectors loading the system's CA bundle, about 8 MB through libcrypto:
+/// built on every reload's fresh blocking-pool thread, they grew the resident memory by
+/// a glibc malloc arena, ~2.7 MB, per reload. Keeping an unchanged probe avoids that.)
 fn pool_health(cfg: &Upstream, previous: Option<&Pool>) -> Option<PoolHealth> {
-    (!cfg.health_check_path.is_empty()).then(|| {
-        let build =
-            || http_health_check(&cfg.health_check_path, cfg.connect_timeout, &cfg.transport);
+    let check = cfg.health.as_ref()?;
+    let build = |tracks: Arc<super::probe::Tracks>| {
+        super::probe::Probe::new(
+            check.clone(),
+            cfg.transport.clone(),
+            &cfg.backends,
+            &cfg.hosts,
+            tracks,
+        )
+    };
+    Some(
         match previous.and_then(|p| p.health.as_ref().map(|h| (p, h))) {
-            Some((p, h)) if same_check(p, cfg) => h.clone(),
+            Some((p, h)) if same_check(p, h, cfg) => h.clone(),
             Some((_, h)) => {
-                h.check.0.store(Arc::new(build()));
+                h.check.0.store(Arc::new(build(Arc::clone(&h.tracks))));
                 h.clone()
             }
-            None => PoolHealth::new(build()),
-        }
-    })
+            None => {
+                let tracks = Arc::new(super::probe::Tracks::default());
+                PoolHealth::new(build(Arc::clone(&tracks)), tracks)
+            }
+        },
+    )
 }
 
-/// Whether `cfg` asks for the health check `previous` runs (what [`http_health_check`]
-/// is built from).
-fn same_check(previous: &Pool, cfg: &Upstream) -> bool {
-    previous.health_check_path == cfg.health_check_path
-        && previous.connect_timeout == cfg.connect_timeout
-        && previous.transport == cfg.transport
+/// Whether `cfg` asks for the probe `previous` runs.
+fn same_check(previous: &Pool, h: &PoolHealth, cfg: &Upstream) -> bool {
+    let same_backends = previous.backends.len() == cfg.backends.len()
+        && previous
+            .backends
+            .iter()
+            .zip(&cfg.backends)
+            .all(|(b, a)| b.addr == *a);
+    same_backends
+        && previous.hosts == cfg.hosts
+        && cfg
+            .health
+            .as_ref()
+            .is_some_and(|c| h.check.0.load().is(c, &cfg.transport))
 }
 
 /// The bulkhead and retry budget of the upstream, carried over from `previous`
@@ -189,8 +206,11 @@ impl Pool {
             .collect();
         let shared = upstream_shared(cfg, previous);
         let lb = load_balancer(&cfg.name, set, health.as_ref());
-        let health_check_interval =
-            (!cfg.health_check_path.is_empty()).then_some(cfg.health_check_interval);
+        // The registry runs at the fast interval; the probe skips a settled backend
+        // until its own interval is up.
+        let health_check_interval = cfg.health.as_ref().map(|h| {
+            Duration::from_millis(h.thresholds.fast_interval_ms.min(h.thresholds.interval_ms))
+        });
         Self {
             name: cfg.name.clone(),
             lb,
@@ -206,52 +226,12 @@ impl Pool {
             read_timeout: cfg.read_timeout,
             health_check_interval,
             health_check_path: cfg.health_check_path.clone(),
+            hosts: cfg.hosts.clone(),
             transport: cfg.transport.clone(),
             panic_mode: AtomicBool::new(false),
             health,
         }
     }
-}
-
-fn http_health_check(
-    path: &str,
-    timeout: Duration,
-    transport: &crate::config::UpstreamTransport,
-) -> HttpHealthCheck {
-    let host = if transport.sni.is_empty() {
-        "localhost"
-    } else {
-        transport.sni.as_str()
-    };
-    let mut hc = HttpHealthCheck::new(host, transport.tls);
-    if transport.tls {
-        hc.peer_template.options.verify_cert = transport.verify;
-        hc.peer_template.options.verify_hostname = transport.verify && !transport.sni.is_empty();
-        if let Some(ca) = &transport.ca {
-            hc.peer_template.options.ca = Some(ca.0.clone());
-        }
-    }
-    match RequestHeader::build("GET", path.as_bytes(), None) {
-        Ok(mut req) => {
-            let _ = req.append_header("Host", "localhost");
-            let _ = req.append_header("User-Agent", "portcullis-health-check");
-            hc.req = req;
-        }
-        Err(e) => tracing::error!(error = %e, path, "bad health check path; using /"),
-    }
-    hc.peer_template.options.connection_timeout = Some(timeout);
-    hc.peer_template.options.read_timeout = Some(timeout.max(Duration::from_secs(1)));
-    hc.validator = Some(Box::new(|resp: &ResponseHeader| {
-        if resp.status.is_success() {
-            Ok(())
-        } else {
-            pingora::Error::e_explain(
-                pingora::ErrorType::HTTPStatus(resp.status.as_u16()),
-                "health check wants 2xx",
-            )
-        }
-    }));
-    hc
 }
 
 #[cfg(test)]
@@ -267,7 +247,7 @@ mod tests {
         cfg.upstreams.remove(0)
     }
 
-    fn check_of(pool: &Pool) -> Arc<HttpHealthCheck> {
+    fn check_of(pool: &Pool) -> Arc<super::super::probe::Probe> {
         pool.health
             .as_ref()
             .expect("health checks")

@@ -7,10 +7,11 @@
 mod blame_names;
 mod build;
 pub mod peer;
+pub mod probe;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
+use pingora::lb::health_check::HealthCheck;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, HealthRegistry, LoadBalancer};
 use std::net::SocketAddr;
@@ -362,22 +363,28 @@ impl Tried {
 pub struct PoolHealth {
     registry: Arc<HealthRegistry>,
     check: SwappableCheck,
+    /// What each backend's probes found (kept with the registry).
+    pub tracks: Arc<probe::Tracks>,
 }
 
 impl PoolHealth {
-    fn new(check: HttpHealthCheck) -> Self {
+    fn new(check: probe::Probe, tracks: Arc<probe::Tracks>) -> Self {
         let check = SwappableCheck(Arc::new(ArcSwap::from_pointee(check)));
         let registry = Arc::new(HealthRegistry::new());
         // A fresh registry has no check yet, so this cannot panic.
         registry.set_health_check(Box::new(check.clone()));
-        Self { registry, check }
+        Self {
+            registry,
+            check,
+            tracks,
+        }
     }
 }
 
-/// The registry takes its check once; a reload that changes the path or the
-/// timeout swaps what this wrapper delegates to.
+/// The registry takes its check once; a reload that changes the check swaps what this
+/// wrapper delegates to.
 #[derive(Clone)]
-struct SwappableCheck(Arc<ArcSwap<HttpHealthCheck>>);
+struct SwappableCheck(Arc<ArcSwap<probe::Probe>>);
 
 #[async_trait]
 impl HealthCheck for SwappableCheck {
@@ -414,6 +421,8 @@ pub struct Pool {
     pub read_timeout: Duration,
     pub health_check_interval: Option<Duration>,
     pub health_check_path: String,
+    /// The backends as written (`Upstream::hosts`), aligned with `backends`.
+    pub hosts: Vec<String>,
     /// TLS / HTTP/2 to the backends (CONTRACT §6).
     pub transport: crate::config::UpstreamTransport,
     /// Set while no backend is eligible and traffic goes to all of them.
@@ -530,6 +539,24 @@ impl Pool {
         if self.balance.adaptive {
             self.shared.limit.on_latency(now, rtt);
         }
+    }
+
+    /// What `s`'s probes found (`None`: no active check, or not probed yet).
+    pub fn health_track(&self, s: &BackendState) -> Option<portcullis_policy::health::Track> {
+        self.health.as_ref()?.tracks.get(&s.addr)
+    }
+
+    /// Each backend's probe counts by result (empty without an active check).
+    pub fn health_counts(&self) -> Vec<(SocketAddr, probe::Counts)> {
+        self.health
+            .as_ref()
+            .map(|h| h.tracks.counts())
+            .unwrap_or_default()
+    }
+
+    /// `rise`, `fall` and the intervals of the active check.
+    pub fn health_thresholds(&self) -> Option<portcullis_policy::health::Thresholds> {
+        self.health.as_ref().map(|h| h.check.0.load().thresholds())
     }
 
     pub fn is_healthy(&self, s: &BackendState) -> bool {

@@ -157,3 +157,77 @@ fn spawn(dir: &std::path::Path, conf: &std::path::Path) -> Child {
         .spawn()
         .expect("spawn nginx")
 }
+
+/// Debian's nginx serving name-based virtual hosts on `ports` cleartext listeners, as a
+/// web server in front of several sites does: on each, `server_name` `host` answers
+/// `/health` with 200 `vhost <host> ok`, and any other `Host` reaches the default
+/// server's 404. The access log records each request's `Host`.
+pub struct NginxVhosts {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    /// One `127.0.0.1:port` per listener.
+    pub addrs: Vec<String>,
+}
+
+impl NginxVhosts {
+    pub fn start(host: &str, ports: usize) -> NginxVhosts {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addrs: Vec<String> = (0..ports)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let d = dir.path().display();
+        let mut servers = String::new();
+        for a in &addrs {
+            servers.push_str(&format!(
+                "  server {{ listen {a} default_server; server_name _; return 404 \"no such site\\n\"; }}\n\
+                 \x20 server {{ listen {a}; server_name {host};\n\
+                 \x20   location = /health {{ return 200 \"vhost {host} ok\\n\"; }}\n\
+                 \x20   location / {{ return 200 \"vhost {host}\\n\"; }} }}\n"
+            ));
+        }
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 256; }}\nhttp {{\n\
+             \x20 log_format hosts '$http_host $request_method $uri $status';\n\
+             \x20 access_log {d}/access.log hosts;\n  client_body_temp_path {d}/body;\n\
+             \x20 proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n\
+             \x20 uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n{servers}}}\n"
+        );
+        let conf_path = dir.path().join("nginx.conf");
+        fs::write(&conf_path, conf).expect("write nginx.conf");
+        let child = spawn(dir.path(), &conf_path);
+        let n = NginxVhosts {
+            child: Some(child),
+            dir,
+            addrs,
+        };
+        eventually(
+            DEADLINE,
+            || format!("nginx did not listen: {}", n.error_log()),
+            || {
+                n.addrs
+                    .iter()
+                    .all(|a| std::net::TcpStream::connect(a).is_ok())
+            },
+        );
+        n
+    }
+
+    pub fn error_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+
+    /// The access log: `<Host> <method> <path> <status>` per request.
+    pub fn access_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NginxVhosts {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
