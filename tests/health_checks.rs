@@ -258,7 +258,7 @@ fn expect_status_body_method_port_and_timeout() {
     };
     eventually(
         DEADLINE,
-        || format!("{}", p.admin_get("/backends").body_str()),
+        || p.admin_get("/backends").body_str(),
         || {
             result("body-ok", &ok.addr()) == "ok"
                 && result("body-bad", &ok.addr()) == "body"
