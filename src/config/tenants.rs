@@ -12,7 +12,7 @@ use super::schema::{PrioritySection, TenantsSection, TierSection, UnknownKeySect
 pub use super::settings::{Tenant, TenantSettings, Tier, UnknownKey};
 use super::{locate, ConfigError};
 use crate::shed::Priority;
-pub use portcullis_policy::tenant::Period;
+pub use portcullis_policy::tenant::{Period, MAX_QUOTA};
 
 /// The rate-limit key of tenant `name`: apart from every API key (a NUL cannot be sent
 /// in a header or a query), shared by all of the tenant's keys.
@@ -50,7 +50,7 @@ pub(super) fn validate_tenants(
             1_000_000,
             "requests",
         )?;
-        range(&at("quota"), tier.quota, 0, u64::MAX / 4, "cost units")?;
+        range(&at("quota"), tier.quota, 0, MAX_QUOTA, "cost units")?;
         let Some(period) = Period::parse(&tier.quota_period) else {
             return err(at("quota_period"), "expected hour, day or month");
         };

@@ -293,3 +293,19 @@ fn an_adaptive_upstream_needs_a_ceiling() {
     assert_eq!(e.key_path, "upstreams[0].adaptive", "{e}");
     assert_eq!(e.line_col.map(|l| l.0), Some(4), "{e}");
 }
+
+#[test]
+fn a_quota_is_at_most_two_to_the_fifty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(&file, "[[tenant]]\nname = \"a\"\ntier = \"pro\"\n").expect("write");
+    let cfg = |q: u64| {
+        format!(
+            "{MIN}[tenants]\nfile = \"{}\"\n[tiers.pro]\nlimit = 5\nquota = {q}\n",
+            file.display()
+        )
+    };
+    assert!(check(&cfg(1 << 50)).is_ok());
+    let e = check(&cfg((1 << 50) + 1)).unwrap_err();
+    assert_eq!(e.key_path, "tiers.pro.quota");
+}
