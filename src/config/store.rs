@@ -61,7 +61,7 @@ fn load_ca_pem(r: &RedisSection) -> VResult<Option<Vec<u8>>> {
     if let Err(e) = crate::config::certs::CaBundle::load(path) {
         return err("redis.ca_file", e);
     }
-    match super::read_regular_file(path) {
+    match super::read_regular_file(path, super::FileKind::Pem) {
         Ok(b) => Ok(Some(b)),
         Err(e) => err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
     }
