@@ -5,13 +5,15 @@
 //!   through Redis (which refused the flush before);
 //! - a tenants file left empty (a write in place caught mid-edit) keeps the tenants;
 //! - a tenants file of 256 MiB is refused by its size, and the proxy's peak memory stays
-//!   flat; every other file (secrets, JWKS, certificates) has a cap of its own.
+//!   flat; every other file (secrets, JWKS, certificates) has a cap of its own;
+//! - `--check` never prints a value that came from the environment, nor the tail of a
+//!   Redis password holding a raw `@`.
 
 use portcullis_test_kit as support;
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use support::*;
 
 fn hash(key: &str) -> String {
@@ -346,4 +348,97 @@ fn check_refuses_files_over_their_cap_naming_the_file_and_the_cap() {
         assert!(err.contains("a FIFO"), "{err}");
         assert!(t.elapsed() < std::time::Duration::from_secs(5));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// --check and the environment
+// ---------------------------------------------------------------------------------------
+
+/// `portcullis -c <text> --check` with `env`: (exit code, stderr).
+fn check_with_env(text: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("env.toml");
+    std::fs::write(&path, text).expect("write config");
+    let mut cmd = Command::new(&*BIN);
+    cmd.arg("-c").arg(&path).arg("--check").stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run portcullis --check");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A config, its environment, the key path its error names, and what it must not show.
+type EnvCase = (
+    String,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+);
+
+/// Before: `--check` quoted what the environment gave (`rate_limit.key: invalid key
+/// source "nonsense-from-env"`, a backend address, a whole Redis URL), and a password
+/// with a raw `@` showed its tail (`redis://user:***@ss/SuperSecret…`). Now a value from
+/// the environment is shown as its variable, and a URL's user-info is hidden up to its
+/// last `@`.
+#[test]
+fn check_never_shows_an_environment_value_nor_a_password_tail() {
+    let base = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
+    let cases: [EnvCase; 5] = [
+        (
+            format!("{base}[rate_limit]\nkey = \"${{PCX_HF_KEY}}\"\n"),
+            &[("PCX_HF_KEY", "nonsense-from-env")],
+            "rate_limit.key",
+            "nonsense-from-env",
+        ),
+        (
+            "[[upstreams]]\nname = \"app\"\nbackends = [\"${PCX_HF_BACKEND}\"]\n".to_string(),
+            &[("PCX_HF_BACKEND", "internal-db.corp:notaport")],
+            "upstreams[0].backends[0]",
+            "internal-db",
+        ),
+        (
+            format!("{base}[redis]\nurl = \"${{PCX_HF_URL}}\"\n"),
+            &[("PCX_HF_URL", "redis://admin:env-pw-31@10.1.2.3:notaport")],
+            "redis.url",
+            "env-pw-31",
+        ),
+        (
+            format!("{base}[redis]\nurl = \"redis://user:${{PCX_HF_PW}}@127.0.0.1:notaport\"\n"),
+            &[("PCX_HF_PW", "p@ss/SuperSecret")],
+            "redis.url",
+            "SuperSecret",
+        ),
+        (
+            format!("{base}[tenants]\nfile = \"${{PCX_HF_FILE}}\"\n[tiers.pro]\nlimit = 1\n"),
+            &[("PCX_HF_FILE", "/nonexistent/private-path/tenants.toml")],
+            "",
+            "private-path",
+        ),
+    ];
+    for (cfg, env, key, secret) in &cases {
+        let (code, err) = check_with_env(cfg, env);
+        assert_eq!(code, 2, "{secret}: {err}");
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(!err.contains(secret), "{secret} was shown: {err}");
+        // Named, unless the URL's redaction hid it with the password (`user:***@`).
+        let var = env[0].0;
+        assert!(
+            err.contains(&format!("${{{var}}}")) || err.contains("user:***@127.0.0.1"),
+            "{var} not named: {err}"
+        );
+    }
+    // A raw `@` in a password written in the file: hidden up to the last `@`.
+    let cfg =
+        format!("{base}[redis]\nurl = \"redis://user:p@ss/SuperSecret@127.0.0.1:notaport\"\n");
+    let (code, err) = check_with_env(&cfg, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        !err.contains("SuperSecret") && !err.contains("ss/"),
+        "{err}"
+    );
+    assert!(err.contains("user:***@127.0.0.1:notaport"), "{err}");
 }

@@ -228,12 +228,22 @@ pub fn error_at(path: &Path, key_path: &str, reason: &str) -> ConfigError {
     let text = read_regular_file(path, FileKind::Config)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
+    let reason = env_values_of(&text).redact(reason);
     ConfigError::new(
         &file,
         locate::locate(&text, key_path),
         key_path.to_string(),
-        reason,
+        &reason,
     )
+}
+
+/// `text` (a note about the config file `path`, such as a `--check` warning) without the
+/// values the environment gives the file, nor a URL's password.
+pub fn redact_note(path: &Path, text: &str) -> String {
+    let config = read_regular_file(path, FileKind::Config)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    redact::redact_secrets(&env_values_of(&config).redact(text))
 }
 
 /// A file that is not UTF-8: where, and under which key.
@@ -254,22 +264,56 @@ fn not_utf8(file: &str, e: &std::string::FromUtf8Error) -> ConfigError {
 /// `${NAME:-default}` and `$$` in string values are expanded from the process
 /// environment first ([`env`]).
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-    let expanded =
-        env::expand_text(text, &env::from_process).map_err(|(key_path, at, reason)| {
-            ConfigError::new(file, Some(locate::line_col(text, at)), key_path, &reason)
-        })?;
+    let (expanded, env) = expand_from_process(text);
+    let expanded = expanded.map_err(|(key_path, at, reason)| {
+        ConfigError::new(file, Some(locate::line_col(text, at)), key_path, &reason)
+    })?;
+    // No error shows what the environment gave (CONTRACT §13): its variable instead.
+    let hide = |mut e: ConfigError| {
+        e.file = env.redact(&e.file);
+        e.reason = env.redact(&e.reason);
+        e
+    };
     let text = &*expanded;
-    let raw: FileConfig = deserialize(file, text)?;
+    let raw: FileConfig = deserialize(file, text, &env)?;
     let mut config = validate::validate(raw).map_err(|(key_path, reason)| {
+        let reason = env.redact(&reason);
         ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)
     })?;
     // The tenants file: its errors point into it.
-    tenants::read_file(&mut config.tenants)?;
+    tenants::read_file(&mut config.tenants).map_err(hide)?;
     tenants::tier_limits(&config.tenants, &mut config.rate_limit.params.overrides);
     Ok(config)
 }
 
-fn deserialize(file: &str, text: &str) -> Result<FileConfig, ConfigError> {
+/// `text` (a config file) expanded from the process environment ([`env::expand_text`]),
+/// and the values the environment gave it, to keep out of errors.
+fn expand_from_process(
+    text: &str,
+) -> (
+    Result<std::borrow::Cow<'_, str>, env::TextError>,
+    redact::EnvValues,
+) {
+    let seen = std::cell::RefCell::new(Vec::new());
+    let lookup = |name: &str| {
+        let value = env::from_process(name);
+        if let Some(v) = &value {
+            seen.borrow_mut().push((name.to_string(), v.clone()));
+        }
+        value
+    };
+    let expanded = env::expand_text(text, &lookup);
+    (expanded, redact::EnvValues::new(seen.into_inner()))
+}
+
+/// The values the environment gives the strings of `text` (a config file).
+fn env_values_of(text: &str) -> redact::EnvValues {
+    expand_from_process(text).1
+}
+
+/// `env`: the values from the environment, hidden before the message is redacted of URL
+/// secrets (a URL from the environment is shown as its variable, not as a redacted URL).
+fn deserialize(file: &str, text: &str, env: &redact::EnvValues) -> Result<FileConfig, ConfigError> {
     let de = toml::Deserializer::new(text);
     serde_path_to_error::deserialize(de).map_err(|err| {
         let mut key_path = err.path().to_string();
@@ -277,7 +321,7 @@ fn deserialize(file: &str, text: &str) -> Result<FileConfig, ConfigError> {
             key_path.clear();
         }
         let inner = err.into_inner();
-        let reason = inner.message().trim().to_string();
+        let reason = env.redact(inner.message().trim());
         // serde reports an unknown key at its parent table: name the key itself.
         if let Some(unknown) = reason
             .strip_prefix("unknown field `")

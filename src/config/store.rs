@@ -123,8 +123,9 @@ fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode
         return err(
             "redis.url",
             format!(
-                "invalid Redis URL {:?} ({e}): expected redis[s]://[user:password@]host:port[/db]",
-                super::redact::redact_url(url)
+                // Shown redacted of its password by `ConfigError` (after the values from
+                // the environment are hidden: a URL from it is shown as its variable).
+                "invalid Redis URL {url:?} ({e}): expected redis[s]://[user:password@]host:port[/db]"
             ),
         );
     }
