@@ -72,7 +72,11 @@ fn main() -> ExitCode {
             );
             match portcullis::store::probe_blocking(&s.endpoint, bound) {
                 Ok(None) => {}
-                Ok(Some(note)) => eprintln!("warning: {}: {note}", cli.conf.display()),
+                Ok(Some(note)) => eprintln!(
+                    "warning: {}: {}",
+                    cli.conf.display(),
+                    portcullis::config::redact_note(&cli.conf, &note)
+                ),
                 Err((key, why)) => {
                     eprintln!("{}", portcullis::config::error_at(&cli.conf, &key, &why));
                     return ExitCode::from(2);

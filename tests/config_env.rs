@@ -73,12 +73,14 @@ fn check_expands_the_environment_and_names_an_unset_variable() {
     let cfg = format!("{BASE}[rate_limit]\nkey = \"${{PCX_TEST_RL_KEY}}\"\n");
     let (code, err, _) = check_with_env(&cfg, &[("PCX_TEST_RL_KEY", "header:x-key")], &[]);
     assert_eq!(code, 0, "{err}");
+    // The value is not shown: the variable that gave it is.
     let (code, err, _) = check_with_env(&cfg, &[("PCX_TEST_RL_KEY", "nonsense")], &[]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("rate_limit.key") && err.contains("\"nonsense\""),
+        err.contains("rate_limit.key") && err.contains("\"${PCX_TEST_RL_KEY}\""),
         "{err}"
     );
+    assert!(!err.contains("nonsense"), "{err}");
     // Default.
     let cfg = format!("{BASE}[rate_limit]\nkey = \"${{PCX_TEST_UNSET:-bearer}}\"\n");
     let (code, err, _) = check_with_env(&cfg, &[], &["PCX_TEST_UNSET"]);

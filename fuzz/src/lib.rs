@@ -512,6 +512,7 @@ pub fn tenants(data: &[u8]) {
         unknown_key: UnknownKey::Allow,
         tiers: tiers.clone(),
         tenants,
+        ..TenantSettings::default()
     };
     let (joined, skipped) = store_tenants(&settings, &entries);
     for why in &skipped {

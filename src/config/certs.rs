@@ -62,7 +62,8 @@ impl fmt::Debug for CertSet {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    super::read_regular_file(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    super::read_regular_file(path, super::FileKind::Pem)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 impl CertSet {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::check::{err, VResult};
 use super::schema::JwtSection;
 use super::settings::RateLimitSettings;
+use super::FileKind;
 use crate::ratelimit::jwt::{Part, Verifier};
 use crate::ratelimit::{KeySource, PolicyKey};
 
@@ -48,18 +49,22 @@ fn verifier(j: &JwtSection) -> VResult<Verifier> {
             "no key source: set jwks_file (RS256/ES256 public keys) or hs256_secret_file",
         );
     }
-    let read = |key: &str, path: &str| -> VResult<Option<Vec<u8>>> {
+    let read = |key: &str, path: &str, kind: FileKind| -> VResult<Option<Vec<u8>>> {
         if path.is_empty() {
             return Ok(None);
         }
-        match super::read_regular_file(Path::new(path)) {
+        match super::read_regular_file(Path::new(path), kind) {
             Ok(b) if b.is_empty() => err(key, format!("{path:?}: the file is empty")),
             Ok(b) => Ok(Some(b)),
             Err(e) => err(key, format!("cannot read {path:?}: {e}")),
         }
     };
-    let jwks = read("jwt.jwks_file", &j.jwks_file)?;
-    let secret = read("jwt.hs256_secret_file", &j.hs256_secret_file)?;
+    let jwks = read("jwt.jwks_file", &j.jwks_file, FileKind::Jwks)?;
+    let secret = read(
+        "jwt.hs256_secret_file",
+        &j.hs256_secret_file,
+        FileKind::Secret,
+    )?;
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
     let (issuer, audience) = (opt(&j.issuer), opt(&j.audience));
     Verifier::new(

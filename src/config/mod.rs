@@ -65,11 +65,79 @@ impl ConfigError {
     }
 }
 
+/// The kinds of file the proxy reads, each with the most bytes it reads of one: a larger
+/// file is refused with an error naming the cap, before it is read (and, should it grow
+/// meanwhile, after at most the cap and one byte were read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// The configuration file: 64 MiB.
+    Config,
+    /// A token, password or HMAC secret (`server.admin_token_file`,
+    /// `redis.password_file`, `jwt.hs256_secret_file`): 64 KiB.
+    Secret,
+    /// A PEM certificate chain, private key or CA bundle: 4 MiB.
+    Pem,
+    /// `jwt.jwks_file`: 4 MiB.
+    Jwks,
+    /// The tenants file: `tenants.max_file_bytes`.
+    Tenants(u64),
+}
+
+/// The caps of [`FileKind`].
+pub mod file_caps {
+    pub const CONFIG: u64 = 64 << 20;
+    pub const SECRET: u64 = 64 << 10;
+    pub const PEM: u64 = 4 << 20;
+    pub const JWKS: u64 = 4 << 20;
+    /// `tenants.max_file_bytes`' default.
+    pub const TENANTS: u64 = 32 << 20;
+}
+
+impl FileKind {
+    /// The most bytes read from a file of this kind.
+    pub fn cap(self) -> u64 {
+        match self {
+            FileKind::Config => file_caps::CONFIG,
+            FileKind::Secret => file_caps::SECRET,
+            FileKind::Pem => file_caps::PEM,
+            FileKind::Jwks => file_caps::JWKS,
+            FileKind::Tenants(cap) => cap,
+        }
+    }
+
+    fn too_large(self) -> std::io::Error {
+        let cap = human_bytes(self.cap());
+        let why = match self {
+            FileKind::Config => format!("larger than {cap}, the most a config file may hold"),
+            FileKind::Secret => format!("larger than {cap}, the most a secret file may hold"),
+            FileKind::Pem => format!("larger than {cap}, the most a PEM file may hold"),
+            FileKind::Jwks => format!("larger than {cap}, the most a JWKS file may hold"),
+            FileKind::Tenants(_) => {
+                format!("larger than {cap}, the tenants file's cap (tenants.max_file_bytes)")
+            }
+        };
+        std::io::Error::new(std::io::ErrorKind::InvalidData, why)
+    }
+}
+
+/// `n` bytes as `N MiB`, `N KiB` or `N bytes`, whichever is exact.
+pub fn human_bytes(n: u64) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
 /// Reads a file that must be a regular file (CONTRACT §17): a FIFO, a device or a
 /// directory is refused before it is opened (opening a FIFO blocks until a writer comes),
 /// and checked again once open (in case it was swapped meanwhile). Symbolic links to a
-/// regular file are followed, as Kubernetes mounts secrets.
-pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+/// regular file are followed, as Kubernetes mounts secrets. A file larger than its kind's
+/// cap ([`FileKind`]) is refused without being read, and at most the cap and one byte are
+/// ever read (a file growing meanwhile is refused too).
+pub fn read_regular_file(path: &Path, kind: FileKind) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     fn not_regular(t: std::fs::FileType) -> std::io::Error {
         use std::os::unix::fs::FileTypeExt;
@@ -89,17 +157,27 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
             format!("not a regular file ({kind})"),
         )
     }
+    let cap = kind.cap();
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {
         return Err(not_regular(meta.file_type()));
     }
-    let mut f = std::fs::File::open(path)?;
+    if meta.len() > cap {
+        return Err(kind.too_large());
+    }
+    let f = std::fs::File::open(path)?;
     let meta = f.metadata()?;
     if !meta.is_file() {
         return Err(not_regular(meta.file_type()));
     }
-    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(1 << 24));
-    f.read_to_end(&mut out)?;
+    if meta.len() > cap {
+        return Err(kind.too_large());
+    }
+    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    f.take(cap.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > cap {
+        return Err(kind.too_large());
+    }
     Ok(out)
 }
 
@@ -108,7 +186,7 @@ pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
 /// The error never shows the file's content.
 pub(crate) fn read_secret_file(key: &str, path: &str) -> Result<String, (String, String)> {
     let fail = |why: String| Err((key.to_string(), format!("cannot read {path:?}: {why}")));
-    let bytes = match read_regular_file(Path::new(path)) {
+    let bytes = match read_regular_file(Path::new(path), FileKind::Secret) {
         Ok(b) => b,
         Err(e) => return fail(e.to_string()),
     };
@@ -132,7 +210,7 @@ pub fn json_schema() -> String {
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let bytes = read_regular_file(path).map_err(|e| {
+    let bytes = read_regular_file(path, FileKind::Config).map_err(|e| {
         ConfigError::new(
             &file,
             None,
@@ -148,13 +226,25 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// text of `path` when the key is found there.
 pub fn error_at(path: &Path, key_path: &str, reason: &str) -> ConfigError {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = read_regular_file(path, FileKind::Config)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let reason = env_values_of(&text).redact(reason);
     ConfigError::new(
         &file,
         locate::locate(&text, key_path),
         key_path.to_string(),
-        reason,
+        &reason,
     )
+}
+
+/// `text` (a note about the config file `path`, such as a `--check` warning) without the
+/// values the environment gives the file, nor a URL's password.
+pub fn redact_note(path: &Path, text: &str) -> String {
+    let config = read_regular_file(path, FileKind::Config)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    redact::redact_secrets(&env_values_of(&config).redact(text))
 }
 
 /// A file that is not UTF-8: where, and under which key.
@@ -175,22 +265,56 @@ fn not_utf8(file: &str, e: &std::string::FromUtf8Error) -> ConfigError {
 /// `${NAME:-default}` and `$$` in string values are expanded from the process
 /// environment first ([`env`]).
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-    let expanded =
-        env::expand_text(text, &env::from_process).map_err(|(key_path, at, reason)| {
-            ConfigError::new(file, Some(locate::line_col(text, at)), key_path, &reason)
-        })?;
+    let (expanded, env) = expand_from_process(text);
+    let expanded = expanded.map_err(|(key_path, at, reason)| {
+        ConfigError::new(file, Some(locate::line_col(text, at)), key_path, &reason)
+    })?;
+    // No error shows what the environment gave (CONTRACT §13): its variable instead.
+    let hide = |mut e: ConfigError| {
+        e.file = env.redact(&e.file);
+        e.reason = env.redact(&e.reason);
+        e
+    };
     let text = &*expanded;
-    let raw: FileConfig = deserialize(file, text)?;
+    let raw: FileConfig = deserialize(file, text, &env)?;
     let mut config = validate::validate(raw).map_err(|(key_path, reason)| {
+        let reason = env.redact(&reason);
         ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)
     })?;
     // The tenants file: its errors point into it.
-    tenants::read_file(&mut config.tenants)?;
+    tenants::read_file(&mut config.tenants).map_err(hide)?;
     tenants::tier_limits(&config.tenants, &mut config.rate_limit.params.overrides);
     Ok(config)
 }
 
-fn deserialize(file: &str, text: &str) -> Result<FileConfig, ConfigError> {
+/// `text` (a config file) expanded from the process environment ([`env::expand_text`]),
+/// and the values the environment gave it, to keep out of errors.
+fn expand_from_process(
+    text: &str,
+) -> (
+    Result<std::borrow::Cow<'_, str>, env::TextError>,
+    redact::EnvValues,
+) {
+    let seen = std::cell::RefCell::new(Vec::new());
+    let lookup = |name: &str| {
+        let value = env::from_process(name);
+        if let Some(v) = &value {
+            seen.borrow_mut().push((name.to_string(), v.clone()));
+        }
+        value
+    };
+    let expanded = env::expand_text(text, &lookup);
+    (expanded, redact::EnvValues::new(seen.into_inner()))
+}
+
+/// The values the environment gives the strings of `text` (a config file).
+fn env_values_of(text: &str) -> redact::EnvValues {
+    expand_from_process(text).1
+}
+
+/// `env`: the values from the environment, hidden before the message is redacted of URL
+/// secrets (a URL from the environment is shown as its variable, not as a redacted URL).
+fn deserialize(file: &str, text: &str, env: &redact::EnvValues) -> Result<FileConfig, ConfigError> {
     let de = toml::Deserializer::new(text);
     serde_path_to_error::deserialize(de).map_err(|err| {
         let mut key_path = err.path().to_string();
@@ -198,7 +322,7 @@ fn deserialize(file: &str, text: &str) -> Result<FileConfig, ConfigError> {
             key_path.clear();
         }
         let inner = err.into_inner();
-        let reason = inner.message().trim().to_string();
+        let reason = env.redact(inner.message().trim());
         // serde reports an unknown key at its parent table: name the key itself.
         if let Some(unknown) = reason
             .strip_prefix("unknown field `")

@@ -138,7 +138,7 @@ pub enum UnknownKeySection {
 }
 
 /// `[tenants]`.
-#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenantsSection {
     /// A TOML file of `[[tenant]]` entries (name, tier, keys as `sha256:HEX`); re-read on
@@ -148,6 +148,25 @@ pub struct TenantsSection {
     pub redis_sync: bool,
     /// allow | client_ip | reject (401): what a key no tenant holds gets.
     pub unknown_key: UnknownKeySection,
+    /// Whether a tenants file with no `[[tenant]]` may be applied. false: such a file
+    /// (an empty file, or one caught half written) is an error: `--check` fails, and a
+    /// reload or a change of the file keeps the tenants the proxy has.
+    pub allow_empty: bool,
+    /// The largest tenants file read, in bytes (1 KiB to 1 GiB); a larger one is refused
+    /// without being read, as any invalid file.
+    pub max_file_bytes: u64,
+}
+
+impl Default for TenantsSection {
+    fn default() -> Self {
+        Self {
+            file: String::new(),
+            redis_sync: false,
+            unknown_key: UnknownKeySection::default(),
+            allow_empty: false,
+            max_file_bytes: super::file_caps::TENANTS,
+        }
+    }
 }
 
 /// `[tiers.NAME]`: the limits of every tenant of the tier (all its keys share them).

@@ -402,15 +402,33 @@ pub struct Tenant {
 }
 
 /// `[tenants]` and `[tiers]`, with the file's tenants once read ([`read_file`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantSettings {
     pub file: Option<PathBuf>,
     pub redis_sync: bool,
     pub unknown_key: UnknownKey,
+    /// A tenants file with no tenant may be applied (`tenants.allow_empty`).
+    pub allow_empty: bool,
+    /// The largest tenants file read (`tenants.max_file_bytes`).
+    pub max_file_bytes: u64,
     /// In name order.
     pub tiers: Vec<Tier>,
     /// The tenants file's entries, in file order.
     pub tenants: Vec<Tenant>,
+}
+
+impl Default for TenantSettings {
+    fn default() -> Self {
+        Self {
+            file: None,
+            redis_sync: false,
+            unknown_key: UnknownKey::default(),
+            allow_empty: false,
+            max_file_bytes: super::file_caps::TENANTS,
+            tiers: Vec::new(),
+            tenants: Vec::new(),
+        }
+    }
 }
 
 impl TenantSettings {

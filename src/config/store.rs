@@ -61,7 +61,7 @@ fn load_ca_pem(r: &RedisSection) -> VResult<Option<Vec<u8>>> {
     if let Err(e) = crate::config::certs::CaBundle::load(path) {
         return err("redis.ca_file", e);
     }
-    match super::read_regular_file(path) {
+    match super::read_regular_file(path, super::FileKind::Pem) {
         Ok(b) => Ok(Some(b)),
         Err(e) => err("redis.ca_file", format!("cannot read {}: {e}", r.ca_file)),
     }
@@ -123,8 +123,9 @@ fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode
         return err(
             "redis.url",
             format!(
-                "invalid Redis URL {:?} ({e}): expected redis[s]://[user:password@]host:port[/db]",
-                super::redact::redact_url(url)
+                // Shown redacted of its password by `ConfigError` (after the values from
+                // the environment are hidden: a URL from it is shown as its variable).
+                "invalid Redis URL {url:?} ({e}): expected redis[s]://[user:password@]host:port[/db]"
             ),
         );
     }

@@ -12,7 +12,7 @@ use super::schema::{PrioritySection, TenantsSection, TierSection, UnknownKeySect
 pub use super::settings::{Tenant, TenantSettings, Tier, UnknownKey};
 use super::{locate, ConfigError};
 use crate::shed::Priority;
-pub use portcullis_policy::tenant::Period;
+pub use portcullis_policy::tenant::{Period, MAX_QUOTA};
 
 /// The rate-limit key of tenant `name`: apart from every API key (a NUL cannot be sent
 /// in a header or a query), shared by all of the tenant's keys.
@@ -50,7 +50,7 @@ pub(super) fn validate_tenants(
             1_000_000,
             "requests",
         )?;
-        range(&at("quota"), tier.quota, 0, u64::MAX / 4, "cost units")?;
+        range(&at("quota"), tier.quota, 0, MAX_QUOTA, "cost units")?;
         let Some(period) = Period::parse(&tier.quota_period) else {
             return err(at("quota_period"), "expected hour, day or month");
         };
@@ -67,6 +67,13 @@ pub(super) fn validate_tenants(
             period,
         });
     }
+    range(
+        "tenants.max_file_bytes",
+        t.max_file_bytes,
+        1 << 10,
+        1 << 30,
+        "bytes",
+    )?;
     let settings = TenantSettings {
         file: (!t.file.is_empty()).then(|| PathBuf::from(&t.file)),
         redis_sync: t.redis_sync,
@@ -75,6 +82,8 @@ pub(super) fn validate_tenants(
             UnknownKeySection::ClientIp => UnknownKey::ClientIp,
             UnknownKeySection::Reject => UnknownKey::Reject,
         },
+        allow_empty: t.allow_empty,
+        max_file_bytes: t.max_file_bytes,
         tiers: out,
         tenants: Vec::new(),
     };
@@ -107,6 +116,11 @@ struct TenantEntry {
 /// Most tenants a file may hold.
 pub const MAX_TENANTS: usize = 1_000_000;
 
+/// Why a tenants file with no tenant is refused (`tenants.allow_empty = false`).
+pub const EMPTY_FILE: &str = "the tenants file holds no [[tenant]]: refused, as a file \
+     caught empty or half written would take every tenant away (set tenants.allow_empty \
+     = true to run with no tenant)";
+
 /// Reads `settings.file` (when set) into `settings.tenants`. Errors name the tenants
 /// file, the entry's key path and its line.
 pub(super) fn read_file(settings: &mut TenantSettings) -> Result<(), ConfigError> {
@@ -117,12 +131,16 @@ pub(super) fn read_file(settings: &mut TenantSettings) -> Result<(), ConfigError
     let fail = |line_col, key_path: &str, reason: &str| {
         ConfigError::new(&file, line_col, key_path.to_string(), reason)
     };
-    let bytes = super::read_regular_file(&path)
+    let kind = super::FileKind::Tenants(settings.max_file_bytes);
+    let bytes = super::read_regular_file(&path, kind)
         .map_err(|e| fail(None, "", &format!("cannot read the tenants file: {e}")))?;
     let text =
         String::from_utf8(bytes).map_err(|_| fail(None, "", "the tenants file must be UTF-8"))?;
     settings.tenants = parse_tenants(&text, &settings.tiers)
         .map_err(|(key_path, reason)| fail(locate::locate(&text, &key_path), &key_path, &reason))?;
+    if settings.tenants.is_empty() && !settings.allow_empty {
+        return Err(fail(None, "", EMPTY_FILE));
+    }
     Ok(())
 }
 
@@ -398,7 +416,7 @@ mod tests {
             redis_sync: true,
             unknown_key: UnknownKey::Allow,
             tiers: tiers(),
-            tenants: Vec::new(),
+            ..TenantSettings::default()
         };
         let entries = [
             ("a", r#"{"tier":"pro","keys":"my-secret-key-1"}"#),

@@ -293,3 +293,92 @@ fn an_adaptive_upstream_needs_a_ceiling() {
     assert_eq!(e.key_path, "upstreams[0].adaptive", "{e}");
     assert_eq!(e.line_col.map(|l| l.0), Some(4), "{e}");
 }
+
+#[test]
+fn every_file_read_is_capped_by_its_kind_and_must_be_regular() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("secret");
+    std::fs::write(&path, vec![b'a'; 64 << 10]).expect("write");
+    assert_eq!(
+        read_regular_file(&path, FileKind::Secret)
+            .map(|b| b.len())
+            .ok(),
+        Some(64 << 10),
+        "exactly the cap is read"
+    );
+    std::fs::write(&path, vec![b'a'; (64 << 10) + 1]).expect("write");
+    let e = read_regular_file(&path, FileKind::Secret).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("larger than 64 KiB, the most a secret file may hold"),
+        "{e}"
+    );
+    // A sparse 1 GiB file: refused by its size, never read.
+    let huge = dir.path().join("tenants.toml");
+    let f = std::fs::File::create(&huge).expect("create");
+    f.set_len(1 << 30).expect("set_len");
+    let e = read_regular_file(&huge, FileKind::Tenants(file_caps::TENANTS)).unwrap_err();
+    assert!(e.to_string().contains("32 MiB"), "{e}");
+    assert!(e.to_string().contains("tenants.max_file_bytes"), "{e}");
+    // Not regular: a directory, a device.
+    let e = read_regular_file(dir.path(), FileKind::Pem).unwrap_err();
+    assert!(e.to_string().contains("a directory"), "{e}");
+    let e = read_regular_file(Path::new("/dev/zero"), FileKind::Jwks).unwrap_err();
+    assert!(e.to_string().contains("a device"), "{e}");
+    assert_eq!(human_bytes(4 << 20), "4 MiB");
+    assert_eq!(human_bytes(1500), "1500 bytes");
+}
+
+fn tenants_config(dir: &Path, tenants: &str, extra: &str) -> String {
+    let file = dir.join("tenants.toml");
+    std::fs::write(&file, tenants).expect("write");
+    format!(
+        "{MIN}[tenants]\nfile = \"{}\"\n{extra}\n[tiers.pro]\nlimit = 5\n",
+        file.display()
+    )
+}
+
+#[test]
+fn a_tenants_file_with_no_tenant_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for empty in ["", "# being written\n", "\n\n"] {
+        let e = check(&tenants_config(dir.path(), empty, "")).unwrap_err();
+        assert!(e.file.ends_with("tenants.toml"), "{e}");
+        assert!(e.reason.contains("holds no [[tenant]]"), "{e}");
+        assert!(e.reason.contains("tenants.allow_empty"), "{e}");
+        let c = check(&tenants_config(dir.path(), empty, "allow_empty = true")).expect("allowed");
+        assert!(c.tenants.tenants.is_empty());
+    }
+    let one = "[[tenant]]\nname = \"a\"\ntier = \"pro\"\n";
+    assert_eq!(
+        check(&tenants_config(dir.path(), one, ""))
+            .expect("one tenant")
+            .tenants
+            .tenants
+            .len(),
+        1
+    );
+    // The cap: a key of its own, in range.
+    let e = check(&tenants_config(dir.path(), one, "max_file_bytes = 1024")).map(|_| ());
+    assert!(e.is_ok(), "{e:?}");
+    let e = check(&tenants_config(dir.path(), one, "max_file_bytes = 10")).unwrap_err();
+    assert_eq!(e.key_path, "tenants.max_file_bytes");
+    let big = format!("{one}{}", "#\n".repeat(1024));
+    let e = check(&tenants_config(dir.path(), &big, "max_file_bytes = 1024")).unwrap_err();
+    assert!(e.reason.contains("larger than 1 KiB"), "{e}");
+}
+
+#[test]
+fn a_quota_is_at_most_two_to_the_fifty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = "[[tenant]]\nname = \"a\"\ntier = \"pro\"\n";
+    let cfg = |q: u64| {
+        format!(
+            "{}\nquota = {q}\n",
+            tenants_config(dir.path(), one, "").trim_end()
+        )
+    };
+    assert!(check(&cfg(1 << 50)).is_ok());
+    let e = check(&cfg((1 << 50) + 1)).unwrap_err();
+    assert_eq!(e.key_path, "tiers.pro.quota");
+}

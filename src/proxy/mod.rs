@@ -365,10 +365,13 @@ impl ProxyHttp for Proxy {
         if let Some(name) = &ctx.runtime.config.rate_limit.cost_header {
             // The request's cost against its tenant's quota, charged before the client
             // sees the response (its next request sees the spending); never shown to it.
-            let cost = crate::tenants::cost_of(resp.headers.get(name));
+            let tenant = ctx.gates.tenant.as_deref().filter(|t| t.tier.quota > 0);
+            // At most the quota: a larger cost spends it (and the store takes it).
+            let quota = tenant.map_or(0, |t| t.tier.quota);
+            let cost = crate::tenants::cost_of(resp.headers.get(name), quota);
             resp.remove_header(name);
             if !ctx.answer.charged {
-                if let Some(t) = ctx.gates.tenant.as_deref().filter(|t| t.tier.quota > 0) {
+                if let Some(t) = tenant {
                     let now = crate::store::clock::unix_ms();
                     self.shared
                         .tenant_quota

@@ -6,6 +6,33 @@ pub mod quota;
 
 pub use quota::{Period, QuotaBook, QuotaExceeded};
 
+/// The largest quota a tier may have, and so the most one request or one flush charges:
+/// 2^50 cost units. The store counts in Lua numbers (IEEE doubles, whole numbers exact up
+/// to 2^53, and Redis refuses an `INCRBY` by anything written as `1e+17`): every value
+/// sent stays well under that, with room for a fleet overshooting a quota.
+pub const MAX_QUOTA: u64 = 1 << 50;
+
+/// A request's cost from its backend's cost header (`value`), charged against a quota of
+/// `quota` units: a whole number (ASCII digits, an optional `+`, surrounding spaces) is
+/// that many units but at most the quota (a cost over the quota spends the whole quota,
+/// a number past 64 bits too; and never more than [`MAX_QUOTA`]); absent, negative,
+/// fractional or anything else is 1. 0 is a free request. Integer arithmetic only.
+pub fn cost_of(value: Option<&[u8]>, quota: u64) -> u64 {
+    let most = quota.min(MAX_QUOTA);
+    let Some(v) = value else {
+        return 1.min(most);
+    };
+    let v = v.trim_ascii();
+    let digits = v.strip_prefix(b"+").unwrap_or(v);
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return 1.min(most);
+    }
+    let n = digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    });
+    n.unwrap_or(u64::MAX).min(most)
+}
+
 /// How many of a tenant's requests this instance may have in flight, for a fleet-wide
 /// `cap`: the cap times this instance's share of the tenant's traffic, read from the
 /// rate-limit counts the flusher keeps (`own` admissions here and `fleet` admissions in
@@ -48,6 +75,32 @@ pub fn concurrency_allowance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_is_a_whole_number_else_one_and_never_over_the_quota() {
+        let c = |v: &str, quota: u64| cost_of(Some(v.as_bytes()), quota);
+        assert_eq!(c("42", 1000), 42);
+        assert_eq!(c(" 7 ", 1000), 7);
+        assert_eq!(c("+7", 1000), 7);
+        assert_eq!(c("0", 1000), 0);
+        for bad in ["-3", "1.5", "", " ", "abc", "1e3", "0x10", "++1", "4 2"] {
+            assert_eq!(c(bad, 1000), 1, "{bad:?}");
+        }
+        assert_eq!(cost_of(None, 1000), 1);
+        // A cost over the quota spends the whole quota, however large it is written.
+        assert_eq!(c("1001", 1000), 1000);
+        assert_eq!(c("18446744073709551615", 1000), 1000);
+        assert_eq!(c("18446744073709551616", 1000), 1000);
+        assert_eq!(c("99999999999999999999999", 1000), 1000);
+        // Exact, with no round trip through a double: 2^53 + 1 stays odd.
+        let big = (1u64 << 53) + 1;
+        assert_eq!(c(&big.to_string(), u64::MAX), MAX_QUOTA);
+        assert_eq!(c(&(MAX_QUOTA - 1).to_string(), MAX_QUOTA), MAX_QUOTA - 1);
+        assert_eq!(c("9007199254740993", 9_007_199_254_740_993), MAX_QUOTA);
+        assert_eq!(c("1125899906842623", MAX_QUOTA), 1_125_899_906_842_623);
+        // A quota of 1 unit: one request spends it.
+        assert_eq!(c("5", 1), 1);
+    }
 
     #[test]
     fn one_instance_has_the_whole_cap() {

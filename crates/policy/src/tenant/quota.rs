@@ -247,7 +247,9 @@ impl QuotaBook {
         }
         e.roll(now_ms);
         if e.index == index {
-            e.unsent = e.unsent.saturating_add(cost);
+            // Never more than the largest quota in one flush: the store takes every delta
+            // (and counts it exactly), and past any quota more changes nothing.
+            e.unsent = e.unsent.saturating_add(cost).min(super::MAX_QUOTA);
         }
     }
 
@@ -390,6 +392,19 @@ mod tests {
         assert_eq!(refresh.len(), 1);
         assert_eq!(refresh[0].cur, 2);
         assert_eq!(refresh[0].floor_cur, 35);
+    }
+
+    #[test]
+    fn a_flush_never_carries_more_than_the_largest_quota() {
+        let book = QuotaBook::new();
+        let k = QuotaBook::key("acme", Period::Day);
+        for _ in 0..3 {
+            book.charge(k, Period::Day, u64::MAX, NOW);
+        }
+        let mut out = Vec::new();
+        book.take(NOW, false, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].cur, super::super::MAX_QUOTA);
     }
 
     #[test]
