@@ -98,31 +98,13 @@ fn base_url(admin: &str) -> Result<(String, String), String> {
     Ok((trim(&url), trim(&shown)))
 }
 
-/// The most a token file may hold (bytes).
-const MAX_TOKEN_FILE: u64 = 4096;
-
 /// The token in `path`, less a trailing newline, as an `Authorization` value. Errors
 /// name the file, never its content.
 fn read_token(path: &Path) -> Result<HeaderValue, String> {
-    use std::io::Read;
     let shown = path.display();
-    let cannot = |e: std::io::Error| format!("cannot read the token file {shown}: {e}");
-    // Checked before opening: opening a FIFO for reading waits for a writer.
-    let meta = std::fs::metadata(path).map_err(cannot)?;
-    if !meta.is_file() {
-        return Err(format!(
-            "the token file {shown} is not a regular file (a FIFO, a device or a directory)"
-        ));
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_TOKEN_FILE + 1).read_to_end(&mut bytes))
-        .map_err(cannot)?;
-    if bytes.len() as u64 > MAX_TOKEN_FILE {
-        return Err(format!(
-            "the token file {shown} is larger than {MAX_TOKEN_FILE} bytes: a token is at most 1024"
-        ));
-    }
+    // A regular file only (opening a FIFO would wait for a writer), at most 64 KiB read.
+    let bytes = crate::config::read_regular_file(path, crate::config::FileKind::Secret)
+        .map_err(|e| format!("cannot read the token file {shown}: {e}"))?;
     let text =
         String::from_utf8(bytes).map_err(|_| format!("the token file {shown} is not UTF-8"))?;
     let token = text.trim_end_matches(['\n', '\r']);
