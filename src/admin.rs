@@ -383,7 +383,10 @@ impl Admin {
                         let manual = crate::fleet::backend_view(pool, b);
                         let (requests, errors) = b.window.totals(now);
                         let mut v = json!({
+                            "name": b.name,
                             "address": b.addr_str,
+                            "backup": manual["backup"],
+                            "max_conn": manual["max_conn"],
                             "state": manual["state"],
                             "weight": manual["weight"],
                             "source": manual["source"],

@@ -424,10 +424,10 @@ pub struct UpstreamSection {
     /// Every backend is also in its upstream's group and the global one.
     #[serde(default)]
     pub groups: std::collections::BTreeMap<String, Vec<String>>,
-    /// `host:port` of each backend (a host name is re-resolved every
-    /// `resolve_interval_seconds`).
+    /// Each backend: `"host:port"` (a host name is re-resolved every
+    /// `resolve_interval_seconds`), or a table `{ name, address, weight, max_conn, backup }`.
     #[schemars(length(min = 1))]
-    pub backends: Vec<String>,
+    pub backends: Vec<BackendEntrySection>,
     /// "" = no active check; else the path of a GET, 2xx = healthy (one failure takes a
     /// backend out, one pass brings it back). `[upstreams.health_check]` replaces it.
     #[serde(default)]
@@ -728,6 +728,74 @@ impl Default for RateLimitSection {
 }
 
 /// `[culling]`. An error is a 5xx response from the backend, a failed connect or a
+/// One entry of `backends`: an address as written, or a table.
+#[derive(Debug, Clone, JsonSchema, PartialEq)]
+#[serde(untagged)]
+pub enum BackendEntrySection {
+    /// `host:port`.
+    Address(String),
+    Table(BackendTableSection),
+}
+
+impl BackendEntrySection {
+    /// The address as written.
+    pub fn address(&self) -> &str {
+        match self {
+            Self::Address(a) => a,
+            Self::Table(t) => &t.address,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BackendEntrySection {
+    /// A string or a table, with the table's own errors (an unknown or mistyped key is
+    /// named), not serde's "did not match any variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = BackendEntrySection;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a backend: \"host:port\", or a table { name, address, weight, max_conn, backup }",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(BackendEntrySection::Address(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> Result<Self::Value, A::Error> {
+                BackendTableSection::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(BackendEntrySection::Table)
+            }
+        }
+        d.deserialize_any(Entry)
+    }
+}
+
+/// A backend as a table (HAProxy's `server NAME ADDRESS weight N maxconn N backup`).
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTableSection {
+    /// What the page, `ctl`, `/backends` and the access log show (and `ctl` and the
+    /// runtime API accept); "" = the address. Unique in its upstream.
+    #[serde(default)]
+    pub name: String,
+    /// `host:port`.
+    pub address: String,
+    /// As in `weights` (1-1000); not with `weights`.
+    #[serde(default)]
+    pub weight: Option<u64>,
+    /// Requests in flight to this backend at most; at that many it is not selected.
+    /// 0 = no limit.
+    #[serde(default)]
+    pub max_conn: u64,
+    /// Used only when no other backend of the upstream can be.
+    #[serde(default)]
+    pub backup: bool,
+}
+
 /// `[upstreams.health_check]`.
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]

@@ -140,13 +140,26 @@ pub struct Upstream {
     /// DNS resolution; `backends` is what they resolve to (empty after validation when
     /// any entry is a name, until the runtime resolves it: `state::resolve`).
     pub entries: Vec<(String, u32)>,
-    /// `weights` was set (then `balance.weights` has one weight per address).
+    /// Each entry's name, `max_conn` and `backup`, aligned with `entries`.
+    pub meta: Vec<BackendMeta>,
+    /// `weights` (or a table's `weight`) was set (then `balance.weights` has one weight
+    /// per address).
     pub weighted: bool,
     /// `groups`: (name, backend addresses as written), sorted by name.
     pub groups: Vec<(String, Vec<String>)>,
     /// Balancing, retries, bulkhead, sharding (`balance.weights` is aligned
     /// with `backends`).
     pub balance: crate::balance::BalanceSettings,
+}
+
+/// A backend entry's name, `max_conn` and `backup` (`backends` as tables).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendMeta {
+    /// `None`: the address is its name.
+    pub name: Option<String>,
+    /// 0: no limit.
+    pub max_conn: u64,
+    pub backup: bool,
 }
 
 /// An upstream's active health check.

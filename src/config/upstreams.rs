@@ -34,6 +34,7 @@ fn validate_upstream<'a>(
         return err(p("name"), format!("duplicate upstream name {:?}", u.name));
     }
     let (backends, weights, entries) = validate_backends(i, u)?;
+    let meta = validate_meta(i, u)?;
     // Names are resolved by the runtime, which checks `shard_size` against what they give.
     let resolved = (backends.len() == entries.len()).then_some(backends.len());
     let balance = validate_balance(i, u, weights, resolved)?;
@@ -60,7 +61,11 @@ fn validate_upstream<'a>(
         read_timeout: Duration::from_millis(u.read_timeout_ms),
         groups: validate_groups(i, u)?,
         entries,
-        weighted: !u.weights.is_empty(),
+        meta,
+        weighted: !u.weights.is_empty()
+            || u.backends
+                .iter()
+                .any(|b| matches!(b, BackendEntrySection::Table(t) if t.weight.is_some())),
         transport,
         balance,
     })
@@ -72,7 +77,8 @@ fn validate_upstream<'a>(
 type Backends = (Vec<SocketAddr>, Vec<u32>, Vec<(String, u32)>);
 
 /// `backends` and `weights`: at least one backend, one weight per backend or
-/// none, no address twice.
+/// none (or each table's own `weight`, not both), no address or name twice, at least
+/// one backend that is not a backup.
 fn validate_backends(i: usize, u: &UpstreamSection) -> VResult<Backends> {
     if u.backends.is_empty() {
         return err(
@@ -93,12 +99,24 @@ fn validate_backends(i: usize, u: &UpstreamSection) -> VResult<Backends> {
     for (j, w) in u.weights.iter().enumerate() {
         range(&format!("upstreams[{i}].weights[{j}]"), *w, 1, 1000, "")?;
     }
+    let table_weights = table_weights(i, u)?;
     let mut backends = Vec::with_capacity(u.backends.len());
     let mut weights = Vec::new();
     let mut entries = Vec::with_capacity(u.backends.len());
-    for (j, b) in u.backends.iter().enumerate() {
+    for (j, entry) in u.backends.iter().enumerate() {
+        let b = entry.address();
         let path = format!("upstreams[{i}].backends[{j}]");
-        let w = u.weights.get(j).map_or(1, |w| *w as u32);
+        let path = if matches!(entry, BackendEntrySection::Table(_)) {
+            format!("{path}.address")
+        } else {
+            path
+        };
+        let w = u
+            .weights
+            .get(j)
+            .map(|w| *w as u32)
+            .or(table_weights.as_ref().map(|t| t[j]))
+            .unwrap_or(1);
         if let Some(a) = parse_backend(&path, b)? {
             if backends.contains(&a) {
                 return err(path, format!("duplicate backend {b}"));
@@ -111,15 +129,91 @@ fn validate_backends(i: usize, u: &UpstreamSection) -> VResult<Backends> {
         {
             return err(path, format!("duplicate backend {b}"));
         }
-        entries.push((b.clone(), w));
+        entries.push((b.to_string(), w));
     }
-    if u.weights.is_empty() || backends.len() < entries.len() {
+    let weighted = !u.weights.is_empty() || table_weights.is_some();
+    if !weighted || backends.len() < entries.len() {
         weights.clear();
     }
     if backends.len() < entries.len() {
         backends.clear();
     }
     Ok((backends, weights, entries))
+}
+
+/// The tables' `weight`s, one per backend (1 for a plain entry), when any table has one;
+/// with `weights` too it is an error.
+fn table_weights(i: usize, u: &UpstreamSection) -> VResult<Option<Vec<u32>>> {
+    let mut any = false;
+    let mut out = Vec::with_capacity(u.backends.len());
+    for (j, entry) in u.backends.iter().enumerate() {
+        let w = match entry {
+            BackendEntrySection::Table(t) => t.weight,
+            BackendEntrySection::Address(_) => None,
+        };
+        if let Some(w) = w {
+            let path = format!("upstreams[{i}].backends[{j}].weight");
+            if !u.weights.is_empty() {
+                return err(path, "weights is set too: give each weight in one place");
+            }
+            range(&path, w, 1, 1000, "")?;
+            any = true;
+        }
+        out.push(w.map_or(1, |w| w as u32));
+    }
+    Ok(any.then_some(out))
+}
+
+/// Each entry's name, `max_conn` and `backup` (aligned with `backends`): names of
+/// letters, digits, `_`, `-`, `.` and `:`, unique in the upstream and not another
+/// backend's address; at least one backend that is not a backup.
+fn validate_meta(i: usize, u: &UpstreamSection) -> VResult<Vec<BackendMeta>> {
+    let mut out: Vec<BackendMeta> = Vec::with_capacity(u.backends.len());
+    for (j, entry) in u.backends.iter().enumerate() {
+        let BackendEntrySection::Table(t) = entry else {
+            out.push(BackendMeta::default());
+            continue;
+        };
+        let path = |k: &str| format!("upstreams[{i}].backends[{j}].{k}");
+        if !t.name.is_empty() {
+            let ok = t.name.len() <= 64
+                && t.name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+            if !ok {
+                return err(
+                    path("name"),
+                    "a backend's name is 1 to 64 letters, digits, '_', '-', '.' or ':'",
+                );
+            }
+            let clash = out
+                .iter()
+                .any(|m| m.name.as_deref() == Some(t.name.as_str()))
+                || u.backends
+                    .iter()
+                    .enumerate()
+                    .any(|(k, e)| k != j && e.address() == t.name);
+            if clash {
+                return err(
+                    path("name"),
+                    format!("{:?} names another backend of this upstream", t.name),
+                );
+            }
+        }
+        range(&path("max_conn"), t.max_conn, 0, 10_000_000, "")?;
+        out.push(BackendMeta {
+            name: (!t.name.is_empty()).then(|| t.name.clone()),
+            max_conn: t.max_conn,
+            backup: t.backup,
+        });
+    }
+    if out.iter().all(|m| m.backup) {
+        return err(
+            format!("upstreams[{i}].backends"),
+            "every backend is a backup: at least one must not be",
+        );
+    }
+    Ok(out)
 }
 
 /// `groups`: names of letters, digits, `_`, `-` and `.` (not `global`, nor starting with
@@ -140,7 +234,11 @@ fn validate_groups(i: usize, u: &UpstreamSection) -> VResult<Vec<(String, Vec<St
             );
         }
         for (j, m) in members.iter().enumerate() {
-            if !u.backends.iter().any(|b| b == m) {
+            let named = |e: &BackendEntrySection| match e {
+                BackendEntrySection::Table(t) => !t.name.is_empty() && t.name == *m,
+                BackendEntrySection::Address(_) => false,
+            };
+            if !u.backends.iter().any(|b| b.address() == m || named(b)) {
                 return err(
                     format!("{path}[{j}]"),
                     format!(
@@ -149,7 +247,17 @@ fn validate_groups(i: usize, u: &UpstreamSection) -> VResult<Vec<(String, Vec<St
                 );
             }
         }
-        out.push((name.clone(), members.clone()));
+        // a member given by name is kept as its address, as the budget compares them
+        let members = members
+            .iter()
+            .map(|m| {
+                u.backends
+                    .iter()
+                    .find(|b| matches!(b, BackendEntrySection::Table(t) if t.name == *m && !t.name.is_empty()))
+                    .map_or_else(|| m.clone(), |b| b.address().to_string())
+            })
+            .collect();
+        out.push((name.clone(), members));
     }
     Ok(out)
 }

@@ -114,8 +114,18 @@ pub fn backends(list: &[Value], now: i64) -> String {
     let mut header = vec![
         "UPSTREAM", "ADDRESS", "STATE", "WEIGHT", "SOURCE", "BY", "REASON", "UNTIL",
     ];
-    // With active checks, the last one (HAProxy's LastChk): `status 500 in 3ms, 1/3`.
     let mut rows = rows;
+    // Backends with names: a NAME column (the address stays the second).
+    if list
+        .iter()
+        .any(|b| b["name"].is_string() && b["name"] != b["address"])
+    {
+        header.push("NAME");
+        for (row, b) in rows.iter_mut().zip(list) {
+            row.push(field(b, &["name"]));
+        }
+    }
+    // With active checks, the last one (HAProxy's LastChk): `status 500 in 3ms, 1/3`.
     if list.iter().any(|b| b["check"].is_object()) {
         header.push("CHECK");
         for (row, b) in rows.iter_mut().zip(list) {

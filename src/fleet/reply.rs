@@ -87,7 +87,7 @@ pub fn record(shared: &Shared, d: &Done<'_>) {
 }
 
 /// The pool named `up` and the index of its backend written `addr` (an address, compared
-/// as an address, or the backend's text).
+/// as an address, the backend's text, or its name).
 pub fn find(
     pools: &[std::sync::Arc<Pool>],
     up: &str,
@@ -101,7 +101,7 @@ pub fn find(
     let bi = pools[pi]
         .backends
         .iter()
-        .position(|b| Some(b.addr) == parsed || b.addr_str == addr)
+        .position(|b| Some(b.addr) == parsed || b.addr_str == addr || b.name == addr)
         .ok_or_else(|| format!("upstream {up:?} has no backend {addr:?}"))?;
     Ok((pi, bi))
 }

@@ -49,6 +49,7 @@ pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
         .flatten();
     json!({
         "upstream": pool.name,
+        "name": b.name,
         "address": b.addr_str,
         "state": state,
         "weight": weight,
@@ -58,6 +59,8 @@ pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
         "until": lead.and_then(|r| r.until_ms),
         "force": lead.is_some_and(|r| r.force),
         "check": check,
+        "max_conn": pool.limits_of(b).0,
+        "backup": pool.limits_of(b).1,
     })
 }
 

@@ -205,7 +205,7 @@ fn exchange<'a>(req: &'a RequestHeader, f: &Finished<'a>, route: &'a str) -> Exc
         outcome: f.outcome.as_str(),
         route,
         upstream: f.pool.map(|p| p.name.as_str()).unwrap_or(""),
-        backend: f.backend.map(|b| b.addr_str.as_str()).unwrap_or(""),
+        backend: f.backend.map(|b| b.name.as_str()).unwrap_or(""),
     }
 }
 

@@ -47,10 +47,16 @@ impl Members {
         let mut states = Vec::with_capacity(cfg.backends.len());
         let mut members = Vec::with_capacity(cfg.backends.len());
         for (i, addr) in cfg.backends.iter().enumerate() {
+            let meta = meta_of(cfg, i);
+            let name = meta.name.as_deref();
+            let shown = name.map_or_else(|| addr.to_string(), str::to_string);
             let state = known
                 .get(&(cfg.name.clone(), *addr))
+                .filter(|s| s.name == shown)
                 .cloned()
-                .unwrap_or_else(|| Arc::new(BackendState::new(&cfg.name, *addr, window_secs)));
+                .unwrap_or_else(|| {
+                    Arc::new(BackendState::named(&cfg.name, *addr, name, window_secs))
+                });
             let weight = effective_weight(cfg, i, &state) as usize;
             let mut b = Backend {
                 addr: pingora::protocols::l4::socket::SocketAddr::Inet(*addr),
@@ -69,6 +75,18 @@ impl Members {
             members,
         }
     }
+}
+
+/// The name, `max_conn` and `backup` of the `i`th backend: its entry's (found by the
+/// entry it was written as).
+fn meta_of(cfg: &Upstream, i: usize) -> crate::config::BackendMeta {
+    let written = cfg.hosts.get(i);
+    cfg.entries
+        .iter()
+        .position(|(e, _)| Some(e) == written)
+        .and_then(|j| cfg.meta.get(j))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The weight of the `i`th backend: set at runtime (`POST …/weight`), else configured, else 1;
@@ -227,6 +245,16 @@ impl Pool {
             health_check_interval,
             health_check_path: cfg.health_check_path.clone(),
             hosts: cfg.hosts.clone(),
+            max_conn: (0..cfg.backends.len())
+                .map(|i| meta_of(cfg, i).max_conn)
+                .collect(),
+            backup: (0..cfg.backends.len())
+                .map(|i| meta_of(cfg, i).backup)
+                .collect(),
+            limited: (0..cfg.backends.len()).any(|i| {
+                let m = meta_of(cfg, i);
+                m.max_conn > 0 || m.backup
+            }),
             transport: cfg.transport.clone(),
             panic_mode: AtomicBool::new(false),
             health,

@@ -30,6 +30,8 @@ pub struct BackendState {
     pub upstream: String,
     pub addr: SocketAddr,
     pub addr_str: String,
+    /// What a person reads: its `name`, else `addr_str` (a rename makes a new state).
+    pub name: String,
     /// Requests and errors over the culling window (the hot-path accounting).
     pub window: portcullis_policy::cull::ErrorWindow,
     /// Latencies over the culling window (recorded only with `[culling] outlier = "latency"`).
@@ -66,10 +68,16 @@ pub enum CullMark {
 
 impl BackendState {
     pub fn new(upstream: &str, addr: SocketAddr, window_secs: u64) -> Self {
+        Self::named(upstream, addr, None, window_secs)
+    }
+
+    /// A backend called `name` (`None`: its address).
+    pub fn named(upstream: &str, addr: SocketAddr, name: Option<&str>, window_secs: u64) -> Self {
         Self {
             upstream: upstream.to_string(),
             addr,
             addr_str: addr.to_string(),
+            name: name.map_or_else(|| addr.to_string(), str::to_string),
             window: portcullis_policy::cull::ErrorWindow::new(window_secs),
             latency: portcullis_policy::cull::LatencyWindow::new(window_secs),
             cull: AtomicU8::new(CullMark::In as u8),
@@ -423,6 +431,11 @@ pub struct Pool {
     pub health_check_path: String,
     /// The backends as written (`Upstream::hosts`), aligned with `backends`.
     pub hosts: Vec<String>,
+    /// Each backend's `max_conn` (0: none) and `backup`, aligned with `backends`.
+    max_conn: Vec<u64>,
+    backup: Vec<bool>,
+    /// Some backend has a `max_conn` or is a backup (else selection skips both checks).
+    limited: bool,
     /// TLS / HTTP/2 to the backends (CONTRACT §6).
     pub transport: crate::config::UpstreamTransport,
     /// Set while no backend is eligible and traffic goes to all of them.
@@ -467,9 +480,21 @@ impl Pool {
         let healthy = |i: usize| !checked || self.lb.backends().ready(&self.members[i]);
         let load = |i: usize| self.backends[i].inflight();
         let weights = &self.balance.weights;
-        let picked = self
-            .selector
-            .pick(n, weights, key, &|i| open(i) && healthy(i), &load);
+        let picked = if self.limited {
+            // `max_conn`: a backend at its limit is not selected; `backup`: used only when
+            // no other backend can be.
+            let room = |i: usize| self.max_conn[i] == 0 || load(i) < self.max_conn[i];
+            let usable = |i: usize| open(i) && healthy(i) && room(i);
+            self.selector
+                .pick(n, weights, key, &|i| !self.backup[i] && usable(i), &load)
+                .or_else(|| {
+                    self.selector
+                        .pick(n, weights, key, &|i| self.backup[i] && usable(i), &load)
+                })
+        } else {
+            self.selector
+                .pick(n, weights, key, &|i| open(i) && healthy(i), &load)
+        };
         if let Some(i) = picked {
             if self.panic_mode.swap(false, Ordering::Relaxed) {
                 tracing::info!(upstream = %self.name, "healthy backends back; panic mode off");
@@ -557,6 +582,19 @@ impl Pool {
     /// `rise`, `fall` and the intervals of the active check.
     pub fn health_thresholds(&self) -> Option<portcullis_policy::health::Thresholds> {
         self.health.as_ref().map(|h| h.check.0.load().thresholds())
+    }
+
+    /// The `max_conn` (0: none) and `backup` of `s`.
+    pub fn limits_of(&self, s: &BackendState) -> (u64, bool) {
+        match self.backends.iter().position(|b| b.addr == s.addr) {
+            Some(i) => (self.max_conn[i], self.backup[i]),
+            None => (0, false),
+        }
+    }
+
+    /// The backend called `name` (or written so), if any.
+    pub fn by_name(&self, name: &str) -> Option<usize> {
+        self.backends.iter().position(|b| b.name == name)
     }
 
     pub fn is_healthy(&self, s: &BackendState) -> bool {
