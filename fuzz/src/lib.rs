@@ -421,7 +421,7 @@ pub fn jwt(data: &[u8]) {
     headers.insert(http::header::AUTHORIZATION, value);
     let uri = http::Uri::from_static("/p");
     let src = KeySource::Jwt("sub".into());
-    match extract_request_key(&src, Some(v), &headers, &uri, 64, now) {
+    match extract_request_key(&src, Some(v), &headers, &uri, 64, now, None) {
         KeyOutcome::Key(k) => {
             assert!(!k.is_empty() && k.len() <= 64);
             assert!(v.verify(data.trim_ascii(), now).is_ok());

@@ -79,6 +79,36 @@ pub struct Admitted {
     pub tenant_slot: Option<crate::tenants::TenantSlot>,
 }
 
+impl Admitted {
+    /// The request's body is still arriving from its client: its slots of an adaptive cap
+    /// (`shedding.adaptive`'s when `adaptive`, an adaptive upstream's) are not counted by
+    /// that cap until [`Admitted::end_upload`]. A slow upload is the client's time, not
+    /// load on the backend: counted, 24 clients trickling bodies held a cap learned low and
+    /// half the other requests were shed. A fixed cap counts every request in flight.
+    #[inline]
+    pub fn start_upload(&mut self, adaptive: bool) {
+        if adaptive {
+            if let Some(g) = self.inflight.as_mut() {
+                g.start_upload();
+            }
+        }
+        if let Some(b) = self.bulkhead.as_mut() {
+            b.start_upload();
+        }
+    }
+
+    /// The body is complete (or was never coming): counted again.
+    #[inline]
+    pub fn end_upload(&mut self) {
+        if let Some(g) = self.inflight.as_mut() {
+            g.end_upload();
+        }
+        if let Some(b) = self.bulkhead.as_mut() {
+            b.end_upload();
+        }
+    }
+}
+
 /// The shadow refusals of one admitted request: which gates in shadow mode would have
 /// refused it. Plain bits (no allocation); the names are read from the request's
 /// [`Runtime`] when its access-log line is written.

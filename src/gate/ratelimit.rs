@@ -99,7 +99,10 @@ fn check(
         Who::Unresolved => {
             let jwt = rl.jwt.as_deref();
             let max = rl.params.max_key_bytes;
-            match extract_request_key(&rl.source, jwt, req.headers, req.uri, max, now_ms / 1000) {
+            let now_secs = now_ms / 1000;
+            let client = req.client_ip;
+            match extract_request_key(&rl.source, jwt, req.headers, req.uri, max, now_secs, client)
+            {
                 KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
                 KeyOutcome::Invalid => {
                     return key_refusal(policies, 0, Refusal::TokenInvalid, shadow).map(|()| None)
@@ -183,6 +186,7 @@ fn check_all(
             req.uri,
             max,
             now_ms / 1000,
+            req.client_ip,
         ) {
             KeyOutcome::Key(k) => keys.push((i, k)),
             KeyOutcome::Invalid => key_refusal(policies, i, Refusal::TokenInvalid, shadow)?,

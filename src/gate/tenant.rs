@@ -51,6 +51,7 @@ pub fn identify<'r>(
         facts.uri,
         rl.params.max_key_bytes,
         now_ms / 1000,
+        facts.client_ip,
     ) {
         KeyOutcome::Key(key) => key,
         KeyOutcome::Invalid => return Err(Refusal::TokenInvalid),

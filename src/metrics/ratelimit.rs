@@ -64,7 +64,7 @@ impl RateLimitMetrics {
             IntCounterVec::new(
                 Opts::new(
                     "portcullis_ratelimit_jwt_refusals_total",
-                    "Bearer JWTs refused under a jwt:CLAIM key (401 invalid_token), by reason: malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience",
+                    "Bearer JWTs refused under a jwt:CLAIM key (401 invalid_token), by reason: malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience (a token refused lately is refused again from a cache, counted under its reason), address_limited (not checked: its client address sent too many tokens that failed lately)",
                 ),
                 &["reason"],
             ),

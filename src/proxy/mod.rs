@@ -196,6 +196,14 @@ impl ProxyHttp for Proxy {
         if ctx.gates.tunnel.is_some() {
             Self::time_tunnel(session, rt.config.server.tunnel_idle_timeout);
         }
+        // An adaptive cap does not count a request while its body is arriving (until
+        // `request_body_filter` sees the body's end).
+        let adaptive = rt.config.shedding.adaptive;
+        if (adaptive || ctx.gates.bulkhead.as_ref().is_some_and(|b| b.is_adaptive()))
+            && !session.is_body_done()
+        {
+            ctx.gates.start_upload(adaptive);
+        }
         Ok(false)
     }
 
@@ -253,14 +261,18 @@ impl ProxyHttp for Proxy {
     }
 
     /// `max_request_body_bytes` for bodies without a `Content-Length`: the
-    /// chunk that crosses it is never forwarded.
+    /// chunk that crosses it is never forwarded. At the body's end, the request counts
+    /// against an adaptive cap again ([`gate::Admitted::start_upload`]).
     async fn request_body_filter(
         &self,
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if end_of_stream {
+            ctx.gates.end_upload();
+        }
         let Some(chunk) = body.as_ref() else {
             return Ok(());
         };

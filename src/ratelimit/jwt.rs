@@ -16,13 +16,24 @@
 //!   RustCrypto's pure-Rust RSA and P-256 measured several times slower here. Tokens that
 //!   verified are kept (whole, so a hit is the same token byte for byte) with their claims
 //!   until they expire, in a bounded cache ([`CACHE_ENTRIES`]); a refused token is never
-//!   kept.
+//!   kept there.
+//! * Refusals: a forged token costs a signature check, about 30 times the cached check of
+//!   a valid one, so a client repeating one could starve the others. A refused token's
+//!   keyed 64-bit hash (never the token) is kept with its reason for [`REFUSED_TTL_SECS`]
+//!   in a bounded cache ([`REFUSED_ENTRIES`]) and refused from there at the cost of that
+//!   hash; a hit only ever refuses (a token that verified is looked up first, among the
+//!   verified ones, by its whole bytes). Tokens that fail their check are counted per client
+//!   address ([`MAX_FAILURES_PER_ADDRESS`] per [`FAILURE_WINDOW_SECS`], an IPv6 address by
+//!   its /64, at most [`ADDRESSES`] addresses tracked): past that, the address's tokens
+//!   that are in neither cache are refused unchecked (`address_limited`) until the window
+//!   ends, so changing the token each time buys no signature checks either.
 //!
 //! Time comes in as `now_secs` (Unix seconds): the checks are plain functions of it.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use jsonwebtoken::errors::ErrorKind;
@@ -40,6 +51,17 @@ pub const MIN_SECRET_BYTES: usize = 32;
 pub const CACHE_ENTRIES: usize = CACHE_SHARDS * CACHE_PER_SHARD;
 const CACHE_SHARDS: usize = 8;
 const CACHE_PER_SHARD: usize = 512;
+/// Refused tokens remembered at most (over all shards), each for [`REFUSED_TTL_SECS`].
+pub const REFUSED_ENTRIES: usize = CACHE_SHARDS * REFUSED_PER_SHARD;
+const REFUSED_PER_SHARD: usize = 512;
+pub const REFUSED_TTL_SECS: u64 = 60;
+/// Tokens that failed their check, per client address and window, before the address's
+/// further unknown tokens are refused unchecked.
+pub const MAX_FAILURES_PER_ADDRESS: u32 = 20;
+pub const FAILURE_WINDOW_SECS: u64 = 10;
+/// Client addresses whose failures are counted at most (over all shards).
+pub const ADDRESSES: usize = CACHE_SHARDS * ADDRESSES_PER_SHARD;
+const ADDRESSES_PER_SHARD: usize = 512;
 
 /// A token's claims.
 pub type Claims = Map<String, Value>;
@@ -58,10 +80,12 @@ pub enum Invalid {
     NotYetValid,
     Issuer,
     Audience,
+    /// Not checked: its client address sent too many tokens that failed lately.
+    AddressLimited,
 }
 
 impl Invalid {
-    pub const ALL: [Invalid; 8] = [
+    pub const ALL: [Invalid; 9] = [
         Invalid::Malformed,
         Invalid::Algorithm,
         Invalid::UnknownKey,
@@ -70,6 +94,7 @@ impl Invalid {
         Invalid::NotYetValid,
         Invalid::Issuer,
         Invalid::Audience,
+        Invalid::AddressLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +107,7 @@ impl Invalid {
             Invalid::NotYetValid => "not_yet_valid",
             Invalid::Issuer => "issuer",
             Invalid::Audience => "audience",
+            Invalid::AddressLimited => "address_limited",
         }
     }
 }
@@ -117,6 +143,8 @@ pub struct Verifier {
     keys: Vec<Key>,
     source: Source,
     cache: Cache,
+    refused: Refused,
+    failures: Failures,
     /// `portcullis_ratelimit_jwt_refusals_total{reason}`, one handle per [`Invalid`] (in
     /// `Invalid::ALL` order), set when the runtime is built ([`Verifier::count_refusals`]).
     refusals: std::sync::OnceLock<Vec<prometheus::IntCounter>>,
@@ -200,6 +228,8 @@ impl Verifier {
                 audience: audience.map(str::to_string),
             },
             cache: Cache::new(),
+            refused: Refused::new(),
+            failures: Failures::new(),
             refusals: std::sync::OnceLock::new(),
         })
     }
@@ -218,13 +248,15 @@ impl Verifier {
     /// The value of `claim` in `token` once the token is verified: `Ok(None)` when the
     /// valid token has no such claim, or one that is neither a string nor a number (a
     /// number is its JSON text).
+    /// `client` is the request's address (its failures are counted, [`Verifier::verify_from`]).
     pub fn claim_key(
         &self,
         token: &[u8],
         claim: &str,
         now_secs: u64,
+        client: Option<IpAddr>,
     ) -> Result<Option<Vec<u8>>, Invalid> {
-        let claims = self.verify(token, now_secs)?;
+        let claims = self.verify_from(token, now_secs, client)?;
         Ok(match claims.get(claim) {
             Some(Value::String(s)) => Some(s.as_bytes().to_vec()),
             Some(Value::Number(n)) => Some(n.to_string().into_bytes()),
@@ -232,17 +264,46 @@ impl Verifier {
         })
     }
 
-    /// The claims of `token` if it verifies at `now_secs`.
+    /// The claims of `token` if it verifies at `now_secs` (no client address: its failures
+    /// are not counted).
     pub fn verify(&self, token: &[u8], now_secs: u64) -> Result<Arc<Claims>, Invalid> {
+        self.verify_from(token, now_secs, None)
+    }
+
+    /// The claims of `token`, sent from `client`, if it verifies at `now_secs`. In order: a
+    /// token that verified before (its claims); one refused lately (its reason, from its
+    /// hash); from an address past [`MAX_FAILURES_PER_ADDRESS`], refused unchecked; else
+    /// every check, a failure remembered and counted against the address.
+    pub fn verify_from(
+        &self,
+        token: &[u8],
+        now_secs: u64,
+        client: Option<IpAddr>,
+    ) -> Result<Arc<Claims>, Invalid> {
         if let Some(claims) = self.cache.get(token, now_secs) {
             return Ok(claims);
         }
-        let (claims, exp) = self.verify_uncached(token, now_secs).inspect_err(|r| {
-            if let Some(c) = self.refusals.get() {
-                if let Some(i) = Invalid::ALL.iter().position(|x| x == r) {
-                    c[i].inc();
-                }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(self.count(Invalid::Malformed));
+        }
+        let hash = self.cache.hasher.hash_one(token);
+        if let Some(reason) = self.refused.get(hash, now_secs) {
+            return Err(self.count(reason));
+        }
+        if let Some(ip) = client {
+            if self.failures.over(ip, now_secs) {
+                return Err(self.count(Invalid::AddressLimited));
             }
+        }
+        let (claims, exp) = self.verify_uncached(token, now_secs).map_err(|r| {
+            // A token not yet valid may be valid in a moment: checked again then.
+            if r != Invalid::NotYetValid {
+                self.refused.put(hash, r, now_secs);
+            }
+            if let Some(ip) = client {
+                self.failures.add(ip, now_secs);
+            }
+            self.count(r)
         })?;
         let claims = Arc::new(claims);
         self.cache.put(
@@ -252,6 +313,16 @@ impl Verifier {
             now_secs,
         );
         Ok(claims)
+    }
+
+    /// Counts a refusal by its reason; the reason.
+    fn count(&self, reason: Invalid) -> Invalid {
+        if let Some(c) = self.refusals.get() {
+            if let Some(i) = Invalid::ALL.iter().position(|x| *x == reason) {
+                c[i].inc();
+            }
+        }
+        reason
     }
 
     /// Every check, no cache: the claims and `exp`.
@@ -317,6 +388,11 @@ impl Verifier {
     /// Tokens in the cache (for tests and the bench).
     pub fn cached(&self) -> usize {
         self.cache.len()
+    }
+
+    /// Refused tokens remembered (for tests and the bench).
+    pub fn refused_cached(&self) -> usize {
+        self.refused.len()
     }
 }
 
@@ -530,6 +606,153 @@ impl Cache {
     }
 }
 
+/// Tokens refused lately: a keyed 64-bit hash of each (the positive cache's hasher, whose
+/// key is random per process, so no client can aim at a collision) with the reason, until
+/// [`REFUSED_TTL_SECS`] after the refusal; at most [`REFUSED_PER_SHARD`] per shard (a full
+/// shard first drops its expired entries, then all of them). It only refuses: a collision
+/// with a valid token could at worst refuse that token for the TTL, never admit a token.
+struct Refused {
+    shards: [Mutex<HashMap<u64, (u64, Invalid)>>; CACHE_SHARDS],
+}
+
+impl Refused {
+    fn new() -> Self {
+        Self {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, Invalid)>> {
+        // The low bits pick the positive cache's shard; these are independent of them.
+        let i = ((hash >> 32) % CACHE_SHARDS as u64) as usize;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, hash: u64, now: u64) -> Option<Invalid> {
+        let mut shard = self.shard(hash);
+        match shard.get(&hash) {
+            Some(&(until, reason)) if now < until => Some(reason),
+            Some(_) => {
+                shard.remove(&hash);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn put(&self, hash: u64, reason: Invalid, now: u64) {
+        let mut shard = self.shard(hash);
+        if shard.len() >= REFUSED_PER_SHARD {
+            shard.retain(|_, (until, _)| now < *until);
+            if shard.len() >= REFUSED_PER_SHARD {
+                shard.clear();
+            }
+        }
+        shard.insert(hash, (now.saturating_add(REFUSED_TTL_SECS), reason));
+    }
+
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+}
+
+/// Tokens that failed their check, by client address (an IPv6 address by its /64, which
+/// one client commonly holds whole), in fixed windows of [`FAILURE_WINDOW_SECS`]. At most
+/// [`ADDRESSES_PER_SHARD`] addresses per shard: a full shard drops the addresses whose
+/// window has ended, and while still full tracks no new one (an address already over the
+/// limit stays over it until its window ends).
+struct Failures {
+    hasher: RandomState,
+    shards: [Mutex<HashMap<u128, Window>>; CACHE_SHARDS],
+}
+
+#[derive(Clone, Copy)]
+struct Window {
+    start: u64,
+    failures: u32,
+}
+
+impl Window {
+    fn current(&self, now: u64) -> bool {
+        now < self.start.saturating_add(FAILURE_WINDOW_SECS)
+    }
+}
+
+impl Failures {
+    fn new() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The address as counted: IPv4 whole (as its mapped IPv6 form), IPv6 by its /64.
+    fn key(ip: IpAddr) -> u128 {
+        match ip {
+            IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => u128::from(v4.to_ipv6_mapped()),
+                None => u128::from(v6) & !((1u128 << 64) - 1),
+            },
+        }
+    }
+
+    fn shard(&self, key: u128) -> std::sync::MutexGuard<'_, HashMap<u128, Window>> {
+        let i = (self.hasher.hash_one(key) % CACHE_SHARDS as u64) as usize;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `ip` has had [`MAX_FAILURES_PER_ADDRESS`] failures in its current window.
+    fn over(&self, ip: IpAddr, now: u64) -> bool {
+        let key = Self::key(ip);
+        let shard = self.shard(key);
+        shard
+            .get(&key)
+            .is_some_and(|w| w.current(now) && w.failures >= MAX_FAILURES_PER_ADDRESS)
+    }
+
+    /// One more failure from `ip`.
+    fn add(&self, ip: IpAddr, now: u64) {
+        let key = Self::key(ip);
+        let mut shard = self.shard(key);
+        if let Some(w) = shard.get_mut(&key) {
+            if w.current(now) {
+                w.failures = w.failures.saturating_add(1);
+            } else {
+                *w = Window {
+                    start: now,
+                    failures: 1,
+                };
+            }
+            return;
+        }
+        if shard.len() >= ADDRESSES_PER_SHARD {
+            shard.retain(|_, w| w.current(now));
+            if shard.len() >= ADDRESSES_PER_SHARD {
+                return;
+            }
+        }
+        shard.insert(
+            key,
+            Window {
+                start: now,
+                failures: 1,
+            },
+        );
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+}
+
 /// Makes OpenSSL verify RS256 and ES256 signatures for the crate (its `CryptoProvider`:
 /// RustCrypto's, with those verifiers replaced). Once per process, before
 /// the first verification; if another provider was set first, that one stays (it verifies
@@ -717,15 +940,19 @@ mod tests {
         ] {
             let t = sign(alg, kid, &claims);
             assert_eq!(
-                v.claim_key(t.as_bytes(), "sub", NOW).unwrap().as_deref(),
+                v.claim_key(t.as_bytes(), "sub", NOW, None)
+                    .unwrap()
+                    .as_deref(),
                 Some(&b"alice"[..]),
                 "{alg:?} {kid:?}"
             );
             assert_eq!(
-                v.claim_key(t.as_bytes(), "org", NOW).unwrap().as_deref(),
+                v.claim_key(t.as_bytes(), "org", NOW, None)
+                    .unwrap()
+                    .as_deref(),
                 Some(&b"42"[..])
             );
-            assert_eq!(v.claim_key(t.as_bytes(), "nope", NOW).unwrap(), None);
+            assert_eq!(v.claim_key(t.as_bytes(), "nope", NOW, None).unwrap(), None);
         }
     }
 
@@ -927,6 +1154,162 @@ mod tests {
     }
 
     #[test]
+    fn the_refused_cache_is_bounded_and_expires() {
+        let c = Refused::new();
+        c.put(7, Invalid::Signature, NOW);
+        assert_eq!(c.get(7, NOW), Some(Invalid::Signature));
+        assert_eq!(
+            c.get(7, NOW + REFUSED_TTL_SECS - 1),
+            Some(Invalid::Signature)
+        );
+        assert_eq!(c.get(8, NOW), None);
+        // Expired: gone, and dropped from the shard.
+        assert_eq!(c.get(7, NOW + REFUSED_TTL_SECS), None);
+        assert_eq!(c.len(), 0);
+        // Bounded: never more than its entries, however many refusals.
+        let mut rng = fastrand::Rng::with_seed(3);
+        for i in 0..(REFUSED_ENTRIES * 4) as u64 {
+            c.put(rng.u64(..), Invalid::Malformed, NOW + i / 1000);
+            assert!(c.len() <= REFUSED_ENTRIES);
+        }
+        // A full shard drops its expired entries before anything else.
+        let c = Refused::new();
+        let fresh = 1u64 << 32; // shard 1
+        c.put(fresh, Invalid::Expired, NOW + 100);
+        for i in 1..REFUSED_PER_SHARD as u64 {
+            c.put((i << 35) | (1 << 32), Invalid::Signature, NOW); // shard 1 too
+        }
+        assert_eq!(c.len(), REFUSED_PER_SHARD);
+        c.put(2 | (1 << 32), Invalid::Signature, NOW + REFUSED_TTL_SECS);
+        assert_eq!(c.get(fresh, NOW + REFUSED_TTL_SECS), Some(Invalid::Expired));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn failures_are_counted_per_address_in_windows() {
+        let f = Failures::new();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        for _ in 0..MAX_FAILURES_PER_ADDRESS - 1 {
+            f.add(a, NOW);
+        }
+        assert!(!f.over(a, NOW));
+        f.add(a, NOW + 1);
+        assert!(f.over(a, NOW + 1));
+        assert!(f.over(a, NOW + FAILURE_WINDOW_SECS - 1));
+        assert!(!f.over(b, NOW + 1), "another address");
+        // The window ends: counted afresh.
+        assert!(!f.over(a, NOW + FAILURE_WINDOW_SECS));
+        f.add(a, NOW + FAILURE_WINDOW_SECS);
+        assert!(!f.over(a, NOW + FAILURE_WINDOW_SECS));
+        // IPv6 by its /64; a v4-mapped address is its IPv4 address.
+        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        for i in 0..MAX_FAILURES_PER_ADDRESS {
+            f.add(v6(&format!("2001:db8:1:2::{:x}", i + 1)), NOW);
+        }
+        assert!(f.over(v6("2001:db8:1:2:ffff::1"), NOW));
+        assert!(!f.over(v6("2001:db8:1:3::1"), NOW));
+        for _ in 0..MAX_FAILURES_PER_ADDRESS {
+            f.add(b, NOW);
+        }
+        assert!(f.over(v6("::ffff:192.0.2.2"), NOW));
+        // Bounded: a full shard drops ended windows, then tracks no new address, and keeps
+        // the addresses it holds.
+        let f = Failures::new();
+        for i in 0..(ADDRESSES * 3) as u32 {
+            f.add(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)), NOW);
+            assert!(f.len() <= ADDRESSES);
+        }
+        for _ in 0..MAX_FAILURES_PER_ADDRESS {
+            f.add(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000)), NOW);
+        }
+        assert!(f.over(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000)), NOW));
+        f.add(a, NOW + FAILURE_WINDOW_SECS);
+        assert!(f.len() < ADDRESSES, "ended windows dropped");
+    }
+
+    /// A repeated forged token is refused from the refused cache (no second signature
+    /// check), counted each time; the valid token still verifies; an address past its
+    /// failures has its new tokens refused unchecked, but not a token that verified before.
+    #[test]
+    fn refused_tokens_are_remembered_and_failures_limit_an_address() {
+        let v = verifier(None, None);
+        let vec =
+            prometheus::IntCounterVec::new(prometheus::Opts::new("t", "t"), &["reason"]).unwrap();
+        v.count_refusals(&vec);
+        let get = |r: &str| vec.with_label_values(&[r]).get();
+        let ip: IpAddr = "198.51.100.7".parse().unwrap();
+        let good = sign(
+            Algorithm::ES256,
+            Some("e1"),
+            &json!({"sub": "a", "exp": NOW + 600}),
+        );
+        assert!(v.verify_from(good.as_bytes(), NOW, Some(ip)).is_ok());
+        let forged = |n: u64| {
+            let t = sign(
+                Algorithm::ES256,
+                Some("e1"),
+                &json!({"sub": n, "exp": NOW + 600}),
+            );
+            let (msg, _) = t.rsplit_once('.').unwrap();
+            format!("{msg}.{}", b64(&[7u8; 64]))
+        };
+        let f0 = forged(0);
+        for _ in 0..50 {
+            assert_eq!(
+                v.verify_from(f0.as_bytes(), NOW, Some(ip)).unwrap_err(),
+                Invalid::Signature
+            );
+        }
+        assert_eq!(get("signature"), 50);
+        assert_eq!(v.refused_cached(), 1);
+        // One check only: the address has one failure.
+        for n in 1..MAX_FAILURES_PER_ADDRESS as u64 {
+            assert_eq!(
+                v.verify_from(forged(n).as_bytes(), NOW, Some(ip))
+                    .unwrap_err(),
+                Invalid::Signature
+            );
+        }
+        // Past the limit: a new token is refused unchecked, valid or not.
+        let new_good = sign(
+            Algorithm::ES256,
+            Some("e1"),
+            &json!({"sub": "b", "exp": NOW + 600}),
+        );
+        assert_eq!(
+            v.verify_from(new_good.as_bytes(), NOW, Some(ip))
+                .unwrap_err(),
+            Invalid::AddressLimited
+        );
+        assert_eq!(get("address_limited"), 1);
+        // The token that verified before still does; another address is checked.
+        assert!(v.verify_from(good.as_bytes(), NOW, Some(ip)).is_ok());
+        let other: IpAddr = "198.51.100.8".parse().unwrap();
+        assert!(v.verify_from(new_good.as_bytes(), NOW, Some(other)).is_ok());
+        // The window over, the address is checked again.
+        let later = NOW + FAILURE_WINDOW_SECS;
+        let newer = sign(
+            Algorithm::ES256,
+            Some("e1"),
+            &json!({"sub": "c", "exp": NOW + 600}),
+        );
+        assert!(v.verify_from(newer.as_bytes(), later, Some(ip)).is_ok());
+        // A refused token is never admitted from the refused cache, and one not yet valid
+        // is not remembered (it is checked again when it may be valid).
+        let soon = sign(
+            Algorithm::ES256,
+            Some("e1"),
+            &json!({"sub": "d", "nbf": NOW + 120, "exp": NOW + 600}),
+        );
+        assert_eq!(
+            v.verify(soon.as_bytes(), NOW).unwrap_err(),
+            Invalid::NotYetValid
+        );
+        assert!(v.verify(soon.as_bytes(), NOW + 120).is_ok());
+    }
+
+    #[test]
     fn issuer_and_audience_when_set() {
         let v = verifier(Some("https://idp.example"), Some("api"));
         let t = |c: serde_json::Value| {
@@ -1048,6 +1431,50 @@ mod tests {
             }
             assert!(v.verify(&b, NOW).is_err() || b == valid.as_bytes());
         }
+    }
+
+    /// A repeated forged ES256 token as it cost before (every check, each time), as it
+    /// costs now (from the refused cache), and a valid cached token, 100 of each, each loop
+    /// in its own function for callgrind's inclusive counts (not asserted):
+    /// `valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out <lib test binary>
+    /// --ignored --exact ratelimit::jwt::tests::repeated_forged_token_cost` then
+    /// `callgrind_annotate --inclusive=yes /tmp/cg.out | grep cost_loop`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn repeated_forged_token_cost() {
+        install_provider();
+        let v = verifier(None, None);
+        let good = sign(
+            Algorithm::ES256,
+            Some("e1"),
+            &json!({"sub": "a", "exp": NOW + 600}),
+        );
+        let (msg, _) = good.rsplit_once('.').unwrap();
+        let forged = format!("{msg}.{}", b64(&[0x5a; 64]));
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        assert!(v.verify_from(good.as_bytes(), NOW, Some(ip)).is_ok());
+        assert!(v.verify_from(forged.as_bytes(), NOW, Some(ip)).is_err());
+        #[inline(never)]
+        fn cost_loop_forged_before(v: &Verifier, t: &[u8]) {
+            for _ in 0..100 {
+                assert!(std::hint::black_box(v.verify_uncached(t, NOW)).is_err());
+            }
+        }
+        #[inline(never)]
+        fn cost_loop_forged_after(v: &Verifier, t: &[u8], ip: IpAddr) {
+            for _ in 0..100 {
+                assert!(std::hint::black_box(v.verify_from(t, NOW, Some(ip))).is_err());
+            }
+        }
+        #[inline(never)]
+        fn cost_loop_valid_cached(v: &Verifier, t: &[u8], ip: IpAddr) {
+            for _ in 0..100 {
+                assert!(std::hint::black_box(v.verify_from(t, NOW, Some(ip))).is_ok());
+            }
+        }
+        cost_loop_forged_before(&v, forged.as_bytes());
+        cost_loop_forged_after(&v, forged.as_bytes(), ip);
+        cost_loop_valid_cached(&v, good.as_bytes(), ip);
     }
 
     /// One verification of each algorithm, uncached and cached (printed, not asserted:

@@ -52,7 +52,9 @@ pub enum KeyOutcome<'a> {
 /// The key of a request under `src`: [`extract_key`], and for `jwt:CLAIM` the claim of the
 /// bearer token once `jwt` verified it at `now_secs`. A request without a bearer token, or
 /// whose valid token lacks the claim (or holds neither a string nor a number there), has
-/// no key; a token that does not verify is [`KeyOutcome::Invalid`].
+/// no key; a token that does not verify is [`KeyOutcome::Invalid`]. `client_ip` is the
+/// request's address, whose tokens that fail are counted (past a limit its unknown tokens
+/// are refused unchecked).
 pub fn extract_request_key<'a>(
     src: &KeySource,
     jwt: Option<&super::jwt::Verifier>,
@@ -60,6 +62,7 @@ pub fn extract_request_key<'a>(
     uri: &'a http::Uri,
     max_key_bytes: usize,
     now_secs: u64,
+    client_ip: Option<std::net::IpAddr>,
 ) -> KeyOutcome<'a> {
     let KeySource::Jwt(claim) = src else {
         return extract_key(src, headers, uri, max_key_bytes);
@@ -78,7 +81,7 @@ pub fn extract_request_key<'a>(
         KeyOutcome::TooLong => return KeyOutcome::Invalid,
         other => return other,
     };
-    match verifier.claim_key(&token, claim, now_secs) {
+    match verifier.claim_key(&token, claim, now_secs, client_ip) {
         Ok(Some(k)) => finish(Cow::Owned(k), max_key_bytes),
         Ok(None) => KeyOutcome::Missing,
         Err(_) => KeyOutcome::Invalid,

@@ -316,11 +316,35 @@ pub enum Bulkhead {
 #[derive(Debug)]
 pub struct BulkheadGuard(Slot);
 
+impl BulkheadGuard {
+    /// Whether this is a slot of an `adaptive` upstream's learned cap.
+    #[inline]
+    pub fn is_adaptive(&self) -> bool {
+        matches!(self.0, Slot::Adaptive(_))
+    }
+
+    /// The request's body is still arriving: an adaptive upstream's cap does not count
+    /// the slot until [`BulkheadGuard::end_upload`] (a fixed `max_inflight` always does).
+    #[inline]
+    pub fn start_upload(&mut self) {
+        if let Slot::Adaptive(g) = &mut self.0 {
+            g.start_upload();
+        }
+    }
+
+    #[inline]
+    pub fn end_upload(&mut self) {
+        if let Slot::Adaptive(g) = &mut self.0 {
+            g.end_upload();
+        }
+    }
+}
+
 /// A fixed bulkhead's slot, or one of an adaptive upstream's learned cap.
 #[derive(Debug)]
 enum Slot {
     Fixed(Arc<UpstreamShared>),
-    Adaptive(#[allow(dead_code)] crate::shed::InflightGuard),
+    Adaptive(crate::shed::InflightGuard),
 }
 
 impl Drop for BulkheadGuard {

@@ -5,6 +5,12 @@
 //!
 //! With `shedding.adaptive` the cap is not fixed: [`adaptive::GradientLimit`]
 //! learns it from upstream latency and the classes apply to the learned cap.
+//!
+//! A request whose body is still arriving from its client holds its slot without
+//! counting against the cap ([`InflightGuard::start_upload`]) until the body is
+//! complete: a slow upload is the client's time, not load on the backend, and 24
+//! clients trickling bodies would otherwise hold a cap learned low and shed
+//! everyone else.
 
 pub mod adaptive;
 pub mod spread;
@@ -47,6 +53,8 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct Shedder {
     inflight: AtomicU64,
+    /// Of `inflight`, the requests whose body is still arriving: not counted by the cap.
+    uploading: AtomicU64,
     /// 0 = no cap. Swapped on reload, or learned (adaptive).
     cap: AtomicU64,
     /// `Some` with `shedding.adaptive`.
@@ -67,11 +75,47 @@ pub fn class_limit(cap: u64, priority: Priority) -> u64 {
 
 /// Holds one in-flight slot until dropped.
 #[derive(Debug)]
-pub struct InflightGuard(Arc<Shedder>);
+pub struct InflightGuard {
+    shedder: Arc<Shedder>,
+    /// Counted in the shedder's `uploading`.
+    uploading: bool,
+}
+
+impl InflightGuard {
+    fn new(shedder: &Arc<Shedder>) -> Self {
+        Self {
+            shedder: Arc::clone(shedder),
+            uploading: false,
+        }
+    }
+
+    /// The request's body is still arriving from its client: until
+    /// [`InflightGuard::end_upload`] (or the drop), the slot is not counted by the cap
+    /// (still in flight).
+    #[inline]
+    pub fn start_upload(&mut self) {
+        if !self.uploading {
+            self.uploading = true;
+            self.shedder.uploading.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The body is complete: the slot counts against the cap again.
+    #[inline]
+    pub fn end_upload(&mut self) {
+        if self.uploading {
+            self.uploading = false;
+            self.shedder.uploading.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        // `uploading` first: between the two, the cap may count one slot too many (never
+        // one too few).
+        self.end_upload();
+        self.shedder.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -79,6 +123,7 @@ impl Shedder {
     pub fn new(cap: u64) -> Arc<Self> {
         Arc::new(Self {
             inflight: AtomicU64::new(0),
+            uploading: AtomicU64::new(0),
             cap: AtomicU64::new(cap),
             adaptive: std::sync::Mutex::new(None),
             share: spread::ShedShare::default(),
@@ -111,7 +156,7 @@ impl Shedder {
             return;
         };
         if let Some(limit) = slot.as_mut() {
-            if let Some(cap) = limit.on_sample(now, rtt, self.inflight()) {
+            if let Some(cap) = limit.on_sample(now, rtt, self.counted()) {
                 self.set_cap(cap);
             }
         }
@@ -125,8 +170,15 @@ impl Shedder {
         self.cap.load(Ordering::Acquire)
     }
 
+    /// Requests in flight, uploading or not.
     pub fn inflight(&self) -> u64 {
         self.inflight.load(Ordering::Acquire)
+    }
+
+    /// Requests in flight that the cap counts: those whose body is complete.
+    pub fn counted(&self) -> u64 {
+        self.inflight()
+            .saturating_sub(self.uploading.load(Ordering::Acquire))
     }
 
     /// Take a slot whatever the cap (`shedding.shadow`: a request the cap would have shed
@@ -134,7 +186,7 @@ impl Shedder {
     #[inline]
     pub fn acquire_over_cap(self: &Arc<Self>) -> InflightGuard {
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        InflightGuard(Arc::clone(self))
+        InflightGuard::new(self)
     }
 
     /// Take a slot for a request of `priority`, or `None` when its class is full.
@@ -143,12 +195,15 @@ impl Shedder {
         let cap = self.cap();
         if cap == 0 {
             self.inflight.fetch_add(1, Ordering::AcqRel);
-            return Some(InflightGuard(Arc::clone(self)));
+            return Some(InflightGuard::new(self));
         }
         let limit = class_limit(cap, priority);
+        // Uploads hold slots the cap does not count (read once: one more or fewer racing
+        // with this admission is within the cap's own noise).
+        let uploading = self.uploading.load(Ordering::Acquire);
         let mut cur = self.inflight.load(Ordering::Acquire);
         loop {
-            if cur >= limit {
+            if cur.saturating_sub(uploading) >= limit {
                 return None;
             }
             match self.inflight.compare_exchange_weak(
@@ -157,7 +212,7 @@ impl Shedder {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some(InflightGuard(Arc::clone(self))),
+                Ok(_) => return Some(InflightGuard::new(self)),
                 Err(actual) => cur = actual,
             }
         }
@@ -229,6 +284,36 @@ mod tests {
         assert_eq!(s.inflight(), 0);
         assert_eq!(Priority::Low.as_str(), "low");
         assert_eq!(Priority::ALL[Priority::Normal.index()], Priority::Normal);
+    }
+
+    #[test]
+    fn uploading_slots_are_in_flight_but_not_counted_by_the_cap() {
+        let s = Shedder::new(2);
+        let mut a = s.try_acquire(Priority::Critical).expect("slot");
+        let mut b = s.try_acquire(Priority::Critical).expect("slot");
+        assert!(s.try_acquire(Priority::Critical).is_none());
+        a.start_upload();
+        b.start_upload();
+        b.start_upload(); // once only
+        assert_eq!((s.inflight(), s.counted()), (2, 0));
+        // Two more while those two upload.
+        let c = s.try_acquire(Priority::Critical).expect("slot");
+        let d = s.try_acquire(Priority::Critical).expect("slot");
+        assert!(s.try_acquire(Priority::Critical).is_none());
+        assert_eq!((s.inflight(), s.counted()), (4, 2));
+        // A body completes: counted again (over the cap for a moment; nothing is admitted).
+        a.end_upload();
+        a.end_upload();
+        assert_eq!(s.counted(), 3);
+        assert!(s.try_acquire(Priority::Critical).is_none());
+        drop((c, d));
+        assert_eq!(s.counted(), 1);
+        // Dropped while uploading: both counts released.
+        drop(b);
+        assert_eq!((s.inflight(), s.counted()), (1, 1));
+        drop(a);
+        assert_eq!((s.inflight(), s.counted()), (0, 0));
+        assert_eq!(s.uploading.load(Ordering::Acquire), 0);
     }
 
     #[test]
