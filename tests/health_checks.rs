@@ -211,6 +211,16 @@ fn rise_and_fall_count_consecutive_probes_at_the_fast_interval() {
         || "not unhealthy".into(),
         || state(&p, "app", &b.addr()) == "unhealthy",
     );
+    // No backend passes: a request fails open to it (panic mode).
+    assert_eq!(
+        get(&p.addr(), "/", &[]).status,
+        500,
+        "proxied to the failing backend"
+    );
+    assert_eq!(
+        p.metric("portcullis_upstream_panic_mode{upstream=\"app\"}"),
+        Some(1.0)
+    );
     // Back: up after exactly two passes.
     b.set_mode(Mode::Ok);
     let seen = watch(&p, &b.addr(), |s| s.last().is_some_and(|x| x.healthy));
@@ -221,6 +231,12 @@ fn rise_and_fall_count_consecutive_probes_at_the_fast_interval() {
         DEADLINE,
         || "not up".into(),
         || state(&p, "app", &b.addr()) == "up",
+    );
+    // Panic mode ends with the check that brought it back, not at the next request.
+    eventually(
+        DEADLINE,
+        || "panic mode still on with a healthy backend and no request".into(),
+        || p.metric("portcullis_upstream_panic_mode{upstream=\"app\"}") == Some(0.0),
     );
 }
 

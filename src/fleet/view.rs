@@ -39,14 +39,19 @@ pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
     let configured = i.and_then(|i| pool.configured_weight(i)).unwrap_or(1);
     let weight = b.manual().weight().unwrap_or(configured);
     let check = check_view(pool, b);
-    // Why an unhealthy backend is out, when nothing manual says why.
-    let health_reason = (state == "unhealthy")
-        .then(|| {
-            check["result"]
-                .as_str()
-                .map(|r| format!("health check: {r}"))
-        })
-        .flatten();
+    // Why an unhealthy or culled backend is out, when nothing manual says why.
+    let health_reason = match state {
+        "unhealthy" => check["result"]
+            .as_str()
+            .map(|r| format!("health check: {r}")),
+        "culled" => {
+            let (requests, errors) = b.window.totals(crate::state::unix_secs());
+            Some(format!(
+                "culled by the culling gate ({errors} errors of {requests} requests in the window)"
+            ))
+        }
+        _ => None,
+    };
     json!({
         "upstream": pool.name,
         "name": b.name,

@@ -631,6 +631,21 @@ impl Pool {
     pub async fn run_health_check(&self) {
         if self.health_check_interval.is_some() {
             self.lb.backends().run_health_check(true).await;
+            self.refresh_panic();
+        }
+    }
+
+    /// Panic mode ends as soon as a backend in rotation passes its checks again, not at
+    /// the next request (the page and `portcullis_upstream_panic_mode` showed it on
+    /// until then).
+    fn refresh_panic(&self) {
+        if !self.panic_mode.load(Ordering::Relaxed) {
+            return;
+        }
+        let back = (0..self.backends.len())
+            .any(|i| !self.backends[i].is_out() && self.lb.backends().ready(&self.members[i]));
+        if back && self.panic_mode.swap(false, Ordering::Relaxed) {
+            tracing::info!(upstream = %self.name, "healthy backends back; panic mode off");
         }
     }
 }
