@@ -10,6 +10,9 @@ use prometheus::{
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+/// The `code` label of each [`class_index`].
+const CLASS_LABELS: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none", "error"];
+
 /// Index of [`code_class`] (and "error" for no answer) in a series cache.
 fn class_index(status: Option<u16>) -> usize {
     match status {
@@ -26,29 +29,24 @@ fn class_index(status: Option<u16>) -> usize {
 /// The `portcullis_requests_total` series of one route label, each resolved
 /// on first use and then kept: recording is an atomic add, not a label
 /// look-up (hash, lock, clone) per request. A series appears in the
-/// exposition exactly when it did with `with_label_values`.
+/// exposition exactly when it did with `with_label_values`. A route has one only
+/// once a request was routed to it (`state::Runtime::route_series`): a configured
+/// route that never saw a request costs neither series nor traffic window.
 #[derive(Debug)]
 pub struct RouteSeries {
     pub label: String,
     requests: [[OnceLock<IntCounter>; 7]; 6],
     /// The route's rate, mix, latency and in-flight for `/status` (shared by
     /// the runtimes of successive reloads while the label stays).
-    pub traffic: std::sync::Arc<portcullis_policy::traffic::RouteTraffic>,
+    pub traffic: portcullis_policy::traffic::RouteTraffic,
 }
 
 impl RouteSeries {
     pub fn new(label: String) -> Self {
-        Self::with_traffic(label, Default::default())
-    }
-
-    pub fn with_traffic(
-        label: String,
-        traffic: std::sync::Arc<portcullis_policy::traffic::RouteTraffic>,
-    ) -> Self {
         Self {
             label,
             requests: Default::default(),
-            traffic,
+            traffic: Default::default(),
         }
     }
 }
@@ -187,6 +185,23 @@ impl ProxyMetrics {
                 .duration
                 .get_or_init(|| self.upstream_durations.with_label_values(&[upstream]))
                 .observe(s);
+        }
+    }
+
+    /// Drop the `portcullis_requests_total` series `series` created (a reload removed
+    /// its route): the registry no longer keeps its label set. A request still finishing
+    /// on the old table counts on the handles it holds, no longer exposed.
+    pub fn forget_route(&self, series: &RouteSeries) {
+        for (outcome, classes) in Outcome::ALL.iter().zip(&series.requests) {
+            for (i, cell) in classes.iter().enumerate() {
+                if cell.get().is_some() {
+                    let _ = self.requests.remove_label_values(&[
+                        outcome.as_str(),
+                        &series.label,
+                        CLASS_LABELS[i],
+                    ]);
+                }
+            }
         }
     }
 
