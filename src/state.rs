@@ -4,7 +4,7 @@
 
 use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
-use crate::metrics::{Metrics, RouteSeries};
+use crate::metrics::{Metrics, RouteSeries, RouteSeriesBudget};
 use crate::ratelimit::{DecisionCounters, FieldParts, Limiter, Policies, Policy, PolicyKey};
 use crate::shed::Shedder;
 use crate::upstream::{BackendState, Pool};
@@ -30,6 +30,9 @@ pub struct Runtime {
     /// routing: each made by the first request that needs it ([`Runtime::route_series`]),
     /// so a route that sees no traffic costs one empty slot.
     route_series: Box<[OnceLock<Arc<RouteSeries>>]>,
+    /// The bound on routes with series of their own (the metrics', shared by every
+    /// runtime): past it, routes share the series "other".
+    route_budget: Arc<RouteSeriesBudget>,
     /// `config.routes` indexed for lookup ([`Runtime::route_index`]).
     routes: RouteTable,
     /// `shedding.shadow`: the shed gate's shadow-refusal counters by priority class.
@@ -157,6 +160,7 @@ impl Runtime {
             config,
             rate,
             route_series,
+            route_budget: Arc::clone(&metrics.proxy.route_budget),
         }
     }
 
@@ -171,7 +175,18 @@ impl Runtime {
             (true, Some(i)) if i < n => i,
             (true, _) => n,
         };
-        self.route_series[i].get_or_init(|| Arc::new(RouteSeries::new(self.label_at(i))))
+        self.route_series[i].get_or_init(|| self.new_series(i))
+    }
+
+    /// The `i`th series, at its first request: a configured route's takes a place in the
+    /// budget (or shares "other"); the default route's and "none" always have theirs.
+    #[cold]
+    fn new_series(&self, i: usize) -> Arc<RouteSeries> {
+        if i < self.config.routes.len() {
+            self.route_budget.series(|| self.label_at(i))
+        } else {
+            Arc::new(RouteSeries::new(self.label_at(i)))
+        }
     }
 
     /// The label of the `i`th series: its route's, "default", then "none".
@@ -187,21 +202,34 @@ impl Runtime {
     }
 
     /// Every route of the config, then the default route, each with its series when a
-    /// request has been routed to it (not the series of requests refused before routing).
+    /// request has been routed to it and it has one of its own (not the series of
+    /// requests refused before routing; routes past the bound count in
+    /// [`Runtime::other_series`]).
     pub fn routes_with_series(&self) -> impl Iterator<Item = (&Route, Option<&RouteSeries>)> {
         self.config
             .routes
             .iter()
             .chain(std::iter::once(&DEFAULT_ROUTE))
-            .zip(self.route_series.iter().map(|s| s.get().map(|s| &**s)))
+            .zip(self.route_series.iter().map(|s| {
+                s.get()
+                    .map(|s| &**s)
+                    .filter(|s| !self.route_budget.is_other(s))
+            }))
     }
 
-    /// The series made so far, by index (`config.routes`, then default, then "none").
+    /// The series the routes past [`crate::metrics::ROUTE_SERIES_MAX`] share, and the bound.
+    pub fn other_series(&self) -> (&RouteSeries, usize) {
+        (self.route_budget.other(), self.route_budget.max())
+    }
+
+    /// The series of their own made so far, by index (`config.routes`, then default,
+    /// then "none").
     fn live_series(&self) -> impl Iterator<Item = (usize, &Arc<RouteSeries>)> {
         self.route_series
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.get().map(|s| (i, s)))
+            .filter(|(_, s)| !self.route_budget.is_other(s))
     }
 
     /// After `self` replaced `prev`: drop from the registry the series of `prev`'s routes
@@ -536,6 +564,38 @@ mod tests {
         assert!(t.contains("route=\"/a\""), "{t}");
         assert!(!t.contains("route=\"/b\""), "a removed route's series: {t}");
         assert!(!t.contains("route=\"/c\""), "no request, no series: {t}");
+    }
+
+    /// Past the bound, a route's first request gives it the shared series "other": its
+    /// traffic counts there, it is listed without a series, and a reload that drops a
+    /// route's series gives its place back.
+    #[test]
+    fn routes_past_the_bound_share_one_series() {
+        let mut metrics = Metrics::new();
+        metrics.proxy.route_budget = RouteSeriesBudget::new(2);
+        let config = with_routes(&["/a", "/b", "/c"]);
+        let limiter = Arc::new(Limiter::new(config.rate_limit.params.clone()));
+        let rt = Runtime::build(config, None, &limiter, &metrics);
+        let at = |rt: &Runtime, p: &str| rt.route_series(true, index_of(rt, p)).label.clone();
+        assert_eq!(at(&rt, "/a"), "/a");
+        assert_eq!(at(&rt, "/b"), "/b");
+        assert_eq!(at(&rt, "/c"), "other", "past the bound");
+        assert_eq!(
+            at(&rt, "/nowhere"),
+            "default",
+            "the default route always has its own"
+        );
+        let own: Vec<&str> = rt
+            .routes_with_series()
+            .filter_map(|(r, s)| s.map(|_| r.path_prefix.as_str()))
+            .collect();
+        assert_eq!(own, ["/a", "/b", ""]);
+        assert_eq!(rt.other_series().1, 2);
+        // /a is removed: its place goes to the next route that asks.
+        let next = Runtime::build(with_routes(&["/b", "/c"]), Some(&rt), &limiter, &metrics);
+        drop(rt);
+        assert_eq!(at(&next, "/b"), "/b", "kept");
+        assert_eq!(at(&next, "/c"), "/c", "the place /a gave back");
     }
 
     #[test]

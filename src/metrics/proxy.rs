@@ -7,8 +7,8 @@ use super::{code_class, registered, Outcome, LATENCY_BUCKETS};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The `code` label of each [`class_index`].
 const CLASS_LABELS: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none", "error"];
@@ -39,15 +39,87 @@ pub struct RouteSeries {
     /// The route's rate, mix, latency and in-flight for `/status` (shared by
     /// the runtimes of successive reloads while the label stays).
     pub traffic: portcullis_policy::traffic::RouteTraffic,
+    /// The budget this series holds a place of, given back when it goes.
+    budget: Option<Arc<RouteSeriesBudget>>,
 }
 
 impl RouteSeries {
+    /// A series outside any [`RouteSeriesBudget`] (the default route's, "none", "other").
     pub fn new(label: String) -> Self {
         Self {
             label,
             requests: Default::default(),
             traffic: Default::default(),
+            budget: None,
         }
+    }
+}
+
+impl Drop for RouteSeries {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Routes that may have series and a traffic window of their own at once
+/// ([`RouteSeriesBudget`]): about 90 MB of windows at most, however many routes a
+/// client reaches.
+pub const ROUTE_SERIES_MAX: usize = 10_000;
+
+/// The bound on routes with series of their own: past `max`, a route's first request
+/// gives it the shared series labelled "other" (a client requesting every one of
+/// 100,000 routes does not make 100,000 windows). A place is given back when a reload
+/// drops a route's series.
+#[derive(Debug)]
+pub struct RouteSeriesBudget {
+    live: AtomicUsize,
+    max: usize,
+    other: Arc<RouteSeries>,
+}
+
+impl RouteSeriesBudget {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            live: AtomicUsize::new(0),
+            max,
+            other: Arc::new(RouteSeries::new("other".to_string())),
+        })
+    }
+
+    /// A series of its own labelled `label()`, or the shared "other" series when `max`
+    /// routes have theirs.
+    pub fn series(self: &Arc<Self>, label: impl FnOnce() -> String) -> Arc<RouteSeries> {
+        let taken = self
+            .live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Arc::clone(&self.other);
+        }
+        Arc::new(RouteSeries {
+            label: label(),
+            requests: Default::default(),
+            traffic: Default::default(),
+            budget: Some(Arc::clone(self)),
+        })
+    }
+
+    /// Whether `s` is the shared "other" series.
+    pub fn is_other(&self, s: &RouteSeries) -> bool {
+        std::ptr::eq(s, &*self.other)
+    }
+
+    /// The shared series of the routes past the bound.
+    pub fn other(&self) -> &RouteSeries {
+        &self.other
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
     }
 }
 
@@ -74,6 +146,8 @@ pub struct ProxyMetrics {
     pub client_aborts: IntCounter,
     /// Retries on another backend, by `result` = sent | budget_exhausted.
     retries: IntCounterVec,
+    /// The bound on routes with series of their own (shared by every runtime).
+    pub route_budget: Arc<RouteSeriesBudget>,
 }
 
 impl ProxyMetrics {
@@ -127,6 +201,7 @@ impl ProxyMetrics {
             upstream_durations,
             client_aborts,
             retries,
+            route_budget: RouteSeriesBudget::new(ROUTE_SERIES_MAX),
         }
     }
 

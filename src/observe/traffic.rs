@@ -138,6 +138,7 @@ fn route_json(
 pub fn routes_of(rt: &crate::state::Runtime, now_secs: u64, query: Option<&str>) -> (Value, Value) {
     routes_status(
         rt.routes_with_series(),
+        rt.other_series(),
         |i| rt.pools.get(i).map(|p| p.name.as_str()),
         now_secs,
         &RoutesQuery::parse(query),
@@ -149,11 +150,14 @@ pub fn routes_of(rt: &crate::state::Runtime, now_secs: u64, query: Option<&str>)
 /// index) and traffic; by default only the busiest [`ROUTES_LISTED`] (routes with traffic
 /// first, the busiest first; then the rest in config order), all of them in config order
 /// with `routes=all` ([`RoutesQuery`]). `routes_summary` counts the routes configured,
-/// listed and with traffic, and sums the traffic of all of them. The work and the answer
+/// listed and with traffic, and sums the traffic of all of them, with `other`'s: the
+/// series shared by the routes past the bound on routes with series of their own (their
+/// requests, in no listed route's figures, are its `other`). The work and the answer
 /// grow with the routes that saw traffic and the routes listed, not the routes configured
 /// (a route no request reached has no series to read).
 pub fn routes_status<'a>(
     routes: impl Iterator<Item = (&'a Route, Option<&'a RouteSeries>)>,
+    other: (&RouteSeries, usize),
     upstream_of: impl Fn(usize) -> Option<&'a str>,
     now_secs: u64,
     query: &RoutesQuery,
@@ -211,6 +215,12 @@ pub fn routes_status<'a>(
             .map(|(r, s, snap)| json_of(r, s, snap))
             .collect();
     }
+    let (other, own_max) = other;
+    let other_snap = other.traffic.window.snapshot(now_secs);
+    for (sum, n) in classes.iter_mut().zip(other_snap.classes) {
+        *sum += n;
+    }
+    inflight += other.traffic.inflight();
     let requests: u64 = classes.iter().sum();
     let codes: serde_json::Map<String, Value> = CLASSES
         .iter()
@@ -228,6 +238,11 @@ pub fn routes_status<'a>(
         "requests": requests,
         "per_second": requests as f64 / WINDOW_SECS as f64,
         "codes": codes,
+        "own_series_max": own_max,
+        "other": {
+            "requests": other_snap.requests,
+            "inflight": other.traffic.inflight(),
+        },
     });
     (Value::Array(listed), summary)
 }
@@ -306,9 +321,12 @@ mod tests {
         at(7).traffic.enter();
         at(5).traffic.window.record(100, 4, Some(1_000));
         at(5).traffic.window.record(100, 1, Some(1_000));
+        let other = RouteSeries::new("other".into());
+        other.traffic.window.record(100, 3, Some(1_000));
         let list = |q: &str| {
             routes_status(
                 routes.iter().zip(series.iter().map(Option::as_ref)),
+                (&other, 10_000),
                 |_| Some("app"),
                 101,
                 &RoutesQuery::parse(Some(q)),
@@ -331,8 +349,13 @@ mod tests {
         assert_eq!(summary["configured"], 10);
         assert_eq!(summary["listed"], 5);
         assert_eq!(summary["with_traffic"], 2);
-        assert_eq!(summary["requests"], 7);
+        assert_eq!(
+            summary["requests"], 8,
+            "with the one past the bound: {summary}"
+        );
+        assert_eq!(summary["other"]["requests"], 1);
         assert_eq!(summary["codes"]["5xx"], 1);
+        assert_eq!(summary["codes"]["4xx"], 1);
         assert_eq!(summary["inflight"], 1);
         let (all, summary) = list("routes=all&routes_offset=6&routes_limit=3");
         assert_eq!(names(&all), ["\"/r6\"", "\"/r7\"", "\"/r8\""]);
