@@ -280,13 +280,18 @@ fn measure_100k_routes() {
         t.elapsed().as_secs_f64(),
         mb(rss(pid))
     );
-    for i in 0..1000 {
-        let _ = p.get(&format!("/svc/{}/api", i * 97), &[]);
+    for (routes, step) in [(1_000, 97), (12_000, 7)] {
+        for i in 0..routes {
+            let _ = p.get(&format!("/svc/{}/api", (i * step) % n), &[]);
+        }
+        let s = p.status_json();
+        println!(
+            "after requests to {routes} routes: rss {:.1} MB, /metrics {} bytes, /status {} \
+             bytes; routes_summary {}",
+            mb(settled_rss(pid)),
+            body_len(&p, "/metrics"),
+            body_len(&p, "/status"),
+            s["routes_summary"]
+        );
     }
-    println!(
-        "after requests to 1,000 routes: rss {:.1} MB, /metrics {} bytes, /status {} bytes",
-        mb(settled_rss(pid)),
-        body_len(&p, "/metrics"),
-        body_len(&p, "/status")
-    );
 }
