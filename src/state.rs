@@ -183,7 +183,7 @@ impl Runtime {
     #[cold]
     fn new_series(&self, i: usize) -> Arc<RouteSeries> {
         if i < self.config.routes.len() {
-            self.route_budget.series(|| self.label_at(i))
+            self.route_budget.series(self.label_at(i))
         } else {
             Arc::new(RouteSeries::new(self.label_at(i)))
         }
@@ -217,8 +217,9 @@ impl Runtime {
             }))
     }
 
-    /// The series the routes past [`crate::metrics::ROUTE_SERIES_MAX`] share, and the bound.
-    pub fn other_series(&self) -> (&RouteSeries, usize) {
+    /// The figures the routes past [`crate::metrics::ROUTE_SERIES_MAX`] share, and the
+    /// bound.
+    pub fn other_series(&self) -> (&crate::metrics::RouteStats, usize) {
         (self.route_budget.other(), self.route_budget.max())
     }
 
@@ -576,15 +577,29 @@ mod tests {
         let config = with_routes(&["/a", "/b", "/c"]);
         let limiter = Arc::new(Limiter::new(config.rate_limit.params.clone()));
         let rt = Runtime::build(config, None, &limiter, &metrics);
-        let at = |rt: &Runtime, p: &str| rt.route_series(true, index_of(rt, p)).label.clone();
-        assert_eq!(at(&rt, "/a"), "/a");
-        assert_eq!(at(&rt, "/b"), "/b");
-        assert_eq!(at(&rt, "/c"), "other", "past the bound");
+        // (the route's label, whether its figures are the shared ones)
+        let at = |rt: &Runtime, p: &str| {
+            let s = rt.route_series(true, index_of(rt, p));
+            (s.label.clone(), rt.route_budget.is_other(s))
+        };
+        assert_eq!(at(&rt, "/a"), ("/a".into(), false));
+        assert_eq!(at(&rt, "/b"), ("/b".into(), false));
+        assert_eq!(at(&rt, "/c"), ("/c".into(), true), "past the bound");
         assert_eq!(
             at(&rt, "/nowhere"),
-            "default",
-            "the default route always has its own"
+            ("default".into(), false),
+            "always its own"
         );
+        let c = rt.route_series(true, index_of(&rt, "/c"));
+        metrics
+            .proxy
+            .record_route(c, crate::metrics::Outcome::Proxied, 200, 0.01);
+        c.traffic.enter();
+        assert_eq!(rt.other_series().0.traffic.inflight(), 1);
+        c.traffic.exit();
+        let text = String::from_utf8(metrics.render()).expect("utf8");
+        assert!(text.contains("route=\"other\""), "{text}");
+        assert!(!text.contains("route=\"/c\""), "{text}");
         let own: Vec<&str> = rt
             .routes_with_series()
             .filter_map(|(r, s)| s.map(|_| r.path_prefix.as_str()))
@@ -594,8 +609,12 @@ mod tests {
         // /a is removed: its place goes to the next route that asks.
         let next = Runtime::build(with_routes(&["/b", "/c"]), Some(&rt), &limiter, &metrics);
         drop(rt);
-        assert_eq!(at(&next, "/b"), "/b", "kept");
-        assert_eq!(at(&next, "/c"), "/c", "the place /a gave back");
+        assert_eq!(at(&next, "/b"), ("/b".into(), false), "kept");
+        assert_eq!(
+            at(&next, "/c"),
+            ("/c".into(), false),
+            "the place /a gave back"
+        );
     }
 
     #[test]

@@ -26,32 +26,60 @@ fn class_index(status: Option<u16>) -> usize {
     }
 }
 
-/// The `portcullis_requests_total` series of one route label, each resolved
-/// on first use and then kept: recording is an atomic add, not a label
-/// look-up (hash, lock, clone) per request. A series appears in the
-/// exposition exactly when it did with `with_label_values`. A route has one only
-/// once a request was routed to it (`state::Runtime::route_series`): a configured
+/// A route's figures as a request records them: its `route` label (the access log's
+/// and spans'), and its [`RouteStats`] (reached through `Deref`: `series.traffic`), its
+/// own or, past [`ROUTE_SERIES_MAX`], those every such route shares. A route has one
+/// only once a request was routed to it (`state::Runtime::route_series`): a configured
 /// route that never saw a request costs neither series nor traffic window.
 #[derive(Debug)]
 pub struct RouteSeries {
     pub label: String,
-    requests: [[OnceLock<IntCounter>; 7]; 6],
-    /// The route's rate, mix, latency and in-flight for `/status` (shared by
-    /// the runtimes of successive reloads while the label stays).
-    pub traffic: portcullis_policy::traffic::RouteTraffic,
+    stats: Arc<RouteStats>,
     /// The budget this series holds a place of, given back when it goes.
     budget: Option<Arc<RouteSeriesBudget>>,
 }
 
-impl RouteSeries {
-    /// A series outside any [`RouteSeriesBudget`] (the default route's, "none", "other").
-    pub fn new(label: String) -> Self {
-        Self {
+/// The `portcullis_requests_total` series of one route label, each resolved
+/// on first use and then kept: recording is an atomic add, not a label
+/// look-up (hash, lock, clone) per request. A series appears in the
+/// exposition exactly when it did with `with_label_values`.
+#[derive(Debug)]
+pub struct RouteStats {
+    /// The `route` label of the series: the route's, or "other".
+    label: String,
+    requests: [[OnceLock<IntCounter>; 7]; 6],
+    /// The route's rate, mix, latency and in-flight for `/status` (shared by
+    /// the runtimes of successive reloads while the label stays).
+    pub traffic: portcullis_policy::traffic::RouteTraffic,
+}
+
+impl RouteStats {
+    fn new(label: String) -> Arc<Self> {
+        Arc::new(Self {
             label,
             requests: Default::default(),
             traffic: Default::default(),
+        })
+    }
+}
+
+impl RouteSeries {
+    /// A series of its own, outside any [`RouteSeriesBudget`] (the default route's, "none").
+    pub fn new(label: String) -> Self {
+        Self {
+            stats: RouteStats::new(label.clone()),
+            label,
             budget: None,
         }
+    }
+}
+
+impl std::ops::Deref for RouteSeries {
+    type Target = RouteStats;
+
+    #[inline]
+    fn deref(&self) -> &RouteStats {
+        &self.stats
     }
 }
 
@@ -69,14 +97,15 @@ impl Drop for RouteSeries {
 pub const ROUTE_SERIES_MAX: usize = 10_000;
 
 /// The bound on routes with series of their own: past `max`, a route's first request
-/// gives it the shared series labelled "other" (a client requesting every one of
-/// 100,000 routes does not make 100,000 windows). A place is given back when a reload
-/// drops a route's series.
+/// gives it the figures every such route shares (series labelled "other", one window;
+/// its access-log lines still name it), so a client requesting every one of 100,000
+/// routes does not make 100,000 windows. A place is given back when a reload drops a
+/// route's series.
 #[derive(Debug)]
 pub struct RouteSeriesBudget {
     live: AtomicUsize,
     max: usize,
-    other: Arc<RouteSeries>,
+    other: Arc<RouteStats>,
 }
 
 impl RouteSeriesBudget {
@@ -84,36 +113,39 @@ impl RouteSeriesBudget {
         Arc::new(Self {
             live: AtomicUsize::new(0),
             max,
-            other: Arc::new(RouteSeries::new("other".to_string())),
+            other: RouteStats::new("other".to_string()),
         })
     }
 
-    /// A series of its own labelled `label()`, or the shared "other" series when `max`
-    /// routes have theirs.
-    pub fn series(self: &Arc<Self>, label: impl FnOnce() -> String) -> Arc<RouteSeries> {
+    /// The series of a route labelled `label`: figures of its own, or the shared ones
+    /// when `max` routes have theirs.
+    pub fn series(self: &Arc<Self>, label: String) -> Arc<RouteSeries> {
         let taken = self
             .live
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < self.max).then_some(n + 1)
             });
-        if taken.is_err() {
-            return Arc::clone(&self.other);
-        }
-        Arc::new(RouteSeries {
-            label: label(),
-            requests: Default::default(),
-            traffic: Default::default(),
-            budget: Some(Arc::clone(self)),
+        Arc::new(match taken {
+            Ok(_) => RouteSeries {
+                stats: RouteStats::new(label.clone()),
+                label,
+                budget: Some(Arc::clone(self)),
+            },
+            Err(_) => RouteSeries {
+                label,
+                stats: Arc::clone(&self.other),
+                budget: None,
+            },
         })
     }
 
-    /// Whether `s` is the shared "other" series.
+    /// Whether `s` has the shared figures.
     pub fn is_other(&self, s: &RouteSeries) -> bool {
-        std::ptr::eq(s, &*self.other)
+        Arc::ptr_eq(&s.stats, &self.other)
     }
 
-    /// The shared series of the routes past the bound.
-    pub fn other(&self) -> &RouteSeries {
+    /// The figures the routes past the bound share.
+    pub fn other(&self) -> &RouteStats {
         &self.other
     }
 
@@ -226,11 +258,12 @@ impl ProxyMetrics {
     /// [`ProxyMetrics::record`] through the route's cached series.
     pub fn record_route(&self, series: &RouteSeries, outcome: Outcome, status: u16, seconds: f64) {
         let i = outcome as usize;
-        series.requests[i][class_index(Some(status))]
+        let stats = &series.stats;
+        stats.requests[i][class_index(Some(status))]
             .get_or_init(|| {
                 self.requests.with_label_values(&[
                     outcome.as_str(),
-                    &series.label,
+                    &stats.label,
                     code_class(status),
                 ])
             })
@@ -267,12 +300,13 @@ impl ProxyMetrics {
     /// its route): the registry no longer keeps its label set. A request still finishing
     /// on the old table counts on the handles it holds, no longer exposed.
     pub fn forget_route(&self, series: &RouteSeries) {
-        for (outcome, classes) in Outcome::ALL.iter().zip(&series.requests) {
+        let stats = &series.stats;
+        for (outcome, classes) in Outcome::ALL.iter().zip(&stats.requests) {
             for (i, cell) in classes.iter().enumerate() {
                 if cell.get().is_some() {
                     let _ = self.requests.remove_label_values(&[
                         outcome.as_str(),
-                        &series.label,
+                        &stats.label,
                         CLASS_LABELS[i],
                     ]);
                 }

@@ -5,7 +5,7 @@
 //! renders both as JSON.
 
 use crate::config::Route;
-use crate::metrics::RouteSeries;
+use crate::metrics::{RouteSeries, RouteStats};
 pub use portcullis_policy::traffic::RouteTraffic;
 use portcullis_policy::traffic::{TrafficSnapshot, CLASSES, WINDOW_SECS};
 use serde_json::{json, Value};
@@ -157,7 +157,7 @@ pub fn routes_of(rt: &crate::state::Runtime, now_secs: u64, query: Option<&str>)
 /// (a route no request reached has no series to read).
 pub fn routes_status<'a>(
     routes: impl Iterator<Item = (&'a Route, Option<&'a RouteSeries>)>,
-    other: (&RouteSeries, usize),
+    other: (&RouteStats, usize),
     upstream_of: impl Fn(usize) -> Option<&'a str>,
     now_secs: u64,
     query: &RoutesQuery,
@@ -326,7 +326,7 @@ mod tests {
         let list = |q: &str| {
             routes_status(
                 routes.iter().zip(series.iter().map(Option::as_ref)),
-                (&other, 10_000),
+                (&*other, 10_000),
                 |_| Some("app"),
                 101,
                 &RoutesQuery::parse(Some(q)),
