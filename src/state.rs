@@ -565,6 +565,11 @@ mod tests {
         assert!(t.contains("route=\"/a\""), "{t}");
         assert!(!t.contains("route=\"/b\""), "a removed route's series: {t}");
         assert!(!t.contains("route=\"/c\""), "no request, no series: {t}");
+        // A request of the old table finishing after the reload: counted, not exposed.
+        s.metrics
+            .proxy
+            .record_route(sb, crate::metrics::Outcome::Shed, 503, 0.01);
+        assert!(!text().contains("route=\"/b\""), "{}", text());
     }
 
     /// Past the bound, a route's first request gives it the shared series "other": its

@@ -51,6 +51,9 @@ pub struct RouteStats {
     /// The route's rate, mix, latency and in-flight for `/status` (shared by
     /// the runtimes of successive reloads while the label stays).
     pub traffic: portcullis_policy::traffic::RouteTraffic,
+    /// A reload removed the route ([`ProxyMetrics::forget_route`]): a request still
+    /// finishing on the old table must not put its label set back in the registry.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl RouteStats {
@@ -59,6 +62,7 @@ impl RouteStats {
             label,
             requests: Default::default(),
             traffic: Default::default(),
+            retired: Default::default(),
         })
     }
 }
@@ -261,11 +265,14 @@ impl ProxyMetrics {
         let stats = &series.stats;
         stats.requests[i][class_index(Some(status))]
             .get_or_init(|| {
-                self.requests.with_label_values(&[
-                    outcome.as_str(),
-                    &stats.label,
-                    code_class(status),
-                ])
+                let labels = [outcome.as_str(), &stats.label, code_class(status)];
+                if stats.retired.load(Ordering::Relaxed) {
+                    // counted, never exposed
+                    if let Ok(c) = IntCounter::new("portcullis_requests_total", "retired") {
+                        return c;
+                    }
+                }
+                self.requests.with_label_values(&labels)
             })
             .inc();
         self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
@@ -301,6 +308,7 @@ impl ProxyMetrics {
     /// on the old table counts on the handles it holds, no longer exposed.
     pub fn forget_route(&self, series: &RouteSeries) {
         let stats = &series.stats;
+        stats.retired.store(true, Ordering::Relaxed);
         for (outcome, classes) in Outcome::ALL.iter().zip(&stats.requests) {
             for (i, cell) in classes.iter().enumerate() {
                 if cell.get().is_some() {
