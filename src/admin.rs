@@ -365,11 +365,13 @@ impl Admin {
         }
     }
 
-    pub fn status_json(&self) -> serde_json::Value {
+    /// `query`: `/status`'s query string (which routes to list).
+    pub fn status_json(&self, query: Option<&str>) -> serde_json::Value {
         let s = &self.shared;
         let rt = s.runtime.load();
         let now = unix_secs();
         let traffic_now = crate::observe::traffic::secs(std::time::Instant::now());
+        let (routes, routes_summary) = crate::observe::traffic::routes_of(&rt, traffic_now, query);
         let upstreams: Vec<_> = rt
             .pools
             .iter()
@@ -450,12 +452,8 @@ impl Admin {
                 "recent_decisions": s.observe.culls.recent(),
             },
             "upstreams": upstreams,
-            "routes": crate::observe::traffic::routes_json(
-                rt.routes_with_series().map(|(route, series)| {
-                    (route, series, rt.pools.get(route.upstream).map(|p| p.name.as_str()))
-                }),
-                traffic_now,
-            ),
+            "routes": routes,
+            "routes_summary": routes_summary,
             "tenants": rt.tenants.as_deref().map(|r| crate::tenants::status_json(r, &s.tenant_quota)),
         })
     }
@@ -732,7 +730,8 @@ impl Admin {
                 )
             }
             ("GET", "/status") => {
-                let body = serde_json::to_vec_pretty(&self.status_json()).unwrap_or_default();
+                let query = session.req_header().uri.query();
+                let body = serde_json::to_vec_pretty(&self.status_json(query)).unwrap_or_default();
                 respond(StatusCode::OK, "application/json", body)
             }
             ("POST", "/reload") => match crate::reload::reload_off_thread(&self.shared).await {

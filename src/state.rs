@@ -4,14 +4,14 @@
 
 use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
-use crate::metrics::{Metrics, RouteSeries};
+use crate::metrics::{Metrics, RouteSeries, RouteSeriesBudget};
 use crate::ratelimit::{DecisionCounters, FieldParts, Limiter, Policies, Policy, PolicyKey};
 use crate::shed::Shedder;
 use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use crate::store::clock::{unix_ms, unix_secs};
 
@@ -25,9 +25,14 @@ pub struct Runtime {
     pub pools: Vec<Arc<Pool>>,
     /// Every rate-limit policy (`[rate_limit]` first, on the process's one limiter for it).
     pub rate: Policies,
-    /// The metric series of each route (same order as `config.routes`), then
-    /// of the default route, then of requests refused before routing.
-    route_series: Vec<RouteSeries>,
+    /// The metric series and traffic window of each route (same order as
+    /// `config.routes`), then of the default route, then of requests refused before
+    /// routing: each made by the first request that needs it ([`Runtime::route_series`]),
+    /// so a route that sees no traffic costs one empty slot.
+    route_series: Box<[OnceLock<Arc<RouteSeries>>]>,
+    /// The bound on routes with series of their own (the metrics', shared by every
+    /// runtime): past it, routes share the series "other".
+    route_budget: Arc<RouteSeriesBudget>,
     /// `config.routes` indexed for lookup ([`Runtime::route_index`]).
     routes: RouteTable,
     /// `shedding.shadow`: the shed gate's shadow-refusal counters by priority class.
@@ -124,27 +129,21 @@ impl Runtime {
                 Arc::new(Pool::build(u, window, &known, same.map(|p| &**p)))
             })
             .collect();
-        // A route that stays (same label) keeps its traffic figures and in-flight count.
-        let mut kept: HashMap<&str, &Arc<portcullis_policy::traffic::RouteTraffic>> =
-            HashMap::new();
-        for s in previous.map_or(&[][..], |p| &p.route_series[..]) {
-            kept.entry(s.label.as_str()).or_insert(&s.traffic);
-        }
-        let series = |label: String| {
-            let traffic = kept.get(label.as_str()).map(|t| Arc::clone(t));
-            RouteSeries::with_traffic(label, traffic.unwrap_or_default())
-        };
-        let route_series = config
-            .routes
-            .iter()
-            .map(|r| series(crate::observe::route_label(r).into_owned()))
-            .chain([
-                series(crate::observe::route_label(&DEFAULT_ROUTE).into_owned()),
-                series("none".to_string()),
-            ])
-            .collect();
-        let rate = build_policies(&config, previous, limiter, metrics);
         let routes = RouteTable::build(&config.routes);
+        let route_series: Box<[OnceLock<Arc<RouteSeries>>]> = (0..config.routes.len() + 2)
+            .map(|_| OnceLock::new())
+            .collect();
+        // A route that stays (same host and prefix, so the same label) keeps its series:
+        // its counters, traffic figures and in-flight count. Only routes that saw traffic
+        // have one to keep.
+        if let Some(prev) = previous {
+            for (i, series) in prev.live_series() {
+                if let Some(j) = carried(prev, i, &config.routes, &routes) {
+                    let _ = route_series[j].set(Arc::clone(series));
+                }
+            }
+        }
+        let rate = build_policies(&config, previous, limiter, metrics);
         let shed_shadow = config.shedding.shadow.then(|| metrics.shadow.shed());
         let tenants = config.tenants.enabled().then(|| {
             Arc::new(crate::tenants::Registry::build(
@@ -161,11 +160,14 @@ impl Runtime {
             config,
             rate,
             route_series,
+            route_budget: Arc::clone(&metrics.proxy.route_budget),
         }
     }
 
     /// The metric series of a request's route: `routed` is false for a
     /// request refused before routing ("none"); `index` as [`Runtime::route_at`].
+    /// Made by the first request that needs it; after that, one atomic load.
+    #[inline]
     pub fn route_series(&self, routed: bool, index: Option<usize>) -> &RouteSeries {
         let n = self.config.routes.len();
         let i = match (routed, index) {
@@ -173,17 +175,72 @@ impl Runtime {
             (true, Some(i)) if i < n => i,
             (true, _) => n,
         };
-        &self.route_series[i]
+        self.route_series[i].get_or_init(|| self.new_series(i))
     }
 
-    /// Every route of the config, then the default route, each with its series
-    /// (not the series of requests refused before routing).
-    pub fn routes_with_series(&self) -> impl Iterator<Item = (&Route, &RouteSeries)> {
+    /// The `i`th series, at its first request: a configured route's takes a place in the
+    /// budget (or shares "other"); the default route's and "none" always have theirs.
+    #[cold]
+    fn new_series(&self, i: usize) -> Arc<RouteSeries> {
+        if i < self.config.routes.len() {
+            self.route_budget.series(self.label_at(i))
+        } else {
+            Arc::new(RouteSeries::new(self.label_at(i)))
+        }
+    }
+
+    /// The label of the `i`th series: its route's, "default", then "none".
+    #[cold]
+    fn label_at(&self, i: usize) -> String {
+        match self.config.routes.get(i) {
+            Some(r) => crate::observe::route_label(r).into_owned(),
+            None if i == self.config.routes.len() => {
+                crate::observe::route_label(&DEFAULT_ROUTE).into_owned()
+            }
+            None => "none".to_string(),
+        }
+    }
+
+    /// Every route of the config, then the default route, each with its series when a
+    /// request has been routed to it and it has one of its own (not the series of
+    /// requests refused before routing; routes past the bound count in
+    /// [`Runtime::other_series`]).
+    pub fn routes_with_series(&self) -> impl Iterator<Item = (&Route, Option<&RouteSeries>)> {
         self.config
             .routes
             .iter()
             .chain(std::iter::once(&DEFAULT_ROUTE))
-            .zip(&self.route_series)
+            .zip(self.route_series.iter().map(|s| {
+                s.get()
+                    .map(|s| &**s)
+                    .filter(|s| !self.route_budget.is_other(s))
+            }))
+    }
+
+    /// The figures the routes past [`crate::metrics::ROUTE_SERIES_MAX`] share, and the
+    /// bound.
+    pub fn other_series(&self) -> (&crate::metrics::RouteStats, usize) {
+        (self.route_budget.other(), self.route_budget.max())
+    }
+
+    /// The series of their own made so far, by index (`config.routes`, then default,
+    /// then "none").
+    fn live_series(&self) -> impl Iterator<Item = (usize, &Arc<RouteSeries>)> {
+        self.route_series
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.get().map(|s| (i, s)))
+            .filter(|(_, s)| !self.route_budget.is_other(s))
+    }
+
+    /// After `self` replaced `prev`: drop from the registry the series of `prev`'s routes
+    /// that are gone, so that no label set of a removed route outlives its table.
+    pub fn forget_removed(&self, prev: &Runtime, metrics: &Metrics) {
+        for (i, series) in prev.live_series() {
+            if carried(prev, i, &self.config.routes, &self.routes).is_none() {
+                metrics.proxy.forget_route(series);
+            }
+        }
     }
 
     /// First matching route (routes are pre-sorted: longest prefix, host-specific first).
@@ -206,6 +263,20 @@ impl Runtime {
             .and_then(|i| self.config.routes.get(i))
             .unwrap_or(&DEFAULT_ROUTE)
     }
+}
+
+/// Where the `i`th series of `prev` goes in a runtime of `routes` (indexed by `table`): the
+/// route with the same host and prefix, or the default and "none" series to theirs;
+/// `None` when its route is gone.
+fn carried(prev: &Runtime, i: usize, routes: &[Route], table: &RouteTable) -> Option<usize> {
+    let Some(old) = prev.config.routes.get(i) else {
+        // The default route's series, then that of requests refused before routing.
+        return Some(routes.len() + (i - prev.config.routes.len()));
+    };
+    let host = old.host.as_deref().unwrap_or("");
+    table
+        .lookup(host, &old.path_prefix)
+        .filter(|&j| routes[j].host == old.host && routes[j].path_prefix == old.path_prefix)
 }
 
 static DEFAULT_ROUTE: Route = Route {
@@ -397,8 +468,14 @@ impl Shared {
             .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
         self.limiter.set_params(config.rate_limit.params.clone());
         let prev = self.runtime.load();
-        let next = Runtime::build(config, Some(&prev), &self.limiter, &self.metrics);
-        self.runtime.store(Arc::new(next));
+        let next = Arc::new(Runtime::build(
+            config,
+            Some(&prev),
+            &self.limiter,
+            &self.metrics,
+        ));
+        self.runtime.store(Arc::clone(&next));
+        next.forget_removed(&prev, &self.metrics);
     }
 }
 
@@ -426,6 +503,123 @@ mod tests {
 
     fn is_id(id: &str) -> bool {
         id.len() == REQUEST_ID_LEN && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
+    fn with_routes(prefixes: &[&str]) -> Config {
+        let mut text = "[[upstreams]]\nname = \"a\"\nbackends = [\"127.0.0.1:1\"]\n".to_string();
+        for p in prefixes {
+            text.push_str(&format!(
+                "[[routes]]\npath_prefix = \"{p}\"\nupstream = \"a\"\n"
+            ));
+        }
+        crate::config::parse("t.toml", &text).expect("valid config")
+    }
+
+    fn index_of(rt: &Runtime, prefix: &str) -> Option<usize> {
+        rt.config
+            .routes
+            .iter()
+            .position(|r| r.path_prefix == prefix)
+    }
+
+    /// A route's series is made by its first request, kept by a reload that keeps the
+    /// route (the same one: counters, window, in-flight), and its label set leaves the
+    /// registry with a reload that removes the route.
+    #[test]
+    fn route_series_are_made_on_first_use_kept_while_the_route_stays_and_forgotten_after() {
+        let s = Shared::new(with_routes(&["/a", "/b", "/c"]), "t.toml".into());
+        let rt = s.runtime.load_full();
+        assert_eq!(
+            rt.routes_with_series().filter(|(_, s)| s.is_some()).count(),
+            0
+        );
+        let (a, b) = (index_of(&rt, "/a"), index_of(&rt, "/b"));
+        let sa = rt.route_series(true, a);
+        s.metrics
+            .proxy
+            .record_route(sa, crate::metrics::Outcome::Proxied, 200, 0.01);
+        let sb = rt.route_series(true, b);
+        s.metrics
+            .proxy
+            .record_route(sb, crate::metrics::Outcome::Proxied, 503, 0.01);
+        sa.traffic.enter();
+        let live: Vec<&str> = rt
+            .routes_with_series()
+            .filter_map(|(r, s)| s.map(|_| r.path_prefix.as_str()))
+            .collect();
+        assert_eq!(live, ["/a", "/b"]);
+        let text = || String::from_utf8(s.metrics.render()).expect("utf8");
+        assert!(text().contains("route=\"/b\""), "{}", text());
+
+        s.apply(with_routes(&["/c", "/a", "/d"]));
+        let next = s.runtime.load_full();
+        let kept = next.route_series(true, index_of(&next, "/a"));
+        assert!(std::ptr::eq(kept, sa), "the same series");
+        assert_eq!(kept.traffic.inflight(), 1);
+        let live: Vec<&str> = next
+            .routes_with_series()
+            .filter_map(|(r, s)| s.map(|_| r.path_prefix.as_str()))
+            .collect();
+        assert_eq!(live, ["/a"]);
+        let t = text();
+        assert!(t.contains("route=\"/a\""), "{t}");
+        assert!(!t.contains("route=\"/b\""), "a removed route's series: {t}");
+        assert!(!t.contains("route=\"/c\""), "no request, no series: {t}");
+        // A request of the old table finishing after the reload: counted, not exposed.
+        s.metrics
+            .proxy
+            .record_route(sb, crate::metrics::Outcome::Shed, 503, 0.01);
+        assert!(!text().contains("route=\"/b\""), "{}", text());
+    }
+
+    /// Past the bound, a route's first request gives it the shared series "other": its
+    /// traffic counts there, it is listed without a series, and a reload that drops a
+    /// route's series gives its place back.
+    #[test]
+    fn routes_past_the_bound_share_one_series() {
+        let mut metrics = Metrics::new();
+        metrics.proxy.route_budget = RouteSeriesBudget::new(2);
+        let config = with_routes(&["/a", "/b", "/c"]);
+        let limiter = Arc::new(Limiter::new(config.rate_limit.params.clone()));
+        let rt = Runtime::build(config, None, &limiter, &metrics);
+        // (the route's label, whether its figures are the shared ones)
+        let at = |rt: &Runtime, p: &str| {
+            let s = rt.route_series(true, index_of(rt, p));
+            (s.label.clone(), rt.route_budget.is_other(s))
+        };
+        assert_eq!(at(&rt, "/a"), ("/a".into(), false));
+        assert_eq!(at(&rt, "/b"), ("/b".into(), false));
+        assert_eq!(at(&rt, "/c"), ("/c".into(), true), "past the bound");
+        assert_eq!(
+            at(&rt, "/nowhere"),
+            ("default".into(), false),
+            "always its own"
+        );
+        let c = rt.route_series(true, index_of(&rt, "/c"));
+        metrics
+            .proxy
+            .record_route(c, crate::metrics::Outcome::Proxied, 200, 0.01);
+        c.traffic.enter();
+        assert_eq!(rt.other_series().0.traffic.inflight(), 1);
+        c.traffic.exit();
+        let text = String::from_utf8(metrics.render()).expect("utf8");
+        assert!(text.contains("route=\"other\""), "{text}");
+        assert!(!text.contains("route=\"/c\""), "{text}");
+        let own: Vec<&str> = rt
+            .routes_with_series()
+            .filter_map(|(r, s)| s.map(|_| r.path_prefix.as_str()))
+            .collect();
+        assert_eq!(own, ["/a", "/b", ""]);
+        assert_eq!(rt.other_series().1, 2);
+        // /a is removed: its place goes to the next route that asks.
+        let next = Runtime::build(with_routes(&["/b", "/c"]), Some(&rt), &limiter, &metrics);
+        drop(rt);
+        assert_eq!(at(&next, "/b"), ("/b".into(), false), "kept");
+        assert_eq!(
+            at(&next, "/c"),
+            ("/c".into(), false),
+            "the place /a gave back"
+        );
     }
 
     #[test]

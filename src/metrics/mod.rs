@@ -28,7 +28,9 @@ pub use cull::CullMetrics;
 pub use edge::EdgeMetrics;
 pub use labels::*;
 pub use lifecycle::LifecycleMetrics;
-pub use proxy::{BackendSeries, ProxyMetrics, RouteSeries};
+pub use proxy::{
+    BackendSeries, ProxyMetrics, RouteSeries, RouteSeriesBudget, RouteStats, ROUTE_SERIES_MAX,
+};
 pub use ratelimit::RateLimitMetrics;
 pub use shadow::ShadowMetrics;
 pub use shed::ShedMetrics;

@@ -7,8 +7,11 @@ use super::{code_class, registered, Outcome, LATENCY_BUCKETS};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// The `code` label of each [`class_index`].
+const CLASS_LABELS: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none", "error"];
 
 /// Index of [`code_class`] (and "error" for no answer) in a series cache.
 fn class_index(status: Option<u16>) -> usize {
@@ -23,33 +26,136 @@ fn class_index(status: Option<u16>) -> usize {
     }
 }
 
+/// A route's figures as a request records them: its `route` label (the access log's
+/// and spans'), and its [`RouteStats`] (reached through `Deref`: `series.traffic`), its
+/// own or, past [`ROUTE_SERIES_MAX`], those every such route shares. A route has one
+/// only once a request was routed to it (`state::Runtime::route_series`): a configured
+/// route that never saw a request costs neither series nor traffic window.
+#[derive(Debug)]
+pub struct RouteSeries {
+    pub label: String,
+    stats: Arc<RouteStats>,
+    /// The budget this series holds a place of, given back when it goes.
+    budget: Option<Arc<RouteSeriesBudget>>,
+}
+
 /// The `portcullis_requests_total` series of one route label, each resolved
 /// on first use and then kept: recording is an atomic add, not a label
 /// look-up (hash, lock, clone) per request. A series appears in the
 /// exposition exactly when it did with `with_label_values`.
 #[derive(Debug)]
-pub struct RouteSeries {
-    pub label: String,
+pub struct RouteStats {
+    /// The `route` label of the series: the route's, or "other".
+    label: String,
     requests: [[OnceLock<IntCounter>; 7]; 6],
     /// The route's rate, mix, latency and in-flight for `/status` (shared by
     /// the runtimes of successive reloads while the label stays).
-    pub traffic: std::sync::Arc<portcullis_policy::traffic::RouteTraffic>,
+    pub traffic: portcullis_policy::traffic::RouteTraffic,
+    /// A reload removed the route ([`ProxyMetrics::forget_route`]): a request still
+    /// finishing on the old table must not put its label set back in the registry.
+    retired: std::sync::atomic::AtomicBool,
+}
+
+impl RouteStats {
+    fn new(label: String) -> Arc<Self> {
+        Arc::new(Self {
+            label,
+            requests: Default::default(),
+            traffic: Default::default(),
+            retired: Default::default(),
+        })
+    }
 }
 
 impl RouteSeries {
+    /// A series of its own, outside any [`RouteSeriesBudget`] (the default route's, "none").
     pub fn new(label: String) -> Self {
-        Self::with_traffic(label, Default::default())
+        Self {
+            stats: RouteStats::new(label.clone()),
+            label,
+            budget: None,
+        }
+    }
+}
+
+impl std::ops::Deref for RouteSeries {
+    type Target = RouteStats;
+
+    #[inline]
+    fn deref(&self) -> &RouteStats {
+        &self.stats
+    }
+}
+
+impl Drop for RouteSeries {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Routes that may have series and a traffic window of their own at once
+/// ([`RouteSeriesBudget`]): about 90 MB of windows at most, however many routes a
+/// client reaches.
+pub const ROUTE_SERIES_MAX: usize = 10_000;
+
+/// The bound on routes with series of their own: past `max`, a route's first request
+/// gives it the figures every such route shares (series labelled "other", one window;
+/// its access-log lines still name it), so a client requesting every one of 100,000
+/// routes does not make 100,000 windows. A place is given back when a reload drops a
+/// route's series.
+#[derive(Debug)]
+pub struct RouteSeriesBudget {
+    live: AtomicUsize,
+    max: usize,
+    other: Arc<RouteStats>,
+}
+
+impl RouteSeriesBudget {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            live: AtomicUsize::new(0),
+            max,
+            other: RouteStats::new("other".to_string()),
+        })
     }
 
-    pub fn with_traffic(
-        label: String,
-        traffic: std::sync::Arc<portcullis_policy::traffic::RouteTraffic>,
-    ) -> Self {
-        Self {
-            label,
-            requests: Default::default(),
-            traffic,
-        }
+    /// The series of a route labelled `label`: figures of its own, or the shared ones
+    /// when `max` routes have theirs.
+    pub fn series(self: &Arc<Self>, label: String) -> Arc<RouteSeries> {
+        let taken = self
+            .live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            });
+        Arc::new(match taken {
+            Ok(_) => RouteSeries {
+                stats: RouteStats::new(label.clone()),
+                label,
+                budget: Some(Arc::clone(self)),
+            },
+            Err(_) => RouteSeries {
+                label,
+                stats: Arc::clone(&self.other),
+                budget: None,
+            },
+        })
+    }
+
+    /// Whether `s` has the shared figures.
+    pub fn is_other(&self, s: &RouteSeries) -> bool {
+        Arc::ptr_eq(&s.stats, &self.other)
+    }
+
+    /// The figures the routes past the bound share.
+    pub fn other(&self) -> &RouteStats {
+        &self.other
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
     }
 }
 
@@ -76,6 +182,8 @@ pub struct ProxyMetrics {
     pub client_aborts: IntCounter,
     /// Retries on another backend, by `result` = sent | budget_exhausted.
     retries: IntCounterVec,
+    /// The bound on routes with series of their own (shared by every runtime).
+    pub route_budget: Arc<RouteSeriesBudget>,
 }
 
 impl ProxyMetrics {
@@ -129,6 +237,7 @@ impl ProxyMetrics {
             upstream_durations,
             client_aborts,
             retries,
+            route_budget: RouteSeriesBudget::new(ROUTE_SERIES_MAX),
         }
     }
 
@@ -153,13 +262,17 @@ impl ProxyMetrics {
     /// [`ProxyMetrics::record`] through the route's cached series.
     pub fn record_route(&self, series: &RouteSeries, outcome: Outcome, status: u16, seconds: f64) {
         let i = outcome as usize;
-        series.requests[i][class_index(Some(status))]
+        let stats = &series.stats;
+        stats.requests[i][class_index(Some(status))]
             .get_or_init(|| {
-                self.requests.with_label_values(&[
-                    outcome.as_str(),
-                    &series.label,
-                    code_class(status),
-                ])
+                let labels = [outcome.as_str(), &stats.label, code_class(status)];
+                if stats.retired.load(Ordering::Relaxed) {
+                    // counted, never exposed
+                    if let Ok(c) = IntCounter::new("portcullis_requests_total", "retired") {
+                        return c;
+                    }
+                }
+                self.requests.with_label_values(&labels)
             })
             .inc();
         self.outcome_totals[i].fetch_add(1, Ordering::Relaxed);
@@ -187,6 +300,25 @@ impl ProxyMetrics {
                 .duration
                 .get_or_init(|| self.upstream_durations.with_label_values(&[upstream]))
                 .observe(s);
+        }
+    }
+
+    /// Drop the `portcullis_requests_total` series `series` created (a reload removed
+    /// its route): the registry no longer keeps its label set. A request still finishing
+    /// on the old table counts on the handles it holds, no longer exposed.
+    pub fn forget_route(&self, series: &RouteSeries) {
+        let stats = &series.stats;
+        stats.retired.store(true, Ordering::Relaxed);
+        for (outcome, classes) in Outcome::ALL.iter().zip(&stats.requests) {
+            for (i, cell) in classes.iter().enumerate() {
+                if cell.get().is_some() {
+                    let _ = self.requests.remove_label_values(&[
+                        outcome.as_str(),
+                        &stats.label,
+                        CLASS_LABELS[i],
+                    ]);
+                }
+            }
         }
     }
 

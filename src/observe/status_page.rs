@@ -4,7 +4,8 @@
 //! the rate-limit store, every upstream and backend with its cull lease, the
 //! culling tokens and the last cull decisions, and what HAProxy's stats page
 //! shows per backend and per route (requests per second, the status mix, p50
-//! and p99 latency, what is open now), with why a failing backend is still in
+//! and p99 latency, what is open now; the busiest routes, with a line summing them
+//! all, as `/status` lists them), with why a failing backend is still in
 //! rotation and a manual state with who and why when `/status` has one.
 //! Values are inserted as text, never as HTML.
 

@@ -165,22 +165,12 @@ fn proxy_service(
     (proxy, ready_addrs)
 }
 
-/// Per-route series from the start, and the access log's dropped lines read at
-/// each scrape.
+/// The default route's series from the start (each outcome at 0, for dashboards and
+/// alerts), and the access log's dropped lines read at each scrape. A configured route
+/// gets its series with its first request: a scrape grows with the routes that see
+/// traffic, not with the routes configured.
 fn init_metrics(shared: &Arc<Shared>) {
-    {
-        let rt = shared.runtime.load();
-        let labels: Vec<_> = rt
-            .config
-            .routes
-            .iter()
-            .map(|r| crate::observe::route_label(r).into_owned())
-            .collect();
-        shared
-            .metrics
-            .proxy
-            .init_routes(labels.iter().map(String::as_str).chain(["default"]));
-    }
+    shared.metrics.proxy.init_routes(["default"]);
     // Read at each scrape; a weak handle so the registry does not keep
     // the shared state alive.
     let weak = Arc::downgrade(shared);

@@ -172,10 +172,12 @@ pub fn interval(config: &Config) -> Option<Duration> {
 /// Re-resolve hostnames forever (a background task of the proxy).
 pub async fn run(shared: Arc<Shared>) {
     loop {
+        // Not held across the wait: a reload meanwhile must be able to free the table it
+        // replaces (every route in it) at once.
+        let wait = interval(&shared.runtime.load().config).unwrap_or(Duration::from_secs(5));
+        tokio::time::sleep(wait).await;
         // the runtime as it is now, shared, not a copy of its config (every route in it)
         let rt = shared.runtime.load_full();
-        let wait = interval(&rt.config).unwrap_or(Duration::from_secs(5));
-        tokio::time::sleep(wait).await;
         if interval(&rt.config).is_none() {
             continue;
         }
