@@ -273,11 +273,17 @@ impl ProxyHttp for Proxy {
         if end_of_stream {
             ctx.gates.end_upload();
         }
-        let Some(chunk) = body.as_ref() else {
-            return Ok(());
-        };
         let max = ctx.runtime.config.server.max_request_body_bytes;
-        if ctx.body.add(chunk.len(), max) {
+        if body
+            .as_ref()
+            .is_none_or(|chunk| ctx.body.add(chunk.len(), max))
+        {
+            if end_of_stream && ctx.body.seen() > 0 {
+                // The backend's time starts once the body has been handed on
+                // (`backend_us`); without a body, from the choice of the backend (one
+                // clock read saved per request).
+                ctx.obs.request_sent(Instant::now());
+            }
             return Ok(());
         }
         *body = None;
@@ -616,14 +622,11 @@ impl ProxyHttp for Proxy {
                     }
                 }
             }
-            if let (Some(t0), None, true) = (ctx.upstream.attempt_start, e, status > 0) {
-                // The latency outlier rule's window: answered attempts only (CONTRACT §15).
-                if ctx.runtime.config.culling.params.outlier.rule
-                    == portcullis_policy::cull::OutlierRule::Latency
-                {
-                    let us = now.saturating_duration_since(t0).as_micros();
-                    b.latency
-                        .record(now_secs, u64::try_from(us).unwrap_or(u64::MAX));
+            if let (Some(us), None, true) = (ctx.obs.backend_us(), e, status > 0) {
+                // The latency outlier rule's window: answered attempts only, timed from
+                // the end of the request body to the response header (CONTRACT §15).
+                if culling.params.outlier.rule == portcullis_policy::cull::OutlierRule::Latency {
+                    b.latency.record(now_secs, us);
                 }
             }
         }
