@@ -258,6 +258,9 @@ impl Culling {
             }
         }
         memory.states.retain(|k, _| live.contains(k));
+        memory
+            .excused
+            .retain(|name, _| names.contains(&name.as_str()));
     }
 
     /// The outlier rule's verdict on `pool` (CONTRACT §15): success rates from the same
