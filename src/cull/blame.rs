@@ -21,7 +21,7 @@
 use std::net::IpAddr;
 
 use portcullis_policy::balance::stable_hash;
-use portcullis_policy::cull::{BlameLedger, KeySpread, SpreadNote};
+use portcullis_policy::cull::{BlameLedger, KeySpread, SlowLedger, SpreadNote};
 
 use crate::config::RateLimitSettings;
 use crate::ratelimit::{extract_key, KeyOutcome};
@@ -84,10 +84,10 @@ fn address_id(client: Option<IpAddr>) -> u64 {
 
 /// The identity to record a failing or slow request under: `who`'s, or its address's once
 /// the address uses many keys (noted here; what the address's earlier keys recorded in
-/// `ledgers` is the address's from then on).
+/// the ledgers is the address's from then on).
 pub fn noted(
     spread: &KeySpread,
-    ledgers: &[&BlameLedger],
+    ledgers: (&BlameLedger, &SlowLedger),
     who: Identity,
     now_secs: u64,
     window_secs: u64,
@@ -99,9 +99,8 @@ pub fn noted(
         SpreadNote::Few => who.id,
         SpreadNote::Many => addr,
         SpreadNote::Became(keys) => {
-            for l in ledgers {
-                l.merge(&keys, addr);
-            }
+            ledgers.0.merge(&keys, addr);
+            ledgers.1.merge(&keys, addr);
             addr
         }
     }
@@ -162,6 +161,7 @@ mod tests {
         // Without, each key is its own, until its address rotates keys.
         let spread = KeySpread::default();
         let ledger = BlameLedger::default();
+        let slow = SlowLedger::default();
         let addr = address_id(Some(ip));
         let mut ids = Vec::new();
         for k in ["k1", "k2", "k3", "k4", "k5"] {
@@ -169,7 +169,7 @@ mod tests {
             assert_eq!(who.by_addr, Some(addr));
             let limited_as = if ids.len() < MANY_KEYS { who.id } else { addr };
             assert_eq!(current(&spread, who, 100, 10), limited_as);
-            let id = noted(&spread, &[&ledger], who, 100, 10);
+            let id = noted(&spread, (&ledger, &slow), who, 100, 10);
             ledger.record(100, 10, id, "127.0.0.1:1".parse().unwrap());
             ids.push(id);
         }

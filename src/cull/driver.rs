@@ -341,10 +341,13 @@ impl Culling {
                 slow: w.count_over(line),
             })
             .collect();
-        let ledger = pool
-            .shared
-            .slow_ledger
-            .snapshot(now_secs, params.window_secs);
+        // The slices the latency windows read (a reload that changed `window_seconds`
+        // rebuilds no window: the backends' own slice).
+        let slice = pool.backends.first().map_or_else(
+            || super::latency_slice_secs(params.window_secs),
+            |b| b.latency.slice_secs(),
+        );
+        let ledger = pool.shared.slow_ledger.snapshot(now_secs, slice);
         let min_slow = (params.outlier.min_requests / 10).max(1);
         let found = super::attributed_slow(&ledger, &counts, min_slow);
         for f in &found {

@@ -242,7 +242,8 @@ async fn a_keys_slow_answers_are_its_own_but_a_backend_slow_for_all_is_culled() 
         rig.answers(1, secs, 30, 400, 0);
         let pool = Arc::clone(&rig.shared.runtime.load().pools[0]);
         for _ in 0..30 {
-            pool.shared.slow_ledger.record(secs, 10, key, list[1]);
+            let slice = rig.backend(1).latency.slice_secs();
+            pool.shared.slow_ledger.record(secs, slice, key, list[1]);
         }
         if others_slow {
             rig.answers(1, secs, 20, 400, 0);

@@ -112,16 +112,17 @@ impl Proxy {
         let sh = &pool.shared;
         let now_secs = crate::store::clock::unix_secs();
         let window = ctx.runtime.config.culling.params.window_secs;
-        let ledgers = [&sh.blame_ledger, &sh.slow_ledger];
-        let key = crate::cull::blame::noted(&sh.key_spread, &ledgers, who, now_secs, window);
+        let ledgers = (&sh.blame_ledger, &sh.slow_ledger);
+        let key = crate::cull::blame::noted(&sh.key_spread, ledgers, who, now_secs, window);
         let tenant = ctx.gates.tenant.as_deref().map(|t| &t.name);
         sh.blame_names.note(key, tenant);
-        let ledger = if slow {
-            &sh.slow_ledger
+        if slow {
+            // In the slices of the backend's latency window, which it is compared with.
+            let slice = b.latency.slice_secs();
+            sh.slow_ledger.record(now_secs, slice, key, b.addr);
         } else {
-            &sh.blame_ledger
-        };
-        ledger.record(now_secs, window, key, b.addr);
+            sh.blame_ledger.record(now_secs, window, key, b.addr);
+        }
     }
 
     fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {

@@ -115,15 +115,77 @@ impl BlameLedger {
         let mut guard = lock(&self.inner);
         let l = &mut *guard;
         for epoch in [&mut l.cur, &mut l.prev] {
-            for key in from.iter().filter(|k| **k != into) {
-                let Some(per) = epoch.remove(key) else {
-                    continue;
-                };
-                let to = epoch.entry(into).or_default();
+            merge_into(epoch, from, into);
+        }
+    }
+}
+
+/// Slow answers by key and backend (`blame_tenants` with the latency rule), in the same
+/// time slices as the backends' [`crate::cull::LatencyWindow`]s, so that what a read
+/// counts of a key is within what the latency window it is compared with holds (a ledger
+/// of whole windows could still count a key's slow answers of the window before, and
+/// excuse a backend that is now slow for the other keys). At most [`MAX_KEYS`] keys per
+/// slice; slices outside the read are dropped as the clock moves on (or back).
+#[derive(Debug, Default)]
+pub struct SlowLedger {
+    /// `(slice unit, answers by key and backend)`, at most one per unit of the read.
+    inner: Mutex<Vec<(u64, Epoch)>>,
+}
+
+impl SlowLedger {
+    /// One slow answer of `key` on `backend` at `now_secs`, in slices of `slice_secs`.
+    pub fn record(&self, now_secs: u64, slice_secs: u64, key: u64, backend: SocketAddr) {
+        let (first, last) = crate::cull::read_units(now_secs, slice_secs);
+        let mut slices = lock(&self.inner);
+        slices.retain(|(u, _)| (first..=last).contains(u));
+        let at = match slices.iter().position(|(u, _)| *u == last) {
+            Some(i) => i,
+            None => {
+                slices.push((last, Epoch::new()));
+                slices.len() - 1
+            }
+        };
+        let epoch = &mut slices[at].1;
+        if epoch.len() >= MAX_KEYS && !epoch.contains_key(&key) {
+            return;
+        }
+        *epoch.entry(key).or_default().entry(backend).or_insert(0) += 1;
+    }
+
+    /// Slow answers per key and backend over the slices a latency window reads at
+    /// `now_secs`.
+    pub fn snapshot(&self, now_secs: u64, slice_secs: u64) -> Epoch {
+        let (first, last) = crate::cull::read_units(now_secs, slice_secs);
+        let slices = lock(&self.inner);
+        let mut out = Epoch::new();
+        for (_, e) in slices.iter().filter(|(u, _)| (first..=last).contains(u)) {
+            for (k, per) in e {
+                let to = out.entry(*k).or_default();
                 for (b, n) in per {
-                    *to.entry(b).or_insert(0) += n;
+                    *to.entry(*b).or_insert(0) += n;
                 }
             }
+        }
+        out
+    }
+
+    /// As [`BlameLedger::merge`].
+    pub fn merge(&self, from: &[u64], into: u64) {
+        let mut slices = lock(&self.inner);
+        for (_, epoch) in slices.iter_mut() {
+            merge_into(epoch, from, into);
+        }
+    }
+}
+
+fn merge_into(epoch: &mut Epoch, from: &[u64], into: u64) {
+    for key in from.iter().filter(|k| **k != into) {
+        let Some(per) = epoch.remove(key) else {
+            continue;
+        };
+        let to = epoch.entry(into).or_default();
+        for (b, n) in per {
+            *to.entry(b).or_insert(0) += n;
         }
     }
 }
@@ -665,6 +727,32 @@ mod tests {
         assert!(!s.many(t + 20, w, ip));
         // Another address's keys are its own.
         assert_eq!(s.note(t + 20, w, 43, 1), SpreadNote::Few);
+    }
+
+    #[test]
+    fn the_slow_ledger_reads_the_latency_windows_slices() {
+        let l = SlowLedger::default();
+        let slice = crate::cull::latency_slice_secs(60); // 10 s slices, 7 read
+        let t = 1_000_000; // the start of a slice
+        for s in 0..10 {
+            l.record(t + s * slice, slice, 7, a(1));
+        }
+        // Read at the last record: that slice and the six before it.
+        let now = t + 9 * slice;
+        assert_eq!(l.snapshot(now, slice)[&7][&a(1)], 7);
+        // What a latency window holds for the same times.
+        let w = crate::cull::LatencyWindow::new(60);
+        for s in 0..10 {
+            w.record(t + s * slice, 400_000);
+        }
+        assert_eq!(w.summary(now).samples, 7);
+        // Merged, and forgotten as the clock moves on or far back.
+        l.merge(&[7], 9);
+        assert_eq!(l.snapshot(now, slice)[&9][&a(1)], 7);
+        assert!(l.snapshot(now + 100 * slice, slice).is_empty());
+        l.record(t, slice, 7, a(1));
+        assert_eq!(l.snapshot(t, slice)[&7][&a(1)], 1);
+        assert!(!l.snapshot(now, slice).contains_key(&7));
     }
 
     #[test]

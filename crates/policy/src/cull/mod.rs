@@ -17,7 +17,8 @@ mod window;
 
 pub use blame::{
     attributed, attributed_slow, find_blamed, BackendCounts, BlameLedger, BlameList, Blamed,
-    FleetBlame, KeySpread, SlowCounts, SpreadNote, MANY_KEYS, MIN_BACKENDS as BLAME_MIN_BACKENDS,
+    FleetBlame, KeySpread, SlowCounts, SlowLedger, SpreadNote, MANY_KEYS,
+    MIN_BACKENDS as BLAME_MIN_BACKENDS,
 };
 pub use budget_store::{BudgetStore, ClaimCommit};
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
@@ -25,8 +26,8 @@ pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDO
 pub use failing::{failing_reason, Failing, FailingInput};
 pub use fleet::{Buckets, FleetDelta};
 pub use outlier::{
-    evaluate_outliers, slow_line_us, LatencyBuckets, LatencySummary, LatencyWindow, Outlier,
-    OutlierParams, OutlierRule, OutlierVerdict, PeerSample,
+    evaluate_outliers, latency_slice_secs, read_units, slow_line_us, LatencyBuckets,
+    LatencySummary, LatencyWindow, Outlier, OutlierParams, OutlierRule, OutlierVerdict, PeerSample,
 };
 pub use params::{max_out, CullParams, CullingSettings};
 pub use state::{Action, CullState, TickInput};

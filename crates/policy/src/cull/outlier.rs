@@ -356,6 +356,19 @@ pub fn slow_line_us(summaries: &[LatencySummary], p: &OutlierParams) -> u64 {
     }
 }
 
+/// Seconds per slice of a [`LatencyWindow`] of `window_secs` (and of the slow answers'
+/// ledger, [`crate::cull::SlowLedger`], which reads the same slices).
+pub fn latency_slice_secs(window_secs: u64) -> u64 {
+    window_secs.max(1).div_ceil(READ_SLICES - 1).max(1)
+}
+
+/// The slices a read at `now_secs` covers: `[first, last]` slice units (the current one
+/// and the six before it).
+pub fn read_units(now_secs: u64, slice_secs: u64) -> (u64, u64) {
+    let unit = now_secs / slice_secs.max(1);
+    (unit.saturating_sub(READ_SLICES - 1), unit)
+}
+
 /// One backend's latencies over the culling window. See the module doc.
 #[derive(Debug)]
 pub struct LatencyWindow {
@@ -370,7 +383,7 @@ impl LatencyWindow {
 
     /// A window of about `window_secs` seconds (0 is treated as 1).
     pub fn new(window_secs: u64) -> Self {
-        let slice_secs = window_secs.max(1).div_ceil(READ_SLICES - 1).max(1);
+        let slice_secs = latency_slice_secs(window_secs);
         Self {
             slice_secs,
             words: (0..SLICES as usize * BUCKETS)
@@ -404,8 +417,8 @@ impl LatencyWindow {
     /// reads), for a caller that takes samples out first ([`LatencyBuckets::trim_top`]).
     pub fn buckets(&self, now_secs: u64) -> [u64; BUCKETS] {
         let mut buckets = [0u64; BUCKETS];
-        let unit = now_secs / self.slice_secs;
-        for u in unit.saturating_sub(READ_SLICES - 1)..=unit {
+        let (first, last) = read_units(now_secs, self.slice_secs);
+        for u in first..=last {
             let slot = (u % SLICES) as usize;
             let words = &self.words[slot * BUCKETS..(slot + 1) * BUCKETS];
             for (sum, w) in buckets.iter_mut().zip(words) {
