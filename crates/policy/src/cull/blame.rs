@@ -215,6 +215,9 @@ struct Spread {
 #[derive(Debug, Default)]
 pub struct KeySpread {
     inner: Mutex<Spread>,
+    /// Some address uses many keys (in either epoch): [`KeySpread::many`] reads this one
+    /// atomic flag, without the lock, while none does.
+    flagged: AtomicBool,
 }
 
 /// What [`KeySpread::note`] found.
@@ -248,14 +251,26 @@ impl Spread {
             .iter()
             .any(|e| e.get(&addr).is_some_and(|k| k.n >= MANY_KEYS))
     }
+
+    fn any_many(&self) -> bool {
+        [&self.cur, &self.prev]
+            .iter()
+            .any(|e| e.values().any(|k| k.n >= MANY_KEYS))
+    }
 }
 
 impl KeySpread {
     /// A failing (or slow) request of `key` from `addr`, at `now_secs`.
     pub fn note(&self, now_secs: u64, window_secs: u64, addr: u64, key: u64) -> SpreadNote {
         let mut s = lock(&self.inner);
-        s.roll(now_secs, window_secs);
+        self.roll(&mut s, now_secs, window_secs);
         if s.many(addr) {
+            // Still rotating: it stays many in this epoch too (not only until the last
+            // epoch's record leaves).
+            if s.cur.get(&addr).is_none_or(|k| k.n < MANY_KEYS) && s.cur.len() < MAX_KEYS {
+                let was = s.prev.get(&addr).copied().unwrap_or_default();
+                s.cur.insert(addr, was);
+            }
             return SpreadNote::Many;
         }
         if s.cur.len() >= MAX_KEYS && !s.cur.contains_key(&addr) {
@@ -270,14 +285,27 @@ impl KeySpread {
         if k.n < MANY_KEYS {
             return SpreadNote::Few;
         }
-        SpreadNote::Became(k.keys)
+        let keys = k.keys;
+        self.flagged.store(true, Ordering::Release);
+        SpreadNote::Became(keys)
+    }
+
+    fn roll(&self, s: &mut Spread, now_secs: u64, window_secs: u64) {
+        let epoch = s.epoch;
+        s.roll(now_secs, window_secs);
+        if s.epoch != epoch {
+            self.flagged.store(s.any_many(), Ordering::Release);
+        }
     }
 
     /// Whether `addr` uses many keys at `now_secs` (a request's identity while some key
     /// is blamed).
     pub fn many(&self, now_secs: u64, window_secs: u64, addr: u64) -> bool {
+        if !self.flagged.load(Ordering::Acquire) {
+            return false;
+        }
         let mut s = lock(&self.inner);
-        s.roll(now_secs, window_secs);
+        self.roll(&mut s, now_secs, window_secs);
         s.many(addr)
     }
 }
@@ -725,6 +753,17 @@ mod tests {
         // Kept through the next window, forgotten after two.
         assert!(s.many(t + 10, w, ip));
         assert!(!s.many(t + 20, w, ip));
+        assert!(
+            !s.flagged.load(Ordering::Relaxed),
+            "nothing flagged: no lock to read"
+        );
+        // Still rotating in the next window: still many, and the window after.
+        assert_eq!(s.note(t + 30, w, ip, 1), SpreadNote::Few);
+        for k in 2..=4 {
+            s.note(t + 30, w, ip, k);
+        }
+        assert_eq!(s.note(t + 40, w, ip, 9), SpreadNote::Many);
+        assert!(s.many(t + 50, w, ip));
         // Another address's keys are its own.
         assert_eq!(s.note(t + 20, w, 43, 1), SpreadNote::Few);
     }
