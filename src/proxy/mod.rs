@@ -640,12 +640,14 @@ impl ProxyHttp for Proxy {
                 if culling.params.outlier.rule == portcullis_policy::cull::OutlierRule::Latency {
                     b.latency.record(now_secs, us);
                     // Slow answers by key (one load and a compare for the others).
-                    let line = ctx.routing.pool.as_ref().map_or(u64::MAX, |p| {
-                        p.shared
-                            .slow_line_us
-                            .load(std::sync::atomic::Ordering::Relaxed)
-                    });
-                    if culling.blame_tenants && us > line {
+                    let slow = culling.blame_tenants
+                        && ctx.routing.pool.as_ref().is_some_and(|p| {
+                            us > p
+                                .shared
+                                .slow_line_us
+                                .load(std::sync::atomic::Ordering::Relaxed)
+                        });
+                    if slow {
                         Self::record_blame(session, ctx, b, true);
                     }
                 }
