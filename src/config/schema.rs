@@ -916,7 +916,9 @@ pub struct CullingSection {
     /// latency: an outlier's p90 is over factor × the median of its peers' p90.
     pub latency_factor: f64,
     /// When one tenant's (or key's) requests cause most of the errors, limit that tenant
-    /// instead of culling backends.
+    /// instead of culling backends; with outlier = "latency", a key's slow answers on a
+    /// backend where other keys are fast are not counted against the backend. Keys no
+    /// tenant holds are one identity; without tenants, so is an address using many keys.
     pub blame_tenants: bool,
 }
 

@@ -10,8 +10,8 @@
 use super::{
     evaluate_outliers, evaluate_sharded, failing_reason, http, webhook, Action, BackendSample,
     Buckets, BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation,
-    FailingInput, FleetDelta, Outlier, OutlierRule, OutlierVerdict, PeerSample, StoreError,
-    TickInput,
+    FailingInput, FleetDelta, LatencyBuckets, Outlier, OutlierRule, OutlierVerdict, PeerSample,
+    StoreError, TickInput,
 };
 use crate::metrics::CullResult;
 use crate::state::Shared;
@@ -90,6 +90,9 @@ pub struct Memory {
     states: HashMap<StateKey, Tracked>,
     /// Upstreams currently failing systemically (logged once per episode).
     systemic: HashSet<String>,
+    /// `blame_tenants`: the identities whose slow answers were their own at the last
+    /// check, per upstream (logged once per episode).
+    excused: HashMap<String, HashSet<u64>>,
 }
 
 /// The background service over `budget` (fleet-wide in Redis, or in-process).
@@ -193,7 +196,10 @@ impl Culling {
             // The outlier rules; an upstream the error rule calls systemic culls nothing.
             let outliers = match eval {
                 Evaluation::Systemic { .. } => OutlierVerdict::Off,
-                _ => self.outliers(pool, &samples, &params, now_secs),
+                _ => {
+                    let excuse = cfg.blame_tenants.then_some(&mut memory.excused);
+                    self.outliers(pool, &samples, &params, now_secs, excuse)
+                }
             };
             for (bi, b) in pool.backends.iter().enumerate() {
                 if b.manual().state() == crate::upstream::ManualState::Maint {
@@ -252,34 +258,53 @@ impl Culling {
             }
         }
         memory.states.retain(|k, _| live.contains(k));
+        memory
+            .excused
+            .retain(|name, _| names.contains(&name.as_str()));
     }
 
     /// The outlier rule's verdict on `pool` (CONTRACT §15): success rates from the same
     /// samples as the error rule (fleet-wide counts), latencies from this instance's
     /// windows (each instance judges what it saw; the cull itself spends a fleet token).
+    ///
+    /// `excuse` (with `blame_tenants`): the slow answers of an identity that is slow where
+    /// other identities are fast are taken out of each backend's latencies first
+    /// ([`Self::excuse_slow`]).
     fn outliers(
         &self,
         pool: &Pool,
         samples: &[BackendSample],
         params: &CullParams,
         now_secs: u64,
+        excuse: Option<&mut HashMap<String, HashSet<u64>>>,
     ) -> OutlierVerdict {
         if params.outlier.rule == OutlierRule::None {
             return OutlierVerdict::Off;
         }
-        let peers: Vec<PeerSample> = pool
-            .backends
+        let latency = params.outlier.rule == OutlierRule::Latency;
+        let mut windows: Vec<LatencyBuckets> = if latency {
+            pool.backends
+                .iter()
+                .map(|b| LatencyBuckets(b.latency.buckets(now_secs)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if let (true, Some(excused)) = (latency, excuse) {
+            self.excuse_slow(pool, &mut windows, params, now_secs, excused);
+        }
+        // `samples` and `windows` are in the order of `pool.backends`.
+        let peers: Vec<PeerSample> = samples
             .iter()
-            .zip(samples)
-            .map(|(b, s)| PeerSample {
+            .enumerate()
+            .map(|(i, s)| PeerSample {
                 index: s.index,
                 requests: s.requests,
                 errors: s.errors,
-                latency: if params.outlier.rule == OutlierRule::Latency {
-                    b.latency.summary(now_secs)
-                } else {
-                    Default::default()
-                },
+                latency: windows
+                    .get(i)
+                    .map(LatencyBuckets::summary)
+                    .unwrap_or_default(),
             })
             .collect();
         let verdict = evaluate_outliers(&peers, &params.outlier);
@@ -287,6 +312,68 @@ impl Culling {
             tracing::debug!(event = "cull", upstream = %pool.name, judged, outliers, "outliers alike; culling none");
         }
         verdict
+    }
+
+    /// `blame_tenants` with the latency rule: draw the line over which an answer is slow,
+    /// publish it for the request path (which records slow answers by identity), find the
+    /// identities that are slow where others are fast ([`super::attributed_slow`]: at least
+    /// a tenth of `outlier_min_requests` slow answers, the fewest that can move a judged
+    /// backend's p90) and take their slow answers out of `windows`. Nobody is limited for
+    /// being slow; the excuse is logged once per episode.
+    fn excuse_slow(
+        &self,
+        pool: &Pool,
+        windows: &mut [LatencyBuckets],
+        params: &CullParams,
+        now_secs: u64,
+        excused: &mut HashMap<String, HashSet<u64>>,
+    ) {
+        let summaries: Vec<_> = windows.iter().map(LatencyBuckets::summary).collect();
+        let line = super::slow_line_us(&summaries, &params.outlier);
+        let counts: Vec<super::SlowCounts> = pool
+            .backends
+            .iter()
+            .zip(windows.iter())
+            .zip(&summaries)
+            .map(|((b, w), s)| super::SlowCounts {
+                addr: b.addr,
+                answers: s.samples,
+                slow: w.count_over(line),
+            })
+            .collect();
+        // The slices the latency windows read (a reload that changed `window_seconds`
+        // rebuilds no window: the backends' own slice).
+        let slice = pool.backends.first().map_or_else(
+            || super::latency_slice_secs(params.window_secs),
+            |b| b.latency.slice_secs(),
+        );
+        let ledger = pool.shared.slow_ledger.snapshot(now_secs, slice);
+        let min_slow = (params.outlier.min_requests / 10).max(1);
+        let found = super::attributed_slow(&ledger, &counts, min_slow);
+        for f in &found {
+            for (addr, n) in &f.backends {
+                if let Some(i) = pool.backends.iter().position(|b| b.addr == *addr) {
+                    windows[i].trim_top(*n);
+                }
+            }
+        }
+        pool.shared
+            .slow_line_us
+            .store(line, std::sync::atomic::Ordering::Relaxed);
+        let now: HashSet<u64> = found.iter().map(|f| f.key).collect();
+        let before = excused.entry(pool.name.clone()).or_default();
+        for f in found.iter().filter(|f| !before.contains(&f.key)) {
+            let backends: Vec<String> = f.backends.iter().map(|(a, _)| a.to_string()).collect();
+            let figures = format!(
+                "key {} made {} answers over {:.1} ms on {} backends where other keys are fast; not counted against them",
+                super::blame::tag(f.key),
+                f.errors(),
+                line as f64 / 1000.0,
+                f.backends.len()
+            );
+            tracing::info!(event = "cull", result = "excused", upstream = %pool.name, backends = %backends.join(","), figures = %figures, "a key's slow answers are its own");
+        }
+        *before = now;
     }
 
     /// `blame_tenants`: blame the keys that cause most errors on two or more backends while

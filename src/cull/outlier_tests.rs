@@ -207,3 +207,57 @@ async fn clock_jumps_forget_old_latencies() {
     rig.tick(t0).await;
     assert!(rig.culled().is_empty());
 }
+
+/// `blame_tenants` with the latency rule: a key's slow answers on a backend where the
+/// other keys are fast are taken out before the rule judges it; a backend slow for the
+/// other keys too is culled all the same. The line the check drew is published for the
+/// request path.
+#[tokio::test]
+async fn a_keys_slow_answers_are_its_own_but_a_backend_slow_for_all_is_culled() {
+    let t0: u64 = 1_400_000_000_000;
+    let secs = t0 / 1000;
+    let key = 0xfeed_u64;
+    for others_slow in [false, true] {
+        let list = addrs(4);
+        let text = format!(
+            "[[upstreams]]\nname = \"app\"\nbackends = [{}]\n\
+             [culling]\nwindow_seconds = 10\nerror_threshold = 100000\ncheck_interval_seconds = 1\n\
+             cooldown_seconds = 30\noutlier = \"latency\"\noutlier_min_requests = 20\nblame_tenants = true\n",
+            list.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")
+        );
+        let shared = Shared::new(
+            crate::config::parse("t.toml", &text).unwrap(),
+            "t.toml".into(),
+        );
+        let mut rig = Rig {
+            driver: Culling::new(Arc::clone(&shared), Arc::new(LocalBudget::new())),
+            shared,
+            memory: Memory::default(),
+        };
+        for i in 0..4 {
+            rig.answers(i, secs, 60, 2, 0);
+        }
+        // Backend 1: 30 answers of 400 ms, all the key's (recorded as the request path
+        // does); with `others_slow`, 20 more of other keys.
+        rig.answers(1, secs, 30, 400, 0);
+        let pool = Arc::clone(&rig.shared.runtime.load().pools[0]);
+        for _ in 0..30 {
+            let slice = rig.backend(1).latency.slice_secs();
+            pool.shared.slow_ledger.record(secs, slice, key, list[1]);
+        }
+        if others_slow {
+            rig.answers(1, secs, 20, 400, 0);
+        }
+        rig.tick(t0).await;
+        if others_slow {
+            assert_eq!(rig.culled(), vec![1], "slow for the other keys too");
+        } else {
+            assert!(rig.culled().is_empty(), "the key's slowness is its own");
+        }
+        let line = pool.shared.slow_line_us.load(Ordering::Relaxed);
+        assert!(
+            (6_000..=8_000).contains(&line),
+            "3 × the peers' p90: {line}"
+        );
+    }
+}

@@ -33,6 +33,11 @@ impl BodyCount {
         self.seen = self.seen.saturating_add(n as u64);
         self.seen <= max
     }
+
+    /// Bytes counted so far.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
 }
 
 #[cfg(test)]

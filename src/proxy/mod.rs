@@ -79,19 +79,50 @@ impl Proxy {
         if !ctx.runtime.config.culling.blame_tenants || !pool.shared.blamed.any() {
             return None;
         }
+        let who = Self::blame_identity(session, ctx)?;
+        let now_ms = crate::store::clock::unix_ms();
+        let window = ctx.runtime.config.culling.params.window_secs;
+        let key = crate::cull::blame::current(&pool.shared.key_spread, who, now_ms / 1000, window);
+        let secs = pool.shared.blamed.limited(key, now_ms)?;
+        Some(Refusal::Blamed { retry_after: secs })
+    }
+
+    /// The request's blame identity ([`crate::cull::blame::identity`]).
+    fn blame_identity(session: &Session, ctx: &Ctx) -> Option<crate::cull::blame::Identity> {
         let req = session.req_header();
-        let key = crate::cull::blame::identity(
+        crate::cull::blame::identity(
             &ctx.runtime.config.rate_limit,
             ctx.gates.tenant.as_deref(),
+            ctx.runtime.tenants.is_some(),
             &req.headers,
             &req.uri,
             ctx.routing.client,
-        )?;
-        let secs = pool
-            .shared
-            .blamed
-            .limited(key, crate::store::clock::unix_ms())?;
-        Some(Refusal::Blamed { retry_after: secs })
+        )
+    }
+
+    /// `blame_tenants`: record a failing request (`slow`: an answer over the latency
+    /// rule's line) of this request's identity on backend `b`.
+    fn record_blame(session: &Session, ctx: &Ctx, b: &crate::upstream::BackendState, slow: bool) {
+        let Some(pool) = &ctx.routing.pool else {
+            return;
+        };
+        let Some(who) = Self::blame_identity(session, ctx) else {
+            return;
+        };
+        let sh = &pool.shared;
+        let now_secs = crate::store::clock::unix_secs();
+        let window = ctx.runtime.config.culling.params.window_secs;
+        let ledgers = (&sh.blame_ledger, &sh.slow_ledger);
+        let key = crate::cull::blame::noted(&sh.key_spread, ledgers, who, now_secs, window);
+        let tenant = ctx.gates.tenant.as_deref().map(|t| &t.name);
+        sh.blame_names.note(key, tenant);
+        if slow {
+            // In the slices of the backend's latency window, which it is compared with.
+            let slice = b.latency.slice_secs();
+            sh.slow_ledger.record(now_secs, slice, key, b.addr);
+        } else {
+            sh.blame_ledger.record(now_secs, window, key, b.addr);
+        }
     }
 
     fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
@@ -273,11 +304,17 @@ impl ProxyHttp for Proxy {
         if end_of_stream {
             ctx.gates.end_upload();
         }
-        let Some(chunk) = body.as_ref() else {
-            return Ok(());
-        };
         let max = ctx.runtime.config.server.max_request_body_bytes;
-        if ctx.body.add(chunk.len(), max) {
+        if body
+            .as_ref()
+            .is_none_or(|chunk| ctx.body.add(chunk.len(), max))
+        {
+            if end_of_stream && ctx.body.seen() > 0 {
+                // The backend's time starts once the body has been handed on
+                // (`backend_us`); without a body, from the choice of the backend (one
+                // clock read saved per request).
+                ctx.obs.request_sent(Instant::now());
+            }
             return Ok(());
         }
         *body = None;
@@ -595,35 +632,24 @@ impl ProxyHttp for Proxy {
             let culling = &ctx.runtime.config.culling;
             if is_error && culling.blame_tenants {
                 // Blame the tenant: errors by key (the success path records nothing).
-                if let Some(pool) = &ctx.routing.pool {
-                    let req = session.req_header();
-                    let tenant = ctx.gates.tenant.as_deref();
-                    let who = crate::cull::blame::identity(
-                        &ctx.runtime.config.rate_limit,
-                        tenant,
-                        &req.headers,
-                        &req.uri,
-                        ctx.routing.client,
-                    );
-                    if let Some(key) = who {
-                        pool.shared.blame_names.note(key, tenant.map(|t| &t.name));
-                        pool.shared.blame_ledger.record(
-                            now_secs,
-                            culling.params.window_secs,
-                            key,
-                            b.addr,
-                        );
-                    }
-                }
+                Self::record_blame(session, ctx, b, false);
             }
-            if let (Some(t0), None, true) = (ctx.upstream.attempt_start, e, status > 0) {
-                // The latency outlier rule's window: answered attempts only (CONTRACT §15).
-                if ctx.runtime.config.culling.params.outlier.rule
-                    == portcullis_policy::cull::OutlierRule::Latency
-                {
-                    let us = now.saturating_duration_since(t0).as_micros();
-                    b.latency
-                        .record(now_secs, u64::try_from(us).unwrap_or(u64::MAX));
+            if let (Some(us), None, true) = (ctx.obs.backend_us(), e, status > 0) {
+                // The latency outlier rule's window: answered attempts only, timed from
+                // the end of the request body to the response header (CONTRACT §15).
+                if culling.params.outlier.rule == portcullis_policy::cull::OutlierRule::Latency {
+                    b.latency.record(now_secs, us);
+                    // Slow answers by key (one load and a compare for the others).
+                    let slow = culling.blame_tenants
+                        && ctx.routing.pool.as_ref().is_some_and(|p| {
+                            us > p
+                                .shared
+                                .slow_line_us
+                                .load(std::sync::atomic::Ordering::Relaxed)
+                        });
+                    if slow {
+                        Self::record_blame(session, ctx, b, true);
+                    }
                 }
             }
         }

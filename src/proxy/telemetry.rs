@@ -19,7 +19,11 @@ use std::time::{Duration, Instant};
 pub struct RequestObs {
     trace: Option<TraceContext>,
     upstream_start: Option<Instant>,
+    /// When the current attempt's request body ended (handed on to the backend).
+    body_sent: Option<Instant>,
     upstream_ms: Option<f64>,
+    /// The backend's own time of the current attempt (µs), once it answered.
+    backend_us: Option<u64>,
     upstream_status: Option<u16>,
 }
 
@@ -32,8 +36,19 @@ impl RequestObs {
     /// A backend was chosen at `now`: the upstream time starts (again on a retry).
     pub fn backend_chosen(&mut self, now: Instant) {
         self.upstream_start = Some(now);
+        self.body_sent = None;
         self.upstream_status = None;
         self.upstream_ms = None;
+        self.backend_us = None;
+    }
+
+    /// The current attempt's request body ended at `now`: its last bytes go to the
+    /// backend (the first call of an attempt counts).
+    #[inline]
+    pub fn request_sent(&mut self, now: Instant) {
+        if self.upstream_start.is_some() {
+            self.body_sent.get_or_insert(now);
+        }
     }
 
     /// The current attempt's upstream time in microseconds, once its backend answered.
@@ -41,10 +56,26 @@ impl RequestObs {
         self.upstream_ms.map(|ms| (ms * 1000.0) as u64)
     }
 
+    /// The backend's own time of the current attempt in microseconds, once it answered:
+    /// from the end of the request body to the response header, so a client that
+    /// uploads slowly does not make the backend look slow (the latency outlier rule's
+    /// sample). A backend that answered before the body ended is timed from the choice
+    /// of the backend.
+    pub fn backend_us(&self) -> Option<u64> {
+        self.backend_us
+    }
+
     /// The backend's response header arrived.
     pub fn upstream_answered(&mut self, status: u16) {
         self.upstream_status = Some(status);
-        self.upstream_ms = self.upstream_start.map(|t| millis(t.elapsed()));
+        let now = Instant::now();
+        self.upstream_ms = self
+            .upstream_start
+            .map(|t| millis(now.saturating_duration_since(t)));
+        self.backend_us = self.upstream_start.map(|t| {
+            let from = self.body_sent.filter(|b| *b >= t).unwrap_or(t);
+            u64::try_from(now.saturating_duration_since(from).as_micros()).unwrap_or(u64::MAX)
+        });
     }
 
     /// The request's trace context, decided once. `new_trace_sample`: see
@@ -339,5 +370,27 @@ mod tests {
         o.upstream_answered(502);
         assert!(o.upstream_ms.is_some_and(|ms| ms >= 0.0));
         assert_eq!(o.upstream_status, Some(502));
+    }
+
+    #[test]
+    fn the_backend_is_timed_from_the_end_of_the_body() {
+        let mut o = RequestObs::default();
+        o.request_sent(Instant::now());
+        assert_eq!(o.body_sent, None, "no attempt yet");
+        let chosen = Instant::now() - Duration::from_secs(2);
+        o.backend_chosen(chosen);
+        // The body ended 1.5 s after the choice (a slow upload), the answer came at once.
+        o.request_sent(chosen + Duration::from_millis(1500));
+        o.request_sent(chosen + Duration::from_millis(1900));
+        o.upstream_answered(200);
+        let upstream = o.upstream_us().unwrap();
+        let backend = o.backend_us().unwrap();
+        assert!(upstream >= 2_000_000, "{upstream}");
+        assert!((500_000..1_500_000).contains(&backend), "{backend}");
+        // A retry starts over; an answer before the body ended is timed from the choice.
+        o.backend_chosen(chosen);
+        assert_eq!(o.backend_us(), None);
+        o.upstream_answered(200);
+        assert!(o.backend_us().unwrap() >= 2_000_000);
     }
 }

@@ -157,6 +157,12 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
             blame_ledger: Default::default(),
             blamed: Default::default(),
             blame_names: Default::default(),
+            slow_ledger: Default::default(),
+            slow_line_us: AtomicU64::new(portcullis_policy::cull::slow_line_us(
+                &[],
+                &Default::default(),
+            )),
+            key_spread: Default::default(),
         }),
     };
     shared.budget.set_ratio(cfg.balance.retry_budget_ratio);

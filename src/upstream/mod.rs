@@ -300,6 +300,13 @@ pub struct UpstreamShared {
     pub blame_ledger: portcullis_policy::cull::BlameLedger,
     pub blamed: portcullis_policy::cull::BlameList,
     pub blame_names: BlameNames,
+    /// `blame_tenants` with `outlier = "latency"`: answers over `slow_line_us` by key.
+    pub slow_ledger: portcullis_policy::cull::SlowLedger,
+    /// The latency rule's line (µs) as the check loop last drew it: an answer slower is
+    /// recorded in `slow_ledger`. Until the first check, the least line the rule can draw.
+    pub slow_line_us: AtomicU64,
+    /// Keys per client address in failing and slow requests (key rotation).
+    pub key_spread: portcullis_policy::cull::KeySpread,
 }
 
 /// The bulkhead's answer for one request.

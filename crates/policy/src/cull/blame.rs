@@ -108,6 +108,206 @@ impl BlameLedger {
         l.cur.remove(&key);
         l.prev.remove(&key);
     }
+
+    /// Count what keys `from` recorded as `into`'s (they turned out to be one identity:
+    /// [`KeySpread`]).
+    pub fn merge(&self, from: &[u64], into: u64) {
+        let mut guard = lock(&self.inner);
+        let l = &mut *guard;
+        for epoch in [&mut l.cur, &mut l.prev] {
+            merge_into(epoch, from, into);
+        }
+    }
+}
+
+/// Slow answers by key and backend (`blame_tenants` with the latency rule), in the same
+/// time slices as the backends' [`crate::cull::LatencyWindow`]s, so that what a read
+/// counts of a key is within what the latency window it is compared with holds (a ledger
+/// of whole windows could still count a key's slow answers of the window before, and
+/// excuse a backend that is now slow for the other keys). At most [`MAX_KEYS`] keys per
+/// slice; slices outside the read are dropped as the clock moves on (or back).
+#[derive(Debug, Default)]
+pub struct SlowLedger {
+    /// `(slice unit, answers by key and backend)`, at most one per unit of the read.
+    inner: Mutex<Vec<(u64, Epoch)>>,
+}
+
+impl SlowLedger {
+    /// One slow answer of `key` on `backend` at `now_secs`, in slices of `slice_secs`.
+    pub fn record(&self, now_secs: u64, slice_secs: u64, key: u64, backend: SocketAddr) {
+        let (first, last) = crate::cull::read_units(now_secs, slice_secs);
+        let mut slices = lock(&self.inner);
+        slices.retain(|(u, _)| (first..=last).contains(u));
+        let at = match slices.iter().position(|(u, _)| *u == last) {
+            Some(i) => i,
+            None => {
+                slices.push((last, Epoch::new()));
+                slices.len() - 1
+            }
+        };
+        let epoch = &mut slices[at].1;
+        if epoch.len() >= MAX_KEYS && !epoch.contains_key(&key) {
+            return;
+        }
+        *epoch.entry(key).or_default().entry(backend).or_insert(0) += 1;
+    }
+
+    /// Slow answers per key and backend over the slices a latency window reads at
+    /// `now_secs`.
+    pub fn snapshot(&self, now_secs: u64, slice_secs: u64) -> Epoch {
+        let (first, last) = crate::cull::read_units(now_secs, slice_secs);
+        let slices = lock(&self.inner);
+        let mut out = Epoch::new();
+        for (_, e) in slices.iter().filter(|(u, _)| (first..=last).contains(u)) {
+            for (k, per) in e {
+                let to = out.entry(*k).or_default();
+                for (b, n) in per {
+                    *to.entry(*b).or_insert(0) += n;
+                }
+            }
+        }
+        out
+    }
+
+    /// As [`BlameLedger::merge`].
+    pub fn merge(&self, from: &[u64], into: u64) {
+        let mut slices = lock(&self.inner);
+        for (_, epoch) in slices.iter_mut() {
+            merge_into(epoch, from, into);
+        }
+    }
+}
+
+fn merge_into(epoch: &mut Epoch, from: &[u64], into: u64) {
+    for key in from.iter().filter(|k| **k != into) {
+        let Some(per) = epoch.remove(key) else {
+            continue;
+        };
+        let to = epoch.entry(into).or_default();
+        for (b, n) in per {
+            *to.entry(b).or_insert(0) += n;
+        }
+    }
+}
+
+/// Distinct keys one client address may use before the address is the identity.
+pub const MANY_KEYS: usize = 4;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Keys {
+    n: usize,
+    keys: [u64; MANY_KEYS],
+}
+
+#[derive(Debug, Default)]
+struct Spread {
+    epoch: u64,
+    cur: HashMap<u64, Keys>,
+    prev: HashMap<u64, Keys>,
+}
+
+/// Keys per client address, to see through key rotation where no tenants registry says
+/// which keys are real: an address whose failing (or slow) requests carried
+/// [`MANY_KEYS`] or more distinct keys in a window is one identity for blame, whatever
+/// key it sends. Only the failing and slow requests are noted (the success path costs
+/// nothing); per address the first [`MANY_KEYS`] keys (64-bit hashes), at most
+/// [`MAX_KEYS`] addresses per epoch, two epochs of `window_seconds` as in [`BlameLedger`].
+#[derive(Debug, Default)]
+pub struct KeySpread {
+    inner: Mutex<Spread>,
+    /// Some address uses many keys (in either epoch): [`KeySpread::many`] reads this one
+    /// atomic flag, without the lock, while none does.
+    flagged: AtomicBool,
+}
+
+/// What [`KeySpread::note`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpreadNote {
+    /// The address uses few keys: the key is the identity.
+    Few,
+    /// The address uses many keys: it is the identity.
+    Many,
+    /// This key made it many: these keys' records are the address's from now on.
+    Became([u64; MANY_KEYS]),
+}
+
+impl Spread {
+    fn roll(&mut self, now_secs: u64, window_secs: u64) {
+        let epoch = now_secs / window_secs.max(1);
+        if epoch == self.epoch {
+            return;
+        }
+        if epoch == self.epoch + 1 {
+            self.prev = std::mem::take(&mut self.cur);
+        } else {
+            self.prev.clear();
+            self.cur.clear();
+        }
+        self.epoch = epoch;
+    }
+
+    fn many(&self, addr: u64) -> bool {
+        [&self.cur, &self.prev]
+            .iter()
+            .any(|e| e.get(&addr).is_some_and(|k| k.n >= MANY_KEYS))
+    }
+
+    fn any_many(&self) -> bool {
+        [&self.cur, &self.prev]
+            .iter()
+            .any(|e| e.values().any(|k| k.n >= MANY_KEYS))
+    }
+}
+
+impl KeySpread {
+    /// A failing (or slow) request of `key` from `addr`, at `now_secs`.
+    pub fn note(&self, now_secs: u64, window_secs: u64, addr: u64, key: u64) -> SpreadNote {
+        let mut s = lock(&self.inner);
+        self.roll(&mut s, now_secs, window_secs);
+        if s.many(addr) {
+            // Still rotating: it stays many in this epoch too (not only until the last
+            // epoch's record leaves).
+            if s.cur.get(&addr).is_none_or(|k| k.n < MANY_KEYS) && s.cur.len() < MAX_KEYS {
+                let was = s.prev.get(&addr).copied().unwrap_or_default();
+                s.cur.insert(addr, was);
+            }
+            return SpreadNote::Many;
+        }
+        if s.cur.len() >= MAX_KEYS && !s.cur.contains_key(&addr) {
+            return SpreadNote::Few;
+        }
+        let k = s.cur.entry(addr).or_default();
+        if k.keys[..k.n].contains(&key) {
+            return SpreadNote::Few;
+        }
+        k.keys[k.n] = key;
+        k.n += 1;
+        if k.n < MANY_KEYS {
+            return SpreadNote::Few;
+        }
+        let keys = k.keys;
+        self.flagged.store(true, Ordering::Release);
+        SpreadNote::Became(keys)
+    }
+
+    fn roll(&self, s: &mut Spread, now_secs: u64, window_secs: u64) {
+        let epoch = s.epoch;
+        s.roll(now_secs, window_secs);
+        if s.epoch != epoch {
+            self.flagged.store(s.any_many(), Ordering::Release);
+        }
+    }
+
+    /// Whether `addr` uses many keys at `now_secs` (a request's identity while some key
+    /// is blamed).
+    pub fn many(&self, now_secs: u64, window_secs: u64, addr: u64) -> bool {
+        if !self.flagged.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut s = lock(&self.inner);
+        self.roll(&mut s, now_secs, window_secs);
+        s.many(addr)
+    }
 }
 
 /// A blame as the fleet shares it: the key's hash, until when (Unix ms), and the errors
@@ -237,6 +437,63 @@ pub fn attributed(
             if ok >= MIN_OTHERS_OK
                 && others_errors as f64 <= OTHERS_ERROR_SHARE * others_requests as f64
             {
+                on.push((b.addr, mine));
+            }
+        }
+        if !on.is_empty() {
+            on.sort();
+            out.push(Blamed {
+                key: *key,
+                backends: on,
+            });
+        }
+    }
+    out.sort_by(|a, b| b.errors().cmp(&a.errors()).then(a.key.cmp(&b.key)));
+    out
+}
+
+/// Answers a backend needs in the window, not slow, for "other keys are fast there".
+pub const MIN_OTHERS_FAST: u64 = 10;
+/// Largest share of slow answers the other keys may have on a backend a key's slow
+/// answers are taken out of: a p90 over the line needs more than 10 % over it, so at this
+/// share the others alone never make the backend a latency outlier.
+pub const OTHERS_SLOW_SHARE: f64 = 0.10;
+
+/// One backend's latency window, for [`attributed_slow`]: its answers, and how many were
+/// over the line ([`crate::cull::slow_line_us`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlowCounts {
+    pub addr: SocketAddr,
+    pub answers: u64,
+    pub slow: u64,
+}
+
+/// Blame for latency (`blame_tenants` with `outlier = "latency"`): every key whose slow
+/// answers (`ledger`: answers over the line, per key and backend) are the cause of a
+/// backend's slowness while other keys are fast there, with those backends: on `b`, the
+/// key made at least `min_slow` of the slow answers and more than half of them, `b` gave
+/// at least [`MIN_OTHERS_FAST`] answers that were not slow, and the others' slow answers
+/// are at most [`OTHERS_SLOW_SHARE`] of theirs. A key that is slow on every backend it
+/// reaches is found on each; its slow answers are its own (taken out of what the latency
+/// rule judges). A backend slow for every key is found for none.
+pub fn attributed_slow(
+    ledger: &HashMap<u64, HashMap<SocketAddr, u64>>,
+    backends: &[SlowCounts],
+    min_slow: u64,
+) -> Vec<Blamed> {
+    let min_slow = min_slow.max(1);
+    let mut out: Vec<Blamed> = Vec::new();
+    for (key, per) in ledger {
+        let mut on: Vec<(SocketAddr, u64)> = Vec::new();
+        for b in backends {
+            let mine = per.get(&b.addr).copied().unwrap_or(0).min(b.slow);
+            if mine < min_slow || 2 * mine <= b.slow {
+                continue;
+            }
+            let fast = b.answers.saturating_sub(b.slow);
+            let others_slow = b.slow - mine;
+            let others = b.answers.saturating_sub(mine);
+            if fast >= MIN_OTHERS_FAST && others_slow as f64 <= OTHERS_SLOW_SHARE * others as f64 {
                 on.push((b.addr, mine));
             }
         }
@@ -438,6 +695,118 @@ mod tests {
             FleetBlame::decode(7, "5;S;").map(|b| b.errors.len()),
             Some(0)
         );
+    }
+
+    fn slow(port: u16, answers: u64, slow: u64) -> SlowCounts {
+        SlowCounts {
+            addr: a(port),
+            answers,
+            slow,
+        }
+    }
+
+    #[test]
+    fn a_key_slow_where_others_are_fast_has_its_slow_answers_taken_out() {
+        // Key 7 made 60 of backend 1's 64 slow answers; the others' 4 of 236 are < 10 %.
+        let l = ledger(&[(7, 1, 60), (9, 1, 4)]);
+        let b = [slow(1, 300, 64), slow(2, 300, 3), slow(3, 300, 2)];
+        let got = attributed_slow(&l, &b, 5);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].key, 7);
+        assert_eq!(got[0].backends, vec![(a(1), 60)]);
+        // A key slow on two backends is found on both.
+        let l = ledger(&[(7, 1, 30), (7, 2, 30)]);
+        let b = [slow(1, 300, 30), slow(2, 300, 31), slow(3, 300, 0)];
+        assert_eq!(attributed_slow(&l, &b, 5)[0].backends.len(), 2);
+    }
+
+    #[test]
+    fn a_backend_slow_for_everyone_is_not_excused_by_a_key() {
+        // Backend 1 is slow for the other keys too (40 of 240 others: 17 %).
+        let l = ledger(&[(7, 1, 60)]);
+        let b = [slow(1, 300, 100), slow(2, 300, 3), slow(3, 300, 2)];
+        assert!(attributed_slow(&l, &b, 5).is_empty());
+        // The only key there: nobody is fast on it.
+        let b = [slow(1, 60, 60), slow(2, 300, 3), slow(3, 300, 2)];
+        assert!(attributed_slow(&l, &b, 5).is_empty());
+        // Under the threshold, or not most of the slow answers.
+        let l = ledger(&[(7, 1, 4)]);
+        let b = [slow(1, 300, 4), slow(2, 300, 3)];
+        assert!(attributed_slow(&l, &b, 5).is_empty());
+        let l = ledger(&[(7, 1, 10), (8, 1, 10)]);
+        let b = [slow(1, 300, 20), slow(2, 300, 3)];
+        assert!(attributed_slow(&l, &b, 5).is_empty());
+    }
+
+    #[test]
+    fn an_address_using_many_keys_becomes_the_identity() {
+        let s = KeySpread::default();
+        let (w, t, ip) = (10, 1_000, 42);
+        assert_eq!(s.note(t, w, ip, 1), SpreadNote::Few);
+        assert_eq!(s.note(t, w, ip, 1), SpreadNote::Few, "the same key again");
+        assert_eq!(s.note(t, w, ip, 2), SpreadNote::Few);
+        assert_eq!(s.note(t, w, ip, 3), SpreadNote::Few);
+        assert!(!s.many(t, w, ip));
+        assert_eq!(s.note(t, w, ip, 4), SpreadNote::Became([1, 2, 3, 4]));
+        assert_eq!(s.note(t, w, ip, 5), SpreadNote::Many);
+        assert!(s.many(t, w, ip) && !s.many(t, w, 43));
+        // Kept through the next window, forgotten after two.
+        assert!(s.many(t + 10, w, ip));
+        assert!(!s.many(t + 20, w, ip));
+        assert!(
+            !s.flagged.load(Ordering::Relaxed),
+            "nothing flagged: no lock to read"
+        );
+        // Still rotating in the next window: still many, and the window after.
+        assert_eq!(s.note(t + 30, w, ip, 1), SpreadNote::Few);
+        for k in 2..=4 {
+            s.note(t + 30, w, ip, k);
+        }
+        assert_eq!(s.note(t + 40, w, ip, 9), SpreadNote::Many);
+        assert!(s.many(t + 50, w, ip));
+        // Another address's keys are its own.
+        assert_eq!(s.note(t + 20, w, 43, 1), SpreadNote::Few);
+    }
+
+    #[test]
+    fn the_slow_ledger_reads_the_latency_windows_slices() {
+        let l = SlowLedger::default();
+        let slice = crate::cull::latency_slice_secs(60); // 10 s slices, 7 read
+        let t = 1_000_000; // the start of a slice
+        for s in 0..10 {
+            l.record(t + s * slice, slice, 7, a(1));
+        }
+        // Read at the last record: that slice and the six before it.
+        let now = t + 9 * slice;
+        assert_eq!(l.snapshot(now, slice)[&7][&a(1)], 7);
+        // What a latency window holds for the same times.
+        let w = crate::cull::LatencyWindow::new(60);
+        for s in 0..10 {
+            w.record(t + s * slice, 400_000);
+        }
+        assert_eq!(w.summary(now).samples, 7);
+        // Merged, and forgotten as the clock moves on or far back.
+        l.merge(&[7], 9);
+        assert_eq!(l.snapshot(now, slice)[&9][&a(1)], 7);
+        assert!(l.snapshot(now + 100 * slice, slice).is_empty());
+        l.record(t, slice, 7, a(1));
+        assert_eq!(l.snapshot(t, slice)[&7][&a(1)], 1);
+        assert!(!l.snapshot(now, slice).contains_key(&7));
+    }
+
+    #[test]
+    fn merged_keys_count_as_one() {
+        let l = BlameLedger::default();
+        for k in [1, 2, 3] {
+            for _ in 0..3 {
+                l.record(5, 10, k, a(1));
+            }
+        }
+        l.record(5, 10, 9, a(2));
+        l.merge(&[1, 2, 3, 9], 9);
+        let s = l.snapshot(5, 10);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[&9][&a(1)], s[&9][&a(2)]), (9, 1));
     }
 
     #[test]

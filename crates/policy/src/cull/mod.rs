@@ -16,7 +16,8 @@ mod state;
 mod window;
 
 pub use blame::{
-    attributed, find_blamed, BackendCounts, BlameLedger, BlameList, Blamed, FleetBlame,
+    attributed, attributed_slow, find_blamed, BackendCounts, BlameLedger, BlameList, Blamed,
+    FleetBlame, KeySpread, SlowCounts, SlowLedger, SpreadNote, MANY_KEYS,
     MIN_BACKENDS as BLAME_MIN_BACKENDS,
 };
 pub use budget_store::{BudgetStore, ClaimCommit};
@@ -25,8 +26,8 @@ pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDO
 pub use failing::{failing_reason, Failing, FailingInput};
 pub use fleet::{Buckets, FleetDelta};
 pub use outlier::{
-    evaluate_outliers, LatencySummary, LatencyWindow, Outlier, OutlierParams, OutlierRule,
-    OutlierVerdict, PeerSample,
+    evaluate_outliers, latency_slice_secs, read_units, slow_line_us, LatencyBuckets,
+    LatencySummary, LatencyWindow, Outlier, OutlierParams, OutlierRule, OutlierVerdict, PeerSample,
 };
 pub use params::{max_out, CullParams, CullingSettings};
 pub use state::{Action, CullState, TickInput};

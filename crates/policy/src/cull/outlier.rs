@@ -298,6 +298,77 @@ pub struct LatencySummary {
     pub p90_us: Option<u64>,
 }
 
+/// A window's histogram ([`LatencyWindow::buckets`]), read by `blame_tenants`: how many
+/// answers were slower than a line, and the summary without the slowest `n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyBuckets(pub [u64; BUCKETS]);
+
+impl LatencyBuckets {
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            samples: self.0.iter().sum(),
+            p90_us: quantile_us(&self.0, 0.90),
+        }
+    }
+
+    /// Answers surely slower than `line_us`: those in buckets above the line's own.
+    pub fn count_over(&self, line_us: u64) -> u64 {
+        self.0[(bucket_of(line_us) + 1).min(BUCKETS)..].iter().sum()
+    }
+
+    /// Take the `n` slowest answers out (answers a key is found to have made slow: they
+    /// are over the line, so which of the answers over it go does not change how many of
+    /// the rest are, nor so whether the p90 is over it).
+    pub fn trim_top(&mut self, mut n: u64) {
+        for c in self.0.iter_mut().rev() {
+            if n == 0 {
+                return;
+            }
+            let take = n.min(*c);
+            *c -= take;
+            n -= take;
+        }
+    }
+}
+
+/// The line over which an answer counts as slow for `blame_tenants`: the latency rule's
+/// line for a backend among these (`factor ×` the upper median of the judged backends'
+/// p90, at least `factor ×` [`LATENCY_FLOOR_US`]). With fewer than [`MIN_PEERS`]` + 1`
+/// backends judged, the least line the rule can draw (`factor × LATENCY_FLOOR_US`).
+pub fn slow_line_us(summaries: &[LatencySummary], p: &OutlierParams) -> u64 {
+    let min = p.min_requests.max(1);
+    let mut p90s: Vec<f64> = summaries
+        .iter()
+        .filter(|s| s.samples >= min)
+        .filter_map(|s| s.p90_us)
+        .map(|v| v as f64)
+        .collect();
+    let baseline = if p90s.len() > MIN_PEERS {
+        upper_median(&mut p90s).max(LATENCY_FLOOR_US as f64)
+    } else {
+        LATENCY_FLOOR_US as f64
+    };
+    let line = p.latency_factor.max(1.0) * baseline;
+    if line.is_finite() {
+        line as u64
+    } else {
+        u64::MAX
+    }
+}
+
+/// Seconds per slice of a [`LatencyWindow`] of `window_secs` (and of the slow answers'
+/// ledger, [`crate::cull::SlowLedger`], which reads the same slices).
+pub fn latency_slice_secs(window_secs: u64) -> u64 {
+    window_secs.max(1).div_ceil(READ_SLICES - 1).max(1)
+}
+
+/// The slices a read at `now_secs` covers: `[first, last]` slice units (the current one
+/// and the six before it).
+pub fn read_units(now_secs: u64, slice_secs: u64) -> (u64, u64) {
+    let unit = now_secs / slice_secs.max(1);
+    (unit.saturating_sub(READ_SLICES - 1), unit)
+}
+
 /// One backend's latencies over the culling window. See the module doc.
 #[derive(Debug)]
 pub struct LatencyWindow {
@@ -312,7 +383,7 @@ impl LatencyWindow {
 
     /// A window of about `window_secs` seconds (0 is treated as 1).
     pub fn new(window_secs: u64) -> Self {
-        let slice_secs = window_secs.max(1).div_ceil(READ_SLICES - 1).max(1);
+        let slice_secs = latency_slice_secs(window_secs);
         Self {
             slice_secs,
             words: (0..SLICES as usize * BUCKETS)
@@ -339,19 +410,22 @@ impl LatencyWindow {
 
     /// Samples and p90 over the current slice and the six before it.
     pub fn summary(&self, now_secs: u64) -> LatencySummary {
+        LatencyBuckets(self.buckets(now_secs)).summary()
+    }
+
+    /// The histogram of the current slice and the six before it (what [`Self::summary`]
+    /// reads), for a caller that takes samples out first ([`LatencyBuckets::trim_top`]).
+    pub fn buckets(&self, now_secs: u64) -> [u64; BUCKETS] {
         let mut buckets = [0u64; BUCKETS];
-        let unit = now_secs / self.slice_secs;
-        for u in unit.saturating_sub(READ_SLICES - 1)..=unit {
+        let (first, last) = read_units(now_secs, self.slice_secs);
+        for u in first..=last {
             let slot = (u % SLICES) as usize;
             let words = &self.words[slot * BUCKETS..(slot + 1) * BUCKETS];
             for (sum, w) in buckets.iter_mut().zip(words) {
                 *sum += count_at(w, u / SLICES);
             }
         }
-        LatencySummary {
-            samples: buckets.iter().sum(),
-            p90_us: quantile_us(&buckets, 0.90),
-        }
+        buckets
     }
 
     /// Forget everything (a readmitted backend starts over).
@@ -641,6 +715,56 @@ mod tests {
         w.reset();
         assert_eq!(w.summary(T0).samples, 0);
         assert_eq!(LatencyWindow::BYTES, 8 * 85 * 8);
+    }
+
+    #[test]
+    fn buckets_count_over_a_line_and_trim_the_slowest() {
+        let w = LatencyWindow::new(10);
+        for _ in 0..80 {
+            w.record(T0, 1_000);
+        }
+        for _ in 0..20 {
+            w.record(T0, 400_000);
+        }
+        let mut b = LatencyBuckets(w.buckets(T0));
+        assert_eq!(b.summary(), w.summary(T0));
+        assert_eq!(b.count_over(6_000), 20);
+        assert_eq!(
+            b.count_over(1_000),
+            20,
+            "the line's own bucket is not counted"
+        );
+        assert!(b.summary().p90_us.unwrap() > 300_000);
+        // The 15 slowest out: 5 of 85 left over the line, the p90 is fast again.
+        b.trim_top(15);
+        assert_eq!(b.summary().samples, 85);
+        assert_eq!(b.count_over(6_000), 5);
+        assert!(b.summary().p90_us.unwrap() < 2_000);
+        // More than there are: empty, no underflow.
+        b.trim_top(1_000);
+        assert_eq!(b.summary(), LatencySummary::default());
+    }
+
+    #[test]
+    fn the_slow_line_is_the_rules_line() {
+        let p = params(OutlierRule::Latency);
+        let s = |n, ms: u64| LatencySummary {
+            samples: n,
+            p90_us: Some(ms * 1000),
+        };
+        // 3 × the upper median of 10, 12, 400 ms.
+        assert_eq!(
+            slow_line_us(&[s(100, 10), s(100, 12), s(100, 400)], &p),
+            36_000
+        );
+        // Fast backends: the floor.
+        assert_eq!(slow_line_us(&[s(100, 1), s(100, 1), s(100, 1)], &p), 6_000);
+        // Too few judged (one has 10 answers): the least line.
+        assert_eq!(
+            slow_line_us(&[s(100, 50), s(10, 50), s(100, 50)], &p),
+            6_000
+        );
+        assert_eq!(slow_line_us(&[], &p), 6_000);
     }
 
     #[test]
