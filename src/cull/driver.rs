@@ -849,12 +849,15 @@ async fn probe(pool: &Pool, b: &BackendState, within_us: Option<u64>) -> bool {
     } else {
         (pool.health_check_path.as_str(), true)
     };
+    // The health check's Host (its `host`, the `sni`, or the backend as written), so a
+    // name-based virtual host answers the probe as it answers the check.
+    let host = pool.probe_host(b);
     let bound = pool.connect_timeout + Duration::from_secs(2);
     let answer = http::timed_status_of(
         b.addr,
         "GET",
         path,
-        &b.addr_str,
+        &host,
         "portcullis-cull-probe",
         None,
         bound,
@@ -864,7 +867,7 @@ async fn probe(pool: &Pool, b: &BackendState, within_us: Option<u64>) -> bool {
         within_us.is_none_or(|limit| u64::try_from(took.as_micros()).unwrap_or(u64::MAX) <= limit)
     };
     match answer {
-        Ok((status, took)) if want_2xx => (200..300).contains(&status) && in_time(took),
+        Ok((status, took)) if want_2xx => pool.probe_passes(status) && in_time(took),
         Ok((status, took)) => status < 500 && in_time(took),
         Err(_) => false,
     }

@@ -615,6 +615,22 @@ impl Pool {
         self.health.as_ref().map(|h| h.check.0.load().thresholds())
     }
 
+    /// The `Host` the active check sends to `s` (its address without a check).
+    pub fn probe_host(&self, s: &BackendState) -> String {
+        match &self.health {
+            Some(h) => h.check.0.load().host_of(s.addr),
+            None => s.addr_str.clone(),
+        }
+    }
+
+    /// Whether `status` passes the active check (2xx without one).
+    pub fn probe_passes(&self, status: u16) -> bool {
+        match &self.health {
+            Some(h) => h.check.0.load().passes(status),
+            None => (200..300).contains(&status),
+        }
+    }
+
     /// The `max_conn` (0: none) and `backup` of `s`.
     pub fn limits_of(&self, s: &BackendState) -> (u64, bool) {
         match self.backends.iter().position(|b| b.addr == s.addr) {

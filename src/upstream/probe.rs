@@ -91,6 +91,19 @@ impl Probe {
         self.check == *check && self.transport == *transport
     }
 
+    /// The `Host` a probe of `addr` sends.
+    pub fn host_of(&self, addr: SocketAddr) -> String {
+        self.hosts
+            .get(&addr)
+            .cloned()
+            .unwrap_or_else(|| addr.to_string())
+    }
+
+    /// Whether `status` is one `expect_status` takes.
+    pub fn passes(&self, status: u16) -> bool {
+        self.check.expect_status.matches(status)
+    }
+
     pub fn thresholds(&self) -> portcullis_policy::health::Thresholds {
         self.check.thresholds
     }
