@@ -1,9 +1,11 @@
 //! The one place that turns a gate's refusal into a response: status,
 //! headers, body and the `outcome` it is counted under. Gates return a
 //! [`Refusal`]; the proxy phases (and `fail_to_proxy`) hand it to [`send`].
-//! Bodies are short, plain text and name the gate that answered (CONTRACT §3).
+//! Bodies are short, plain text and name the gate that answered (CONTRACT §3), unless
+//! `[errors]` asks for problem details or a page ([`body`]).
 
-use bytes::Bytes;
+pub mod body;
+
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use pingora::Result;
@@ -29,19 +31,76 @@ pub fn apply_rate_fields(
     Ok(())
 }
 
-/// The response header; `close` adds `Connection: close`.
+/// The last part of the problem type of `refusal` (`urn:portcullis:problem:KIND`) in
+/// RFC 9457 bodies: which gate answered, for a program to tell apart.
+pub fn problem_kind(refusal: &Refusal) -> Option<&'static str> {
+    Some(match refusal {
+        Refusal::Shed { .. } => "shed",
+        Refusal::TunnelCap { .. } => "tunnel-cap",
+        Refusal::RateLimited { .. } => "rate-limited",
+        Refusal::Blamed { .. } => "blamed",
+        Refusal::TenantConcurrency { .. } => "tenant-concurrency",
+        Refusal::QuotaExceeded { .. } => "quota-exceeded",
+        Refusal::KeyMissing => "key-missing",
+        Refusal::KeyUnknown => "key-unknown",
+        Refusal::KeyTooLong => "key-too-long",
+        Refusal::KeyAmbiguous => "key-ambiguous",
+        Refusal::TokenInvalid => "token-invalid",
+        Refusal::NoBackend { .. } => "no-backend",
+        Refusal::HeaderTooLarge => "header-too-large",
+        Refusal::BadRequest(_) => "bad-request",
+        Refusal::PayloadTooLarge => "payload-too-large",
+        Refusal::RequestTimeout => "body-timeout",
+        Refusal::UnsupportedCoding => "unsupported-coding",
+        Refusal::UpstreamTimeout => "upstream-timeout",
+        Refusal::UpstreamError => "upstream-error",
+        Refusal::Internal => "internal",
+        #[allow(unreachable_patterns)] // a refusal added later: `about:blank`
+        _ => return None,
+    })
+}
+
+/// The body of `refusal` under `errors`; `request_id` as the access log has it (needed
+/// only where [`body::ErrorBodies::shows_request_id`] says so).
+pub fn body_of(
+    refusal: &Refusal,
+    errors: &body::ErrorBodies,
+    request_id: Option<&http::HeaderValue>,
+) -> body::Body {
+    errors.render(&body::Answer {
+        status: refusal.status(),
+        kind: problem_kind(refusal),
+        text: refusal.body(),
+        retry_after: refusal.retry_after(),
+        request_id: request_id.map(http::HeaderValue::as_bytes),
+    })
+}
+
+/// The response header of the text body; `close` adds `Connection: close`.
 /// A 429 carries the `RateLimit` fields of the refusing policy, whose parts are `parts`.
 pub fn header(
     refusal: &Refusal,
     close: bool,
     parts: Option<&FieldParts>,
 ) -> Result<ResponseHeader> {
+    header_with(refusal, close, parts, &text_plain(), refusal.body().len())
+}
+
+fn text_plain() -> http::HeaderValue {
+    http::HeaderValue::from_static("text/plain; charset=utf-8")
+}
+
+/// [`header`] of a body of `content_type` and `len` bytes.
+fn header_with(
+    refusal: &Refusal,
+    close: bool,
+    parts: Option<&FieldParts>,
+    content_type: &http::HeaderValue,
+    len: usize,
+) -> Result<ResponseHeader> {
     let mut resp = ResponseHeader::build(refusal.status(), Some(6))?;
-    resp.insert_header(
-        "content-type",
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    )?;
-    resp.insert_header("content-length", refusal.body().len())?;
+    resp.insert_header("content-type", content_type.clone())?;
+    resp.insert_header("content-length", len)?;
     if let Some(secs) = refusal.retry_after() {
         resp.insert_header("retry-after", secs)?;
     }
@@ -85,23 +144,32 @@ pub fn header(
 /// every refusal but a 429 (whose `RateLimit` fields change with each request).
 /// A shed 503 under overload is the case this is for: cloning a built header
 /// is a copy of its two small maps, building one parses and inserts each field.
-fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box<ResponseHeader>> {
+fn header_for(
+    refusal: &Refusal,
+    close: bool,
+    policies: &Policies,
+    body: &body::Body,
+) -> Result<Box<ResponseHeader>> {
+    let (content_type, len) = (&body.content_type, body.bytes.len());
     match refusal {
         Refusal::RateLimited { fields, .. } => {
             let parts = policies.fields(fields.policy);
-            return Ok(Box::new(header(refusal, close, parts)?));
+            let h = header_with(refusal, close, parts, content_type, len)?;
+            return Ok(Box::new(h));
         }
         // Their fields change with the tenant's tier.
         Refusal::TenantConcurrency { .. } | Refusal::QuotaExceeded { .. } => {
-            return Ok(Box::new(header(refusal, close, None)?));
+            let h = header_with(refusal, close, None, content_type, len)?;
+            return Ok(Box::new(h));
         }
         _ => {}
     }
-    // Everything the header holds: status, Content-Length, Retry-After,
+    // Everything the header holds: status, Content-Type, Content-Length, Retry-After,
     // WWW-Authenticate, Connection.
     let key = (
         refusal.status(),
-        refusal.body().len(),
+        content_type.clone(),
+        len,
         refusal.retry_after(),
         refusal.www_authenticate(),
         close,
@@ -111,7 +179,7 @@ fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box
         if let Some((_, h)) = cache.iter().find(|(k, _)| *k == key) {
             return Ok(Box::new(h.clone()));
         }
-        let h = header(refusal, close, None)?;
+        let h = header_with(refusal, close, None, content_type, len)?;
         // Bounded: a `Retry-After` changed by reloads many times over is rebuilt.
         if cache.len() >= HEADER_CACHE_MAX {
             cache.clear();
@@ -121,8 +189,15 @@ fn header_for(refusal: &Refusal, close: bool, policies: &Policies) -> Result<Box
     })
 }
 
-/// (status, body length, `Retry-After`, `WWW-Authenticate`, close)
-type HeaderKey = (u16, usize, Option<u64>, Option<&'static str>, bool);
+/// (status, `Content-Type`, body length, `Retry-After`, `WWW-Authenticate`, close)
+type HeaderKey = (
+    u16,
+    http::HeaderValue,
+    usize,
+    Option<u64>,
+    Option<&'static str>,
+    bool,
+);
 const HEADER_CACHE_MAX: usize = 64;
 
 thread_local! {
@@ -131,22 +206,23 @@ thread_local! {
 }
 
 /// Write the refusal to the client. `close` ends the connection after it
-/// (a body left unread, draining, or framing that forbids reuse).
+/// (a body left unread, draining, or framing that forbids reuse). `request_id`: the
+/// request's, where its body shows it ([`body::ErrorBodies::shows_request_id`]).
 pub async fn send(
     session: &mut Session,
     refusal: &Refusal,
     close: bool,
-    policies: &Policies,
+    rt: &crate::state::Runtime,
+    request_id: Option<&http::HeaderValue>,
 ) -> Result<()> {
     if close {
         session.set_keepalive(None);
     }
+    let body = body_of(refusal, &rt.config.errors, request_id);
     session
-        .write_response_header(header_for(refusal, close, policies)?, false)
+        .write_response_header(header_for(refusal, close, &rt.rate, &body)?, false)
         .await?;
-    session
-        .write_response_body(Some(Bytes::from_static(refusal.body().as_bytes())), true)
-        .await
+    session.write_response_body(Some(body.bytes), true).await
 }
 
 #[cfg(test)]
@@ -225,7 +301,8 @@ mod tests {
         for _ in 0..2 {
             for r in &refusals {
                 for close in [false, true] {
-                    let got = header_for(r, close, &policies).unwrap();
+                    let text = body_of(r, &body::ErrorBodies::default(), None);
+                    let got = header_for(r, close, &policies, &text).unwrap();
                     let want = header(r, close, None).unwrap();
                     assert_eq!(got.status, want.status, "{r:?}");
                     assert_eq!(got.headers, want.headers, "{r:?} close={close}");
@@ -253,9 +330,12 @@ mod tests {
             list: Vec::new(),
             default_enabled: true,
         };
-        let missing = header_for(&Refusal::KeyMissing, false, &policies).unwrap();
+        let text = |r: &Refusal| body_of(r, &body::ErrorBodies::default(), None);
+        let r = Refusal::KeyMissing;
+        let missing = header_for(&r, false, &policies, &text(&r)).unwrap();
         assert!(missing.headers.get("www-authenticate").is_none());
-        let invalid = header_for(&Refusal::TokenInvalid, false, &policies).unwrap();
+        let r = Refusal::TokenInvalid;
+        let invalid = header_for(&r, false, &policies, &text(&r)).unwrap();
         assert!(invalid.headers.get("www-authenticate").is_some());
     }
 

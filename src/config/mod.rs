@@ -7,6 +7,7 @@ pub mod certs;
 mod check;
 mod edge;
 pub mod env;
+mod errors;
 mod health;
 mod jwt;
 mod locate;
@@ -81,6 +82,8 @@ pub enum FileKind {
     Jwks,
     /// The tenants file: `tenants.max_file_bytes`.
     Tenants(u64),
+    /// An error page (`errors.pages.STATUS.file`): 64 KiB.
+    Page,
 }
 
 /// The caps of [`FileKind`].
@@ -89,6 +92,7 @@ pub mod file_caps {
     pub const SECRET: u64 = 64 << 10;
     pub const PEM: u64 = 4 << 20;
     pub const JWKS: u64 = 4 << 20;
+    pub const PAGE: u64 = 64 << 10;
     /// `tenants.max_file_bytes`' default.
     pub const TENANTS: u64 = 32 << 20;
 }
@@ -102,6 +106,7 @@ impl FileKind {
             FileKind::Pem => file_caps::PEM,
             FileKind::Jwks => file_caps::JWKS,
             FileKind::Tenants(cap) => cap,
+            FileKind::Page => file_caps::PAGE,
         }
     }
 
@@ -112,6 +117,7 @@ impl FileKind {
             FileKind::Secret => format!("larger than {cap}, the most a secret file may hold"),
             FileKind::Pem => format!("larger than {cap}, the most a PEM file may hold"),
             FileKind::Jwks => format!("larger than {cap}, the most a JWKS file may hold"),
+            FileKind::Page => format!("larger than {cap}, the most an error page may hold"),
             FileKind::Tenants(_) => {
                 format!("larger than {cap}, the tenants file's cap (tenants.max_file_bytes)")
             }

@@ -122,6 +122,52 @@ pub struct FileConfig {
     pub tiers: BTreeMap<String, TierSection>,
     /// `[jwt]`: the keys and rules of `key = "jwt:CLAIM"` (CONTRACT §14); absent = none.
     pub jwt: Option<JwtSection>,
+    /// `[errors]`: the bodies of the responses the proxy writes itself.
+    #[serde(default)]
+    pub errors: ErrorsSection,
+}
+
+/// `errors.format`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorFormatSection {
+    /// A short plain-text line naming the gate that answered.
+    #[default]
+    Text,
+    /// RFC 9457 problem details (`application/problem+json`): `type`, `title`,
+    /// `status`, `detail`, `retry_after` (with `Retry-After`) and `request_id`.
+    ProblemJson,
+}
+
+/// `[errors]`: the bodies of the responses the proxy writes itself (shed, rate limited,
+/// rejected, no backend, upstream errors). Their status and headers (`Retry-After`,
+/// the RateLimit fields) stay the same whatever the body.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ErrorsSection {
+    /// text | problem_json.
+    pub format: ErrorFormatSection,
+    /// `"STATUS" = { file = "...", content_type = "text/html" }`: the body of every
+    /// answer of that status (400 to 599) the proxy writes, over `format`. Read at start
+    /// and on reload, 64 KiB at most; `{status}`, `{retry_after}` (empty without
+    /// `Retry-After`) and `{request_id}` are filled in.
+    #[schemars(extend("propertyNames" = {"pattern": "^[45][0-9][0-9]$"}))]
+    pub pages: BTreeMap<String, ErrorPageSection>,
+}
+
+/// One `[errors.pages]` entry.
+#[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorPageSection {
+    /// The page: a regular file of at most 64 KiB.
+    pub file: String,
+    /// Its `Content-Type`.
+    #[serde(default = "default_page_content_type")]
+    pub content_type: String,
+}
+
+fn default_page_content_type() -> String {
+    "text/html".into()
 }
 
 /// What a key that no tenant holds gets.

@@ -36,6 +36,8 @@ pub struct Config {
     pub tls: Option<TlsSettings>,
     /// `[tenants]` and `[tiers.*]`, with the tenants file read.
     pub tenants: TenantSettings,
+    /// `[errors]`: the bodies of the proxy's own answers, pages read and split.
+    pub errors: crate::respond::body::ErrorBodies,
 }
 
 /// `[tls]`, with the certificate files already read and checked.

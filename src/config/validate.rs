@@ -33,6 +33,7 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let access_log = validate_access_log(&raw.access_log)?;
     let tracing = validate_tracing(&raw.tracing)?;
     let log = validate_log(&raw.log)?;
+    let errors = super::errors::validate_errors(&raw.errors)?;
     let tenants = super::tenants::validate_tenants(&raw.tenants, &raw.tiers)?;
     if tenants.redis_sync && store.is_none() {
         return Err((
@@ -61,5 +62,6 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
         access_log,
         tracing,
         log,
+        errors,
     })
 }

@@ -41,8 +41,9 @@ const AWAIT_FIRST_BYTE: u8 = 0;
 const AWAIT_HEADER: u8 = 1;
 const IN_REQUEST: u8 = 2;
 
-/// What the proxy answers a header block that took too long; then the
-/// connection closes. Written by the stream itself: no request exists yet.
+/// What the proxy answers a header block that took too long (unless `[errors]` says
+/// otherwise: [`EdgeStream::answer_timeouts_with`]); then the connection closes.
+/// Written by the stream itself: no request exists yet.
 const TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 37\r\nconnection: close\r\n\r\nportcullis: request header timed out\n";
 
 /// Identity and header state of one client connection.
@@ -144,6 +145,8 @@ pub struct EdgeStream {
     idle_armed: bool,
     timed_out: bool,
     timeouts: IntCounter,
+    /// The whole response to a header timeout.
+    timeout_response: bytes::Bytes,
     /// `server.h2c`: the listener serves HTTP/2 with prior knowledge.
     h2c: bool,
     /// The connection is HTTP/2: where its frames begin and end.
@@ -261,6 +264,7 @@ impl EdgeStream {
             idle_armed: false,
             timed_out: false,
             timeouts,
+            timeout_response: bytes::Bytes::from_static(TIMEOUT_RESPONSE),
             h2c,
             h2: None,
             tunnel_last_io: None,
@@ -276,6 +280,12 @@ impl EdgeStream {
     /// (the 400 Pingora answers a malformed header with, to a client already gone).
     pub fn count_aborts(&mut self, aborts: IntCounter) {
         self.aborts = Some(aborts);
+    }
+
+    /// Answer a header timeout with `response`, a whole HTTP/1.1 response rendered at
+    /// config load (`[errors]`), instead of the plain-text one.
+    pub fn answer_timeouts_with(&mut self, response: bytes::Bytes) {
+        self.timeout_response = response;
     }
 
     /// A failed write before the header was taken: only Pingora's own answer to a
@@ -487,14 +497,22 @@ impl EdgeStream {
         }
     }
 
-    /// The header took too long: answer 408 (best effort, one write into an
-    /// idle socket) and fail the read, which ends the connection.
+    /// The header took too long: answer 408 (best effort: what an idle socket takes
+    /// without waiting) and fail the read, which ends the connection.
     fn time_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.timed_out {
             self.timed_out = true;
             self.timeouts.inc();
             tracing::debug!(event = "client_header_timeout", client = ?self.conn.source());
-            let _ = Pin::new(&mut self.inner).poll_write(cx, TIMEOUT_RESPONSE);
+            // As much as the socket takes now: the connection closes either way.
+            let mut sent = 0;
+            while sent < self.timeout_response.len() {
+                let rest = &self.timeout_response[sent..];
+                match Pin::new(&mut self.inner).poll_write(cx, rest) {
+                    Poll::Ready(Ok(n)) if n > 0 => sent += n,
+                    _ => break,
+                }
+            }
             let _ = Pin::new(&mut self.inner).poll_flush(cx);
         }
         Poll::Ready(Err(io::Error::new(

@@ -67,8 +67,26 @@ impl Proxy {
         let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
         // A refusal is a send like a response: coalesced with the turn's others.
         batch::coalesce(session).await;
-        respond::send(session, &refusal, close, &ctx.runtime.rate).await?;
+        self.note_request_id(session, ctx, refusal.status());
+        let id = ctx.answer.request_id.as_ref();
+        respond::send(session, &refusal, close, &ctx.runtime, id).await?;
         Ok(true)
+    }
+
+    /// A `status` answer whose body shows the request's id (`[errors]`) needs one before
+    /// the request went upstream: the client's valid `X-Request-Id`, else a new one, kept
+    /// in `ctx` for the access log. Nothing to do for text bodies.
+    fn note_request_id(&self, session: &Session, ctx: &mut Ctx, status: u16) {
+        if ctx.answer.request_id.is_some() || !ctx.runtime.config.errors.shows_request_id(status) {
+            return;
+        }
+        let client = session
+            .req_header()
+            .headers
+            .get(edge::headers::names::X_REQUEST_ID.name())
+            .filter(|v| edge::headers::valid_request_id(v.as_bytes()))
+            .cloned();
+        ctx.answer.request_id = Some(client.unwrap_or_else(|| self.shared.next_request_id_value()));
     }
 
     /// Refuse through an error: `fail_to_proxy` answers with `ctx.answer.refusal`.
@@ -546,7 +564,9 @@ impl ProxyHttp for Proxy {
         // The connection is closed after this reply (`can_reuse_downstream: false`),
         // and the reply says so.
         if let Some(refusal) = refusal.filter(|_| session.response_written().is_none()) {
-            if let Err(err) = respond::send(session, &refusal, true, &ctx.runtime.rate).await {
+            self.note_request_id(session, ctx, refusal.status());
+            let id = ctx.answer.request_id.as_ref();
+            if let Err(err) = respond::send(session, &refusal, true, &ctx.runtime, id).await {
                 tracing::debug!(error = %err, "cannot send error response");
             }
         }

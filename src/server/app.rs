@@ -229,6 +229,9 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
             server.h2c,
         );
         edge.count_aborts(metrics.proxy.client_aborts.clone());
+        if let Some(response) = rt.config.errors.header_timeout_response() {
+            edge.answer_timeouts_with(response.clone());
+        }
         if alpn_h2 {
             // HTTP/2: the header deadlines follow its frames, not HTTP/1's.
             edge.multiplexed();
