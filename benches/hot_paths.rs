@@ -1,7 +1,8 @@
 //! Hot-path benches: the shedding gate, the rate-limit decision at 1, 10k and
 //! 1M tracked keys, the per-response cull accounting, and backend selection
 //! per balancing mode (vs plain round robin), and route lookup with 1 and 100,000 routes
-//! (CONTRACT §17: the second costs at most twice the first).
+//! (CONTRACT §17: the second costs at most twice the first), and the body of a 429 as
+//! text, problem details and a page (`[errors]`).
 //!
 //! Run: `cargo bench --bench hot_paths`
 
@@ -278,8 +279,42 @@ fn sha256_of(bytes: &[u8]) -> Vec<u8> {
     sha2::Sha256::digest(bytes).to_vec()
 }
 
+/// The body of a 429 under each `[errors]` choice: the text is a static slice, the
+/// others one buffer each (the baseline is a `Bytes` of a static slice).
+fn error_body(c: &mut Criterion) {
+    use portcullis::respond::body::{Answer, ErrorBodies, Format, Page};
+    let mut g = c.benchmark_group("error_body");
+    let answer = Answer {
+        status: 429,
+        kind: Some("rate-limited"),
+        text: "portcullis: rate limited\n",
+        retry_after: Some(42),
+        request_id: Some(b"5f0c1e2d3c4b5a69788796a5b4c3d2e1"),
+    };
+    let text = ErrorBodies::default();
+    let json = ErrorBodies::new(Format::ProblemJson, Vec::new());
+    let html = http::HeaderValue::from_static("text/html");
+    let template = "<html><body><h1>{status}</h1><p>Too many requests: try again in \
+                    {retry_after} s.</p><p>{request_id}</p></body></html>\n"
+        .repeat(4);
+    let page = ErrorBodies::new(
+        Format::Text,
+        vec![(429, Page::new(429, template.as_bytes(), html))],
+    );
+    for (name, bodies) in [("text", &text), ("problem_json", &json), ("page", &page)] {
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(bodies.render(black_box(&answer))))
+        });
+    }
+    g.bench_function("baseline_static_bytes", |b| {
+        b.iter(|| black_box(bytes::Bytes::from_static(black_box(answer.text).as_bytes())))
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    error_body,
     tenant_lookup,
     shedding,
     ratelimit,
