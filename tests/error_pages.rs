@@ -286,8 +286,8 @@ fn a_custom_429_page_over_http1_and_http2() {
 }
 
 /// A page is read at start and on reload only: a changed file is served after SIGHUP
-/// (before the fix there was no page to change), and a page that turns invalid (a FIFO)
-/// fails the reload and the old one stays.
+/// and after POST /reload, not before (before `[errors.pages]` there was no page to
+/// change), and a page that turns invalid (a FIFO) fails the reload: the old one stays.
 #[test]
 fn a_reload_picks_a_changed_page_up() {
     let b = Backend::start("app");
@@ -306,23 +306,31 @@ fn a_reload_picks_a_changed_page_up() {
         || p.get("/", &[("x-api-key", "k")]).body_str() == "second 429",
     );
 
-    // A FIFO in its place: the reload fails, the page stays.
-    let errors = p
-        .metric("portcullis_config_reloads_total{result=\"error\"}")
-        .unwrap_or(0.0);
+    // POST /reload (a JSON client's, with no body) picks the next change up at once.
+    fs::write(&file, "third {status}").expect("rewrite page");
+    let reload = || {
+        post(
+            &p.admin_addr(),
+            "/reload",
+            &[("content-type", "application/json")],
+            b"",
+        )
+    };
+    let r = reload();
+    assert_eq!(r.status, 200, "POST /reload: {}", r.body_str());
+    assert_eq!(p.get("/", &[("x-api-key", "k")]).body_str(), "third 429");
+
+    // A FIFO in its place: the reload fails naming the key, the page stays.
     fs::remove_file(&file).expect("remove page");
     mkfifo(&file);
-    p.signal("HUP");
-    eventually(
-        DEADLINE,
-        || "the failed reload is counted".into(),
-        || {
-            p.metric("portcullis_config_reloads_total{result=\"error\"}")
-                .unwrap_or(0.0)
-                > errors
-        },
+    let r = reload();
+    assert_ne!(r.status, 200, "a reload onto a FIFO page: {}", r.body_str());
+    assert!(
+        r.body_str().contains("errors.pages.429.file"),
+        "{}",
+        r.body_str()
     );
-    assert_eq!(p.get("/", &[("x-api-key", "k")]).body_str(), "second 429");
+    assert_eq!(p.get("/", &[("x-api-key", "k")]).body_str(), "third 429");
 }
 
 fn mkfifo(path: &Path) {
@@ -368,6 +376,10 @@ fn check_refuses_a_2mb_page_a_fifo_and_a_missing_file() {
     let (code, _, err, _) = check_config(&cfg("299", &ok));
     assert_ne!(code, 0);
     assert!(err.contains("errors.pages.299"), "{err}");
+    let bad_type = cfg("503", &ok).replace(" }", ", content_type = \"text/html\\r\\nx: y\" }");
+    let (code, _, err, _) = check_config(&bad_type);
+    assert_ne!(code, 0, "{bad_type}");
+    assert!(err.contains("errors.pages.503.content_type"), "{err}");
     let (code, out, err, _) = check_config(&cfg("503", &ok));
     assert_eq!(code, 0, "{out}{err}");
     // --check never waited on the FIFO: it is still there, unopened.
