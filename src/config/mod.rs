@@ -24,6 +24,7 @@ mod upstreams;
 mod validate;
 
 use schema::FileConfig;
+pub use schema::UnmatchedSection;
 pub use settings::*;
 
 use std::fmt;
