@@ -555,6 +555,10 @@ pub enum PrioritySection {
 /// One `[[routes]]` entry.
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "if" = {"properties": {"action": {"enum": ["deny", "redirect"]}}, "required": ["action"]},
+    "else" = {"required": ["upstream"]}
+))]
 pub struct RouteSection {
     /// "" = any host.
     #[serde(default)]
