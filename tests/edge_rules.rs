@@ -176,6 +176,8 @@ action = "deny"
 #[test]
 fn redirect_to_https_keeps_the_path_and_query() {
     let b = Backend::start("app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
     let cfg = format!(
         r#"{}
 [[routes]]
@@ -193,8 +195,13 @@ location = "/new{{path}}"
 [[routes]]
 path_prefix = "/"
 upstream = "app"
+
+[access_log]
+enabled = true
+path = "{}"
 "#,
-        one_upstream(&b)
+        one_upstream(&b),
+        log.display()
     );
     let p = Proxy::start_with_server("h2c = true", &cfg);
     let r = p.get("/a/b?x=1&y=%20z", &[("host", "www.example.test:8080")]);
@@ -229,6 +236,19 @@ upstream = "app"
         p.metric(r#"portcullis_requests_total{outcome="redirected"}"#),
         Some(3.0)
     );
+    eventually(
+        DEADLINE,
+        || {
+            format!(
+                "no access-log line for /old/page: {:?}",
+                log_line(&log, "/old/page")
+            )
+        },
+        || log_line(&log, "/old/page").is_some(),
+    );
+    let l = log_line(&log, "/old/page").unwrap_or_default();
+    assert!(l.contains("\"outcome\":\"redirected\""), "{l}");
+    assert!(l.contains("\"status\":302"), "{l}");
 }
 
 /// A second URL smuggled through the Host or the path never becomes the redirect's
