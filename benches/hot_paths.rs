@@ -179,6 +179,10 @@ fn route_lookup(c: &mut Criterion) {
         upstream: 0,
         priority: Priority::Normal,
         headers: portcullis::edge::HeaderRules::new(),
+        methods: Vec::new(),
+        client_cidrs: None,
+        action: portcullis::config::RouteAction::Proxy,
+        policy_mask: u64::MAX,
     };
     // The same request in both cases, matching the same route.
     let wanted = 50_004usize;

@@ -256,6 +256,20 @@ impl Runtime {
         self.routes.lookup(host, path)
     }
 
+    /// Index in `config.routes` of the first route matching the request (host, path,
+    /// method and client address); `None`: unmatched (`server.unmatched` says what then).
+    #[inline]
+    pub fn route_index_for(
+        &self,
+        host: &str,
+        path: &str,
+        method: &http::Method,
+        client: Option<std::net::IpAddr>,
+    ) -> Option<usize> {
+        self.routes
+            .lookup_request(&self.config.routes, host, path, method, client)
+    }
+
     /// The route at `index` (as [`Runtime::route_index`] gave it).
     #[inline]
     pub fn route_at(&self, index: Option<usize>) -> &Route {
@@ -285,6 +299,10 @@ static DEFAULT_ROUTE: Route = Route {
     upstream: 0,
     priority: crate::shed::Priority::Normal,
     headers: crate::edge::HeaderRules::new(),
+    methods: Vec::new(),
+    client_cidrs: None,
+    action: crate::config::RouteAction::Proxy,
+    policy_mask: u64::MAX,
 };
 
 pub struct Shared {

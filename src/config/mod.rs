@@ -25,6 +25,7 @@ mod upstreams;
 mod validate;
 
 use schema::FileConfig;
+pub use schema::UnmatchedSection;
 pub use settings::*;
 
 use std::fmt;

@@ -370,6 +370,8 @@ pub struct ServerSection {
     /// Per HTTP/2 connection per minute: streams the client resets after they
     /// were accepted, or malformed streams; past it, GOAWAY ENHANCE_YOUR_CALM.
     pub h2_max_glitches: u32,
+    /// A request no route matches: first_upstream | 404 | 421.
+    pub unmatched: UnmatchedSection,
 }
 
 impl Default for ServerSection {
@@ -401,6 +403,7 @@ impl Default for ServerSection {
             admin_hosts: Vec::new(),
             tunnel_idle_timeout_seconds: 300,
             h2_max_glitches: 100,
+            unmatched: UnmatchedSection::FirstUpstream,
         }
     }
 }
@@ -598,6 +601,10 @@ pub enum PrioritySection {
 /// One `[[routes]]` entry.
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "if" = {"properties": {"action": {"enum": ["deny", "redirect"]}}, "required": ["action"]},
+    "else" = {"required": ["upstream"]}
+))]
 pub struct RouteSection {
     /// "" = any host.
     #[serde(default)]
@@ -605,11 +612,39 @@ pub struct RouteSection {
     /// The longest matching prefix wins.
     #[serde(default = "default_prefix")]
     pub path_prefix: String,
-    /// The `name` of an upstream.
+    /// The `name` of an upstream (needed by `action = "proxy"` only).
+    #[serde(default)]
     pub upstream: String,
     /// critical | normal | low (load-shedding classes).
     #[serde(default)]
     pub priority: PrioritySection,
+    /// Match only these request methods (`GET`, `POST`, ...); [] = any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Match only clients in these CIDRs (or addresses): the client address after
+    /// `trusted_proxies` and PROXY; [] = any.
+    #[serde(default)]
+    pub client_cidrs: Vec<String>,
+    /// proxy (to `upstream`) | deny (answer `status`) | redirect (to `location`).
+    #[serde(default)]
+    pub action: ActionSection,
+    /// deny: the status (403 if 0); redirect: 301 | 302 | 303 | 307 | 308 (302 if 0).
+    #[serde(default)]
+    pub status: u16,
+    /// redirect: an absolute URL or a path, with `{scheme}`, `{host}`, `{path}`, `{query}`
+    /// and `{path_and_query}` filled in from the request.
+    #[serde(default)]
+    pub location: String,
+    /// Header rules on the upstream request, after the proxy's own headers.
+    #[serde(default)]
+    pub request_headers: HeaderRulesSection,
+    /// Header rules on the response to the client, after the proxy's own headers.
+    #[serde(default)]
+    pub response_headers: HeaderRulesSection,
+    /// Names of `[[rate_limit.policies]]` (or the `[rate_limit]` policy's name) that
+    /// apply on this route; [] = all.
+    #[serde(default)]
+    pub rate_limit_policies: Vec<String>,
     /// header -> value, set on the upstream request.
     #[serde(default)]
     pub request_headers_set: BTreeMap<String, String>,
@@ -622,6 +657,46 @@ pub struct RouteSection {
     /// Headers removed from the response to the client.
     #[serde(default)]
     pub response_headers_remove: Vec<String>,
+}
+
+/// What a route does with the requests it matches.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionSection {
+    /// Forward to the route's upstream.
+    #[default]
+    Proxy,
+    /// Answer `status` (403) without reaching a backend.
+    Deny,
+    /// Answer a redirect to `location` without reaching a backend.
+    Redirect,
+}
+
+/// `set` (replace), `add` (append) and `remove` of header fields.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeaderRulesSection {
+    /// header -> value, replacing every value the field had.
+    pub set: BTreeMap<String, String>,
+    /// header -> value, appended to the values the field has.
+    pub add: BTreeMap<String, String>,
+    /// Fields removed.
+    pub remove: Vec<String>,
+}
+
+/// `[server] unmatched`: the answer to a request no route matches.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Default)]
+pub enum UnmatchedSection {
+    /// Forward to the first upstream.
+    #[default]
+    #[serde(rename = "first_upstream")]
+    FirstUpstream,
+    /// Answer 404.
+    #[serde(rename = "404")]
+    NotFound,
+    /// Answer 421 (Misdirected Request).
+    #[serde(rename = "421")]
+    Misdirected,
 }
 
 fn default_prefix() -> String {

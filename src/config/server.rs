@@ -185,6 +185,7 @@ fn server_settings(
             .collect(),
         trusted_proxies: edge.trusted_proxies,
         proxy_protocol: s.proxy_protocol,
+        unmatched: s.unmatched,
         max_request_body_bytes: s.max_request_body_bytes,
         client_header_timeout: edge.client_header_timeout,
         client_body_timeout: edge.client_body_timeout,

@@ -99,6 +99,8 @@ pub struct ServerSettings {
     pub tunnel_idle_timeout: Duration,
     /// Glitches one HTTP/2 connection may cause per minute (`h2_max_glitches`).
     pub h2_max_glitches: u32,
+    /// `unmatched`: the answer to a request no route matches.
+    pub unmatched: super::schema::UnmatchedSection,
 }
 
 impl ServerSettings {
@@ -190,8 +192,46 @@ pub struct Route {
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
     pub priority: Priority,
-    /// `request_headers_*` / `response_headers_*`.
+    /// `request_headers_*` / `response_headers_*` and the `request_headers` /
+    /// `response_headers` tables.
     pub headers: crate::edge::HeaderRules,
+    /// `methods`: empty = any.
+    pub methods: Vec<http::Method>,
+    /// `client_cidrs`: `None` = any client.
+    pub client_cidrs: Option<crate::edge::TrustedProxies>,
+    /// `action`, `status` and `location`.
+    pub action: RouteAction,
+    /// `rate_limit_policies`: bit `i` for the runtime's policy `i` (0 is
+    /// `[rate_limit]`, then `[[rate_limit.policies]]` in file order); all bits = all.
+    pub policy_mask: u64,
+}
+
+impl Route {
+    /// How many of `methods` and `client_cidrs` the route sets (0 to 2): among routes of
+    /// one host and prefix, the more specific are tried first.
+    pub fn conditions(&self) -> u8 {
+        u8::from(!self.methods.is_empty()) + u8::from(self.client_cidrs.is_some())
+    }
+
+    /// Whether a request with `method` from `client` matches `methods` and `client_cidrs`.
+    #[inline]
+    pub fn admits(&self, method: &http::Method, client: Option<std::net::IpAddr>) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
+            && self
+                .client_cidrs
+                .as_ref()
+                .is_none_or(|c| client.is_some_and(|ip| c.contains(ip)))
+    }
+}
+
+/// What a route does with its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteAction {
+    Proxy,
+    /// Answer this status.
+    Deny(u16),
+    /// Answer this status with `Location` from the template.
+    Redirect(u16, crate::edge::rules::Location),
 }
 
 /// `[rate_limit]`.

@@ -375,11 +375,18 @@ fn validate_balance(
     })
 }
 
-pub(super) fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VResult<Vec<Route>> {
+pub(super) fn validate_routes(
+    routes: &[RouteSection],
+    ups: &[Upstream],
+    rate_limit: &super::RateLimitSettings,
+) -> VResult<Vec<Route>> {
     let mut out = Vec::with_capacity(routes.len().max(1));
     for (i, r) in routes.iter().enumerate() {
+        let action = crate::config::edge::validate_action(i, r)?;
         let upstream = match ups.iter().position(|u| u.name == r.upstream) {
             Some(idx) => idx,
+            // A route that answers itself needs no upstream.
+            None if r.upstream.is_empty() && action != RouteAction::Proxy => 0,
             None => {
                 return err(
                     format!("routes[{i}].upstream"),
@@ -395,6 +402,8 @@ pub(super) fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VRes
         }
         let host = (!r.host.is_empty()).then(|| r.host.to_ascii_lowercase());
         let headers = crate::config::edge::validate_header_rules(i, r)?;
+        let (methods, client_cidrs) = crate::config::edge::validate_conditions(i, r)?;
+        let policy_mask = crate::config::edge::validate_route_policies(i, r, rate_limit)?;
         out.push(Route {
             headers,
             host,
@@ -405,6 +414,10 @@ pub(super) fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VRes
                 PrioritySection::Normal => Priority::Normal,
                 PrioritySection::Low => Priority::Low,
             },
+            methods,
+            client_cidrs,
+            action,
+            policy_mask,
         });
     }
     if out.is_empty() {
@@ -414,14 +427,21 @@ pub(super) fn validate_routes(routes: &[RouteSection], ups: &[Upstream]) -> VRes
             upstream: 0,
             priority: Priority::Normal,
             headers: crate::edge::HeaderRules::new(),
+            methods: Vec::new(),
+            client_cidrs: None,
+            action: RouteAction::Proxy,
+            policy_mask: u64::MAX,
         });
     }
-    // First match wins: longest prefix, then host-specific before any-host.
+    // First match wins: longest prefix, then host-specific before any-host, then (among
+    // routes of one host and prefix) those with more of `methods` / `client_cidrs` set,
+    // then file order.
     out.sort_by(|a, b| {
         b.path_prefix
             .len()
             .cmp(&a.path_prefix.len())
             .then(b.host.is_some().cmp(&a.host.is_some()))
+            .then(b.conditions().cmp(&a.conditions()))
     });
     Ok(out)
 }

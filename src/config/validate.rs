@@ -19,9 +19,9 @@ pub fn validate(raw: FileConfig) -> VResult<Config> {
     let server = validate_server(&raw.server)?;
     let store = raw.redis.as_ref().map(validate_redis).transpose()?;
     let upstreams = validate_upstreams(&raw.upstreams)?;
-    let routes = validate_routes(&raw.routes, &upstreams)?;
-    let shedding = validate_shedding(&raw.shedding)?;
     let mut rate_limit = validate_rate_limit(&raw.rate_limit)?;
+    let routes = validate_routes(&raw.routes, &upstreams, &rate_limit)?;
+    let shedding = validate_shedding(&raw.shedding)?;
     rate_limit.jwt = super::jwt::validate_jwt(raw.jwt.as_ref(), &rate_limit)?;
     let culling = validate_culling(&raw.culling)?;
     let budget = super::protection::validate_budget(&raw.budget)?;

@@ -94,30 +94,57 @@ macro_rules! pingora_headers {
 pingora_headers!(RequestHeader);
 pingora_headers!(ResponseHeader);
 
-/// `request_headers_set/remove`, `response_headers_set/remove` of a route.
+/// The header rules of a route: `request_headers_set/remove`,
+/// `response_headers_set/remove` and the `request_headers` / `response_headers` tables
+/// (`set`, `add`, `remove`), merged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeaderRules {
-    pub request_set: Vec<(HeaderName, HeaderValue)>,
-    pub request_remove: Vec<HeaderName>,
-    pub response_set: Vec<(HeaderName, HeaderValue)>,
-    pub response_remove: Vec<HeaderName>,
+    pub request: FieldRules,
+    pub response: FieldRules,
+}
+
+/// Rules on one header block: removes, then sets (replacing), then adds (appending).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldRules {
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    pub remove: Vec<HeaderName>,
+}
+
+impl FieldRules {
+    pub const fn new() -> Self {
+        Self {
+            set: Vec::new(),
+            add: Vec::new(),
+            remove: Vec::new(),
+        }
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// Apply to `headers`: removes, then sets (a set replaces every earlier value), then
+    /// adds.
+    pub fn apply(&self, headers: &mut impl Headers) {
+        apply(headers, &self.remove, &self.set);
+        for (name, value) in &self.add {
+            headers.append(name, value);
+        }
+    }
 }
 
 impl HeaderRules {
     pub const fn new() -> Self {
         Self {
-            request_set: Vec::new(),
-            request_remove: Vec::new(),
-            response_set: Vec::new(),
-            response_remove: Vec::new(),
+            request: FieldRules::new(),
+            response: FieldRules::new(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.request_set.is_empty()
-            && self.request_remove.is_empty()
-            && self.response_set.is_empty()
-            && self.response_remove.is_empty()
+        self.request.is_empty() && self.response.is_empty()
     }
 }
 

@@ -26,6 +26,7 @@ pub mod identity;
 pub mod limits;
 pub mod proxied;
 pub mod proxy_protocol;
+pub mod rules;
 pub mod stream;
 pub mod tunnel;
 

@@ -40,6 +40,8 @@ pub struct RequestFacts<'a> {
     /// An HTTP/1 request (an upgrade is HTTP/1.1 only; HTTP/2 has none).
     pub h1: bool,
     pub version: http::Version,
+    /// The route's `rate_limit_policies`: bit `i` for the runtime's policy `i`.
+    pub policies: u64,
 }
 
 impl RequestFacts<'_> {

@@ -87,7 +87,11 @@ fn check(
     if policies.list.len() > 1 {
         return check_all(rl, policies, req, who, now_ms, shadow);
     }
-    let Some(policy) = policies.list.first().filter(|_| policies.default_enabled) else {
+    let Some(policy) = policies
+        .list
+        .first()
+        .filter(|_| policies.default_enabled && req.policies & 1 != 0)
+    else {
         return Ok(None);
     };
     // One policy: decide while the key is still borrowed from the request (no copy of it).
@@ -155,7 +159,8 @@ fn check_all(
     let max = rl.params.max_key_bytes;
     let mut keys: Vec<(usize, Cow<'_, [u8]>)> = Vec::with_capacity(policies.list.len());
     for (i, p) in policies.list.iter().enumerate() {
-        if (i == 0 && !policies.default_enabled) || !p.matches(path) {
+        let scoped_out = req.policies & 1u64.checked_shl(i as u32).unwrap_or(0) == 0;
+        if (i == 0 && !policies.default_enabled) || scoped_out || !p.matches(path) {
             continue;
         }
         let source = match &p.key {

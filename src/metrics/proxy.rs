@@ -47,7 +47,7 @@ pub struct RouteSeries {
 pub struct RouteStats {
     /// The `route` label of the series: the route's, or "other".
     label: String,
-    requests: [[OnceLock<IntCounter>; 7]; 6],
+    requests: [[OnceLock<IntCounter>; 7]; Outcome::ALL.len()],
     /// The route's rate, mix, latency and in-flight for `/status` (shared by
     /// the runtimes of successive reloads while the label stays).
     pub traffic: portcullis_policy::traffic::RouteTraffic,
@@ -171,8 +171,8 @@ pub struct BackendSeries {
 pub struct ProxyMetrics {
     requests: IntCounterVec,
     /// Per outcome, for the watchdog (the labelled counter is split by route and code).
-    outcome_totals: [AtomicU64; 6],
-    durations: [Histogram; 6],
+    outcome_totals: [AtomicU64; Outcome::ALL.len()],
+    durations: [Histogram; Outcome::ALL.len()],
     upstream_requests: IntCounterVec,
     upstream_durations: HistogramVec,
     /// `portcullis_client_aborts_total`: requests whose client hung up before the

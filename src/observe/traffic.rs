@@ -278,6 +278,10 @@ mod tests {
             path_prefix: prefix.to_string(),
             upstream: 0,
             priority: crate::shed::Priority::Normal,
+            methods: Vec::new(),
+            client_cidrs: None,
+            action: crate::config::RouteAction::Proxy,
+            policy_mask: u64::MAX,
             headers: crate::edge::HeaderRules::new(),
         }
     }

@@ -41,6 +41,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
+use crate::config::{RouteAction, UnmatchedSection};
 use crate::edge;
 use crate::gate;
 use crate::metrics::Outcome;
@@ -155,19 +156,80 @@ impl Proxy {
     /// address (PROXY protocol and `trusted_proxies` applied).
     fn route(&self, session: &Session, ctx: &mut Ctx) {
         let rt = &*ctx.runtime;
-        let route = rt.route_index(host_of(session), session.req_header().uri.path());
-        ctx.routing.route = route;
-        ctx.routing.routed = true;
-        // Left when the context drops (`impl Drop for Ctx`).
-        rt.route_series(true, route).traffic.enter();
-        ctx.routing.pool = rt.pools.get(rt.route_at(route).upstream).cloned();
         let server = &rt.config.server;
-        ctx.routing.client = edge::client_ip(
+        // The client first: a route may match on it (`client_cidrs`).
+        let client = edge::client_ip(
             session,
             &server.trusted_proxies,
             server.proxy_protocol,
             &self.shared.proxied,
         );
+        ctx.routing.client = client;
+        let req = session.req_header();
+        let route = rt.route_index_for(host_of(session), req.uri.path(), &req.method, client);
+        ctx.routing.route = route;
+        ctx.routing.routed = true;
+        // Left when the context drops (`impl Drop for Ctx`).
+        rt.route_series(true, route).traffic.enter();
+        ctx.routing.pool = rt.pools.get(rt.route_at(route).upstream).cloned();
+    }
+
+    /// What the route answers itself, before any gate (CONTRACT §21): a `deny` route's
+    /// refusal, a `redirect` route's redirect, or the `server.unmatched` answer to a
+    /// request no route matches. `None` (proxy it) costs one branch on the route.
+    fn route_answer(session: &Session, ctx: &Ctx) -> Option<Result<(u16, String), Refusal>> {
+        let rt = &*ctx.runtime;
+        let Some(route) = ctx.routing.route.and_then(|i| rt.config.routes.get(i)) else {
+            return match rt.config.server.unmatched {
+                UnmatchedSection::FirstUpstream => None,
+                UnmatchedSection::NotFound => Some(Err(Refusal::NoRoute { status: 404 })),
+                UnmatchedSection::Misdirected => Some(Err(Refusal::NoRoute { status: 421 })),
+            };
+        };
+        match &route.action {
+            RouteAction::Proxy => None,
+            RouteAction::Deny(status) => Some(Err(Refusal::Denied { status: *status })),
+            RouteAction::Redirect(status, location) => {
+                let uri = &session.req_header().uri;
+                let req = edge::rules::Request {
+                    tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
+                    host: host_of(session),
+                    path: uri.path(),
+                    query: uri.query(),
+                };
+                Some(match location.render(&req) {
+                    Some(l) => Ok((*status, l)),
+                    None => Err(Refusal::BadRequest(
+                        "portcullis: the Host is not a host name a redirect can name\n",
+                    )),
+                })
+            }
+        }
+    }
+
+    /// Answer a `redirect` route: `status` with `Location`, no body.
+    async fn redirect(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        status: u16,
+        location: String,
+    ) -> Result<bool> {
+        ctx.answer.outcome = Some(Outcome::Redirected);
+        let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
+        if close {
+            session.set_keepalive(None);
+        }
+        let mut resp = ResponseHeader::build(status, Some(3))?;
+        resp.insert_header(http::header::LOCATION, location)?;
+        resp.insert_header(http::header::CONTENT_LENGTH, 0)?;
+        if close {
+            resp.insert_header(http::header::CONNECTION, "close")?;
+        }
+        batch::coalesce(session).await;
+        session.write_response_header(Box::new(resp), false).await?;
+        session.write_response_body(None, true).await?;
+        Ok(true)
     }
 
     /// An admitted upgrade: a tunnel is idle when no byte goes either way. The edge stream,
@@ -215,12 +277,20 @@ impl ProxyHttp for Proxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         self.route(session, ctx);
+        if let Some(answer) = Self::route_answer(session, ctx) {
+            return match answer {
+                Ok((status, location)) => self.redirect(session, ctx, status, location).await,
+                Err(refusal) => self.refuse(session, ctx, refusal).await,
+            };
+        }
         let rt = &*ctx.runtime;
         // The facts live in this block only: nothing of them is held across an await.
         let verdict = {
             let req = session.req_header();
+            let route = rt.route_at(ctx.routing.route);
             let facts = gate::RequestFacts {
-                priority: rt.route_at(ctx.routing.route).priority,
+                priority: route.priority,
+                policies: route.policy_mask,
                 headers: &req.headers,
                 uri: &req.uri,
                 client_ip: ctx.routing.client,

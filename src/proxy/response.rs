@@ -22,14 +22,6 @@ pub(super) fn prepare(
 ) -> Result<()> {
     edge::headers::strip_response_hop_by_hop(resp);
     request::frame_for_client(session, resp)?;
-    if let Some(rules) = ctx
-        .routing
-        .route
-        .and_then(|i| ctx.runtime.config.routes.get(i))
-    {
-        let rules = &rules.headers;
-        edge::headers::apply(resp, &rules.response_remove, &rules.response_set);
-    }
     if let Some(id) = &ctx.answer.request_id {
         resp.insert_header(&edge::headers::names::X_REQUEST_ID, id.clone())?;
     }
@@ -52,6 +44,16 @@ pub(super) fn prepare(
     if let Some(fields) = ctx.gates.rate {
         if let Some(parts) = ctx.runtime.rate.fields(fields.policy) {
             respond::apply_rate_fields(&fields, parts, resp)?;
+        }
+    }
+    // The route's rules come after the proxy's own fields (X-Request-Id, RateLimit).
+    if let Some(route) = ctx
+        .routing
+        .route
+        .and_then(|i| ctx.runtime.config.routes.get(i))
+    {
+        if !route.headers.response.is_empty() {
+            route.headers.response.apply(resp);
         }
     }
     if shared.lifecycle.is_draining() {

@@ -334,6 +334,10 @@ mod tests {
             path_prefix: p.to_string(),
             upstream: 0,
             priority: crate::config::Priority::Normal,
+            methods: Vec::new(),
+            client_cidrs: None,
+            action: crate::config::RouteAction::Proxy,
+            policy_mask: u64::MAX,
             headers: Default::default(),
         };
         assert_eq!(route_label(&r(None, "")), "default");

@@ -25,14 +25,6 @@ pub(super) fn prepare(
         edge::headers::restore(&session.req_header().headers, req, &[name]);
     }
     request::set_forwarded(session, req, &shared.proxied)?;
-    if let Some(rules) = ctx
-        .routing
-        .route
-        .and_then(|i| ctx.runtime.config.routes.get(i))
-    {
-        let rules = &rules.headers;
-        edge::headers::apply(req, &rules.request_remove, &rules.request_set);
-    }
     request::keep_http10_without_host(session, req);
     if session.as_downstream().is_http2() {
         request::join_cookie_crumbs(req)?;
@@ -55,5 +47,16 @@ pub(super) fn prepare(
         req,
         shared.observe.new_trace_sample(&ctx.runtime.config.tracing),
     )?;
+    // The route's rules come last: they may replace or remove what the proxy added
+    // (X-Forwarded-*, X-Request-Id, traceparent).
+    if let Some(route) = ctx
+        .routing
+        .route
+        .and_then(|i| ctx.runtime.config.routes.get(i))
+    {
+        if !route.headers.request.is_empty() {
+            route.headers.request.apply(req);
+        }
+    }
     Ok(())
 }

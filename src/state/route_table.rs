@@ -1,18 +1,26 @@
 //! Route lookup whose cost does not grow with the number of routes (CONTRACT §17).
 //!
-//! The routes are sorted (longest prefix first, host-specific before any-host, then in
-//! file order) and the first one that matches wins: its prefix starts the path, and its
-//! host, if it has one, is the request's (ASCII case-insensitive). That winner is the
-//! route with the longest matching prefix; at equal length a host-specific one, and
-//! among routes with the same host and prefix the first. So the table keeps one
-//! compressed prefix tree (radix tree) for the any-host routes and one per host, and a
-//! lookup walks the request path down at most two of them: O(path length), whatever
-//! the number of routes. Building is O(total prefix bytes); a tree has at most two nodes
-//! per distinct prefix.
+//! The routes are sorted (longest prefix first, host-specific before any-host, then those
+//! with more of `methods` / `client_cidrs` set, then in file order) and the first one that
+//! matches wins: its prefix starts the path, its host, if it has one, is the request's
+//! (ASCII case-insensitive), and the request's method and client address are among its
+//! `methods` and `client_cidrs` (when it sets them). That winner is found among the routes
+//! with the longest matching prefix; at equal length the host-specific ones first; when
+//! none of those admits the method or client, the next shorter matching prefix's routes
+//! are tried, down to none (the request is unmatched). So the table keeps one compressed
+//! prefix tree (radix tree) for the any-host routes and one per host, and a lookup walks
+//! the request path down at most two of them: O(path length), whatever the number of
+//! routes. A route with conditions adds a walk over the routes sharing its host and
+//! prefix (and, when none admits the request, another walk for the shorter prefix).
+//! Building is O(total prefix bytes); a tree has at most two nodes per distinct prefix.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 use crate::config::Route;
+
+/// No next route in [`RouteTable::next`].
+const END: u32 = u32::MAX;
 
 /// The routes of a config, indexed for lookup; indexes are those of `config.routes`.
 #[derive(Debug, Default)]
@@ -21,6 +29,10 @@ pub struct RouteTable {
     hosts: HashMap<Box<str>, Radix>,
     /// Routes for any host.
     any: Radix,
+    /// When some route has `methods` or `client_cidrs`: for each route, the next one (in
+    /// order) of the same host and prefix, or [`END`]. Empty otherwise: the lookup then
+    /// never looks at a method or client.
+    next: Box<[u32]>,
 }
 
 impl RouteTable {
@@ -34,10 +46,25 @@ impl RouteTable {
             };
             tree.insert(r.path_prefix.as_bytes(), i);
         }
+        if routes.iter().any(|r| r.conditions() > 0) {
+            let mut next = vec![END; routes.len()];
+            let mut last: HashMap<(Option<String>, &str), usize> = HashMap::new();
+            for (i, r) in routes.iter().enumerate() {
+                let key = (
+                    r.host.as_ref().map(|h| h.to_ascii_lowercase()),
+                    r.path_prefix.as_str(),
+                );
+                if let Some(prev) = last.insert(key, i) {
+                    next[prev] = u32::try_from(i).unwrap_or(END);
+                }
+            }
+            t.next = next.into();
+        }
         t
     }
 
-    /// Index of the first route (in `routes` order) matching `host` and `path`.
+    /// Index of the first route (in `routes` order) matching `host` and `path`, whatever
+    /// its `methods` and `client_cidrs`.
     #[inline]
     pub fn lookup(&self, host: &str, path: &str) -> Option<usize> {
         let path = path.as_bytes();
@@ -55,6 +82,73 @@ impl RouteTable {
             (Some(_), Some((_, ai))) | (None, Some((_, ai))) => Some(ai),
             (Some((_, si)), None) => Some(si),
             (None, None) => None,
+        }
+    }
+
+    /// Index of the first route of `routes` (those this table was built from) matching
+    /// `host`, `path`, `method` and `client`. Without any route with conditions, one
+    /// branch more than [`RouteTable::lookup`].
+    #[inline]
+    pub fn lookup_request(
+        &self,
+        routes: &[Route],
+        host: &str,
+        path: &str,
+        method: &http::Method,
+        client: Option<IpAddr>,
+    ) -> Option<usize> {
+        if self.next.is_empty() {
+            return self.lookup(host, path);
+        }
+        self.lookup_conditional(routes, host, path, method, client)
+    }
+
+    #[inline(never)]
+    fn lookup_conditional(
+        &self,
+        routes: &[Route],
+        host: &str,
+        path: &str,
+        method: &http::Method,
+        client: Option<IpAddr>,
+    ) -> Option<usize> {
+        let path = path.as_bytes();
+        let specific = if self.hosts.is_empty() {
+            None
+        } else if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.hosts.get(host.to_ascii_lowercase().as_str())
+        } else {
+            self.hosts.get(host)
+        };
+        // The longest prefix each tree may still answer with (`None`: done with it).
+        let mut s_lim = specific.map(|_| path.len());
+        let mut a_lim = Some(path.len());
+        loop {
+            let s = specific.zip(s_lim).and_then(|(t, l)| t.longest(&path[..l]));
+            let a = a_lim.and_then(|l| self.any.longest(&path[..l]));
+            let (len, head, is_specific) = match (s, a) {
+                (Some((sl, si)), Some((al, _))) if sl >= al => (sl, si, true),
+                (_, Some((al, ai))) => (al, ai, false),
+                (Some((sl, si)), None) => (sl, si, true),
+                (None, None) => return None,
+            };
+            let mut i = head;
+            loop {
+                let r = routes.get(i)?;
+                if r.admits(method, client) {
+                    return Some(i);
+                }
+                match self.next.get(i) {
+                    Some(&n) if n != END => i = n as usize,
+                    _ => break,
+                }
+            }
+            let shorter = len.checked_sub(1);
+            if is_specific {
+                s_lim = shorter;
+            } else {
+                a_lim = shorter;
+            }
         }
     }
 }
@@ -157,6 +251,7 @@ impl Radix {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edge::TrustedProxies;
     use crate::shed::Priority;
 
     fn route(host: Option<&str>, prefix: &str, upstream: usize) -> Route {
@@ -166,6 +261,10 @@ mod tests {
             upstream,
             priority: Priority::Normal,
             headers: crate::edge::HeaderRules::new(),
+            methods: Vec::new(),
+            client_cidrs: None,
+            action: crate::config::RouteAction::Proxy,
+            policy_mask: u64::MAX,
         }
     }
 
@@ -176,6 +275,7 @@ mod tests {
                 .len()
                 .cmp(&a.path_prefix.len())
                 .then(b.host.is_some().cmp(&a.host.is_some()))
+                .then(b.conditions().cmp(&a.conditions()))
         });
         routes
     }
@@ -251,6 +351,58 @@ mod tests {
                         .iter()
                         .map(|r| (&r.host, &r.path_prefix))
                         .collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
+    /// Property: with `methods` and `client_cidrs` on some routes, the table answers what
+    /// the first matching route in order is, falling back to shorter prefixes.
+    #[test]
+    fn conditions_same_answer_as_the_linear_scan() {
+        let mut rng = fastrand::Rng::with_seed(0x5eed_0058);
+        let methods = [http::Method::GET, http::Method::POST, http::Method::DELETE];
+        let nets = ["10.0.0.0/8", "192.168.1.0/24", "::1"];
+        let clients: [Option<IpAddr>; 4] = [
+            "10.1.2.3".parse().ok(),
+            "192.168.1.9".parse().ok(),
+            "::1".parse().ok(),
+            None,
+        ];
+        let prefixes = ["/", "/a", "/a/b", "/ab", "/a/b/c"];
+        let hosts = ["a.test", "b.test"];
+        for round in 0..300 {
+            let n = rng.usize(0..25);
+            let routes: Vec<Route> = (0..n)
+                .map(|i| {
+                    let host = rng.bool().then(|| hosts[rng.usize(0..hosts.len())]);
+                    let mut r = route(host, prefixes[rng.usize(0..prefixes.len())], i);
+                    if rng.usize(0..3) == 0 {
+                        r.methods = vec![methods[rng.usize(0..methods.len())].clone()];
+                    }
+                    if rng.usize(0..3) == 0 {
+                        r.client_cidrs =
+                            TrustedProxies::parse(&[nets[rng.usize(0..nets.len())]]).ok();
+                    }
+                    r
+                })
+                .collect();
+            let routes = sorted(routes);
+            let t = RouteTable::build(&routes);
+            for _ in 0..100 {
+                let host = hosts[rng.usize(0..hosts.len())];
+                let path = ["/", "/a", "/a/b/c/d", "/abc", "/x", "/a/"][rng.usize(0..6)];
+                let m = &methods[rng.usize(0..methods.len())];
+                let c = clients[rng.usize(0..clients.len())];
+                let want = routes.iter().position(|r| {
+                    path.starts_with(r.path_prefix.as_str())
+                        && r.host.as_deref().is_none_or(|h| h == host)
+                        && r.admits(m, c)
+                });
+                assert_eq!(
+                    t.lookup_request(&routes, host, path, m, c),
+                    want,
+                    "round {round}: {host} {path} {m} {c:?}"
                 );
             }
         }

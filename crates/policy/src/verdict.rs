@@ -11,16 +11,22 @@ pub enum Outcome {
     Rejected,
     NoBackend,
     UpstreamError,
+    /// A route with `action = "deny"` answered (CONTRACT §21).
+    Denied,
+    /// A route with `action = "redirect"` answered.
+    Redirected,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Proxied,
         Outcome::Shed,
         Outcome::RateLimited,
         Outcome::Rejected,
         Outcome::NoBackend,
         Outcome::UpstreamError,
+        Outcome::Denied,
+        Outcome::Redirected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -31,6 +37,8 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::NoBackend => "no_backend",
             Outcome::UpstreamError => "upstream_error",
+            Outcome::Denied => "denied",
+            Outcome::Redirected => "redirected",
         }
     }
 }
@@ -105,6 +113,10 @@ pub enum Refusal {
     UpstreamError,
     /// A fault in the proxy itself (500).
     Internal,
+    /// A route with `action = "deny"` (its `status`, 403 by default).
+    Denied { status: u16 },
+    /// No route matches and `server.unmatched` is `404` or `421`.
+    NoRoute { status: u16 },
 }
 
 impl Refusal {
@@ -124,6 +136,7 @@ impl Refusal {
             Refusal::UpstreamTimeout => 504,
             Refusal::UpstreamError => 502,
             Refusal::Internal => 500,
+            Refusal::Denied { status } | Refusal::NoRoute { status } => *status,
         }
     }
 
@@ -149,6 +162,8 @@ impl Refusal {
             Refusal::UpstreamTimeout | Refusal::UpstreamError | Refusal::Internal => {
                 Outcome::UpstreamError
             }
+            Refusal::Denied { .. } => Outcome::Denied,
+            Refusal::NoRoute { .. } => Outcome::Rejected,
         }
     }
 
@@ -176,6 +191,9 @@ impl Refusal {
             Refusal::UpstreamTimeout => "portcullis: upstream timed out\n",
             Refusal::UpstreamError => "portcullis: upstream error\n",
             Refusal::Internal => "portcullis: internal error\n",
+            Refusal::Denied { .. } => "portcullis: denied\n",
+            Refusal::NoRoute { status: 421 } => "portcullis: misdirected request (no route)\n",
+            Refusal::NoRoute { .. } => "portcullis: no route\n",
         }
     }
 
