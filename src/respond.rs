@@ -55,6 +55,8 @@ pub fn problem_kind(refusal: &Refusal) -> Option<&'static str> {
         Refusal::UpstreamTimeout => "upstream-timeout",
         Refusal::UpstreamError => "upstream-error",
         Refusal::Internal => "internal",
+        Refusal::Denied { .. } => "denied",
+        Refusal::NoRoute { .. } => "no-route",
         #[allow(unreachable_patterns)] // a refusal added later: `about:blank`
         _ => return None,
     })

@@ -571,3 +571,30 @@ fn unmatched_with_each_of_its_values() {
         || p.get("/y", &[("host", "other.test")]).status == 421,
     );
 }
+
+/// The proxy's own answers of the edge rules take `[errors]` like every other: a deny
+/// and an unmatched 404 are problem details with their own type when asked.
+#[test]
+fn denies_and_unmatched_answers_are_problem_details_when_asked() {
+    let b = Backend::start("app");
+    let routes = "[[routes]]\nhost = \"api.example.test\"\npath_prefix = \"/admin\"\naction = \"deny\"\n\
+                  [[routes]]\nhost = \"api.example.test\"\npath_prefix = \"/\"\nupstream = \"app\"\n\
+                  [errors]\nformat = \"problem_json\"\n";
+    let p = Proxy::start_with_server(
+        "unmatched = \"404\"",
+        &format!("{}{routes}", one_upstream(&b)),
+    );
+    for (host, path, status, kind) in [
+        ("api.example.test", "/admin/x", 403, "denied"),
+        ("other.test", "/x", 404, "no-route"),
+    ] {
+        let r = p.get(path, &[("host", host)]);
+        assert_eq!(r.status, status, "{}", r.body_str());
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        let v: serde_json::Value =
+            serde_json::from_str(&r.body_str()).unwrap_or_else(|e| panic!("{e}: {}", r.body_str()));
+        assert_eq!(v["status"], status, "{v}");
+        assert_eq!(v["type"], format!("urn:portcullis:problem:{kind}"), "{v}");
+    }
+    assert_eq!(b.requests(), 0);
+}
