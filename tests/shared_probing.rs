@@ -300,42 +300,79 @@ fn probers_share_the_probing_and_the_fleet_follows_their_majority() {
             assert!(!named.contains(LABELS[victim]), "{named:?}");
         }
     }
+}
 
-    // Redis down: every survivor probes every backend itself again, and still takes a
-    // failing one out.
+/// `probers = 1`: each backend is probed by one instance only. Redis killed: once no
+/// prober has published for three intervals, every instance probes every backend itself
+/// (`source` = `local`) and still takes a failing one out, while requests are served;
+/// Redis back: the fleet follows its probers again.
+#[test]
+fn with_the_store_down_every_instance_probes_for_itself() {
+    let mut f = fleet(3, true, 1, true);
+    let label_of = labels(&f.proxies);
+    let addrs: Vec<String> = f.backends.iter().map(Backend::addr).collect();
+    let all_from = |p: &Proxy, source: &str| {
+        addrs
+            .iter()
+            .all(|a| record(p, a)["check"]["source"] == source)
+    };
+    eventually(
+        DEADLINE,
+        || format!("{:?}", records(&f.proxies[0])),
+        || f.proxies.iter().all(|p| all_from(p, "fleet")),
+    );
+    let probers: Vec<BTreeSet<&str>> = addrs
+        .iter()
+        .map(|a| probers_of(&f.proxies[0], a, &label_of))
+        .collect();
+    assert!(probers.iter().all(|p| p.len() == 1), "{probers:?}");
+    probes_per_interval(&f, 18);
+    for (i, b) in f.backends.iter().enumerate() {
+        let from: BTreeSet<String> = probes_by(b).into_keys().collect();
+        assert!(from.len() <= 1, "{}: probed by {from:?}", addrs[i]);
+    }
+
     let mut redis = f.redis.take().unwrap_or_else(RedisServer::start);
     redis.kill();
-    for b in &f.backends {
-        b.reset_counters();
-    }
     let down = Instant::now();
     eventually(
         DEADLINE,
-        || format!("{:?}", f.backends.iter().map(probes_by).collect::<Vec<_>>()),
-        || {
-            f.backends.iter().all(|b| {
-                let by = probes_by(b);
-                survivors.iter().all(|s| by.contains_key(LABELS[*s]))
-            })
-        },
+        || format!("{:?}", records(&f.proxies[0])),
+        || f.proxies.iter().all(|p| all_from(p, "local")),
     );
-    eprintln!(
-        "with Redis down, every instance probed every backend after {:?}",
-        down.elapsed()
+    let fallback = down.elapsed();
+    eprintln!("with Redis down, every instance probed for itself after {fallback:?}");
+    for b in &f.backends {
+        b.reset_counters();
+    }
+    eventually(
+        DEADLINE,
+        || format!("{:?}", f.backends.iter().map(probes_by).collect::<Vec<_>>()),
+        || f.backends.iter().all(|b| probes_by(b).len() == 3),
     );
     f.backends[2].set_mode(Mode::Fail(503));
     eventually(
         DEADLINE,
-        || format!("{}", record(&f.proxies[survivors[0]], &addrs[2])),
+        || format!("{}", record(&f.proxies[0], &addrs[2])),
         || {
-            survivors.iter().all(|s| {
-                let r = record(&f.proxies[*s], &addrs[2]);
-                r["state"] == "unhealthy" && r["check"]["source"] == "local"
-            })
+            f.proxies
+                .iter()
+                .all(|p| record(p, &addrs[2])["state"] == "unhealthy")
         },
     );
-    let r = f.proxies[survivors[0]].get("/", &[]);
+    let r = f.proxies[0].get("/", &[]);
     assert_eq!(r.status, 200, "requests are served with the store down");
+
+    // The store back: the fleet follows its probers again (b2 still down everywhere).
+    redis.restart();
+    eventually(
+        DEADLINE,
+        || format!("{:?}", records(&f.proxies[0])),
+        || f.proxies.iter().all(|p| all_from(p, "fleet")),
+    );
+    for p in &f.proxies {
+        assert_eq!(record(p, &addrs[2])["state"], "unhealthy");
+    }
 }
 
 /// Probe counts per backend per interval at 1, 3 and 8 instances, shared (`probers =
