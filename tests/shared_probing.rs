@@ -66,7 +66,11 @@ fn probers_of(
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(|i| i.as_str().and_then(|i| label_of.get(i).copied()))
+                .filter_map(|i| {
+                    // `host:pid-tag`
+                    let id = i.as_str()?.rsplit_once('-')?.0;
+                    label_of.get(id).copied()
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -86,7 +90,7 @@ fn total_probes(b: &Backend) -> usize {
     probes_by(b).values().sum()
 }
 
-/// Instance id (`host:pid`, as the store lists it) → label.
+/// Instance `host:pid` (the store's id without its random tag) → label.
 fn labels(fleet: &[Proxy]) -> HashMap<String, &'static str> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -197,8 +201,10 @@ fn probers_share_the_probing_and_the_fleet_follows_their_majority() {
             "{}: probed by {from:?}, probers {expected:?}",
             addrs[i]
         );
+        // two probers probe a settled backend at most once an interval each (all three
+        // instances made 2.4 here: the loop's 250 ms tick stretches an interval)
         assert!(
-            rates[i] <= 2.6 && rates[i] >= 1.0,
+            rates[i] <= 2.2 && rates[i] >= 1.0,
             "{}: {} probes per interval",
             addrs[i],
             rates[i]

@@ -34,7 +34,13 @@ impl SharedProbing {
         match store {
             Store::Redis(_) => Some(Self {
                 store: store.probes(),
-                me: crate::watchdog::instance_id(),
+                // `host:pid` plus a random tag: containers sharing the host's name
+                // (host networking) all run as pid 1
+                me: format!(
+                    "{}-{:04x}",
+                    crate::watchdog::instance_id(),
+                    fastrand::u16(..)
+                ),
                 failing: AtomicBool::new(false),
             }),
             Store::Local => None,
