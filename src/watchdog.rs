@@ -171,8 +171,8 @@ impl StallProbe {
     }
 }
 
-/// Instance id used as the claim holder: `host:pid`.
-fn instance_id() -> String {
+/// Instance id used as the claim holder (and shared probing's lease): `host:pid`.
+pub(crate) fn instance_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())

@@ -343,9 +343,9 @@ fn bad_health_checks_are_check_errors_with_key_path_and_line() {
             "out of range",
         ),
         (
-            "[upstreams.health_check]\nshared = true\n",
-            "upstreams[0].health_check.shared",
-            "not available",
+            "[upstreams.health_check]\nshared = true\nprobers = 65\n",
+            "upstreams[0].health_check.probers",
+            "out of range",
         ),
         (
             "[upstreams.health_check]\npath = \"health\"\n",

@@ -65,6 +65,8 @@ fn legacy(u: &UpstreamSection) -> Option<HealthCheck> {
                 .saturating_add(u.connect_timeout_ms.max(1000)),
         ),
         port: None,
+        shared: false,
+        probers: 3,
     })
 }
 
@@ -129,13 +131,6 @@ fn section(h: &HealthCheckSection, p: &dyn Fn(&str) -> String) -> VResult<Option
     range(&p("rise"), u64::from(h.rise), 1, 1000, "")?;
     range(&p("fall"), u64::from(h.fall), 1, 1000, "")?;
     range(&p("probers"), u64::from(h.probers), 1, 64, "")?;
-    if h.shared {
-        return err(
-            p("shared"),
-            "shared probing is not available in this version: every instance probes its \
-             backends itself; remove `shared` (or set it to false)",
-        );
-    }
     Ok(Some(HealthCheck {
         path: h.path.clone(),
         method,
@@ -151,5 +146,7 @@ fn section(h: &HealthCheckSection, p: &dyn Fn(&str) -> String) -> VResult<Option
         },
         timeout: Duration::from_millis(h.timeout_ms),
         port: (h.port != 0).then_some(h.port),
+        shared: h.shared,
+        probers: h.probers,
     }))
 }

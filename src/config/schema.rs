@@ -946,8 +946,9 @@ pub struct HealthCheckSection {
     pub fall: u32,
     /// Probe this port instead of the backend's; 0 = the backend's.
     pub port: u16,
-    /// With the store, each backend is probed by `probers` instances of the fleet (not
-    /// available yet: true is refused).
+    /// With the store (`[redis]`), each backend is probed by `probers` instances of the
+    /// fleet (chosen by rendezvous hashing over the live instances) and every instance
+    /// follows the majority of their verdicts; without it, every instance probes.
     pub shared: bool,
     /// How many instances probe each backend when `shared`.
     pub probers: u32,

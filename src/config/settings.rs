@@ -181,6 +181,11 @@ pub struct HealthCheck {
     pub timeout: Duration,
     /// `None`: the backend's port.
     pub port: Option<u16>,
+    /// With the store, each backend is probed by `probers` instances and every instance
+    /// follows their majority verdict (without one: probed here, as when false).
+    pub shared: bool,
+    /// How many instances probe each backend when `shared` (1..64).
+    pub probers: u32,
 }
 
 /// One `[[routes]]` entry.

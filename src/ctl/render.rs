@@ -135,10 +135,21 @@ pub fn backends(list: &[Value], now: i64) -> String {
     table(&header, &rows)
 }
 
-/// A backend's last active check: `ok in 2ms, 0/3`; `-` without one.
+/// A backend's last active check: `ok in 2ms, 0/3`; `-` without one. With shared
+/// probing, whose verdict the state is: `, fleet` (the probers' majority; this instance
+/// does not probe it) or `, fleet+probing` (this instance is one of the probers).
 fn check(c: &Value) -> String {
+    let source = match (c["source"].as_str(), c["probing"].as_bool()) {
+        (Some("fleet"), Some(true)) => ", fleet+probing",
+        (Some("fleet"), _) => ", fleet",
+        _ => "",
+    };
     match (c["result"].as_str(), c["duration_ms"].as_u64()) {
-        (Some(r), Some(ms)) => format!("{} in {ms}ms, {}", clean(r), field(c, &["progress"])),
+        (Some(r), Some(ms)) => format!(
+            "{} in {ms}ms, {}{source}",
+            clean(r),
+            field(c, &["progress"])
+        ),
         _ => "-".into(),
     }
 }
@@ -298,6 +309,20 @@ mod tests {
             relative(Some(now + 3 * 86_400_000 + 4 * 3_600_000), now),
             "in 3d04h"
         );
+    }
+
+    #[test]
+    fn a_check_says_when_the_fleet_decided() {
+        let c = json!({"result": "status 503", "duration_ms": 2, "progress": "0/2"});
+        assert_eq!(check(&c), "status 503 in 2ms, 0/2");
+        let mut f = c.clone();
+        f["source"] = json!("fleet");
+        f["probing"] = json!(false);
+        assert_eq!(check(&f), "status 503 in 2ms, 0/2, fleet");
+        f["probing"] = json!(true);
+        assert_eq!(check(&f), "status 503 in 2ms, 0/2, fleet+probing");
+        f["source"] = json!("local");
+        assert_eq!(check(&f), "status 503 in 2ms, 0/2");
     }
 
     #[test]

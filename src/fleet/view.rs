@@ -73,13 +73,21 @@ pub fn backend_view(pool: &Pool, b: &BackendState) -> Value {
 /// (`ok`, `connect`, `timeout`, `status 500`, `body`, `protocol`), `duration_ms`, `at`
 /// (Unix ms), `healthy`, `progress` toward the next flip (`1/3`: one failure of
 /// `fall` = 3) and `since` (Unix ms it entered its state); null without a check or
-/// before its first probe.
+/// before its first probe. With shared probing: `source` (`fleet`: the probers' majority
+/// verdict; `local`: this instance's own probes), `probing` (this instance probes it),
+/// `probers` (the instances chosen to) and `verdicts_from` (whose fresh verdicts
+/// counted); a followed backend's `result` is the newest check its probers published.
 pub fn check_view(pool: &Pool, b: &BackendState) -> Value {
     let (Some(track), Some(t)) = (pool.health_track(b), pool.health_thresholds()) else {
         return Value::Null;
     };
     let last = track.last.as_ref();
+    let source = pool.health_source(b).unwrap_or_default();
     json!({
+        "source": if source.fleet { "fleet" } else { "local" },
+        "probing": source.probing,
+        "probers": source.probers,
+        "verdicts_from": source.from,
         "result": last.map(|l| l.outcome.to_string()),
         "duration_ms": last.map(|l| l.duration_ms),
         "at": last.map(|l| l.at_ms),

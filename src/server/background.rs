@@ -21,6 +21,8 @@ use crate::store::Store;
 /// its own interval; follows reloads.
 struct HealthChecks {
     shared: Arc<Shared>,
+    /// Shared probing's exchanges (`None` without a Redis store).
+    probing: Option<super::shared_probing::SharedProbing>,
 }
 
 #[async_trait]
@@ -34,15 +36,41 @@ impl BackgroundService for HealthChecks {
                 _ = shutdown.changed() => return,
             }
             let rt = self.shared.runtime.load_full();
+            let mut due = Vec::new();
             for pool in &rt.pools {
                 let Some(every) = pool.health_check_interval else {
                     continue;
                 };
-                let due = last.get(&pool.name).is_none_or(|t| t.elapsed() >= every);
-                if due {
+                if last.get(&pool.name).is_none_or(|t| t.elapsed() >= every) {
                     last.insert(pool.name.clone(), Instant::now());
-                    pool.run_health_check().await;
+                    due.push(pool.as_ref());
                 }
+            }
+            if due.is_empty() {
+                continue;
+            }
+            let shared: Vec<&crate::upstream::Pool> = rt
+                .pools
+                .iter()
+                .map(AsRef::as_ref)
+                .filter(|p| p.shared_probing().is_some())
+                .collect();
+            let probing = self.probing.as_ref().filter(|_| !shared.is_empty());
+            if let Some(probing) = probing {
+                // the roles (and the fleet's verdicts) of the pools about to be checked
+                let read: Vec<&crate::upstream::Pool> = due
+                    .iter()
+                    .copied()
+                    .filter(|p| p.shared_probing().is_some())
+                    .collect();
+                probing.exchange(&shared, &read).await;
+            }
+            for pool in &due {
+                pool.run_health_check().await;
+            }
+            if let Some(probing) = probing {
+                // what this round found, for the rest of the fleet
+                probing.exchange(&shared, &[]).await;
             }
         }
     }
@@ -186,7 +214,13 @@ pub(super) fn services(
     let (store, flush_interval) = counter_store(fleet_store, redis);
     // Every background service holds the shared state.
     let sh = || Arc::clone(shared);
-    let health = background_service("health checks", HealthChecks { shared: sh() });
+    let health = background_service(
+        "health checks",
+        HealthChecks {
+            shared: sh(),
+            probing: super::shared_probing::SharedProbing::new(fleet_store),
+        },
+    );
     let flusher = background_service(
         "rate-limit flusher",
         Flusher {

@@ -602,6 +602,26 @@ impl Pool {
         self.health.as_ref()?.tracks.get(&s.addr)
     }
 
+    /// Shared probing of this pool: its tracks, `probers` and thresholds (`None` without
+    /// a check with `shared = true`).
+    pub fn shared_probing(
+        &self,
+    ) -> Option<(
+        Arc<probe::Tracks>,
+        u32,
+        portcullis_policy::health::Thresholds,
+    )> {
+        let h = self.health.as_ref()?;
+        let check = h.check.0.load();
+        let probers = check.shared_probers()?;
+        Some((Arc::clone(&h.tracks), probers, check.thresholds()))
+    }
+
+    /// Where `s`'s state came from at its last check (shared probing).
+    pub fn health_source(&self, s: &BackendState) -> Option<probe::Source> {
+        self.health.as_ref()?.tracks.source(&s.addr)
+    }
+
     /// Each backend's probe counts by result (empty without an active check).
     pub fn health_counts(&self) -> Vec<(SocketAddr, probe::Counts)> {
         self.health

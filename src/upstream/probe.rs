@@ -5,18 +5,28 @@
 //! thresholds it is given; a settled healthy backend is probed only every `interval_ms`
 //! (between, its last pass stands). Each backend's [`Track`] (last result, its duration,
 //! progress toward a flip, time in state) is what `/backends` and `/status` show.
+//!
+//! Shared probing (`shared = true` with a store): the health-check loop exchanges with the
+//! store once per round (`crate::server::shared_probing`) and hands each backend's
+//! [`Role`] to its upstream's [`Tracks`]: whether this instance is one of its probers,
+//! who they are, and the verdicts they published. A prober probes as above and publishes
+//! its verdict; every instance, probers included, returns the probers' majority verdict
+//! to Pingora's registry. A backend with no fresh verdict (no prober published for three
+//! intervals: probers gone, store down), and every backend while the roles are that old,
+//! is probed here again.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::HealthCheck as PingoraCheck;
 use pingora::lb::Backend;
-use portcullis_policy::health::{Outcome, Track};
+use portcullis_policy::health::shared::{decide, Fleet, Verdict};
+use portcullis_policy::health::{LastCheck, Outcome, Track};
 
 use crate::config::{HealthCheck, UpstreamTransport};
 
@@ -28,6 +38,46 @@ const BODY_WINDOW: usize = 64 * 1024;
 #[derive(Default)]
 pub struct Tracks {
     inner: Mutex<HashMap<SocketAddr, (Track, Counts)>>,
+    fleet: Mutex<FleetRoles>,
+}
+
+/// Shared probing's part of an upstream's tracks.
+#[derive(Default)]
+struct FleetRoles {
+    /// This instance's id in the store.
+    me: String,
+    /// Each backend's role, as the last exchange with the store found it.
+    roles: HashMap<SocketAddr, Role>,
+    /// When that exchange ran (this clock), and the store's clock then.
+    read_at: Option<(Instant, u64)>,
+    /// This instance's verdicts not yet published, the latest per backend.
+    outbox: HashMap<SocketAddr, String>,
+    /// Where each backend's state came from at its last check.
+    sources: HashMap<SocketAddr, Source>,
+}
+
+/// A backend's probers and what they published.
+#[derive(Debug, Clone, Default)]
+pub struct Role {
+    /// Its probers, highest rendezvous score first.
+    pub probers: Vec<String>,
+    /// Whether this instance is one of them.
+    pub me: bool,
+    /// The latest verdicts the other probers published.
+    pub verdicts: Vec<Verdict>,
+}
+
+/// Where a backend's state came from at its last check (`/backends`: `check.source`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Source {
+    /// The probers' majority verdict (else this instance's own probes).
+    pub fleet: bool,
+    /// Whether this instance probed it.
+    pub probing: bool,
+    /// Its probers (empty without shared probing).
+    pub probers: Vec<String>,
+    /// The probers whose fresh verdicts made the majority.
+    pub from: Vec<String>,
 }
 
 /// Probes of one backend by result label.
@@ -41,6 +91,49 @@ impl Tracks {
     /// A copy of `addr`'s track (`None`: never probed).
     pub fn get(&self, addr: &SocketAddr) -> Option<Track> {
         self.lock().get(addr).map(|(t, _)| t.clone())
+    }
+
+    fn fleet(&self) -> MutexGuard<'_, FleetRoles> {
+        self.fleet.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The roles the exchange with the store at `store_now_ms` found for `me`.
+    pub fn set_roles(&self, me: &str, roles: HashMap<SocketAddr, Role>, store_now_ms: u64) {
+        let mut f = self.fleet();
+        me.clone_into(&mut f.me);
+        f.roles = roles;
+        f.read_at = Some((Instant::now(), store_now_ms));
+    }
+
+    /// The verdicts to publish (taken: published once).
+    pub fn take_outbox(&self) -> Vec<(SocketAddr, String)> {
+        self.fleet().outbox.drain().collect()
+    }
+
+    /// Where `addr`'s state came from at its last check (`None`: not checked yet).
+    pub fn source(&self, addr: &SocketAddr) -> Option<Source> {
+        self.fleet().sources.get(addr).cloned()
+    }
+
+    /// `addr`'s role, this instance's id and the store's clock now, unless the roles
+    /// were read more than `max_age` ago (or never).
+    fn role(&self, addr: &SocketAddr, max_age: Duration) -> Option<(Role, String, u64)> {
+        let f = self.fleet();
+        let (at, store_ms) = f.read_at?;
+        let age = at.elapsed();
+        if age > max_age {
+            return None;
+        }
+        let now = store_ms + u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+        Some((f.roles.get(addr)?.clone(), f.me.clone(), now))
+    }
+
+    fn set_source(&self, addr: SocketAddr, source: Source) {
+        self.fleet().sources.insert(addr, source);
+    }
+
+    fn publish(&self, addr: SocketAddr, payload: String) {
+        self.fleet().outbox.insert(addr, payload);
     }
 
     /// Each backend's probe counts by result.
@@ -102,6 +195,11 @@ impl Probe {
     /// Whether `status` is one `expect_status` takes.
     pub fn passes(&self, status: u16) -> bool {
         self.check.expect_status.matches(status)
+    }
+
+    /// `probers` when the check is shared.
+    pub fn shared_probers(&self) -> Option<u32> {
+        self.check.shared.then_some(self.check.probers)
     }
 
     pub fn thresholds(&self) -> portcullis_policy::health::Thresholds {
@@ -205,6 +303,85 @@ fn now_ms() -> u64 {
     crate::state::unix_ms()
 }
 
+impl Probe {
+    /// This instance's own view of `addr`: its last pass while settled healthy and not
+    /// due, else a probe (counted toward `rise`/`fall`). The state after `rise`/`fall`,
+    /// and the check that led to it.
+    async fn local(&self, addr: SocketAddr) -> (bool, Option<LastCheck>) {
+        let t = self.check.thresholds;
+        // A settled healthy backend between its probes: its last pass stands.
+        let cached = self.tracks.lock().get(&addr).and_then(|(track, _)| {
+            (!track.due(now_ms(), &t) && track.healthy && !track.unsettled())
+                .then(|| track.last.clone())
+        });
+        if let Some(last) = cached {
+            return (true, last);
+        }
+        let started = Instant::now();
+        let started_ms = now_ms();
+        let outcome = self.probe(addr).await;
+        let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let label = outcome.label();
+        let shown = outcome.to_string();
+        let mut all = self.tracks.lock();
+        let (track, counts) = all
+            .entry(addr)
+            .or_insert_with(|| (Track::new(started_ms), Counts::new()));
+        // `at_ms` is when the probe started: the interval runs from start to start
+        if track.observe(outcome, started_ms, took, &t) {
+            tracing::warn!(
+                event = "health",
+                backend = %addr,
+                healthy = track.healthy,
+                check = %shown,
+                duration_ms = took,
+                "backend health changed"
+            );
+        }
+        *counts.entry(label).or_insert(0) += 1;
+        (track.healthy, track.last.clone())
+    }
+
+    /// Takes the fleet's verdict on `addr` into its track (for `/backends`).
+    fn follow(&self, addr: SocketAddr, healthy: bool, newest: Option<LastCheck>) {
+        let now = now_ms();
+        let mut all = self.tracks.lock();
+        let (track, _) = all
+            .entry(addr)
+            .or_insert_with(|| (Track::new(now), Counts::new()));
+        if track.follow(healthy, now, newest) {
+            tracing::warn!(
+                event = "health",
+                backend = %addr,
+                healthy,
+                source = "fleet",
+                "backend health changed"
+            );
+        }
+    }
+}
+
+/// A role's probers as the policy takes them.
+fn names(role: &Role) -> Vec<&str> {
+    role.probers.iter().map(String::as_str).collect()
+}
+
+/// The answer Pingora's registry gets: the backend's state.
+fn answer(healthy: bool, why: impl FnOnce() -> String) -> pingora::Result<()> {
+    if healthy {
+        Ok(())
+    } else {
+        pingora::Error::e_explain(pingora::ErrorType::ConnectError, why())
+    }
+}
+
+/// `check` returns a backend's *state*, already past `rise`/`fall` (this instance's
+/// [`Track`] counts them for its own probes, each prober counted them before publishing
+/// its verdict), and [`PingoraCheck::health_threshold`] is 1: the registry takes the state
+/// as it is. A followed verdict therefore applies at the next round (within one interval),
+/// not `rise`/`fall` rounds later, and the registry never disagrees with the track
+/// `/backends` shows. (For this instance's own probes it is the same as before: the track
+/// and the registry counted the same results with the same thresholds.)
 #[async_trait]
 impl PingoraCheck for Probe {
     async fn check(&self, target: &Backend) -> pingora::Result<()> {
@@ -212,52 +389,84 @@ impl PingoraCheck for Probe {
             return Ok(());
         };
         let t = self.check.thresholds;
-        // A settled healthy backend between its probes: its last pass stands.
-        let cached = self.tracks.lock().get(&addr).and_then(|(track, _)| {
-            (!track.due(now_ms(), &t)).then_some(track.healthy && !track.unsettled())
-        });
-        if cached == Some(true) {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let started_ms = now_ms();
-        let outcome = self.probe(addr).await;
-        let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let passed = outcome.passed();
-        let label = outcome.label();
-        let shown = outcome.to_string();
-        {
-            let mut all = self.tracks.lock();
-            let (track, counts) = all
-                .entry(addr)
-                .or_insert_with(|| (Track::new(started_ms), Counts::new()));
-            // `at_ms` is when the probe started: the interval runs from start to start
-            if track.observe(outcome, started_ms, took, &t) {
-                tracing::warn!(
-                    event = "health",
-                    backend = %addr,
-                    healthy = track.healthy,
-                    check = %shown,
-                    duration_ms = took,
-                    "backend health changed"
-                );
-            }
-            *counts.entry(label).or_insert(0) += 1;
-        }
-        if passed {
-            Ok(())
+        // no prober published for three intervals: probe here again
+        let stale_ms = t.interval_ms.max(t.fast_interval_ms).saturating_mul(3);
+        let role = if self.check.shared {
+            self.tracks.role(&addr, Duration::from_millis(stale_ms))
         } else {
-            pingora::Error::e_explain(pingora::ErrorType::ConnectError, shown)
+            None
+        };
+        // A backend this instance does not probe: the probers' verdict, when fresh.
+        if let Some((role, _, now)) = role.as_ref().filter(|(r, _, _)| !r.me) {
+            if let Fleet::Follow {
+                healthy,
+                from,
+                newest,
+            } = decide(&names(role), &role.verdicts, *now, stale_ms)
+            {
+                self.follow(addr, healthy, newest);
+                let source = Source {
+                    fleet: true,
+                    probing: false,
+                    probers: role.probers.clone(),
+                    from,
+                };
+                let n = source.from.len();
+                self.tracks.set_source(addr, source);
+                return answer(healthy, || format!("down by the fleet's probers ({n})"));
+            }
         }
+        let (healthy, last) = self.local(addr).await;
+        let (role, me, now) = match role {
+            Some((r, me, now)) if r.me => (r, me, now),
+            other => {
+                let probers = other.map(|(r, _, _)| r.probers).unwrap_or_default();
+                self.tracks.set_source(
+                    addr,
+                    Source {
+                        probing: true,
+                        probers,
+                        ..Source::default()
+                    },
+                );
+                let shown = last.map(|l| l.outcome.to_string()).unwrap_or_default();
+                return answer(healthy, || shown);
+            }
+        };
+        // A prober: publish, then follow the majority with its own verdict among them.
+        self.tracks
+            .publish(addr, Verdict::payload(healthy, last.as_ref()));
+        let mut verdicts = role.verdicts.clone();
+        verdicts.push(Verdict {
+            instance: me,
+            healthy,
+            last,
+            stamp_ms: now,
+        });
+        let (healthy, from) = match decide(&names(&role), &verdicts, now, stale_ms) {
+            Fleet::Follow { healthy, from, .. } => (healthy, from),
+            Fleet::Local => (healthy, Vec::new()),
+        };
+        let n = from.len();
+        self.tracks.set_source(
+            addr,
+            Source {
+                fleet: true,
+                probing: true,
+                probers: role.probers,
+                from,
+            },
+        );
+        answer(healthy, || format!("down by the fleet's probers ({n})"))
     }
 
     fn backend_summary(&self, target: &Backend) -> String {
         format!("backend {}", target.addr)
     }
 
-    fn health_threshold(&self, success: bool) -> usize {
-        let t = self.check.thresholds;
-        (if success { t.rise } else { t.fall }).max(1) as usize
+    /// 1: `check` returns the state after `rise`/`fall` (see the impl's comment).
+    fn health_threshold(&self, _success: bool) -> usize {
+        1
     }
 }
 

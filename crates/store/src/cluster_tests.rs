@@ -1,6 +1,6 @@
 //! The store's callers on a real 3-master Redis Cluster (started by the kit's launcher):
 //! a rate-limit flush whose keys span many hash slots, retried with the same batch id;
-//! the culling claim script and the fleet token bucket on their slot. Skipped (with a
+//! the culling claim script, the fleet token bucket and shared probing's script on their slot. Skipped (with a
 //! message) when `redis-server` is not on PATH.
 
 use std::sync::Arc;
@@ -103,4 +103,33 @@ async fn flush_across_slots_counts_once_and_budget_runs_on_its_slot() {
         bucket.take(1, 60_000).await.unwrap(),
         Take::Empty { .. }
     ));
+
+    // Shared probing: the lease hash and two upstreams' verdict hashes share the
+    // `{prefix}` tag, so the one script runs on their slot.
+    use crate::ProbeStore;
+    use portcullis_policy::health::shared::{Publish, SyncRequest, Verdict};
+    let probes = crate::RedisProbes::new(Arc::clone(&client));
+    let publish = ["app", "web"]
+        .iter()
+        .map(|u| Publish {
+            upstream: (*u).into(),
+            backend: "b1:80".into(),
+            payload: Verdict::payload(false, None),
+        })
+        .collect();
+    let view = probes
+        .sync(&SyncRequest {
+            instance: "i1".into(),
+            lease_ms: 5_000,
+            verdict_ttl_ms: 5_000,
+            publish,
+            read: vec!["app".into(), "web".into()],
+        })
+        .await
+        .unwrap();
+    assert_eq!(view.live, vec!["i1".to_string()]);
+    assert_eq!(
+        view.verdicts.iter().map(Vec::len).collect::<Vec<_>>(),
+        [1, 1]
+    );
 }

@@ -25,6 +25,7 @@ pub mod budget;
 pub mod clock;
 pub mod counter;
 mod endpoint;
+pub mod probes;
 mod redis;
 pub mod tenants;
 
@@ -40,6 +41,9 @@ mod conformance_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod ops_conformance_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod probes_conformance_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,8 +55,10 @@ pub use counter::RedisStore;
 pub use endpoint::{probe, probe_blocking, Endpoint, Mode};
 pub use portcullis_policy::bucket::{FleetBucket, Take};
 pub use portcullis_policy::cull::BudgetStore;
+pub use portcullis_policy::health::shared::ProbeStore;
 pub use portcullis_policy::ratelimit::{CounterStore, LocalStore};
 pub use portcullis_policy::StoreError;
+pub use probes::{LocalProbes, RedisProbes};
 
 /// Where the fleet's shared state lives.
 #[derive(Debug, Clone)]
@@ -103,6 +109,14 @@ impl Store {
         match self {
             Store::Redis(client) => Arc::new(RedisBudget::new(Arc::clone(client))),
             Store::Local => Arc::new(LocalBudget::new()),
+        }
+    }
+
+    /// Shared probing's leases and verdicts on this store.
+    pub fn probes(&self) -> Arc<dyn ProbeStore> {
+        match self {
+            Store::Redis(client) => Arc::new(RedisProbes::new(Arc::clone(client))),
+            Store::Local => Arc::new(LocalProbes::default()),
         }
     }
 
