@@ -393,6 +393,19 @@ fn failing_backend_is_culled_within_two_intervals_on_every_instance() {
             "proxy {i}: errors_in_window of the culled backend: {e}"
         );
     }
+    // Every instance shows when the lease ends, the one following another's cull too
+    // (its time left read from the store; the page said only "held by another instance").
+    for (i, p) in ps.iter().enumerate() {
+        eventually(
+            DEADLINE,
+            || format!("proxy {i}: {}", backend_entry(p, &bad.addr())["cull_lease"]),
+            || {
+                let lease = &backend_entry(p, &bad.addr())["cull_lease"];
+                let now = p.status_json()["now_ms"].as_u64().unwrap_or(u64::MAX);
+                lease["lease_until_ms"].as_u64().is_some_and(|t| t > now)
+            },
+        );
+    }
     // Exactly one fleet token was spent: one instance culled, the other followed (or had
     // its claim answered as already held).
     let culled: f64 = ps.iter().map(|p| decisions(p, "culled")).sum();

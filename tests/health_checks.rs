@@ -94,6 +94,15 @@ fn probes_send_the_host_the_backend_is_known_by() {
         || record(&legacy, "old", b)["check"]["result"] == "status 404",
     );
     assert_eq!(state(&legacy, "old", b), "unhealthy");
+    // The page, rendered by a real browser, shows each backend's last check.
+    let bin =
+        chromium().unwrap_or_else(|| panic!("chromium is not installed: run scripts/setup.sh"));
+    let dom = dump_dom(bin, &format!("http://{}/", p.admin_addr()));
+    assert!(dom.contains("Last check"), "{dom}");
+    assert!(
+        dom.contains(">status 404<") && dom.contains(">ok<"),
+        "the page shows no check result:\n{dom}"
+    );
     // ctl backends shows the check, and the metric counts it.
     let out = std::process::Command::new(&*BIN)
         .args([

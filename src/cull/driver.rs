@@ -255,6 +255,16 @@ impl Culling {
                     .observe
                     .culls
                     .set_lease(&pool.name, &b.addr_str, &tracked.state);
+                if matches!(tracked.state, CullState::Following { .. }) {
+                    // Another instance holds the lease: its time left, from the store.
+                    if let Some(left) = fleet_claim_left_ms(&snapshot, pi, &b.addr_str) {
+                        self.shared.observe.culls.set_following_until(
+                            &pool.name,
+                            &b.addr_str,
+                            now_ms.saturating_add(left),
+                        );
+                    }
+                }
             }
         }
         memory.states.retain(|k, _| live.contains(k));
@@ -823,6 +833,22 @@ fn in_rotation(pool: &Pool, b: &BackendState) -> usize {
         .iter()
         .filter(|o| o.addr != b.addr && !o.is_culled())
         .count()
+}
+
+/// The time left of the fleet's claim on `backend` (the store's `remaining_ms`).
+fn fleet_claim_left_ms(
+    snapshot: &Result<BudgetSnapshot, StoreError>,
+    pool_index: usize,
+    backend: &str,
+) -> Option<u64> {
+    snapshot
+        .as_ref()
+        .ok()?
+        .claims
+        .get(pool_index)?
+        .iter()
+        .find(|c| c.backend == backend)
+        .map(|c| c.remaining_ms)
 }
 
 fn fleet_claimed(

@@ -77,7 +77,8 @@ pub struct LeaseView {
     /// `culled` (we hold the lease), `probing`, or `following` (another
     /// instance holds it).
     pub phase: &'static str,
-    /// When the lease expires by itself (Unix ms); `None` while following.
+    /// When the lease expires by itself (Unix ms); while following, from the store's time
+    /// left of the claim (`None` until it was read).
     pub lease_until_ms: Option<u64>,
     /// When the backend is probed for readmission (Unix ms).
     pub probe_at_ms: Option<u64>,
@@ -144,6 +145,17 @@ impl CullJournal {
             }
             None => {
                 leases.remove(&key);
+            }
+        }
+    }
+
+    /// A lease another instance holds (`following`) ends at `until_ms` (Unix ms, from the
+    /// store's time left).
+    pub fn set_following_until(&self, upstream: &str, backend: &str, until_ms: u64) {
+        let key = (upstream.to_string(), backend.to_string());
+        if let Some(v) = lock(&self.leases).get_mut(&key) {
+            if v.phase == "following" {
+                v.lease_until_ms = Some(until_ms);
             }
         }
     }
