@@ -20,6 +20,8 @@
 # pc_shed: every request answered 503 by the shedder, cap 1 held by a parked request;
 # pc_log_off, pc_log_all, pc_log_1pct: gates off with the access log off, at sample 1.0,
 # at 0.01, written to a file),
+# RULE=route|set: the pc_* targets with one route matching the requests, without or with
+# one header rule (request_headers.set): an edge rule's cost,
 # TENANTS=N: the pc_* targets with N tenants (the last holding the requests' key) on a
 # tier that never binds: the tenant gate's cost (compare with TENANTS unset),
 # MODE (h1 | h1close: a new connection per request | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),

@@ -163,6 +163,15 @@ start_cmd() {
 for i in range(int(sys.argv[1])):
     print(f"[[routes]]\npath_prefix = \"/r{i}/\"\nupstream = \"app\"")' "$ROUTES" >>"$TMP/$t.toml"
       fi
+      # RULE=route: one route matching the measured requests (`/`), without rules;
+      # RULE=set: the same route with one header rule (request_headers.set): the cost of
+      # an edge rule on the matched route (compare the two)
+      case ${RULE:-} in
+        "") ;;
+        route) printf '\n[[routes]]\npath_prefix = "/"\nupstream = "app"\n' >>"$TMP/$t.toml" ;;
+        set) printf '\n[[routes]]\npath_prefix = "/"\nupstream = "app"\nrequest_headers = { set = { "x-forwarded-proto" = "https" } }\n' >>"$TMP/$t.toml" ;;
+        *) die "RULE=$RULE: route or set" ;;
+      esac
       # TENANTS=N: N tenants in a tenants file, the last holding the requests' key (k1),
       # on a tier with limits that never bind: the cost of the tenant gate (CONTRACT §14)
       if [ "${TENANTS:-0}" -gt 0 ]; then
