@@ -22,6 +22,7 @@
 # at 0.01, written to a file),
 # RULE=route|set: the pc_* targets with one route matching the requests, without or with
 # one header rule (request_headers.set): an edge rule's cost,
+# LIMITS=1: the pc_* targets with the backend's max_conn set and a backup backend,
 # TENANTS=N: the pc_* targets with N tenants (the last holding the requests' key) on a
 # tier that never binds: the tenant gate's cost (compare with TENANTS unset),
 # MODE (h1 | h1close: a new connection per request | h2tls), N1 (500), N2 (2500), CONNS (4 client connections),

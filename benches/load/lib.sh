@@ -172,6 +172,13 @@ for i in range(int(sys.argv[1])):
         set) printf '\n[[routes]]\npath_prefix = "/"\nupstream = "app"\nrequest_headers = { set = { "x-forwarded-proto" = "https" } }\n' >>"$TMP/$t.toml" ;;
         *) die "RULE=$RULE: route or set" ;;
       esac
+      # LIMITS=1: the backend as a table with max_conn (never reached) and a second,
+      # backup backend (the same address's twin on another port is not needed: a backup
+      # is never chosen while the primary has room): the cost of max_conn/backup selection
+      if [ "${LIMITS:-0}" = 1 ]; then
+        sed -i "s|^backends = \[\"127.0.0.1:$P_BACKEND\"\]|backends = [{ address = \"127.0.0.1:$P_BACKEND\", max_conn = 1000000 }, { address = \"127.0.0.1:1\", backup = true }]|" "$TMP/$t.toml"
+        grep -q "max_conn = 1000000" "$TMP/$t.toml" || die "LIMITS=1: no backends line to rewrite in $TMP/$t.toml"
+      fi
       # TENANTS=N: N tenants in a tenants file, the last holding the requests' key (k1),
       # on a tier with limits that never bind: the cost of the tenant gate (CONTRACT §14)
       if [ "${TENANTS:-0}" -gt 0 ]; then
