@@ -406,6 +406,30 @@ fn failing_backend_is_culled_within_two_intervals_on_every_instance() {
             },
         );
     }
+    // The one following says who culled it and by which rule (the culling instance
+    // publishes both beside its claim).
+    let leases: Vec<serde_json::Value> = ps
+        .iter()
+        .map(|p| backend_entry(p, &bad.addr())["cull_lease"].clone())
+        .collect();
+    if leases.iter().any(|l| l["phase"] == "following") {
+        let (i, p) = ps
+            .iter()
+            .enumerate()
+            .find(|(i, _)| leases[*i]["phase"] == "following")
+            .unwrap_or_else(|| unreachable!());
+        eventually(
+            DEADLINE,
+            || format!("proxy {i}: {}", backend_entry(p, &bad.addr())["cull_lease"]),
+            || {
+                let l = &backend_entry(p, &bad.addr())["cull_lease"];
+                l["rule"] == "error_threshold"
+                    && l["by"]
+                        .as_str()
+                        .is_some_and(|by| by.ends_with(&format!(":{}", ps[1 - i].pid())))
+            },
+        );
+    }
     // Exactly one fleet token was spent: one instance culled, the other followed (or had
     // its claim answered as already held).
     let culled: f64 = ps.iter().map(|p| decisions(p, "culled")).sum();

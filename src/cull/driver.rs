@@ -20,6 +20,7 @@ use crate::upstream::{BackendState, Pool};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::{background_service, BackgroundService, GenBackgroundService};
+use portcullis_policy::cull::CullNote;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +38,8 @@ struct Tracked {
     since_secs: u64,
     /// Culled as a latency outlier: the probe must also answer within this (µs).
     probe_within_us: Option<u64>,
+    /// The rule it was ejected by (published while this instance holds the lease).
+    rule: Option<&'static str>,
 }
 
 /// One backend's turn in a tick.
@@ -201,6 +204,8 @@ impl Culling {
                     self.outliers(pool, &samples, &params, now_secs, excuse)
                 }
             };
+            let mut notes: Vec<CullNote> = Vec::new();
+            let mut following = false;
             for (bi, b) in pool.backends.iter().enumerate() {
                 if b.manual().state() == crate::upstream::ManualState::Maint {
                     // In maintenance: neither culled, probed nor readmitted by the loop
@@ -255,6 +260,17 @@ impl Culling {
                     .observe
                     .culls
                     .set_lease(&pool.name, &b.addr_str, &tracked.state);
+                match (&tracked.state, tracked.rule) {
+                    (CullState::Culled { .. } | CullState::Probing { .. }, Some(rule)) => notes
+                        .push(CullNote {
+                            backend: b.addr_str.clone(),
+                            by: this_instance().to_string(),
+                            rule: rule.to_string(),
+                            until_ms: now_ms.saturating_add(params.lease_ttl_ms()),
+                        }),
+                    (CullState::Following { .. }, _) => following = true,
+                    _ => {}
+                }
                 if matches!(tracked.state, CullState::Following { .. }) {
                     // Another instance holds the lease: its time left, from the store.
                     if let Some(left) = fleet_claim_left_ms(&snapshot, pi, &b.addr_str) {
@@ -263,6 +279,22 @@ impl Culling {
                             &b.addr_str,
                             now_ms.saturating_add(left),
                         );
+                    }
+                }
+            }
+            // Who culled what: publish the culls this instance holds, and learn who culled
+            // the ones it follows (one round trip, only when there is either).
+            if !notes.is_empty() || following {
+                if let Some(Ok(fleet)) = self
+                    .budget
+                    .exchange_cull_notes(&pool.name, &notes, now_ms)
+                    .await
+                {
+                    for n in fleet {
+                        self.shared
+                            .observe
+                            .culls
+                            .set_following_note(&pool.name, &n.backend, &n.by, &n.rule);
                     }
                 }
             }
@@ -668,6 +700,7 @@ impl Culling {
                 }
                 Action::Eject => {
                     b.set_culled(true);
+                    tracked.rule = Some(why.rule());
                     tracked.probe_within_us = match why {
                         Why::Outlier(o) if o.rule == OutlierRule::Latency => Some(o.limit as u64),
                         _ => None,
@@ -833,6 +866,12 @@ fn in_rotation(pool: &Pool, b: &BackendState) -> usize {
         .iter()
         .filter(|o| o.addr != b.addr && !o.is_culled())
         .count()
+}
+
+/// This instance as the store's cull notes name it (`host:pid`).
+fn this_instance() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(crate::watchdog::instance_id)
 }
 
 /// The time left of the fleet's claim on `backend` (the store's `remaining_ms`).

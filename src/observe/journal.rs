@@ -72,7 +72,7 @@ impl OutlierView {
 }
 
 /// An ejected backend's lease as this instance sees it.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct LeaseView {
     /// `culled` (we hold the lease), `probing`, or `following` (another
     /// instance holds it).
@@ -82,6 +82,11 @@ pub struct LeaseView {
     pub lease_until_ms: Option<u64>,
     /// When the backend is probed for readmission (Unix ms).
     pub probe_at_ms: Option<u64>,
+    /// While following: the instance that culled it and the rule, as it published them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 impl LeaseView {
@@ -96,16 +101,22 @@ impl LeaseView {
                 phase: "culled",
                 lease_until_ms: Some(lease_until_ms),
                 probe_at_ms: Some(probe_at_ms),
+                by: None,
+                rule: None,
             }),
             CullState::Probing { lease_until_ms, .. } => Some(Self {
                 phase: "probing",
                 lease_until_ms: Some(lease_until_ms),
                 probe_at_ms: None,
+                by: None,
+                rule: None,
             }),
             CullState::Following { .. } => Some(Self {
                 phase: "following",
                 lease_until_ms: None,
                 probe_at_ms: None,
+                by: None,
+                rule: None,
             }),
         }
     }
@@ -140,7 +151,15 @@ impl CullJournal {
         let key = (upstream.to_string(), backend.to_string());
         let mut leases = lock(&self.leases);
         match LeaseView::of(state) {
-            Some(v) => {
+            Some(mut v) => {
+                // What the store said of a followed cull stays until it is read again.
+                if let Some(old) = leases.get(&key).filter(|o| o.phase == v.phase) {
+                    v.by.clone_from(&old.by);
+                    v.rule.clone_from(&old.rule);
+                    if v.phase == "following" {
+                        v.lease_until_ms = old.lease_until_ms;
+                    }
+                }
                 leases.insert(key, v);
             }
             None => {
@@ -156,6 +175,17 @@ impl CullJournal {
         if let Some(v) = lock(&self.leases).get_mut(&key) {
             if v.phase == "following" {
                 v.lease_until_ms = Some(until_ms);
+            }
+        }
+    }
+
+    /// A followed cull's instance and rule, as the store's note says.
+    pub fn set_following_note(&self, upstream: &str, backend: &str, by: &str, rule: &str) {
+        let key = (upstream.to_string(), backend.to_string());
+        if let Some(v) = lock(&self.leases).get_mut(&key) {
+            if v.phase == "following" {
+                v.by = Some(portcullis_policy::text::one_line(by));
+                v.rule = Some(portcullis_policy::text::one_line(rule));
             }
         }
     }
@@ -183,7 +213,7 @@ impl CullJournal {
     pub fn lease(&self, upstream: &str, backend: &str) -> Option<LeaseView> {
         lock(&self.leases)
             .get(&(upstream.to_string(), backend.to_string()))
-            .copied()
+            .cloned()
     }
 }
 

@@ -86,6 +86,19 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Who culled what on `upstream`: publish this instance's `notes` (the culls whose
+    /// lease it holds) and read every note in force at `now_ms`, in one round trip.
+    /// `None` for a store that is not shared (the in-process budget): no other instance
+    /// culls there.
+    async fn exchange_cull_notes(
+        &self,
+        _upstream: &str,
+        _notes: &[super::CullNote],
+        _now_ms: u64,
+    ) -> Option<Result<Vec<super::CullNote>, StoreError>> {
+        None
+    }
+
     /// Tokens and the active claims of every listed upstream, in one round trip.
     async fn snapshot(
         &self,

@@ -9,6 +9,7 @@ pub mod claims;
 mod evaluate;
 mod failing;
 mod fleet;
+mod note;
 pub mod ops;
 mod outlier;
 mod params;
@@ -25,6 +26,7 @@ pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use failing::{failing_reason, Failing, FailingInput};
 pub use fleet::{Buckets, FleetDelta};
+pub use note::CullNote;
 pub use outlier::{
     evaluate_outliers, latency_slice_secs, read_units, slow_line_us, LatencyBuckets,
     LatencySummary, LatencyWindow, Outlier, OutlierParams, OutlierRule, OutlierVerdict, PeerSample,

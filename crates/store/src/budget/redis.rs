@@ -26,7 +26,7 @@ use portcullis_policy::cull::ops::{OpRecord, OpRefusal, OpRequest};
 use portcullis_policy::cull::ClaimCommit;
 use portcullis_policy::cull::{max_out, BudgetStore, CullParams};
 use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
-use portcullis_policy::cull::{Buckets, FleetBlame, FleetDelta};
+use portcullis_policy::cull::{Buckets, CullNote, FleetBlame, FleetDelta};
 
 /// KEYS: tokens, claims, ops, version. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
 /// The backends out are the active claims and the operations that take a backend out
@@ -219,6 +219,46 @@ impl RedisBudget {
             "{p}:cull:{{{p}}}:blame:{upstream}",
             p = self.client.prefix()
         )
+    }
+
+    /// Key of an upstream's cull notes (field: the backend → `until\nby\nrule`).
+    pub fn notes_key(&self, upstream: &str) -> String {
+        format!("{p}:cull:{{{p}}}:who:{upstream}", p = self.client.prefix())
+    }
+
+    /// Publish `notes` and read the upstream's notes still in force at `now_ms`, in one
+    /// round trip. The hash expires with the last note published into it.
+    async fn fleet_notes(
+        &self,
+        upstream: &str,
+        notes: &[CullNote],
+        now_ms: u64,
+    ) -> Result<Vec<CullNote>, StoreError> {
+        let key = self.notes_key(upstream);
+        let mut pipe = redis::pipe();
+        if let Some(last) = notes.iter().map(|n| n.until_ms).max() {
+            for n in notes {
+                pipe.cmd("HSET")
+                    .arg(&key)
+                    .arg(&n.backend)
+                    .arg(n.encode_value())
+                    .ignore();
+            }
+            pipe.cmd("PEXPIRE")
+                .arg(&key)
+                .arg(last.saturating_sub(now_ms).max(1))
+                .ignore();
+        }
+        pipe.cmd("HGETALL").arg(&key);
+        let (rows,): (Vec<(String, String)>,) = self
+            .client
+            .run(|mut c| async move { pipe.query_async(&mut c).await })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(k, v)| CullNote::decode_entry(&k, &v))
+            .filter(|n| n.until_ms > now_ms)
+            .collect())
     }
 
     /// Publish `blamed` and read the upstream's blamed keys still in force at `now_ms`, in
@@ -442,6 +482,15 @@ impl BudgetStore for RedisBudget {
         now_ms: u64,
     ) -> Option<Result<Vec<FleetBlame>, StoreError>> {
         Some(self.fleet_blame(upstream, blamed, now_ms).await)
+    }
+
+    async fn exchange_cull_notes(
+        &self,
+        upstream: &str,
+        notes: &[CullNote],
+        now_ms: u64,
+    ) -> Option<Result<Vec<CullNote>, StoreError>> {
+        Some(self.fleet_notes(upstream, notes, now_ms).await)
     }
 
     async fn put_op(
