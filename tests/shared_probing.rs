@@ -188,6 +188,14 @@ fn probers_share_the_probing_and_the_fleet_follows_their_majority() {
         .iter()
         .map(|a| probers_of(&f.proxies[0], a, &label_of))
         .collect();
+    // The page, in a real browser, says the state is the fleet's verdict.
+    let bin =
+        chromium().unwrap_or_else(|| panic!("chromium is not installed: run scripts/setup.sh"));
+    let dom = dump_dom(bin, &format!("http://{}/", f.proxies[0].admin_addr()));
+    assert!(
+        dom.contains(">fleet"),
+        "the page shows no fleet verdict:\n{dom}"
+    );
 
     // Probe traffic: ~2 per backend per interval, each from its probers.
     // 6 backends x 2 probers x 4 intervals
