@@ -12,6 +12,10 @@ RUN apt-get update \
 ENV OPENSSL_NO_VENDOR=1
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY .cargo ./.cargo
+# the workspace's members: cargo reads every one's manifest before it builds any
+COPY crates ./crates
+COPY fuzz ./fuzz
 COPY src ./src
 COPY benches ./benches
 COPY vendor ./vendor

@@ -401,3 +401,46 @@ fn the_kubernetes_example_config_checks_and_fits_its_pod() {
         secs("shutdown_timeout_seconds")
     );
 }
+
+/// The image's build context, exactly: every file the Dockerfile `COPY`s from it and
+/// `.dockerignore` lets in, copied to a directory where `cargo metadata` (what the
+/// builder's `cargo build` runs first) must read the workspace. It failed with
+/// "failed to read .../crates/policy/Cargo.toml" when the workspace's members
+/// (`crates/*`, `fuzz`) were left out of the context.
+#[test]
+fn cargo_reads_the_workspace_from_the_build_context() {
+    let patterns = ignore_patterns(&read(".dockerignore"));
+    let context = tempfile::tempdir().expect("tempdir");
+    for src in copy_sources(&read("Dockerfile")) {
+        for f in files_under(&src) {
+            if excluded(&patterns, &f) {
+                continue;
+            }
+            let to = context.path().join(&f);
+            fs::create_dir_all(to.parent().expect("a parent")).expect("mkdir");
+            fs::copy(repo().join(&f), &to).unwrap_or_else(|e| panic!("copy {f}: {e}"));
+        }
+    }
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+            "--locked",
+        ])
+        .current_dir(context.path())
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata on the image's build context failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // .cargo/config.toml: the system libssl, as the builder's comment says
+    assert!(
+        context.path().join(".cargo/config.toml").exists(),
+        "the build context has no .cargo/config.toml"
+    );
+}
