@@ -147,7 +147,15 @@ fn a_shadow_policy_at_limit_5_admits_12_and_counts_7_while_an_enforcing_one_refu
 
     // The access log: the last 7 of the twelve carry the shadow field, the rest none.
     let all = wait_lines(&log, 18);
-    let twelve = lines_under(&all, "/t/");
+    let mut twelve = lines_under(&all, "/t/");
+    // In the order they were sent (`/t/N`): a line is written after its response, so the
+    // next request's line can come first (two worker threads).
+    twelve.sort_by_key(|l| {
+        l["path"]
+            .as_str()
+            .and_then(|p| p.strip_prefix("/t/"))
+            .and_then(|n| n.parse::<u32>().ok())
+    });
     assert_eq!(twelve.len(), 12);
     for (i, l) in twelve.iter().enumerate() {
         if i < 5 {
