@@ -227,32 +227,18 @@ impl RedisBudget {
     }
 
     /// Publish `notes` and read the upstream's notes still in force at `now_ms`, in one
-    /// round trip. The hash expires with the last note published into it.
+    /// round trip.
     async fn fleet_notes(
         &self,
         upstream: &str,
         notes: &[CullNote],
         now_ms: u64,
     ) -> Result<Vec<CullNote>, StoreError> {
-        let key = self.notes_key(upstream);
-        let mut pipe = redis::pipe();
-        if let Some(last) = notes.iter().map(|n| n.until_ms).max() {
-            for n in notes {
-                pipe.cmd("HSET")
-                    .arg(&key)
-                    .arg(&n.backend)
-                    .arg(n.encode_value())
-                    .ignore();
-            }
-            pipe.cmd("PEXPIRE")
-                .arg(&key)
-                .arg(last.saturating_sub(now_ms).max(1))
-                .ignore();
-        }
-        pipe.cmd("HGETALL").arg(&key);
-        let (rows,): (Vec<(String, String)>,) = self
-            .client
-            .run(|mut c| async move { pipe.query_async(&mut c).await })
+        let entries = notes
+            .iter()
+            .map(|n| (n.backend.clone(), n.encode_value(), n.until_ms));
+        let rows = self
+            .publish_and_read(&self.notes_key(upstream), entries, now_ms)
             .await?;
         Ok(rows
             .into_iter()
@@ -262,39 +248,54 @@ impl RedisBudget {
     }
 
     /// Publish `blamed` and read the upstream's blamed keys still in force at `now_ms`, in
-    /// one round trip. The hash expires with the last blame published into it.
+    /// one round trip.
     async fn fleet_blame(
         &self,
         upstream: &str,
         blamed: &[FleetBlame],
         now_ms: u64,
     ) -> Result<Vec<FleetBlame>, StoreError> {
-        let key = self.blame_key(upstream);
-        let mut pipe = redis::pipe();
-        if let Some(last) = blamed.iter().map(|b| b.until_ms).max() {
-            for b in blamed {
-                pipe.cmd("HSET")
-                    .arg(&key)
-                    .arg(b.encode_field())
-                    .arg(b.encode_value())
-                    .ignore();
-            }
-            // Every instance blames for its cooldown: the newest blame ends last.
-            pipe.cmd("PEXPIRE")
-                .arg(&key)
-                .arg(last.saturating_sub(now_ms).max(1))
-                .ignore();
-        }
-        pipe.cmd("HGETALL").arg(&key);
-        let (rows,): (Vec<(String, String)>,) = self
-            .client
-            .run(|mut c| async move { pipe.query_async(&mut c).await })
+        let entries = blamed
+            .iter()
+            .map(|b| (b.encode_field(), b.encode_value(), b.until_ms));
+        let rows = self
+            .publish_and_read(&self.blame_key(upstream), entries, now_ms)
             .await?;
         Ok(rows
             .into_iter()
             .filter_map(|(k, v)| FleetBlame::decode_entry(&k, &v))
             .filter(|b| b.until_ms > now_ms)
             .collect())
+    }
+
+    /// Write `entries` (field, value, until Unix ms) into the hash `key` and read the whole
+    /// hash back, in one round trip. Every publisher's entries last until their `until`, so
+    /// the hash expires with the last one written (the newest ends last); readers drop
+    /// what is past.
+    async fn publish_and_read(
+        &self,
+        key: &str,
+        entries: impl Iterator<Item = (String, String, u64)>,
+        now_ms: u64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut pipe = redis::pipe();
+        let mut last = None;
+        for (field, value, until) in entries {
+            pipe.cmd("HSET").arg(key).arg(field).arg(value).ignore();
+            last = last.max(Some(until));
+        }
+        if let Some(last) = last {
+            pipe.cmd("PEXPIRE")
+                .arg(key)
+                .arg(last.saturating_sub(now_ms).max(1))
+                .ignore();
+        }
+        pipe.cmd("HGETALL").arg(key);
+        let (rows,): (Vec<(String, String)>,) = self
+            .client
+            .run(|mut c| async move { pipe.query_async(&mut c).await })
+            .await?;
+        Ok(rows)
     }
 
     /// Key of one backend's fleet error bucket.
