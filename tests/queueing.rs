@@ -182,6 +182,37 @@ fn a_client_that_leaves_the_queue_is_never_sent_upstream() {
 }
 
 #[test]
+fn an_http2_stream_reset_while_queued_is_never_sent_upstream() {
+    let b = Backend::start("app");
+    b.set_mode(Mode::Hold);
+    let p = Proxy::start_with_server("h2c = true", &config(&b, 1, "queue_timeout_ms = 30000"));
+    let first = spawn_get(&p.addr(), "/critical/first");
+    assert_eventually!(b.in_flight() == 1, "first held");
+    let mut c = H2Raw::connect(&p.addr());
+    c.headers(1, &H2Raw::request_block("x", "/critical/reset", &[]))
+        .expect("headers");
+    c.headers(3, &H2Raw::request_block("x", "/critical/kept", &[]))
+        .expect("headers");
+    assert_eventually!(waiting(&p, "critical") == 2.0, "both streams queued");
+    // The client gives up on stream 1 only: it leaves the line, stream 3 stays.
+    c.rst(1, 0x8).expect("rst");
+    assert_eventually!(
+        p.metric("portcullis_queue_abandoned_total") == Some(1.0),
+        "the proxy saw the reset"
+    );
+    assert_eq!(waiting(&p, "critical"), 1.0);
+    b.set_mode(Mode::Ok);
+    b.release_all();
+    assert_eq!(first.join().expect("join"), 200);
+    assert_eventually!(b.requests() == 2, "the kept stream is served");
+    assert!(
+        !b.received_paths().iter().any(|p| p == "/critical/reset"),
+        "{:?}",
+        b.received_paths()
+    );
+}
+
+#[test]
 fn a_full_queue_and_a_timeout_answer_503_with_retry_after() {
     let b = Backend::start("app");
     b.set_mode(Mode::Hold);
