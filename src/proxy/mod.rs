@@ -359,7 +359,8 @@ impl ProxyHttp for Proxy {
             return match left {
                 queue::Left::Refused(refusal) => self.refuse(session, ctx, refusal).await,
                 queue::Left::ClientGone => {
-                    ctx.answer.outcome = Some(Outcome::Rejected);
+                    // Over the cap and never given a slot: shed (the client gave up first).
+                    ctx.answer.outcome = Some(Outcome::Shed);
                     Error::e_explain(ErrorType::ConnectionClosed, "client left while queued")
                 }
             };
@@ -420,7 +421,7 @@ impl ProxyHttp for Proxy {
                     return Self::refuse_early(session, ctx, refusal)
                 }
                 queue::Room::Left(queue::Left::ClientGone) => {
-                    ctx.answer.outcome = Some(Outcome::Rejected);
+                    ctx.answer.outcome = Some(Outcome::Shed);
                     return Error::e_explain(
                         ErrorType::ConnectionClosed,
                         "client left while queued",
