@@ -58,10 +58,6 @@ pub struct ShedMetrics {
     pub upstream_queue_shed: IntCounterVec,
 }
 
-/// Waits in the queue: 0.5 ms to 30 s.
-const WAIT_BUCKETS: [f64; 15] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
 
 impl ShedMetrics {
     /// Define load shedding's series and register them in `registry`.
@@ -119,7 +115,7 @@ impl ShedMetrics {
                     "portcullis_queue_wait_seconds",
                     "How long requests waited in the queue at the cap before their slot",
                 )
-                .buckets(WAIT_BUCKETS.to_vec()),
+                .buckets(super::LATENCY_BUCKETS.to_vec()),
             ),
         );
         let left_queue = registered(
