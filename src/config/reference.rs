@@ -131,7 +131,8 @@ fn table_of(
                 format!("[[{path}]]")
             } else {
                 // an entry written as a string or as a table (`backends`)
-                format!("[[{path}]] (an entry written as a table)")
+                let (table, key) = path.rsplit_once('.').unwrap_or(("", path));
+                format!("[[{table}]] {key} = [{{ … }}]")
             };
             return Some((header, obj));
         }
@@ -187,7 +188,13 @@ fn walk(
             nested.push((h, sub_path, description(prop), d));
         }
     }
-    let mut text = intro.to_string();
+    // `[server]`: listeners... -> listeners...: the heading names the table already
+    let mut text = match intro.split_once("`: ") {
+        Some((label, rest)) if label.starts_with("`[") && !label[1..].contains('`') => {
+            upper_first(rest)
+        }
+        _ => intro.to_string(),
+    };
     let own = description(def);
     if !own.is_empty() && own != text && !is_label(&own) {
         if !text.is_empty() {
@@ -203,6 +210,13 @@ fn walk(
     for (h, p, d, def) in nested {
         walk(&h, &p, &d, &def, defs, out);
     }
+}
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 /// A description that only names the section (`` `[server]`. ``) adds nothing.
@@ -643,7 +657,7 @@ mod tests {
         let up = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
         match header {
             "[[upstreams]]" => format!("{up}{key} = {value}\n"),
-            h if h.starts_with("[[upstreams.backends]]") => format!(
+            h if h.starts_with("[[upstreams]] backends") => format!(
                 "[[upstreams]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:9001\", {key} = {value} }}]\n"
             ),
             "[upstreams.health_check]" => {

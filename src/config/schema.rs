@@ -631,8 +631,8 @@ pub struct UpstreamSection {
     #[serde(default = "default_resolve_interval")]
     #[schemars(range(min = 1, max = 86400))]
     pub resolve_interval_seconds: u64,
-    /// > 0: each `hash_key` value is served only by its own stable set of this many backends
-    /// (shuffle sharding). Allowed: 0–backends.
+    /// Above 0, each `hash_key` value is served only by its own stable set of this many
+    /// backends (shuffle sharding); 0 = off. Allowed: 0 to the number of backends.
     #[serde(default)]
     pub shard_size: u64,
 }
