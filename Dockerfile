@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build: a Rust builder with cmake (Pingora's zlib-ng), then a slim
 # non-root runtime.
-# Base images pinned by digest (unverified here: no container engine; see README).
+# Base images pinned by digest (unverified here: no container engine; see docs/src/guide/deploying.md).
 # The builder's rustc must read the committed PGO profile (pgo/profile.env: RUSTC, LLVM_MAJOR):
 # rust 1.95.0 is LLVM 22, as the profile's. tests/container_image.rs checks the two agree.
 FROM rust:1.95.0-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS builder

@@ -61,7 +61,7 @@
 #   over 1 s (a loaded machine: backend.py's tick) is counted apart, env_backend_not_scheduled.
 # - rate limit: a key's admitted requests in each fixed window (the limiter's windows are
 #   epoch-aligned; a request whose send and answer fall in two windows counts in both)
-#   stay within 1.05 x the limit (README), and within 3 x 1.05 (each of the 3 instances
+#   stay within 1.05 x the limit (docs/src/configuration/rate-limiting.md), and within 3 x 1.05 (each of the 3 instances
 #   alone) in windows within 20 s of a Redis outage or of a master failover (the keys of the
 #   killed master's slots lose their counters until the promotion).
 # - culling: at most max_culled_fraction (0.5) of the 4 backends culled on any instance at

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Differential target (issue 46, README "Fuzzing"): random raw HTTP/1.1 requests, the same
+# Differential target (issue 46, docs/src/development.md "Fuzzing"): random raw HTTP/1.1 requests, the same
 # bytes through portcullis and through HAProxy to one recording backend; every request one
 # forwards and the other refuses (either way), or that reaches the backend differently, is
 # grouped by the mutations that made it and written to a markdown report for a person to

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz one of the parsers portcullis owns (fuzz/, README "Fuzzing") with AFL++ through
+# Fuzz one of the parsers portcullis owns (fuzz/, docs/src/development.md "Fuzzing") with AFL++ through
 # cargo-afl on the stable toolchain, for SECONDS, from its committed seed corpus
 # fuzz/corpus/TARGET/. Exits 1 when afl-fuzz found a crash (a panic: the harnesses also
 # assert what each parser promises), after copying the crashing inputs to

@@ -8,7 +8,7 @@
 # zlib-ng build), libssl-dev + pkg-config (Pingora's openssl feature, linked against the
 # system libssl: see .cargo/config.toml).
 # Redis is not needed to run: without a [redis] section the proxy uses in-process stores.
-# Rust itself comes from rustup (README).
+# Rust itself comes from rustup (docs/src/quick-start.md).
 #
 # The rest, for the tests: redis-server (tests start their own on a free port), the real
 # TLS/HTTP/2 parts of the edge tests: openssl (certificates, s_client), curl,
@@ -16,7 +16,8 @@
 # and python3-h2 (a real HPACK decoder); chromium (the status page is rendered in a real
 # headless browser) and prometheus with promtool (the shipped dashboard and alert rules
 # are checked against a real Prometheus); patch (scripts/check-vendor.sh applies
-# vendor/*.patch to the published crates).
+# vendor/*.patch to the published crates); man-db (the man pages in docs/man/ are rendered
+# with `man --warnings`) and mdbook (the book in docs/ is built, tests/docs.rs).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
 case ${1:-} in
@@ -42,6 +43,7 @@ if [ "$tests" = 1 ]; then
   /usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3-h2)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+  command -v man >/dev/null 2>&1 || need+=(man-db) # the man pages render without warnings
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -51,4 +53,13 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# mdbook, from crates.io at a pinned version, once per machine (~/.cargo/bin): the book in
+# docs/ is built with it and its links checked (tests/docs.rs). Without its `serve` and
+# `watch` features (a web server and a file watcher no test uses): 2.5 min of CPU (user)
+# to build, 12 min of wall time on 2 cores shared with four other builds (2026-11-28).
+MDBOOK_VERSION=0.5.4
+if [ "$tests" = 1 ] && ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then
+  echo "installing: mdbook $MDBOOK_VERSION (cargo install)" >&2
+  cargo install mdbook --locked --version "$MDBOOK_VERSION" --no-default-features --features search
 fi

@@ -1,6 +1,8 @@
 //! The `portcullis` binary: CLI → config → server → run.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+mod man;
 
 // jemalloc instead of glibc malloc: Pingora allocates per request (headers,
 // buffers) from several threads; BENCHMARKS.md has the A/B (jemalloc 0.85x
@@ -35,6 +37,16 @@ struct Cli {
     /// (conf/portcullis.schema.json is its output, for editors).
     #[arg(long, conflicts_with_all = ["check", "upgrade"])]
     print_config_schema: bool,
+    /// Print the configuration reference (Markdown: every key with its type, default,
+    /// allowed values and description) and exit (docs/src/reference/config.md is its
+    /// output).
+    #[arg(long, conflicts_with_all = ["check", "upgrade", "print_config_schema"])]
+    print_config_reference: bool,
+    /// Print a man page in roff and exit: portcullis (8), portcullis.toml (5) or
+    /// portcullis-ctl (1) (docs/man/ holds their output).
+    #[arg(long, value_name = "NAME", value_parser = man::NAMES,
+          conflicts_with_all = ["check", "upgrade", "print_config_schema", "print_config_reference"])]
+    print_man: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -50,6 +62,22 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Ctl(args)) = &cli.command {
         return portcullis::ctl::run(args);
+    }
+    if cli.print_config_reference {
+        print!("{}", portcullis::config::reference::markdown());
+        return ExitCode::SUCCESS;
+    }
+    if let Some(name) = &cli.print_man {
+        return match man::render(Cli::command(), name) {
+            Ok(page) => {
+                print!("{page}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
     }
     if cli.print_config_schema {
         print!("{}", portcullis::config::json_schema());

@@ -14,6 +14,7 @@ mod locate;
 mod protection;
 mod ratelimit;
 pub mod redact;
+pub mod reference;
 mod schema;
 mod server;
 mod settings;

@@ -96,7 +96,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub culling: CullingSection,
     /// `[budget]`: the safety policy every claim on the disruption budget is checked
-    /// against (CONTRACT §12).
+    /// against.
     #[serde(default)]
     pub budget: BudgetSection,
     /// `[watchdog]`: the proxy culls itself (memory, errors, stalls) through a
@@ -114,13 +114,13 @@ pub struct FileConfig {
     pub log: LogSection,
     /// `[tls]`: TLS listeners; absent = none.
     pub tls: Option<TlsSection>,
-    /// `[tenants]`: API keys as identities (CONTRACT §14): a tenants file of key hashes.
+    /// `[tenants]`: API keys as identities: a tenants file of key hashes.
     #[serde(default)]
     pub tenants: TenantsSection,
     /// `[tiers.NAME]`: what a tenant of each tier may do.
     #[serde(default)]
     pub tiers: BTreeMap<String, TierSection>,
-    /// `[jwt]`: the keys and rules of `key = "jwt:CLAIM"` (CONTRACT §14); absent = none.
+    /// `[jwt]`: the keys and rules of `key = "jwt:CLAIM"`; absent = none.
     pub jwt: Option<JwtSection>,
     /// `[errors]`: the bodies of the responses the proxy writes itself.
     #[serde(default)]
@@ -252,13 +252,15 @@ impl Default for TierSection {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct JwtSection {
-    /// A JWKS file (JSON) of RS256 (RSA, 2048-4096 bits) and ES256 (EC P-256) public keys.
+    /// A JWKS document (`{"keys": [...]}`) of RSA (2048-4096 bits) and EC P-256 public keys;
+    /// `use` unset or `sig`, `alg` unset or the key's (RS256, ES256), `kid`s unique.
     pub jwks_file: String,
-    /// A file holding the HS256 secret (at least 32 bytes; a trailing newline is removed).
+    /// The HS256 secret, at least 32 bytes (a trailing newline is removed); at least one of the
+    /// two files is required.
     pub hs256_secret_file: String,
-    /// When set, tokens must carry this `iss`.
+    /// The `iss` tokens must carry; empty = not checked.
     pub issuer: String,
-    /// When set, tokens must carry this `aud` (or a list holding it).
+    /// The `aud` tokens must carry (or a list holding it); empty = not checked.
     pub audience: String,
 }
 
@@ -267,14 +269,19 @@ pub struct JwtSection {
 #[serde(deny_unknown_fields)]
 #[schemars(extend("required" = ["certificates"]))]
 pub struct TlsSection {
-    /// TLS listeners, `host:port`.
+    /// TLS listeners; ALPN offers `h2` and `http/1.1`.
     #[serde(default = "default_tls_listen")]
     pub listen: Vec<String>,
     /// Lowest TLS version accepted: "1.2" or "1.3".
     #[serde(default = "default_tls_min_version")]
     #[schemars(extend("enum" = ["1.2", "1.3"]))]
     pub min_version: String,
-    /// At least one; the first is served for an unknown or missing SNI name.
+    /// At least one. PEM certificate (chain, leaf first) and key. The certificate for a
+    /// handshake is chosen by SNI against each certificate's SAN DNS names: an exact name
+    /// first, then a wildcard (`*.example.com`, one label), else the first certificate. Each
+    /// must be a regular file (a symbolic link to one is fine): a FIFO, device or directory is
+    /// refused at once, naming it, by `--check` and by a reload; reloads read files off the
+    /// admin listener's thread.
     #[serde(default)]
     #[schemars(length(min = 1))]
     pub certificates: Vec<CertificateSection>,
@@ -305,70 +312,123 @@ pub struct ServerSection {
     pub listen: Vec<String>,
     /// Admin endpoints: /healthz /readyz /metrics /status /reload.
     pub admin_listen: String,
-    /// Worker threads of the proxy service.
+    /// Worker threads: each accepts on every listener and serves the connections it accepts (a
+    /// connection moves only to a thread that serves notably fewer), as HAProxy's threads do.
+    #[schemars(range(min = 1, max = 1024))]
     pub threads: usize,
     /// After SIGTERM readiness fails at once, traffic is still served this long.
+    #[schemars(range(min = 0, max = 3600))]
     pub drain_seconds: u64,
     /// Then listeners close; in-flight requests get at most this long.
+    #[schemars(range(min = 0, max = 3600))]
     pub shutdown_timeout_seconds: u64,
     /// Unix socket used to hand listeners to an upgrading process (`-u`).
     pub upgrade_sock: String,
-    /// Largest request header block accepted (request line + headers); larger
-    /// requests get 431. Pingora itself caps headers at 1 MiB (answered 400).
+    /// Largest request header block accepted (request line + headers); larger requests get 431.
+    /// Pingora itself caps headers at 1 MiB (answered 400).
+    #[schemars(range(min = 1024, max = 1048575))]
     pub max_request_header_bytes: usize,
     /// Idle keep-alive timeout for client connections.
+    #[schemars(range(min = 0, max = 3600))]
     pub keepalive_timeout_seconds: u64,
-    /// When set, `POST` admin endpoints need `Authorization: Bearer <token>`
-    /// (401 otherwise). Without it they are answered only on a loopback
-    /// `admin_listen` (403 elsewhere).
+    /// When set, `POST` admin endpoints need `Authorization: Bearer <token>` (401 otherwise).
+    /// Without it they are answered only on a loopback `admin_listen` (403 elsewhere). Allowed:
+    /// Visible ASCII, ≤ 1024.
     #[schemars(extend("default" = ""))]
     pub admin_token: Secret,
-    /// Named admin tokens (name → token): any of them (or `admin_token`, named `admin`)
-    /// opens the `POST` endpoints, and the runtime API journals each action `by` the
-    /// token's name.
+    /// Named tokens (`admin_tokens = { deployer = "…" }`): any of them opens the non-`GET`
+    /// admin endpoints, and the runtime API journals an action `by` the token's name
+    /// (`admin_token` is named `admin`). Allowed: Names: letters, digits, `_-.`, ≤ 64; tokens
+    /// as `admin_token`, each once.
     #[schemars(extend("default" = {}))]
     pub admin_tokens: std::collections::BTreeMap<String, Secret>,
-    /// A file holding the admin token (trailing newline removed); when set it wins over
-    /// `admin_token`. Read at start, `--check` and reload; a missing, unreadable or empty
-    /// file is an error.
+    /// The admin token read from this file (a trailing newline is removed; symbolic links are
+    /// followed, as Kubernetes mounts secrets); when set it wins over `admin_token`. Read at
+    /// start, `--check` and reload; a missing, unreadable or empty file is a config error
+    /// naming `server.admin_token_file`. Allowed: A regular file.
     pub admin_token_file: String,
-    /// Also accept cleartext HTTP/2 (prior knowledge) on `listen`.
+    /// Also accept cleartext HTTP/2 with prior knowledge on `listen` (HTTP/1.1 still works
+    /// there).
     pub h2c: bool,
-    /// false (the default): HTTP/1 header names are written in canonical case, as
-    /// HAProxy and Envoy write them (less work per request); true: they keep the case
-    /// they arrived in (Pingora's behaviour).
+    /// `false` writes HTTP/1 header names in canonical case, as HAProxy and Envoy do by
+    /// default: a dozen common names in title case (`Host`, `Content-Type`, `Content-Length`,
+    /// `Connection`, `Date`, `Server`, `Set-Cookie`, ...), all others in lower case
+    /// (`x-api-key`). `true` passes names on in the case they arrived in, both ways (Pingora's
+    /// behaviour), for a client or backend that wrongly compares names by case (HAProxy's
+    /// `h1-case-adjust`, Envoy's `preserve_case`). Names are case-insensitive (RFC 9110 §5.1);
+    /// `true` costs a second header map per request and response (+11% instructions, +8
+    /// allocations per proxied request: benches/history/2026-11-passes.md, issue 16). HTTP/2
+    /// names are lower case either way. Restart to change.
     pub preserve_header_case: bool,
-    /// CIDRs (or addresses) of the proxies allowed to say who the client is.
+    /// CIDRs (or addresses) of the proxies allowed to say who the client is. Allowed: CIDRs or
+    /// addresses, v4/v6.
     pub trusted_proxies: Vec<String>,
-    /// Listeners expect a PROXY v1/v2 header, from `trusted_proxies` only.
+    /// Plain (`listen`) listeners expect a PROXY v1/v2 header from trusted peers; other peers
+    /// are refused. It names the client for every request of the connection, HTTP/1.1 and h2c
+    /// streams alike. `[tls]` listeners take no PROXY header (the TLS handshake comes first):
+    /// their client is the TCP peer. With `proxy_protocol`, `X-Forwarded-For` never names the
+    /// client, and a `LOCAL`/`UNKNOWN` header makes the peer the client. Needs
+    /// `trusted_proxies`.
     pub proxy_protocol: bool,
-    /// Larger request bodies get 413.
+    /// Larger bodies get 413; nothing more is forwarded.
+    #[schemars(range(min = 1, max = 1_099_511_627_776u64))]
     pub max_request_body_bytes: u64,
-    /// The request header block must arrive within this (else 408).
+    /// The whole request header block must arrive within this, else 408 (slowloris). It runs
+    /// from `accept` (after the TLS handshake) on every listener, h2c and admin included; over
+    /// HTTP/2 the first request's header block must arrive within it, and any later header
+    /// block within it of its first frame (else the connection is closed).
+    #[schemars(range(min = 1, max = 3600000))]
     pub client_header_timeout_ms: u64,
-    /// Longest pause between body reads (else 408).
+    /// Longest pause between body reads, else 408, HTTP/1.1 and HTTP/2 streams alike
+    /// (`RST_STREAM` once the response has started); the client's fault: outcome `rejected`,
+    /// never a backend error or a culling input.
+    #[schemars(range(min = 1, max = 3600000))]
     pub client_body_timeout_ms: u64,
-    /// Client connections open at once; beyond, new ones are closed.
+    /// Client connections open at once, counted from `accept` (a TLS handshake in progress
+    /// counts); beyond, new ones are closed at once.
+    #[schemars(range(min = 1, max = 10000000))]
     pub max_connections: usize,
-    /// Response bytes one request may hold in the proxy; past it, reading the
-    /// upstream waits for the client (backpressure).
+    /// Response body bytes one request may hold in the proxy: past it, reading the upstream
+    /// waits for the client (backpressure), so N slow readers of a large object hold about N ×
+    /// this of it (HAProxy's `tune.bufsize` plays the same part). Restart to change.
+    #[schemars(range(min = 4096, max = 1073741824))]
     pub max_response_buffer_bytes: usize,
     // Issue 40, connections (CONTRACT §17).
-    /// A keep-alive HTTP/1.1 or HTTP/2 connection with nothing in flight is
-    /// closed after this (HTTP/2: GOAWAY NO_ERROR).
+    /// A keep-alive connection with nothing in flight is closed after this: HTTP/1.1 waits the
+    /// shorter of this and `keepalive_timeout_seconds` for the next request; HTTP/2 gets GOAWAY
+    /// `NO_ERROR` (read at start for HTTP/2: restart to change).
+    #[schemars(range(min = 1, max = 3600000))]
     pub idle_timeout_ms: u64,
-    /// A TLS handshake must complete within this.
+    /// A TLS handshake must complete within this, else the connection is closed; failed
+    /// handshakes are logged once per 10 s with their count, not once each.
+    #[schemars(range(min = 1, max = 3600000))]
     pub tls_handshake_timeout_ms: u64,
-    /// Connections to the admin listener; beyond, new ones are closed.
+    /// Connections to `admin_listen` open at once; beyond, four more are let in for `/healthz`
+    /// and `/readyz` only, and past those new ones are closed at once. The admin listener
+    /// applies `client_header_timeout_ms` too, and `client_body_timeout_ms` to a whole request
+    /// body.
+    #[schemars(range(min = 1, max = 1000000))]
     pub admin_max_connections: usize,
-    /// Host names the admin listener answers to, besides any IP address and `localhost`
-    /// (a request naming another host is refused with 421: a DNS-rebinding page names
-    /// its own); `"*"` answers to any. `/healthz` and `/readyz` answer to any host.
+    /// Host names the admin listener answers to, besides any IP address and `localhost` (a
+    /// request naming another host is refused with 421: a DNS-rebinding page names its own);
+    /// `"*"` answers to any. `/healthz` and `/readyz` answer to any host. Allowed: Host names,
+    /// or `["*"]`.
     pub admin_hosts: Vec<String>,
-    /// An upgraded tunnel (WebSocket) idle this long is closed.
+    /// An upgraded tunnel (WebSocket) is closed once no byte has gone either way for this long,
+    /// timed from the upgrade request; a side that is quiet while the other talks keeps the
+    /// tunnel open. Until the backend's `101`, its upstream's `read_timeout_ms` applies as to
+    /// any request (a backend that never answers an upgrade: 504); after it, neither
+    /// `read_timeout_ms` nor `client_body_timeout_ms` applies to the tunnel (HAProxy's `timeout
+    /// server`, then `timeout tunnel`).
+    #[schemars(range(min = 1, max = 604800))]
     pub tunnel_idle_timeout_seconds: u64,
-    /// Per HTTP/2 connection per minute: streams the client resets after they
-    /// were accepted, or malformed streams; past it, GOAWAY ENHANCE_YOUR_CALM.
+    /// Per HTTP/2 connection per minute: streams the client resets after they were accepted
+    /// (before their response is complete), and streams refused as malformed; past it the
+    /// connection gets GOAWAY `ENHANCE_YOUR_CALM` and is closed (counted in
+    /// `portcullis_edge_refusals_total{reason="h2_glitches"}`), as HAProxy 3.x does with
+    /// `tune.h2.fe.glitches-threshold`. The `h2` crate's own count of streams it resets for the
+    /// client's protocol errors gets the same limit, over the connection's life. Read at start.
+    #[schemars(range(min = 1, max = 1000000))]
     pub h2_max_glitches: u32,
     /// A request no route matches: first_upstream | 404 | 421.
     pub unmatched: UnmatchedSection,
@@ -412,35 +472,43 @@ impl Default for ServerSection {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSection {
-    /// standalone (one `url`) | cluster (seed `nodes`) | sentinel (`sentinels` and
-    /// `master_name`).
+    /// Standalone (one `url`) | cluster (seed `nodes`) | sentinel (`sentinels` and
+    /// `master_name`). Allowed: `standalone` | `cluster` | `sentinel`.
     #[schemars(extend("enum" = ["standalone", "cluster", "sentinel"]))]
     pub mode: String,
-    /// Standalone only; absent = `redis://127.0.0.1:6379` (so a `url` written next to
-    /// `mode = "cluster"` can be refused). `rediss://` for TLS; it may carry a password.
+    /// Standalone only; absent = `redis://127.0.0.1:6379` (so a `url` written next to `mode =
+    /// "cluster"` can be refused). `rediss://` for TLS; it may carry a password.
     pub url: Option<RedisUrl>,
-    /// Cluster: seed nodes `host:port`.
+    /// Cluster: seed nodes `"host:port"` (at least one; the topology is learned from them).
     pub nodes: Vec<String>,
-    /// Sentinel: `host:port` of the sentinels.
+    /// Sentinel: `"host:port"` of the sentinels (at least one).
     pub sentinels: Vec<String>,
     /// Sentinel: the name of the monitored master.
     pub master_name: String,
-    /// AUTH for cluster/sentinel data nodes.
+    /// AUTH password of cluster/sentinel data nodes (standalone: in the `url`); never logged.
     #[schemars(extend("default" = ""))]
     pub password: Secret,
-    /// A file holding the Redis AUTH password (trailing newline removed); when set it
-    /// wins over `password` and over a password in `url` (every mode). A missing,
-    /// unreadable or empty file is an error.
+    /// The AUTH password read from this file (a trailing newline is removed), in every mode;
+    /// when set it wins over `password` and over a password in `url`. Read at start, `--check`
+    /// and reload; a missing, unreadable or empty file is a config error naming
+    /// `redis.password_file`; never logged. Allowed: A regular file.
     pub password_file: String,
-    /// TLS to cluster/sentinel nodes.
+    /// Cluster/sentinel: TLS to every node, and to the sentinels (standalone: `rediss://`).
     pub tls: bool,
-    /// Extra PEM bundle to trust for TLS to Redis; "" = the system's roots.
+    /// PEM CA bundle the server certificates must chain to (`""` = the system's roots); needs
+    /// `rediss://` or `tls = true`. The Redis client's TLS (rustls) refuses a server
+    /// certificate that is itself a CA (`CA:TRUE`, what `openssl req -x509` makes by default)
+    /// even where redis-cli accepts it: give the server a certificate with `-addext
+    /// basicConstraints=critical,CA:FALSE`, or one signed by a separate CA (the log says so
+    /// when it happens).
     pub ca_file: String,
     /// Every key the proxy writes starts with this, and every key has a TTL.
     pub key_prefix: String,
     /// How often local counts are flushed to Redis in one batch.
+    #[schemars(range(min = 1, max = 60000))]
     pub flush_interval_ms: u64,
     /// A Redis call slower than this counts as a failure.
+    #[schemars(range(min = 1, max = 60000))]
     pub timeout_ms: u64,
 }
 
@@ -469,75 +537,102 @@ impl Default for RedisSection {
 pub struct UpstreamSection {
     /// Unique; routes name it.
     pub name: String,
-    /// Failure domains (zones, racks): group name → backend addresses, as in `backends`.
-    /// Every backend is also in its upstream's group and the global one.
+    /// Failure domains (zones, racks) for the `[budget]` policies: `{ zone-a =
+    /// ["10.0.0.5:8080"], zone-b = [...] }`; every backend is also in its upstream's group and
+    /// the global one. Allowed: Names: letters, digits, `_-.`, not `global`; members among
+    /// `backends`, as written.
     #[serde(default)]
     pub groups: std::collections::BTreeMap<String, Vec<String>>,
     /// Each backend: `"host:port"` (a host name is re-resolved every
     /// `resolve_interval_seconds`), or a table `{ name, address, weight, max_conn, backup }`.
     #[schemars(length(min = 1))]
     pub backends: Vec<BackendEntrySection>,
-    /// "" = no active check; else the path of a GET, 2xx = healthy (one failure takes a
-    /// backend out, one pass brings it back). `[upstreams.health_check]` replaces it.
+    /// `""` = no active check; else `GET path`, 2xx = healthy, one result flips the backend
+    /// (the short form of `[upstreams.health_check]`, which replaces it; both at once is an
+    /// error).
     #[serde(default)]
     pub health_check_path: String,
     /// Time between two active checks of a backend (with `health_check_path`).
     #[serde(default = "default_hc_interval")]
+    #[schemars(range(min = 1, max = 86400))]
     pub health_check_interval_seconds: u64,
     /// Active health checks as HAProxy's `option httpchk`, `http-check` and `inter`,
     /// `fastinter`, `rise`, `fall`, `port`.
     #[serde(default)]
     pub health_check: Option<HealthCheckSection>,
-    /// Connecting to a backend must take no longer.
+    /// Connecting to a backend must take no longer; a failed or timed-out connect is retried on
+    /// another backend.
     #[serde(default = "default_connect_timeout")]
+    #[schemars(range(min = 1, max = 600000))]
     pub connect_timeout_ms: u64,
     /// Longest wait for the backend's response (between reads).
     #[serde(default = "default_read_timeout")]
+    #[schemars(range(min = 1, max = 86400000))]
     pub read_timeout_ms: u64,
     /// Connect to the backends over TLS.
     #[serde(default)]
     pub tls: bool,
-    /// SNI and verified name; "" = the backend's host.
+    /// SNI and verified name; `""` = the backend's address.
     #[serde(default)]
     pub sni: String,
-    /// Verify the backend certificate chain and name.
+    /// Verify the backend certificate chain and name; a failure is a connect failure (retried
+    /// elsewhere, counted for culling), and the connection is never used.
     #[serde(default = "default_true")]
     pub verify: bool,
-    /// Extra PEM bundle to trust; "" = none.
+    /// PEM bundle to trust (with OpenSSL under Pingora it replaces the system store for this
+    /// upstream).
     #[serde(default)]
     pub ca_file: String,
-    /// HTTP/2 to the backends: ALPN over TLS, prior knowledge without.
+    /// HTTP/2 to the backends: ALPN `h2` over TLS, prior knowledge (h2c) without.
     #[serde(default)]
     pub http2: bool,
-    /// round_robin | least_requests | consistent_hash | random.
+    /// `round_robin` (smooth weighted with `weights`) | `least_requests` (less loaded of two
+    /// random backends) | `consistent_hash` (Ketama ring on `hash_key`: a backend leaving moves
+    /// only its keys) | `random`.
     #[serde(default)]
     pub balance: BalanceSection,
-    /// consistent_hash and shard_size: header:NAME | query:NAME | bearer | client_ip | path.
+    /// For `consistent_hash` and `shard_size`: `header:NAME` | `query:NAME` | `bearer` |
+    /// `client_ip` | `path`; a request without it hashes by client address.
     #[serde(default = "default_hash_key")]
     #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|client_ip|path)$"))]
     pub hash_key: String,
-    /// One positive integer per backend; empty = all equal.
+    /// One positive integer per backend; empty = all equal. Allowed: 1–1000 each.
     #[serde(default)]
     pub weights: Vec<u64>,
-    /// Retries on another backend after a 502/503/reset (idempotent methods).
+    /// Retries on another backend after a 502/503 or a reset, only for GET, HEAD, OPTIONS, PUT,
+    /// DELETE whose body was read whole. A failed connect is always retried on an untried
+    /// backend (nothing was sent), whatever the method, `retries` or the budget — unlike Envoy,
+    /// where a connect failure is a retry like any other. Such a retry is still accounted: it
+    /// counts in the budget's window and as `result="sent"`, as an error against the backend
+    /// for culling, and the request keeps its one shedding/bulkhead slot; at most one attempt
+    /// per backend.
     #[serde(default = "default_retries")]
+    #[schemars(range(min = 0, max = 10))]
     pub retries: u64,
-    /// Retries allowed as a share of requests (a retry budget, so retries cannot
-    /// multiply an overload).
+    /// A retry budget, so that retries cannot multiply an overload: 502/503/reset retries stay
+    /// under this share of the upstream's requests of the last 10 s (at least 3 allowed);
+    /// `portcullis_retries_total{upstream,result=sent|budget_exhausted}`.
     #[serde(default = "default_retry_budget_ratio")]
+    #[schemars(range(min = 0, max = 1))]
     pub retry_budget_ratio: f64,
-    /// Per-upstream in-flight cap (bulkhead); 0 = none.
+    /// Bulkhead: requests in flight to this upstream; beyond it 503 + `Retry-After`, counted as
+    /// shed and in `portcullis_bulkhead_shed_total{upstream}`; `0` = none.
     #[serde(default)]
+    #[schemars(range(min = 0, max = 10000000))]
     pub max_inflight: u64,
-    /// This upstream learns its own cap from its latency (as `[shedding] adaptive`),
-    /// never above `max_inflight` (which must be > 0): a slow upstream sheds its own
+    /// This upstream learns its own cap from its own latency (the `[shedding] adaptive`
+    /// gradient), between min(8, `max_inflight`) and `max_inflight` (which must be > 0);
+    /// reported as `portcullis_concurrency_limit{upstream}`: a slow upstream sheds its own
     /// traffic, not the others'.
     #[serde(default)]
     pub adaptive: bool,
-    /// How often backend host names are resolved again.
+    /// Backends given as hostnames are re-resolved this often (IPv4 addresses if any, else
+    /// IPv6, all of them); a change is applied like a reload.
     #[serde(default = "default_resolve_interval")]
+    #[schemars(range(min = 1, max = 86400))]
     pub resolve_interval_seconds: u64,
-    /// > 0: shuffle sharding by hash_key.
+    /// Above 0, each `hash_key` value is served only by its own stable set of this many
+    /// backends (shuffle sharding); 0 = off. Allowed: 0 to the number of backends.
     #[serde(default)]
     pub shard_size: u64,
     /// A backend that comes back (health up, readmitted after a cull, drain or maint
@@ -624,52 +719,62 @@ pub enum PrioritySection {
     "else" = {"required": ["upstream"]}
 ))]
 pub struct RouteSection {
-    /// "" = any host.
+    /// `""` = any host; else matched case-insensitively, port ignored. HAProxy: `acl h
+    /// hdr(host) -i NAME`.
     #[serde(default)]
     pub host: String,
-    /// The longest matching prefix wins.
+    /// Longest matching prefix wins; on a tie a host route beats an any-host route. HAProxy:
+    /// `acl p path_beg /x`.
     #[serde(default = "default_prefix")]
     pub path_prefix: String,
-    /// The `name` of an upstream (needed by `action = "proxy"` only).
+    /// The `name` of an upstream (needed by `action = "proxy"` only). HAProxy: `use_backend
+    /// NAME`.
     #[serde(default)]
     pub upstream: String,
-    /// critical | normal | low (load-shedding classes).
+    /// Critical | normal | low (load-shedding classes).
     #[serde(default)]
     pub priority: PrioritySection,
-    /// Match only these request methods (`GET`, `POST`, ...); [] = any.
+    /// Match only these methods (upper case: `GET`, `DELETE`); `[]` = any. HAProxy: `acl m
+    /// method DELETE`.
     #[serde(default)]
     pub methods: Vec<String>,
     /// Match only clients in these CIDRs (or addresses): the client address after
-    /// `trusted_proxies` and PROXY; [] = any.
+    /// `trusted_proxies` and PROXY; [] = any. HAProxy: `acl s src 10.0.0.0/8`.
     #[serde(default)]
     pub client_cidrs: Vec<String>,
-    /// proxy (to `upstream`) | deny (answer `status`) | redirect (to `location`).
+    /// Proxy (to `upstream`) | deny (answer `status`) | redirect (to `location`). HAProxy:
+    /// `use_backend` / `http-request deny` / `http-request redirect`.
     #[serde(default)]
     pub action: ActionSection,
-    /// deny: the status (403 if 0); redirect: 301 | 302 | 303 | 307 | 308 (302 if 0).
+    /// Deny: the status (403 if 0); redirect: 301 | 302 | 303 | 307 | 308 (302 if 0). HAProxy:
+    /// `deny_status` / `code`.
     #[serde(default)]
     pub status: u16,
-    /// redirect: an absolute URL or a path, with `{scheme}`, `{host}`, `{path}`, `{query}`
-    /// and `{path_and_query}` filled in from the request.
+    /// Redirect: an absolute URL or a path, with `{scheme}`, `{host}`, `{path}`, `{query}` and
+    /// `{path_and_query}` filled in from the request. HAProxy: `redirect location` / `redirect
+    /// scheme https`.
     #[serde(default)]
     pub location: String,
-    /// Header rules on the upstream request, after the proxy's own headers.
+    /// `{ set = {NAME = VALUE}, add = {NAME = VALUE}, remove = [NAME] }` on the upstream
+    /// request, after the proxy's own fields. HAProxy: `http-request set-header / add-header /
+    /// del-header`.
     #[serde(default)]
     pub request_headers: HeaderRulesSection,
-    /// Header rules on the response to the client, after the proxy's own headers.
+    /// Header rules on the response to the client, after the proxy's own headers. HAProxy:
+    /// `http-response set-header / add-header / del-header`.
     #[serde(default)]
     pub response_headers: HeaderRulesSection,
-    /// Names of `[[rate_limit.policies]]` (or the `[rate_limit]` policy's name) that
-    /// apply on this route; [] = all.
+    /// Names of `[[rate_limit.policies]]` (or the `[rate_limit]` policy's name) that apply on
+    /// this route; [] = all. HAProxy: a `track-sc0` under an ACL.
     #[serde(default)]
     pub rate_limit_policies: Vec<String>,
-    /// header -> value, set on the upstream request.
+    /// Header → value, set on the upstream request (older form of `request_headers.set`).
     #[serde(default)]
     pub request_headers_set: BTreeMap<String, String>,
     /// Headers removed from the upstream request.
     #[serde(default)]
     pub request_headers_remove: Vec<String>,
-    /// header -> value, set on the response to the client.
+    /// Header -> value, set on the response to the client.
     #[serde(default)]
     pub response_headers_set: BTreeMap<String, String>,
     /// Headers removed from the response to the client.
@@ -725,21 +830,32 @@ fn default_prefix() -> String {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SheddingSection {
-    /// Requests in flight through the proxy; 0 = no cap. Normal requests are shed at
-    /// 90% of it, low at 75%, critical only at 100%.
+    /// Requests in flight through the proxy; 0 = no cap. Normal requests are shed at 90% of it,
+    /// low at 75%, critical only at 100%.
+    #[schemars(range(min = 0, max = 10000000))]
     pub max_concurrency: u64,
-    /// The `Retry-After` of a 503 from shedding.
+    /// `Retry-After` of a shed 503: the base of a spread by the share of load shed (see Gray
+    /// failure).
+    #[schemars(range(min = 1, max = 86400))]
     pub retry_after_seconds: u64,
-    /// Open upgraded connections (WebSocket etc.); 503 beyond.
+    /// Open upgraded connections (WebSocket etc.); beyond: 503 with `Retry-After`; `0` = no
+    /// cap. After the `101` a tunnel no longer counts against `max_concurrency`; open tunnels
+    /// are `portcullis_tunnels_open`; at shutdown they are closed at
+    /// `shutdown_timeout_seconds`.
+    #[schemars(range(min = 0, max = 10000000))]
     pub max_tunnels: u64,
-    /// Learn the cap from upstream latency (gradient), within
-    /// [min_concurrency, max_concurrency].
+    /// Learn the cap from upstream latency (a gradient limit: shrinks when latency rises over
+    /// its recent minimum, grows back when it recovers); never below `min_concurrency` nor
+    /// above `max_concurrency` (which must be > 0).
     pub adaptive: bool,
-    /// The adaptive cap's floor.
+    /// The adaptive cap's floor. Allowed: 1–`max_concurrency`.
     pub min_concurrency: u64,
-    /// Shadow mode: decide and report, never shed. A request the cap (fixed or adaptive)
-    /// would shed is admitted and counted in
-    /// `portcullis_shadow_refusals_total{gate="shed",policy=CLASS}`.
+    /// Shadow mode: decide and report, never shed. A request the cap (fixed or adaptive, with
+    /// its class's share) would shed is admitted, counted in
+    /// `portcullis_shadow_refusals_total{gate="shed",policy=CLASS}` (`critical`, `normal`,
+    /// `low`) and its access-log line gets `"shadow":["shed:CLASS"]`. It then holds an
+    /// in-flight slot like any admitted request, so in flight may pass the cap. `max_tunnels`
+    /// and an upstream's `max_inflight` still refuse.
     pub shadow: bool,
     /// Above 0: a request over its class's share of the cap waits up to this long for a slot
     /// (HAProxy's `timeout queue`), then 503 + `Retry-After`. Slots go by class
@@ -790,23 +906,27 @@ pub enum MissingKeySection {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateLimitSection {
-    /// false: no request is rate limited.
+    /// False: no request is rate limited.
     pub enabled: bool,
-    /// Where the API key is read: header:NAME | query:NAME | bearer (Authorization: Bearer …)
-    /// | jwt:CLAIM (a claim of a bearer JWT verified with `[jwt]`'s keys).
+    /// Where the API key is read: header:NAME | query:NAME | bearer (Authorization: Bearer …) |
+    /// jwt:CLAIM (a claim of a bearer JWT verified with `[jwt]`'s keys).
     #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|jwt:.+)$"))]
     pub key: String,
     /// The sliding window.
+    #[schemars(range(min = 1, max = 86400))]
     pub window_seconds: u64,
     /// Admitted requests per key per sliding window.
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub limit: u64,
-    /// client_ip (limit by address) | reject (401) | allow.
+    /// `client_ip` (limit by address) | `reject` (401) | `allow`.
     pub missing_key: MissingKeySection,
     /// Longer keys are answered 400 and never stored.
+    #[schemars(range(min = 1, max = 8192))]
     pub max_key_bytes: usize,
     /// RateLimit headers on admitted responses too.
     pub headers: bool,
     /// Cap on keys tracked in memory (and so in Redis per window).
+    #[schemars(range(min = 16, max = 100_000_000))]
     pub max_tracked_keys: usize,
     /// Name used in the `RateLimit-Policy` / `RateLimit` fields.
     pub policy_name: String,
@@ -814,9 +934,9 @@ pub struct RateLimitSection {
     pub keys: BTreeMap<String, u64>,
     /// `[[rate_limit.policies]]`: further limits, each on the requests under a path.
     pub policies: Vec<RatePolicySection>,
-    /// Shadow mode: decide and report, never refuse. A request this policy would refuse
-    /// is admitted and counted in `portcullis_shadow_refusals_total{gate="rate_limit"}`.
-    /// Also the default of every `[[rate_limit.policies]]` entry's `shadow`.
+    /// Shadow mode: decide and report, never refuse. A request this policy would refuse is
+    /// admitted and counted in `portcullis_shadow_refusals_total{gate="rate_limit"}`. Also the
+    /// default of every `[[rate_limit.policies]]` entry's `shadow`.
     pub shadow: bool,
     /// A response header whose integer value is the request's cost against its tenant's
     /// quota (absent or invalid = 1); removed before the client sees the response.
@@ -829,24 +949,27 @@ pub struct RateLimitSection {
 pub struct RatePolicySection {
     /// Unique; the name in the `RateLimit-Policy` / `RateLimit` fields.
     pub name: String,
-    /// header:NAME | query:NAME | bearer | jwt:CLAIM | client_ip.
+    /// `header:NAME` | `query:NAME` | `bearer` | `jwt:CLAIM` | `client_ip`.
     #[serde(default = "default_policy_key")]
     #[schemars(regex(pattern = r"^(header:.+|query:.+|bearer|jwt:.+|client_ip)$"))]
     pub key: String,
-    /// Admitted requests per key per window.
+    /// Admitted requests per key per sliding window.
     #[serde(default = "default_policy_limit")]
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub limit: u64,
     /// The sliding window.
     #[serde(default = "default_policy_window")]
+    #[schemars(range(min = 1, max = 86400))]
     pub window_seconds: u64,
-    /// Requests whose path starts with this are checked against the policy.
+    /// Requests whose path starts with this are checked against the policy. Allowed: Starts
+    /// with `/`.
     #[serde(default = "default_policy_prefix")]
     pub path_prefix: String,
     /// Per-key limits that override `limit`.
     #[serde(default)]
     pub keys: BTreeMap<String, u64>,
-    /// Shadow mode for this policy (decide and report, never refuse); absent: as
-    /// `[rate_limit] shadow`.
+    /// Shadow mode for this policy (decide and report, never refuse); absent: as `[rate_limit]
+    /// shadow`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<bool>,
 }
@@ -935,20 +1058,26 @@ impl<'de> Deserialize<'de> for BackendEntrySection {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BackendTableSection {
-    /// What the page, `ctl`, `/backends` and the access log show (and `ctl` and the
-    /// runtime API accept); "" = the address. Unique in its upstream.
+    /// What `/backends`, `/status`, the page, the access log's `backend` and `portcullis ctl`
+    /// show; `ctl` and the runtime API take the name or the address (`ctl drain api api-2`),
+    /// and so do `groups`. Metric labels keep the address. Allowed: 1–64 letters, digits,
+    /// `_-.:`; unique in the upstream.
     #[serde(default)]
     pub name: String,
-    /// `host:port`.
+    /// `host:port`. Allowed: As a plain entry.
     pub address: String,
     /// As in `weights` (1-1000); not with `weights`.
     #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
     pub weight: Option<u64>,
-    /// Requests in flight to this backend at most; at that many it is not selected.
-    /// 0 = no limit.
+    /// Requests in flight to this backend at most: at that many it is not selected (0 = no
+    /// limit). Without a queue, a request no backend has room for is answered 503 with
+    /// `Retry-After` (outcome `no_backend`).
     #[serde(default)]
+    #[schemars(range(min = 0, max = 10000000))]
     pub max_conn: u64,
-    /// Used only when no other backend of the upstream can be.
+    /// Used only when no other backend of the upstream can be (out, down, or at `max_conn`),
+    /// and left again as soon as one can; at least one backend is not a backup.
     #[serde(default)]
     pub backup: bool,
 }
@@ -964,21 +1093,27 @@ pub struct HealthCheckSection {
     pub method: String,
     /// The probe's Host header; "" = the upstream's `sni`, else the backend as written.
     pub host: String,
-    /// More request headers, e.g. { "user-agent" = "probe" }.
+    /// More request headers, e.g. { "user-agent" = "probe" }. Allowed: Not `Host` (use `host`)
+    /// nor a framing header (`Content-Length`, `Transfer-Encoding`, `Connection`, ...).
     pub headers: std::collections::BTreeMap<String, String>,
     /// Status codes and ranges that pass: "200,204,300-399".
     pub expect_status: String,
     /// A substring the first 64 KiB of the body must contain; "" = any body.
     pub expect_body: String,
     /// Time between two probes of a settled backend.
+    #[schemars(range(min = 100, max = 86400000))]
     pub interval_ms: u64,
     /// Time between two probes while a backend is between states, or down.
+    #[schemars(range(min = 100, max = 86400000))]
     pub fast_interval_ms: u64,
     /// A probe (connect, request, answer and `expect_body`'s read) must end within this.
+    #[schemars(range(min = 1, max = 600000))]
     pub timeout_ms: u64,
     /// Consecutive passes that make a backend healthy.
+    #[schemars(range(min = 1, max = 1000))]
     pub rise: u32,
     /// Consecutive failures that make it unhealthy.
+    #[schemars(range(min = 1, max = 1000))]
     pub fall: u32,
     /// Probe this port instead of the backend's; 0 = the backend's.
     pub port: u16,
@@ -986,7 +1121,8 @@ pub struct HealthCheckSection {
     /// fleet (chosen by rendezvous hashing over the live instances) and every instance
     /// follows the majority of their verdicts; without it, every instance probes.
     pub shared: bool,
-    /// How many instances probe each backend when `shared`.
+    /// How many instances probe each backend when `shared`. Allowed: 1–64 (used with `shared =
+    /// true`).
     pub probers: u32,
 }
 
@@ -1016,16 +1152,20 @@ impl Default for HealthCheckSection {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BudgetSection {
-    /// Operations (culls, drains, maint, claims) out at once, fleet-wide, over all
-    /// upstreams; 0 = no limit.
+    /// Operations out at once, fleet-wide, over all upstreams (culls, drains, maint, weight 0,
+    /// claims); 0 = no limit.
+    #[schemars(range(min = 0, max = 1000000))]
     pub max_concurrent: u64,
-    /// A new claim in a group waits this long after the group's last one started.
+    /// A new operation in a group waits this long after the group's last claim started.
+    #[schemars(range(min = 0, max = 604800))]
     pub min_seconds_between_claims: u64,
-    /// And this long after the group's last one ended.
+    /// And this long after the group's last claim ended.
+    #[schemars(range(min = 0, max = 604800))]
     pub min_seconds_after_release: u64,
-    /// An operation in one group (say a zone) refuses claims in any other.
+    /// An operation in one named group (say a zone) refuses claims in any other.
     pub one_group_at_a_time: bool,
-    /// No voluntary operation on an upstream whose other backends are failing or culled.
+    /// Health policy: no voluntary operation on an upstream another of whose backends is
+    /// failing while kept in rotation (`failing` in `/status`) or down by its health check.
     pub refuse_when_failing: bool,
 }
 
@@ -1045,38 +1185,51 @@ impl Default for BudgetSection {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CullingSection {
-    /// false: no backend is ever ejected.
+    /// False: no backend is ever ejected.
     pub enabled: bool,
     /// Errors are counted over this sliding window.
+    #[schemars(range(min = 1, max = 86400))]
     pub window_seconds: u64,
     /// Errors in the window that make a backend a cull candidate.
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub error_threshold: u64,
     /// Time between two decisions.
+    #[schemars(range(min = 1, max = 3600))]
     pub check_interval_seconds: u64,
-    /// Fleet-wide culls allowed per token period, shared via Redis.
+    /// Fleet-wide culls allowed per token period, shared through the store (refilled smoothly).
+    #[schemars(range(min = 0, max = 1000000))]
     pub tokens: u32,
     /// The period over which `tokens` culls are allowed.
+    #[schemars(range(min = 1, max = 604800))]
     pub token_period_seconds: u64,
     /// Per upstream; one backend always stays in rotation.
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub max_culled_fraction: f64,
     /// A culled backend is probed again after this.
+    #[schemars(range(min = 1, max = 86400))]
     pub cooldown_seconds: u64,
-    /// Decide and report, but do not eject.
+    /// Decide and report (`/status` `dry_run_culled`), eject nothing.
     pub dry_run: bool,
-    /// Optional URL that receives a POST of `{upstream, backend, reason, errors}` on a cull.
+    /// `http://` URL that receives a POST of `{upstream, backend, reason, errors}` on a cull (2
+    /// s timeout, fire and forget); `reason` is the rule: `error_threshold`, `success_rate` or
+    /// `latency`.
     pub webhook_url: String,
-    /// Outliers judged against the upstream's peers: none | success_rate | latency.
+    /// Outliers judged against the upstream's peers: none | success_rate | latency. Allowed:
+    /// None, success_rate, latency.
     pub outlier: String,
-    /// Requests a backend needs in the window to be judged as an outlier.
+    /// Requests (latency: answered requests) a backend needs in the window to be judged.
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub outlier_min_requests: u64,
-    /// success_rate: an outlier is below the peers' mean − factor × their stdev.
+    /// Success_rate: an outlier is below the peers' mean − factor × their stdev. Allowed:
+    /// >0–100.
     pub outlier_stdev_factor: f64,
-    /// latency: an outlier's p90 is over factor × the median of its peers' p90.
+    /// Latency: an outlier's p90 is over factor × the median of its peers' p90. Allowed:
+    /// >1–1000.
     pub latency_factor: f64,
     /// When one tenant's (or key's) requests cause most of the errors, limit that tenant
-    /// instead of culling backends; with outlier = "latency", a key's slow answers on a
-    /// backend where other keys are fast are not counted against the backend. Keys no
-    /// tenant holds are one identity; without tenants, so is an address using many keys.
+    /// instead of culling backends; with outlier = "latency", a key's slow answers on a backend
+    /// where other keys are fast are not counted against the backend. Keys no tenant holds are
+    /// one identity; without tenants, so is an address using many keys.
     pub blame_tenants: bool,
 }
 
@@ -1110,13 +1263,15 @@ pub use super::settings::WatchdogSettings as WatchdogSection;
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessLogSection {
-    /// false: no access log.
+    /// One JSON line per request (the access log); false: none.
     pub enabled: bool,
-    /// `""` = stdout; else a file, reopened on SIGUSR1.
+    /// `""` = stdout; else a file, opened for append, reopened on `SIGUSR1`.
     pub path: String,
     /// Share of 1xx-3xx requests logged; every 4xx/5xx is logged.
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub sample: f64,
     /// Lines queued for the writer thread; beyond, lines are dropped and counted.
+    #[schemars(range(min = 1, max = 16777216))]
     pub queue_lines: usize,
 }
 
@@ -1136,11 +1291,13 @@ impl Default for AccessLogSection {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingSection {
-    /// The collector's OTLP/HTTP URL (`http://` or `https://`); "" = no span export.
-    /// Read at start only.
+    /// `""` = no span export; else the collector's OTLP/HTTP URL (`http://` or `https://`, e.g.
+    /// `http://127.0.0.1:4318`); `/v1/traces` is appended unless the path ends with it. Takes
+    /// effect at start.
     pub otlp_endpoint: String,
-    /// Share of new traces (no valid `traceparent`) whose spans are exported; a
-    /// continued trace follows the client's sampled flag.
+    /// Share of new traces (no valid incoming `traceparent`) whose spans are exported; a
+    /// continued trace follows the client's sampled flag. Reloadable.
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub sample: f64,
 }
 
@@ -1158,6 +1315,8 @@ impl Default for TracingSection {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSection {
-    /// `auto` (text when stderr is a terminal, JSON otherwise), `json` or `text`.
+    /// The process's own log lines on stderr (not the access log): `auto` is text on a
+    /// terminal, JSON otherwise. Takes effect at start: a reload that changes it logs a warning
+    /// and keeps the format. Allowed: `auto` | `json` | `text`.
     pub format: LogFormat,
 }

@@ -281,21 +281,29 @@ pub struct RatePolicySettings {
 #[derive(Debug, Clone, Deserialize, JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct WatchdogSettings {
-    /// false: nothing is watched.
+    /// False: nothing is watched.
     pub enabled: bool,
-    /// Resident memory limit in MiB; 0 = not watched.
+    /// Resident memory limit in MiB; `0` = not watched.
+    #[schemars(range(min = 0, max = 1048576))]
     pub max_rss_mb: u64,
-    /// Fraction of requests answered by the proxy itself with 5xx (502/504/500) over the window.
+    /// Share of requests in one interval the proxy itself answered 502/504/500 (of proxied +
+    /// upstream_error + no_backend); a breach is strictly above; `1.0` = not watched.
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub max_error_rate: f64,
-    /// Event-loop stall considered a breach.
+    /// Longest lag of a 100 ms timer on the proxy's runtime or the watchdog's own.
+    #[schemars(range(min = 1, max = 600000))]
     pub max_stall_ms: u64,
     /// Requests an interval needs before its error rate is judged.
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub min_requests: u64,
-    /// Time between two checks.
+    /// Time between two checks; only whole intervals spent ready are judged.
+    #[schemars(range(min = 1, max = 3600))]
     pub check_interval_seconds: u64,
     /// Fleet-wide self-restarts allowed per token period (shared through Redis).
+    #[schemars(range(min = 0, max = 1000000))]
     pub tokens: u32,
     /// The period over which `tokens` self-restarts are allowed.
+    #[schemars(range(min = 1, max = 604800))]
     pub token_period_seconds: u64,
 }
 

@@ -217,7 +217,7 @@ impl Gate for Shed<'_> {
             (None, None) => {
                 self.counts
                     .shed(facts.priority, crate::metrics::ShedReason::Cap);
-                // Spread the retries by the share of load being shed (README, Gray failure).
+                // Spread the retries by the share of load being shed (docs/src/guide/gray-failure.md).
                 self.shedder.share.on_shed(now_secs);
                 Err(Refusal::Shed {
                     retry_after: crate::shed::spread::spread_retry_after(
