@@ -638,19 +638,23 @@ pub struct UpstreamSection {
     /// A backend that comes back (health up, readmitted after a cull, drain or maint
     /// released, a new address) ramps from 10% of its weight and `max_conn` to all of it
     /// over this time (HAProxy's `slowstart`); 0 = at once.
+    #[schemars(range(min = 0, max = 3600))]
     #[serde(default)]
     pub slow_start_seconds: u64,
     /// Above 0: when no eligible backend has room (`max_conn`) or the upstream is at
     /// `max_inflight`, a request waits up to this long (HAProxy's `timeout queue`), then
     /// 503 + `Retry-After`.
+    #[schemars(range(min = 0, max = 3600000))]
     #[serde(default)]
     pub queue_timeout_ms: u64,
     /// Requests waiting for this upstream at most; 0 = 10 × the sum of `max_conn` (or of
     /// `max_inflight`), at least 1024 when neither is set.
+    #[schemars(range(min = 0, max = 1000000))]
     #[serde(default)]
     pub max_queue: u64,
     /// Above 0: `max_inflight` for the whole fleet, split as `[shedding]
     /// fleet_max_concurrency` is.
+    #[schemars(range(min = 0, max = 100000000))]
     #[serde(default)]
     pub fleet_max_inflight: u64,
 }
@@ -860,16 +864,20 @@ pub struct SheddingSection {
     /// Above 0: a request over its class's share of the cap waits up to this long for a slot
     /// (HAProxy's `timeout queue`), then 503 + `Retry-After`. Slots go by class
     /// (critical, normal, low), then the tenant tier's priority, then age.
+    #[schemars(range(min = 0, max = 3600000))]
     pub queue_timeout_ms: u64,
     /// Requests waiting at most (all classes); beyond, 503 at once.
+    #[schemars(range(min = 1, max = 1000000))]
     pub max_queue: u64,
     /// Above 0: when the shortest wait in the queue stays above this for 100 ms, the queue
     /// serves newest first and sheds what waited longest (CoDel with adaptive LIFO), until
     /// it drains.
+    #[schemars(range(min = 0, max = 60000))]
     pub queue_target_ms: u64,
     /// Above 0: the cap is for the whole fleet; each instance takes this times its share of
     /// the fleet's recent traffic (through the store), at least `min_concurrency`. Without
     /// the store, `max_concurrency` on each instance. 0 = `max_concurrency` per instance.
+    #[schemars(range(min = 0, max = 100000000))]
     pub fleet_max_concurrency: u64,
 }
 
