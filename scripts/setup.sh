@@ -16,7 +16,8 @@
 # and python3-h2 (a real HPACK decoder); chromium (the status page is rendered in a real
 # headless browser) and prometheus with promtool (the shipped dashboard and alert rules
 # are checked against a real Prometheus); patch (scripts/check-vendor.sh applies
-# vendor/*.patch to the published crates).
+# vendor/*.patch to the published crates); rsyslog (the access log's syslog output is
+# received by a real rsyslogd, started by the test on its own socket and ports).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
 case ${1:-} in
@@ -42,6 +43,7 @@ if [ "$tests" = 1 ]; then
   /usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3-h2)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+  [ -x /usr/sbin/rsyslogd ] || need+=(rsyslog) # tests/syslog.rs: a real syslog receiver
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

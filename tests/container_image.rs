@@ -211,11 +211,23 @@ fn the_builder_reads_the_committed_profile() {
         .lines()
         .find_map(|l| l.strip_prefix("RUSTC="))
         .expect("pgo/profile.env names the rustc that wrote the profile");
-    let builder = instructions(&dockerfile)
+    // `ARG BUILDER_IMAGE=rust:<version>...` and `FROM ${BUILDER_IMAGE} AS builder`
+    let instr = instructions(&dockerfile);
+    assert!(
+        instr
+            .iter()
+            .any(|i| i == "FROM ${BUILDER_IMAGE} AS builder"),
+        "the builder stage is FROM ${{BUILDER_IMAGE}}"
+    );
+    let builder = instr
         .into_iter()
-        .find(|i| i.starts_with("FROM rust:") && i.ends_with(" AS builder"))
-        .expect("a `FROM rust:<version>... AS builder` stage");
-    let tag = builder["FROM rust:".len()..]
+        .find_map(|i| i.strip_prefix("ARG BUILDER_IMAGE=").map(str::to_string))
+        .expect("`ARG BUILDER_IMAGE=rust:<version>...`, the builder's default image");
+    assert!(
+        builder.starts_with("rust:") && builder.contains("@sha256:"),
+        "{builder}"
+    );
+    let tag = builder["rust:".len()..]
         .split(['-', '@', ' '])
         .next()
         .expect("an image tag");

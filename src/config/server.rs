@@ -63,9 +63,6 @@ fn process_keys(s: &ServerSection) -> VResult<()> {
         HOUR,
         "seconds",
     )?;
-    if s.upgrade_sock.is_empty() {
-        return err("server.upgrade_sock", "must not be empty");
-    }
     Ok(())
 }
 
@@ -157,6 +154,22 @@ fn admin_listen(s: &ServerSection, listen: &[SocketAddr]) -> VResult<SocketAddr>
         );
     }
     Ok(admin_listen)
+}
+
+/// The upgrade socket of an `upgrade_sock = ""` config read from `file`: one per config
+/// file (its absolute path, symlinks resolved when it exists, hashed), the same for the
+/// running process and the `-u` one started on the same file, and different for two
+/// instances of different files.
+pub fn default_upgrade_sock(file: &std::path::Path) -> PathBuf {
+    use sha2::Digest;
+    let abs = std::fs::canonicalize(file)
+        .or_else(|_| std::path::absolute(file))
+        .unwrap_or_else(|_| file.to_path_buf());
+    let digest = sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes());
+    PathBuf::from(format!(
+        "/tmp/portcullis-{}.sock",
+        hex::encode(&digest[..8])
+    ))
 }
 
 /// The validated section as settings.
