@@ -71,86 +71,87 @@ if ! podman image exists "$IMAGE"; then
 fi
 
 # 3. boot it: systemd as PID 1, its own network namespace (loopback only: port 80 and
-# 9090 are the container's), the limits this machine lets a container set
+# 9090 are the container's), the limits this machine lets a container set (no
+# CAP_SYS_RESOURCE here: no rlimit above the current hard one)
 podman "${runtime[@]}" run -d --name "$name" --systemd=always --network none \
-  --ulimit nofile=65536:65536 --ulimit nproc=4096:4096 "$IMAGE" /lib/systemd/systemd >/dev/null ||
+  --ulimit nofile="$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096 "$IMAGE" /lib/systemd/systemd >/dev/null ||
   die "cannot start a systemd container"
-in() { podman exec "$name" "$@"; }
-booted() { case $(in systemctl is-system-running 2>/dev/null) in running | degraded) return 0 ;; esac; return 1; }
+ct() { podman exec "$name" "$@"; }
+booted() { case $(ct systemctl is-system-running 2>/dev/null) in running | degraded) return 0 ;; esac; return 1; }
 for _ in $(seq 100); do booted && break; sleep 0.2; done
-booted || die "systemd did not boot: $(in systemctl is-system-running 2>&1)"
-ok "systemd $(in systemctl --version | head -1 | cut -d' ' -f2) is PID 1 in the container ($(in systemctl is-system-running))"
+booted || die "systemd did not boot: $(ct systemctl is-system-running 2>&1)"
+ok "systemd $(ct systemctl --version | head -1 | cut -d' ' -f2) is PID 1 in the container ($(ct systemctl is-system-running))"
 
 podman cp "$deb" "$name:/tmp/portcullis.deb"
 podman cp "$backend" "$name:/usr/local/bin/demo_backend"
 # the packaged config's backend, 127.0.0.1:8081
-in systemd-run --unit demo-backend /usr/local/bin/demo_backend 127.0.0.1:8081 >/dev/null
+ct systemd-run --unit demo-backend /usr/local/bin/demo_backend 127.0.0.1:8081 >/dev/null
 # 4. install: postinst makes the user and the log directory, enables and starts the unit;
 # systemctl start returns only after READY=1 (Type=notify)
-in dpkg -i /tmp/portcullis.deb >"$tmp/dpkg.log" 2>&1 || { cat "$tmp/dpkg.log" >&2; die "dpkg -i"; }
-state=$(in systemctl is-active portcullis || true)
-[ "$state" = active ] || { in journalctl -u portcullis --no-pager | tail -30 >&2; die "portcullis is $state after install"; }
-in systemctl is-enabled portcullis >/dev/null || die "the unit is not enabled"
-pid=$(in systemctl show -P MainPID portcullis)
-[ "$(in systemctl show -P Type portcullis)" = notify ] || die "Type is not notify"
-ok "installed and started (Type=notify, MainPID $pid, user $(in ps -o user= -p "$pid"))"
+ct dpkg -i /tmp/portcullis.deb >"$tmp/dpkg.log" 2>&1 || { cat "$tmp/dpkg.log" >&2; die "dpkg -i"; }
+state=$(ct systemctl is-active portcullis || true)
+[ "$state" = active ] || { ct journalctl -u portcullis --no-pager | tail -30 >&2; die "portcullis is $state after install"; }
+ct systemctl is-enabled portcullis >/dev/null || die "the unit is not enabled"
+pid=$(ct systemctl show -P MainPID portcullis)
+[ "$(ct systemctl show -P Type portcullis)" = notify ] || die "Type is not notify"
+ok "installed and started (Type=notify, MainPID $pid, user $(ct ps -o user= -p "$pid"))"
 
-get() { in curl -s -o /dev/null -w '%{http_code}' "$@"; }
+get() { ct curl -s -o /dev/null -w '%{http_code}' "$@"; }
 [ "$(get http://127.0.0.1:9090/readyz)" = 200 ] || die "/readyz is not 200"
-body=$(in curl -s http://127.0.0.1/hello-1)
+body=$(ct curl -s http://127.0.0.1/hello-1)
 case $body in *"hello from demo backend"*) ;; *) die "a proxied request got: $body" ;; esac
 ok "/readyz 200; GET / proxied to the demo backend"
 
 # 5. the access log: portcullis:adm 0640 in the setgid directory
 log=/var/log/portcullis/access.log
-for _ in $(seq 50); do in grep -q '/hello-1' "$log" 2>/dev/null && break; sleep 0.1; done
-in grep -q '"path":"/hello-1"' "$log" || die "the request is not in $log"
-[ "$(in stat -c '%U:%G %a' /var/log/portcullis)" = "portcullis:adm 2750" ] || die "/var/log/portcullis is $(in stat -c '%U:%G %a' /var/log/portcullis)"
-[ "$(in stat -c '%U:%G %a' "$log")" = "portcullis:adm 640" ] || die "$log is $(in stat -c '%U:%G %a' "$log")"
-in setpriv --reuid=nobody --regid=adm --clear-groups head -c 1 "$log" >/dev/null || die "the adm group cannot read $log"
+for _ in $(seq 50); do ct grep -q '/hello-1' "$log" 2>/dev/null && break; sleep 0.1; done
+ct grep -q '"path":"/hello-1"' "$log" || die "the request is not in $log"
+[ "$(ct stat -c '%U:%G %a' /var/log/portcullis)" = "portcullis:adm 2750" ] || die "/var/log/portcullis is $(ct stat -c '%U:%G %a' /var/log/portcullis)"
+[ "$(ct stat -c '%U:%G %a' "$log")" = "portcullis:adm 640" ] || die "$log is $(ct stat -c '%U:%G %a' "$log")"
+ct setpriv --reuid=nobody --regid=adm --clear-groups head -c 1 "$log" >/dev/null || die "the adm group cannot read $log"
 ok "$log: portcullis:adm 640 (the adm group reads it), in portcullis:adm 2750"
 
 # 6. logrotate: rotated; SIGUSR1 reopens; the next line goes to the new file
-in logrotate -f /etc/logrotate.d/portcullis || die "logrotate -f"
-in test -f "$log.1" || die "no $log.1 after logrotate"
-in curl -s -o /dev/null http://127.0.0.1/after-rotate
-for _ in $(seq 50); do in grep -q after-rotate "$log" 2>/dev/null && break; sleep 0.1; done
-in grep -q after-rotate "$log" || die "after rotation the line is not in the new $log"
-in grep -q after-rotate "$log.1" && die "after rotation the line went to the old file"
+ct logrotate -f /etc/logrotate.d/portcullis || die "logrotate -f"
+ct test -f "$log.1" || die "no $log.1 after logrotate"
+ct curl -s -o /dev/null http://127.0.0.1/after-rotate
+for _ in $(seq 50); do ct grep -q after-rotate "$log" 2>/dev/null && break; sleep 0.1; done
+ct grep -q after-rotate "$log" || die "after rotation the line is not in the new $log"
+ct grep -q after-rotate "$log.1" && die "after rotation the line went to the old file"
 ok "logrotate -f: $log.1 kept, SIGUSR1 reopened, the next line in the new $log"
 
 # 7. reload, good: a second backend and a changed limit apply; systemctl reload exits 0
 conf=/etc/portcullis/portcullis.toml
-in sed -i 's/^limit = 600 /limit = 599 /' "$conf"
-in systemctl reload portcullis || die "systemctl reload of a good file failed"
-[ "$(in systemctl show -P MainPID portcullis)" = "$pid" ] || die "the reload restarted the process"
-in curl -s -i http://127.0.0.1/x | tr -d '\r' | grep -qi '^ratelimit-policy:.*q=599' || die "the reloaded limit (599) is not in force"
+ct sed -i 's/^limit = 600 /limit = 599 /' "$conf"
+ct systemctl reload portcullis || die "systemctl reload of a good file failed"
+[ "$(ct systemctl show -P MainPID portcullis)" = "$pid" ] || die "the reload restarted the process"
+ct curl -s -i http://127.0.0.1/x | tr -d '\r' | grep -qi '^ratelimit-policy:.*q=599' || die "the reloaded limit (599) is not in force"
 ok "systemctl reload (good file): exit 0, applied (limit 599), same process"
 
 # 8. reload, bad: systemctl reload exits non-zero, status shows why, the old config serves
-in sed -i 's/^limit = 599 /limit = 0 /' "$conf"
-if out=$(in systemctl reload portcullis 2>&1); then die "systemctl reload of a bad file succeeded"; fi
+ct sed -i 's/^limit = 599 /limit = 0 /' "$conf"
+if out=$(ct systemctl reload portcullis 2>&1); then die "systemctl reload of a bad file succeeded"; fi
 say "systemctl reload said: $(echo "$out" | head -2 | tr '\n' ' ')"
-status=$(in systemctl status portcullis --no-pager -n 20 2>&1 || true)
+status=$(ct systemctl status portcullis --no-pager -n 20 2>&1 || true)
 echo "$status" | grep -q 'reload refused, the running configuration stays: .*rate_limit.limit' ||
   { echo "$status" >&2; die "systemctl status does not show the refusal"; }
-[ "$(in systemctl is-active portcullis)" = active ] || die "the service is not active after a refused reload"
-in curl -s -i http://127.0.0.1/y | tr -d '\r' | grep -qi '^ratelimit-policy:.*q=599' || die "the old config (599) no longer serves"
+[ "$(ct systemctl is-active portcullis)" = active ] || die "the service is not active after a refused reload"
+ct curl -s -i http://127.0.0.1/y | tr -d '\r' | grep -qi '^ratelimit-policy:.*q=599' || die "the old config (599) no longer serves"
 ok "systemctl reload (bad file): exit non-zero, 'reload refused ... rate_limit.limit' in systemctl status, still active on limit 599"
 
 # 9. journal priorities: the refusal is an error; info lines are not warnings
-in journalctl -u portcullis -p err --no-pager -o cat | grep -q 'invalid configuration' ||
+ct journalctl -u portcullis -p err --no-pager -o cat | grep -q 'invalid configuration' ||
   die "journalctl -p err lacks the refused reload"
-in journalctl -u portcullis -p warning --no-pager -o cat | grep -q '"level":"INFO"' &&
+ct journalctl -u portcullis -p warning --no-pager -o cat | grep -q '"level":"INFO"' &&
   die "journalctl -p warning shows info lines (no <N> prefix?)"
-in journalctl -u portcullis -p info --no-pager -o cat | grep -q '"level":"INFO"' ||
+ct journalctl -u portcullis -p info --no-pager -o cat | grep -q '"level":"INFO"' ||
   die "journalctl -p info lacks the info lines"
 ok "journalctl -p err has the refusal; -p warning has no info line"
-in sed -i 's/^limit = 0 /limit = 600 /' "$conf"
-in systemctl reload portcullis || die "reload back"
+ct sed -i 's/^limit = 0 /limit = 600 /' "$conf"
+ct systemctl reload portcullis || die "reload back"
 
 # 10. systemd-analyze security
-sec=$(in systemd-analyze security portcullis --no-pager 2>&1 | tail -1)
+sec=$(ct systemd-analyze security portcullis --no-pager 2>&1 | tail -1)
 say "systemd-analyze security portcullis: $sec"
 score=$(echo "$sec" | sed -n 's/.*exposure level for portcullis.service: \([0-9.]*\).*/\1/p')
 [ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s < 2.0) }' || die "exposure $score is not under 2.0"
@@ -158,44 +159,44 @@ ok "systemd-analyze security: $score"
 
 # 11. the binary upgrade (debian/README.md): the new process joins the service's cgroup,
 # takes the listeners over, and systemd follows its MAINPID; requests keep succeeding
-in sh -c 'while :; do c=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1/up); echo "$c" >>/tmp/codes; sleep 0.05; done' &
+ct sh -c 'while :; do c=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1/up); echo "$c" >>/tmp/codes; sleep 0.05; done' &
 loader=$!
 sleep 0.5
-cg=$(in systemctl show -P ControlGroup portcullis)
-in sh -c "cgdir=/sys/fs/cgroup/systemd$cg; [ -d \$cgdir ] || cgdir=/sys/fs/cgroup$cg; \
+cg=$(ct systemctl show -P ControlGroup portcullis)
+ct sh -c "cgdir=/sys/fs/cgroup/systemd$cg; [ -d \$cgdir ] || cgdir=/sys/fs/cgroup$cg; \
   nohup sh -c 'echo \$\$ >\"\$1/cgroup.procs\" && exec setpriv --reuid=portcullis --regid=portcullis --init-groups \
   env NOTIFY_SOCKET=/run/systemd/notify /usr/bin/portcullis -c /etc/portcullis/portcullis.toml -u' sh \"\$cgdir\" >/tmp/upgrade.log 2>&1 &"
-for _ in $(seq 100); do in test -S /run/portcullis/upgrade.sock && break; sleep 0.1; done
-in test -S /run/portcullis/upgrade.sock || { in cat /tmp/upgrade.log >&2; die "the new process never listened on the upgrade socket"; }
-in systemctl kill --kill-whom=main --signal=SIGQUIT portcullis
+for _ in $(seq 100); do ct test -S /run/portcullis/upgrade.sock && break; sleep 0.1; done
+ct test -S /run/portcullis/upgrade.sock || { ct cat /tmp/upgrade.log >&2; die "the new process never listened on the upgrade socket"; }
+ct systemctl kill --kill-whom=main --signal=SIGQUIT portcullis
 newpid=
 for _ in $(seq 200); do
-  newpid=$(in systemctl show -P MainPID portcullis)
+  newpid=$(ct systemctl show -P MainPID portcullis)
   [ "$newpid" != "$pid" ] && [ "$newpid" != 0 ] && break
   sleep 0.1
 done
-[ "$newpid" != "$pid" ] && [ "$newpid" != 0 ] || { in journalctl -u portcullis --no-pager | tail -20 >&2; die "systemd did not follow the new MAINPID"; }
-for _ in $(seq 200); do in test -d "/proc/$pid" || break; sleep 0.1; done
-in test -d "/proc/$pid" && die "the old process $pid did not exit"
+[ "$newpid" != "$pid" ] && [ "$newpid" != 0 ] || { ct journalctl -u portcullis --no-pager | tail -20 >&2; die "systemd did not follow the new MAINPID"; }
+for _ in $(seq 200); do ct test -d "/proc/$pid" || break; sleep 0.1; done
+ct test -d "/proc/$pid" && die "the old process $pid did not exit"
 sleep 0.5
 kill "$loader" 2>/dev/null || true
 wait "$loader" 2>/dev/null || true
-codes=$(in sort /tmp/codes | uniq -c | tr '\n' ' ')
-in grep -qv '^200$' /tmp/codes && die "requests failed during the upgrade: $codes"
-[ "$(in systemctl is-active portcullis)" = active ] || die "the service is not active after the upgrade"
+codes=$(ct sort /tmp/codes | uniq -c | tr '\n' ' ')
+ct grep -qv '^200$' /tmp/codes && die "requests failed during the upgrade: $codes"
+[ "$(ct systemctl is-active portcullis)" = active ] || die "the service is not active after the upgrade"
 ok "binary upgrade: MAINPID $pid -> $newpid, the old process exited, every request 200 ($codes)"
 pid=$newpid
 
 # 12. stop: /readyz fails at once, requests are served while draining, then exit 0
-in sh -c 'systemctl stop portcullis >/tmp/stop.log 2>&1; echo $? >/tmp/stop.rc' &
+ct sh -c 'systemctl stop portcullis >/tmp/stop.log 2>&1; echo $? >/tmp/stop.rc' &
 stopper=$!
 for _ in $(seq 50); do [ "$(get http://127.0.0.1:9090/readyz)" = 503 ] && break; sleep 0.1; done
 [ "$(get http://127.0.0.1:9090/readyz)" = 503 ] || die "/readyz is not 503 once stopping"
 [ "$(get http://127.0.0.1/draining)" = 200 ] || die "a request while draining was not served"
 wait "$stopper" || true
-[ "$(in cat /tmp/stop.rc)" = 0 ] || die "systemctl stop: $(in cat /tmp/stop.log)"
-result=$(in systemctl show -P Result portcullis)
+[ "$(ct cat /tmp/stop.rc)" = 0 ] || die "systemctl stop: $(ct cat /tmp/stop.log)"
+result=$(ct systemctl show -P Result portcullis)
 [ "$result" = success ] || die "the service stopped with Result=$result"
-in journalctl -u portcullis --no-pager -o cat | grep -q 'drain' || true
+ct journalctl -u portcullis --no-pager -o cat | grep -q 'drain' || true
 ok "systemctl stop: /readyz 503 at once, served while draining, Result=$result"
 say "all checks passed"
