@@ -135,6 +135,7 @@ say "systemctl reload said: $(echo "$out" | head -2 | tr '\n' ' ')"
 status=$(ct systemctl status portcullis --no-pager -n 20 2>&1 || true)
 echo "$status" | grep -q 'reload refused, the running configuration stays: .*rate_limit.limit' ||
   { echo "$status" >&2; die "systemctl status does not show the refusal"; }
+say "systemctl status: $(echo "$status" | grep -m1 'reload refused' | sed 's/^.*portcullis\[[0-9]*\]: //')"
 [ "$(ct systemctl is-active portcullis)" = active ] || die "the service is not active after a refused reload"
 ct curl -s -i http://127.0.0.1/y | tr -d '\r' | grep -qi '^ratelimit-policy:.*q=599' || die "the old config (599) no longer serves"
 ok "systemctl reload (bad file): exit non-zero, 'reload refused ... rate_limit.limit' in systemctl status, still active on limit 599"
@@ -159,7 +160,7 @@ ok "systemd-analyze security: $score"
 
 # 11. the binary upgrade (debian/README.md): the new process joins the service's cgroup,
 # takes the listeners over, and systemd follows its MAINPID; requests keep succeeding
-ct sh -c 'while :; do c=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1/up); echo "$c" >>/tmp/codes; sleep 0.05; done' &
+ct sh -c 'while :; do c=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1/up); echo "$c" >>/tmp/codes; sleep 0.05; done' 2>/dev/null &
 loader=$!
 sleep 0.5
 cg=$(ct systemctl show -P ControlGroup portcullis)
