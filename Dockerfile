@@ -16,7 +16,7 @@ RUN apt-get update \
 # Pingora's openssl links the system libssl instead of building OpenSSL (.cargo/config.toml).
 ENV OPENSSL_NO_VENDOR=1
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY .cargo ./.cargo
 # the workspace's members: cargo reads every one's manifest before it builds any
 COPY crates ./crates

@@ -167,6 +167,13 @@ fn every_copied_file_is_in_the_build_context() {
         sources.iter().any(|s| s == "vendor"),
         "the patched Pingora crates: {sources:?}"
     );
+    // the package's build script (portcullis_build_info's commit): without it in the
+    // context, the image's build failed at the portcullis crate (env! of its output)
+    assert!(repo().join("build.rs").exists());
+    assert!(
+        sources.iter().any(|s| s == "build.rs") && !excluded(&patterns, "build.rs"),
+        "build.rs is copied into the build context: {sources:?}"
+    );
     let mut missing = Vec::new();
     for src in &sources {
         assert!(

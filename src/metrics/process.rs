@@ -11,8 +11,11 @@ use prometheus::proto::MetricFamily;
 use prometheus::{Counter, Gauge, IntGaugeVec, Opts, Registry};
 
 /// The commit the binary was built from (`build.rs`: `PORTCULLIS_COMMIT`, else `git`,
-/// else `unknown`).
-pub const COMMIT: &str = env!("PORTCULLIS_BUILD_COMMIT");
+/// else `unknown`; `unknown` too in a build that did not run `build.rs`).
+pub const COMMIT: &str = match option_env!("PORTCULLIS_BUILD_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
 
 /// What `/proc/self` says, in Prometheus's units.
 #[derive(Debug, Clone, PartialEq)]
