@@ -56,8 +56,8 @@ pub struct CtlArgs {
     /// the admin API (an unspecified address, `0.0.0.0` or `[::]`, is reached on
     /// loopback), and without `--token-file` its `server.admin_token_file` or
     /// `server.admin_token` is the token (what the systemd unit's `ExecReload` uses).
-    /// Read leniently: a file that does not parse (say, the bad edit being reloaded)
-    /// leaves the defaults.
+    /// Read leniently: a file that does not parse leaves the defaults (for `reload`, its
+    /// parse error is the refusal: exit 1 without asking the proxy).
     #[arg(
         short = 'c',
         long = "conf",
