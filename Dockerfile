@@ -4,14 +4,19 @@
 # Base images pinned by digest (unverified here: no container engine; see docs/src/guide/deploying.md).
 # The builder's rustc must read the committed PGO profile (pgo/profile.env: RUSTC, LLVM_MAJOR):
 # rust 1.95.0 is LLVM 22, as the profile's. tests/container_image.rs checks the two agree.
-FROM rust:1.95.0-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS builder
+# The base images are build arguments only so that a machine without Docker Hub can build
+# from images of its own making (scripts/test-container.sh: Debian packages, mmdebstrap);
+# the defaults are the pinned images every other build uses.
+ARG BUILDER_IMAGE=rust:1.95.0-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1
+ARG RUNTIME_IMAGE=debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
+FROM ${BUILDER_IMAGE} AS builder
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 # Pingora's openssl links the system libssl instead of building OpenSSL (.cargo/config.toml).
 ENV OPENSSL_NO_VENDOR=1
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY .cargo ./.cargo
 # the workspace's members: cargo reads every one's manifest before it builds any
 COPY crates ./crates
@@ -23,6 +28,10 @@ COPY examples ./examples
 COPY conf ./conf
 COPY pgo ./pgo
 COPY scripts/pgo-profile.sh ./scripts/
+# portcullis_build_info{commit}: the build context has no .git (`--build-arg
+# PORTCULLIS_COMMIT=$(git rev-parse --short=12 HEAD)`); "unknown" without it.
+ARG PORTCULLIS_COMMIT=
+ENV PORTCULLIS_COMMIT=${PORTCULLIS_COMMIT}
 # Profile-guided with the committed profile (pgo/README.md), as scripts/run.sh builds it:
 # ~22% fewer instructions per request than the plain build. pgo-profile.sh fails the
 # build if this rustc cannot read the profile, rather than ship the plain build silently.
@@ -30,7 +39,7 @@ RUN profile=$(bash scripts/pgo-profile.sh) \
  && RUSTFLAGS="-Cprofile-use=$profile" cargo build --release --locked --bin portcullis \
  && ./target/release/portcullis -c conf/portcullis.toml --check
 
-FROM debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
+FROM ${RUNTIME_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
  && rm -rf /var/lib/apt/lists/* \

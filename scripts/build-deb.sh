@@ -129,9 +129,15 @@ dpkg-deb -c "$deb" | awk '{print "  " $1, $6}' >&2
 # Schema its `#:schema` line names for editors (never edited, so upgraded silently).
 cmp -s "$root/etc/portcullis/portcullis.schema.json" conf/portcullis.schema.json ||
   die "/etc/portcullis/portcullis.schema.json is not conf/portcullis.schema.json"
-want=$(printf '%s\n' /etc/portcullis/portcullis.toml /etc/portcullis/portcullis.schema.json | sort)
+want=$(printf '%s\n' /etc/portcullis/portcullis.toml /etc/portcullis/portcullis.schema.json /etc/logrotate.d/portcullis | sort)
 [ "$(sort "$ctl/conffiles")" = "$want" ] ||
-  die "conffiles are not exactly the config and its schema: $(cat "$ctl/conffiles")"
+  die "conffiles are not exactly the config, its schema and the logrotate file: $(cat "$ctl/conffiles")"
+cmp -s "$root/etc/logrotate.d/portcullis" debian/portcullis.logrotate ||
+  die "/etc/logrotate.d/portcullis is not debian/portcullis.logrotate"
+if command -v logrotate >/dev/null 2>&1; then
+  logrotate -d "$root/etc/logrotate.d/portcullis" >/dev/null 2>&1 ||
+    die "logrotate -d refuses /etc/logrotate.d/portcullis: $(logrotate -d "$root/etc/logrotate.d/portcullis" 2>&1 | tail -3)"
+fi
 ok "conffiles: $(tr '\n' ' ' <"$ctl/conffiles")"
 
 # maintainer scripts: the user before the unit starts; cargo-deb's systemd fragments in
@@ -154,7 +160,8 @@ stop=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)$/\1/p' "$unit")
 [ -n "$drain" ] && [ -n "$shutdown" ] && [ -n "$stop" ] || die "cannot read drain_seconds, shutdown_timeout_seconds or TimeoutStopSec"
 [ "$stop" -gt $((drain + shutdown)) ] || die "TimeoutStopSec=$stop is not over drain_seconds + shutdown_timeout_seconds = $((drain + shutdown))"
 for line in Type=notify NotifyAccess=all User=portcullis KillSignal=SIGTERM \
-  'ExecStart=/usr/bin/portcullis -c /etc/portcullis/portcullis.toml' 'ExecReload=/bin/kill -HUP $MAINPID' \
+  'ExecStart=/usr/bin/portcullis -c /etc/portcullis/portcullis.toml' 'ExecReload=/usr/bin/portcullis ctl --conf /etc/portcullis/portcullis.toml reload' \
+  UMask=0027 ReadWritePaths=-/var/log/portcullis \
   RuntimeDirectory=portcullis; do
   grep -qxF "$line" "$unit" || die "the unit lacks $line"
 done

@@ -17,7 +17,9 @@
 # headless browser) and prometheus with promtool (the shipped dashboard and alert rules
 # are checked against a real Prometheus); patch (scripts/check-vendor.sh applies
 # vendor/*.patch to the published crates); man-db (the man pages in docs/man/ are rendered
-# with `man --warnings`) and mdbook (the book in docs/ is built, tests/docs.rs).
+# with `man --warnings`) and mdbook (the book in docs/ is built, tests/docs.rs); rsyslog
+# (the access log's syslog output is received by a real rsyslogd, started by the test on
+# its own socket and ports).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
 case ${1:-} in
@@ -44,6 +46,7 @@ if [ "$tests" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
   command -v man >/dev/null 2>&1 || need+=(man-db) # the man pages render without warnings
+  [ -x /usr/sbin/rsyslogd ] || need+=(rsyslog) # tests/syslog.rs: a real syslog receiver
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

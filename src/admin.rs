@@ -368,6 +368,23 @@ impl Admin {
                 .upstream_panic_mode
                 .with_label_values(&[pool.name.as_str()])
                 .set(i64::from(pool.panic_mode.load(Ordering::Relaxed)));
+            // present from start at 0, not only after a first retry, shed or response
+            m.proxy.init_upstream(
+                &pool.name,
+                pool.backends.iter().map(|b| b.addr_str.as_str()),
+            );
+            m.shed
+                .bulkhead_shed
+                .with_label_values(&[pool.name.as_str()]);
+            if pool.health_thresholds().is_some() {
+                for b in &pool.backends {
+                    m.cull.health_checks.with_label_values(&[
+                        pool.name.as_str(),
+                        b.addr_str.as_str(),
+                        "ok",
+                    ]);
+                }
+            }
             for b in &pool.backends {
                 let view = crate::fleet::backend_view(pool, b);
                 let state = view["state"].as_str().unwrap_or("up");
@@ -530,6 +547,37 @@ fn respond(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Ve
     resp.headers_mut()
         .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
     resp
+}
+
+/// The answer to `POST /reload`: 200 when the file was applied, 400 with the error when
+/// it was refused (the running config stays). Plain text, or JSON for a client that
+/// accepts it (`portcullis ctl reload`): `{"reloaded": true}`, or `{"reloaded": false,
+/// "error": "<the whole message>", "file", "key_path", "reason"}`.
+fn reload_answer(result: &Result<(), crate::config::ConfigError>, json: bool) -> Response<Vec<u8>> {
+    match (result, json) {
+        (Ok(()), false) => text(StatusCode::OK, "reloaded\n"),
+        (Err(e), false) => text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
+        (Ok(()), true) => respond(
+            StatusCode::OK,
+            "application/json",
+            serde_json::json!({"reloaded": true})
+                .to_string()
+                .into_bytes(),
+        ),
+        (Err(e), true) => respond(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            serde_json::json!({
+                "reloaded": false,
+                "error": e.to_string(),
+                "file": e.file,
+                "key_path": e.key_path,
+                "reason": e.reason,
+            })
+            .to_string()
+            .into_bytes(),
+        ),
+    }
 }
 
 fn text(status: StatusCode, body: &str) -> Response<Vec<u8>> {
@@ -795,10 +843,16 @@ impl Admin {
                 let body = serde_json::to_vec_pretty(&self.status_json(query)).unwrap_or_default();
                 respond(StatusCode::OK, "application/json", body)
             }
-            ("POST", "/reload") => match crate::reload::reload_off_thread(&self.shared).await {
-                Ok(()) => text(StatusCode::OK, "reloaded\n"),
-                Err(e) => text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
-            },
+            ("POST", "/reload") => {
+                let result = crate::reload::reload_off_thread(&self.shared).await;
+                let wants_json = session
+                    .req_header()
+                    .headers
+                    .get(http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("application/json"));
+                reload_answer(&result, wants_json)
+            }
             (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/backends")
             | (_, "/claims" | "/claims/feasible") => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")

@@ -160,24 +160,108 @@ fn capped_env() -> CappedEnv {
     CappedEnv { env }
 }
 
+/// The sd-daemon(3) priority prefix of a line at `level` (`<3>` error, `<4>` warning,
+/// `<6>` info, `<7>` debug and trace): journald reads it off each line of a stream and
+/// stores the line at that priority, so `journalctl -p warning` shows warnings and worse.
+pub fn priority_prefix(level: &Level) -> &'static [u8] {
+    match *level {
+        Level::ERROR => b"<3>",
+        Level::WARN => b"<4>",
+        Level::INFO => b"<6>",
+        Level::DEBUG | Level::TRACE => b"<7>",
+    }
+}
+
+/// Whether stderr is the journal's stream: `JOURNAL_STREAM` (`<device>:<inode>`, set by
+/// systemd for a unit whose output goes to the journal) names stderr's own device and
+/// inode, as sd-daemon(3) says to check (a child whose stderr was redirected inherits the
+/// variable but not the stream).
+pub fn stderr_is_journal(journal_stream: Option<&str>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some((dev, ino)) = journal_stream.and_then(|v| v.split_once(':')) else {
+        return false;
+    };
+    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
+        return false;
+    };
+    std::fs::metadata("/proc/self/fd/2").is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+}
+
+/// stderr, each event's line prefixed with its level's [`priority_prefix`] when `journal`.
+#[derive(Clone, Copy)]
+struct Stderr {
+    journal: bool,
+}
+
+/// One event's writer: the prefix goes before its first byte.
+struct PrefixedStderr {
+    prefix: &'static [u8],
+}
+
+impl std::io::Write for PrefixedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        // One write of prefix and line (the formatter hands the whole line at once), so
+        // that lines of two threads never interleave between prefix and text.
+        let prefix = std::mem::take(&mut self.prefix);
+        if prefix.is_empty() {
+            return std::io::stderr().lock().write_all(buf);
+        }
+        let mut line = Vec::with_capacity(prefix.len() + buf.len());
+        line.extend_from_slice(prefix);
+        line.extend_from_slice(buf);
+        std::io::stderr().lock().write_all(&line)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Stderr {
+    type Writer = PrefixedStderr;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        PrefixedStderr { prefix: b"" }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Self::Writer {
+        PrefixedStderr {
+            prefix: if self.journal {
+                priority_prefix(meta.level())
+            } else {
+                b""
+            },
+        }
+    }
+}
+
 /// Installs the subscriber (and the `log` bridge) writing `format` (`[log] format`) to
 /// stderr. Call once, before Pingora starts; a reload does not change the format.
+/// Under journald ([`stderr_is_journal`]) each line starts with its priority.
 pub fn init(format: LogFormat) {
     let terminal = std::io::stderr().is_terminal();
+    let stderr = Stderr {
+        journal: stderr_is_journal(std::env::var("JOURNAL_STREAM").ok().as_deref()),
+    };
     let layer: Box<dyn Layer<Registry> + Send + Sync> = match Format::choose(format, terminal) {
         Format::Json => Box::new(
             tracing_subscriber::fmt::layer()
                 .json()
                 .flatten_event(true)
                 .with_current_span(false)
-                .with_writer(std::io::stderr)
+                .with_writer(stderr)
                 .with_filter(capped_env()),
         ),
         // Colours only for a terminal: `text` forced into a file stays plain.
         Format::Text => Box::new(
             tracing_subscriber::fmt::layer()
                 .with_ansi(terminal)
-                .with_writer(std::io::stderr)
+                .with_writer(stderr)
                 .with_filter(capped_env()),
         ),
     };
@@ -204,6 +288,31 @@ mod tests {
         }
         assert!(under_cap("portcullis::proxy", &Level::TRACE));
         assert!(under_cap("redis", &Level::DEBUG));
+    }
+
+    #[test]
+    fn priorities_are_sd_daemons() {
+        assert_eq!(priority_prefix(&Level::ERROR), b"<3>");
+        assert_eq!(priority_prefix(&Level::WARN), b"<4>");
+        assert_eq!(priority_prefix(&Level::INFO), b"<6>");
+        assert_eq!(priority_prefix(&Level::DEBUG), b"<7>");
+        assert_eq!(priority_prefix(&Level::TRACE), b"<7>");
+    }
+
+    #[test]
+    fn journal_stream_must_name_stderr_itself() {
+        use std::os::unix::fs::MetadataExt;
+        assert!(!stderr_is_journal(None));
+        assert!(!stderr_is_journal(Some("")));
+        assert!(!stderr_is_journal(Some("x:y")));
+        assert!(!stderr_is_journal(Some("1:2")));
+        let Ok(m) = std::fs::metadata("/proc/self/fd/2") else {
+            return;
+        };
+        let own = format!("{}:{}", m.dev(), m.ino());
+        assert!(stderr_is_journal(Some(&own)));
+        let other = format!("{}:{}", m.dev(), m.ino().wrapping_add(1));
+        assert!(!stderr_is_journal(Some(&other)));
     }
 
     #[test]

@@ -167,6 +167,13 @@ fn every_copied_file_is_in_the_build_context() {
         sources.iter().any(|s| s == "vendor"),
         "the patched Pingora crates: {sources:?}"
     );
+    // the package's build script (portcullis_build_info's commit): without it in the
+    // context, the image's build failed at the portcullis crate (env! of its output)
+    assert!(repo().join("build.rs").exists());
+    assert!(
+        sources.iter().any(|s| s == "build.rs") && !excluded(&patterns, "build.rs"),
+        "build.rs is copied into the build context: {sources:?}"
+    );
     let mut missing = Vec::new();
     for src in &sources {
         assert!(
@@ -211,11 +218,23 @@ fn the_builder_reads_the_committed_profile() {
         .lines()
         .find_map(|l| l.strip_prefix("RUSTC="))
         .expect("pgo/profile.env names the rustc that wrote the profile");
-    let builder = instructions(&dockerfile)
+    // `ARG BUILDER_IMAGE=rust:<version>...` and `FROM ${BUILDER_IMAGE} AS builder`
+    let instr = instructions(&dockerfile);
+    assert!(
+        instr
+            .iter()
+            .any(|i| i == "FROM ${BUILDER_IMAGE} AS builder"),
+        "the builder stage is FROM ${{BUILDER_IMAGE}}"
+    );
+    let builder = instr
         .into_iter()
-        .find(|i| i.starts_with("FROM rust:") && i.ends_with(" AS builder"))
-        .expect("a `FROM rust:<version>... AS builder` stage");
-    let tag = builder["FROM rust:".len()..]
+        .find_map(|i| i.strip_prefix("ARG BUILDER_IMAGE=").map(str::to_string))
+        .expect("`ARG BUILDER_IMAGE=rust:<version>...`, the builder's default image");
+    assert!(
+        builder.starts_with("rust:") && builder.contains("@sha256:"),
+        "{builder}"
+    );
+    let tag = builder["rust:".len()..]
         .split(['-', '@', ' '])
         .next()
         .expect("an image tag");

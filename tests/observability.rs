@@ -759,7 +759,7 @@ fn prometheus_scrapes_the_proxy_for_the_dashboard_and_the_alerts() {
     let alerts = alert_queries(&prom);
     assert_eq!(
         alerts.len(),
-        9,
+        10,
         "every rule of alerts.yml is loaded: {alerts:?}"
     );
     queries.extend(alerts);

@@ -289,6 +289,9 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         let reason = env.redact(&reason);
         ConfigError::new(file, locate::locate(text, &key_path), key_path, &reason)
     })?;
+    if config.server.upgrade_sock.as_os_str().is_empty() {
+        config.server.upgrade_sock = server::default_upgrade_sock(Path::new(file));
+    }
     // The tenants file: its errors point into it.
     tenants::read_file(&mut config.tenants).map_err(hide)?;
     tenants::tier_limits(&config.tenants, &mut config.rate_limit.params.overrides);

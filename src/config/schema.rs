@@ -322,7 +322,10 @@ pub struct ServerSection {
     /// Then listeners close; in-flight requests get at most this long.
     #[schemars(range(min = 0, max = 3600))]
     pub shutdown_timeout_seconds: u64,
-    /// Unix socket used to hand listeners to an upgrading process (`-u`).
+    /// Unix socket used to hand listeners to an upgrading process (`-u`). `""`: one per
+    /// config file, `/tmp/portcullis-<hash of the file's absolute path>.sock`, so that
+    /// two instances on one host never share it (the Debian package sets
+    /// `/run/portcullis/upgrade.sock`).
     pub upgrade_sock: String,
     /// Largest request header block accepted (request line + headers); larger requests get 431.
     /// Pingora itself caps headers at 1 MiB (answered 400).
@@ -442,7 +445,7 @@ impl Default for ServerSection {
             threads: 2,
             drain_seconds: 5,
             shutdown_timeout_seconds: 30,
-            upgrade_sock: "/tmp/portcullis-upgrade.sock".into(),
+            upgrade_sock: String::new(),
             max_request_header_bytes: 64 * 1024,
             keepalive_timeout_seconds: 60,
             admin_token: Secret::default(),
@@ -1281,6 +1284,10 @@ pub struct AccessLogSection {
     /// Lines queued for the writer thread; beyond, lines are dropped and counted.
     #[schemars(range(min = 1, max = 16777216))]
     pub queue_lines: usize,
+    /// `""` = off; `unix:///dev/log`, `udp://HOST:PORT` or `tcp://HOST:PORT`: each line
+    /// is sent as an RFC 5424 syslog message (facility local0, octet counting on TCP)
+    /// instead of to `path`. Read at start only.
+    pub syslog: String,
 }
 
 impl Default for AccessLogSection {
@@ -1290,6 +1297,7 @@ impl Default for AccessLogSection {
             path: String::new(),
             sample: 1.0,
             queue_lines: 65_536,
+            syslog: String::new(),
         }
     }
 }

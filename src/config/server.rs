@@ -63,9 +63,6 @@ fn process_keys(s: &ServerSection) -> VResult<()> {
         HOUR,
         "seconds",
     )?;
-    if s.upgrade_sock.is_empty() {
-        return err("server.upgrade_sock", "must not be empty");
-    }
     Ok(())
 }
 
@@ -159,6 +156,22 @@ fn admin_listen(s: &ServerSection, listen: &[SocketAddr]) -> VResult<SocketAddr>
     Ok(admin_listen)
 }
 
+/// The upgrade socket of an `upgrade_sock = ""` config read from `file`: one per config
+/// file (its absolute path, symlinks resolved when it exists, hashed), the same for the
+/// running process and the `-u` one started on the same file, and different for two
+/// instances of different files.
+pub fn default_upgrade_sock(file: &std::path::Path) -> PathBuf {
+    use sha2::Digest;
+    let abs = std::fs::canonicalize(file)
+        .or_else(|_| std::path::absolute(file))
+        .unwrap_or_else(|_| file.to_path_buf());
+    let digest = sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes());
+    PathBuf::from(format!(
+        "/tmp/portcullis-{}.sock",
+        hex::encode(&digest[..8])
+    ))
+}
+
 /// The validated section as settings.
 fn server_settings(
     s: &ServerSection,
@@ -201,5 +214,54 @@ fn server_settings(
             .collect(),
         tunnel_idle_timeout: edge.tunnel_idle_timeout,
         h2_max_glitches: s.h2_max_glitches,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn the_default_upgrade_socket_is_one_per_config_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
+        std::fs::write(&a, "").expect("a");
+        std::fs::write(&b, "").expect("b");
+        let sock_a = default_upgrade_sock(&a);
+        assert_ne!(sock_a, default_upgrade_sock(&b));
+        // the same file however it is named: a symlink, a path with `..`
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&a, &link).expect("symlink");
+        assert_eq!(default_upgrade_sock(&link), sock_a);
+        let dotted = dir.path().join("sub").join("..").join("a.toml");
+        std::fs::create_dir(dir.path().join("sub")).expect("sub");
+        assert_eq!(default_upgrade_sock(&dotted), sock_a);
+        let name = sock_a.display().to_string();
+        assert!(
+            name.starts_with("/tmp/portcullis-") && name.ends_with(".sock") && name.len() == 37,
+            "{name}"
+        );
+        // a file that does not exist (yet): its absolute path
+        assert_eq!(
+            default_upgrade_sock(Path::new("/nonexistent/p.toml")),
+            default_upgrade_sock(Path::new("/nonexistent/p.toml"))
+        );
+    }
+
+    #[test]
+    fn an_empty_upgrade_sock_takes_the_files_default_and_a_set_one_stays() {
+        let upstream = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:1\"]\n";
+        let c = crate::config::parse("/etc/x/p.toml", upstream).expect("valid");
+        assert_eq!(
+            c.server.upgrade_sock,
+            default_upgrade_sock(Path::new("/etc/x/p.toml"))
+        );
+        let c = crate::config::parse(
+            "/etc/x/p.toml",
+            &format!("[server]\nupgrade_sock = \"/run/p/u.sock\"\n{upstream}"),
+        )
+        .expect("valid");
+        assert_eq!(c.server.upgrade_sock, PathBuf::from("/run/p/u.sock"));
     }
 }

@@ -332,6 +332,8 @@ pub struct AccessLogSettings {
     pub sample: f64,
     /// Bound of the writer's queue, in lines.
     pub queue_lines: usize,
+    /// Send the lines to syslog instead (`path` is then `None`).
+    pub syslog: Option<crate::observe::syslog::SyslogTarget>,
 }
 
 /// `[tracing]`: OTLP/HTTP span export.

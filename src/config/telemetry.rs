@@ -17,11 +17,25 @@ pub(super) fn validate_access_log(a: &AccessLogSection) -> VResult<AccessLogSett
         1 << 24,
         "lines",
     )?;
+    let syslog = match a.syslog.trim() {
+        "" => None,
+        s => match crate::observe::syslog::SyslogTarget::parse(s) {
+            Ok(t) => Some(t),
+            Err(why) => return err("access_log.syslog", &why),
+        },
+    };
+    if syslog.is_some() && !a.path.is_empty() {
+        return err(
+            "access_log.syslog",
+            "set either syslog or path (the lines go to one of them), not both",
+        );
+    }
     Ok(AccessLogSettings {
         enabled: a.enabled,
         path: (!a.path.is_empty()).then(|| PathBuf::from(&a.path)),
         sample: a.sample,
         queue_lines: a.queue_lines,
+        syslog,
     })
 }
 

@@ -46,8 +46,8 @@ pub struct Admin {
     shown: String,
     /// `Bearer <token>`, marked sensitive.
     auth: Option<HeaderValue>,
-    /// The token file, for messages.
-    token_file: Option<PathBuf>,
+    /// Where the token came from, for messages (`None`: no token).
+    token_source: Option<String>,
     http: reqwest::blocking::Client,
 }
 
@@ -98,9 +98,19 @@ fn base_url(admin: &str) -> Result<(String, String), String> {
     Ok((trim(&url), trim(&shown)))
 }
 
-/// The token in `path`, less a trailing newline, as an `Authorization` value. Errors
-/// name the file, never its content.
-fn read_token(path: &Path) -> Result<HeaderValue, String> {
+/// The token `ctl` sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Token {
+    /// None.
+    None,
+    /// The content of this file (`--token-file`, or the config's `admin_token_file`).
+    File(PathBuf),
+    /// This token, read from `source` (the config's `admin_token`), named in messages.
+    Value { token: String, source: String },
+}
+
+/// The token in `path`, less a trailing newline. Errors name the file, never its content.
+fn read_token(path: &Path) -> Result<String, String> {
     let shown = path.display();
     // A regular file only (opening a FIFO would wait for a writer), at most 64 KiB read.
     let bytes = crate::config::read_regular_file(path, crate::config::FileKind::Secret)
@@ -111,8 +121,13 @@ fn read_token(path: &Path) -> Result<HeaderValue, String> {
     if token.is_empty() {
         return Err(format!("the token file {shown} is empty"));
     }
+    Ok(token.to_string())
+}
+
+/// `Bearer <token>`, marked sensitive. Errors name `source`, never the token.
+fn bearer(token: &str, source: &str) -> Result<HeaderValue, String> {
     let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| format!("the token file {shown} holds characters a header cannot carry"))?;
+        .map_err(|_| format!("{source} holds characters a header cannot carry"))?;
     v.set_sensitive(true);
     Ok(v)
 }
@@ -148,12 +163,20 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 impl Admin {
-    /// The admin API at `admin`, with the token of `token_file` (an empty path is none).
+    /// The admin API at `admin`, with `token` (a file with an empty path is none).
     /// `Err`: a usage error.
-    pub fn new(admin: &str, token_file: Option<&Path>) -> Result<Admin, String> {
+    pub fn new(admin: &str, token: Token) -> Result<Admin, String> {
         let (base, shown) = base_url(admin)?;
-        let token_file = token_file.filter(|p| !p.as_os_str().is_empty());
-        let auth = token_file.map(read_token).transpose()?;
+        let (auth, token_source) = match token {
+            Token::File(p) if !p.as_os_str().is_empty() => {
+                let token = read_token(&p)?;
+                let shown = p.display().to_string();
+                let auth = bearer(&token, &format!("the token file {shown}"))?;
+                (Some(auth), Some(shown))
+            }
+            Token::File(_) | Token::None => (None, None),
+            Token::Value { token, source } => (Some(bearer(&token, &source)?), Some(source)),
+        };
         let http = reqwest::blocking::Client::builder()
             .timeout(TIMEOUT)
             // The admin listener is reached directly: an HTTP_PROXY meant for the
@@ -167,7 +190,7 @@ impl Admin {
             base,
             shown,
             auth,
-            token_file: token_file.map(Path::to_path_buf),
+            token_source,
             http,
         })
     }
@@ -238,12 +261,12 @@ impl Admin {
             msg.push_str(&detail);
         }
         if a.status == StatusCode::UNAUTHORIZED {
-            match &self.token_file {
+            match &self.token_source {
                 None => msg.push_str(
                     "\nthe admin API needs a token: pass --token-file FILE or set \
                      PORTCULLIS_TOKEN_FILE",
                 ),
-                Some(f) => msg.push_str(&format!("\nthe token in {} was refused", f.display())),
+                Some(f) => msg.push_str(&format!("\nthe token in {f} was refused")),
             }
         }
         msg
@@ -286,14 +309,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("tok");
         std::fs::write(&f, "s3cret-tok\r\n").unwrap();
-        let v = read_token(&f).unwrap();
+        let v = bearer(&read_token(&f).unwrap(), "the token file").unwrap();
         assert_eq!(v.as_bytes(), b"Bearer s3cret-tok");
         assert!(v.is_sensitive());
         assert!(!format!("{v:?}").contains("s3cret"));
         std::fs::write(&f, "\n").unwrap();
         assert!(read_token(&f).unwrap_err().contains("empty"));
         std::fs::write(&f, "bad\u{7}tok\n").unwrap();
-        let e = read_token(&f).unwrap_err();
+        let e = Admin::new("http://h:1", Token::File(f.clone()))
+            .err()
+            .unwrap_or_default();
         assert!(!e.contains("tok\u{7}") && !e.contains("bad"), "{e}");
         assert!(read_token(&dir.path().join("none"))
             .unwrap_err()
@@ -302,7 +327,7 @@ mod tests {
 
     #[test]
     fn http_errors_name_the_url_and_status() {
-        let admin = Admin::new("http://u:pw@127.0.0.1:1", None).unwrap();
+        let admin = Admin::new("http://u:pw@127.0.0.1:1", Token::None).unwrap();
         let req = Request {
             method: reqwest::Method::POST,
             path: "/backends/app/x%3A1/drain".into(),

@@ -14,6 +14,7 @@
 //! `--admin` URL, an unreadable token file). The token is never printed.
 
 mod client;
+mod conf;
 mod render;
 
 use std::path::PathBuf;
@@ -48,14 +49,23 @@ Examples:
 pub struct CtlArgs {
     /// Base URL of the admin API (the proxy's `server.admin_listen`); `http://` is assumed
     /// when no scheme is given.
+    /// [default: the `--conf` file's `admin_listen`, else http://127.0.0.1:9090]
+    #[arg(long, value_name = "URL", env = "PORTCULLIS_ADMIN", global = true)]
+    pub admin: Option<String>,
+    /// The running proxy's config file: without `--admin`, its `server.admin_listen` is
+    /// the admin API (an unspecified address, `0.0.0.0` or `[::]`, is reached on
+    /// loopback), and without `--token-file` its `server.admin_token_file` or
+    /// `server.admin_token` is the token (what the systemd unit's `ExecReload` uses).
+    /// Read leniently: a file that does not parse leaves the defaults (for `reload`, its
+    /// parse error is the refusal: exit 1 without asking the proxy).
     #[arg(
-        long,
-        value_name = "URL",
-        env = "PORTCULLIS_ADMIN",
-        default_value = DEFAULT_ADMIN,
+        short = 'c',
+        long = "conf",
+        value_name = "FILE",
+        env = "PORTCULLIS_CONF",
         global = true
     )]
-    pub admin: String,
+    pub conf: Option<PathBuf>,
     /// File holding the admin token (`server.admin_token` or a name of
     /// `server.admin_tokens`), sent as `Authorization: Bearer`; a trailing newline is
     /// removed. Needed for every command but `backends`, `claims` and `feasible` when the
@@ -143,6 +153,9 @@ pub enum CtlCommand {
     },
     /// List the active claims.
     Claims,
+    /// Reload the proxy's config file and wait for the outcome: exit 0 when applied, 1
+    /// when refused (the error on stderr; the running config stays), as `POST /reload`.
+    Reload,
     /// For each backend of UPSTREAM: would a claim be granted now, and if not which policy
     /// refuses (the audit before a rolling deploy).
     Feasible {
@@ -276,13 +289,38 @@ pub fn request(cmd: &CtlCommand) -> Request {
             format!("/claims/feasible?upstream={}", encode(upstream)),
             None,
         ),
+        CtlCommand::Reload => (Method::POST, "/reload".to_string(), None),
     };
     Request { method, path, body }
 }
 
 /// Runs `portcullis ctl`: one request, its answer printed; the exit status.
 pub fn run(args: &CtlArgs) -> ExitCode {
-    let admin = match Admin::new(&args.admin, args.token_file.as_deref()) {
+    let from_conf = args.conf.as_deref().map(conf::read).unwrap_or_default();
+    // A reload of a file that is not even TOML: its admin address (and token) cannot be
+    // read from it, and the proxy would refuse it anyway. Say why, as the proxy would.
+    if let (CtlCommand::Reload, None, Some(path), true) =
+        (&args.command, &args.admin, &args.conf, from_conf.unreadable)
+    {
+        if let Err(e) = crate::config::load(path) {
+            let error = json!({ "error": e.to_string() });
+            eprintln!("{}", render::reload_refusal(&error));
+            return ExitCode::from(EXIT_FAILED);
+        }
+    }
+    let admin_url = args
+        .admin
+        .clone()
+        .or(from_conf.admin)
+        .unwrap_or_else(|| DEFAULT_ADMIN.to_string());
+    let token = match &args.token_file {
+        Some(f) => client::Token::File(f.clone()),
+        None => match from_conf.token {
+            Some(t) => t,
+            None => client::Token::None,
+        },
+    };
+    let admin = match Admin::new(&admin_url, token) {
         Ok(a) => a,
         Err(msg) => {
             eprintln!("error: {msg}");
@@ -310,7 +348,11 @@ pub fn run(args: &CtlArgs) -> ExitCode {
             if args.json {
                 print_raw(&answer.body);
             }
-            eprintln!("{}", render::refusal(&answer.json()));
+            if matches!(args.command, CtlCommand::Reload) {
+                eprintln!("{}", render::reload_refusal(&answer.json()));
+            } else {
+                eprintln!("{}", render::refusal(&answer.json()));
+            }
             ExitCode::from(EXIT_FAILED)
         }
         Outcome::Failed(msg) => {
@@ -347,6 +389,7 @@ fn expected(cmd: &CtlCommand) -> (&'static [u16], fn(&Value) -> bool) {
                 && (v["dry_run"] == Value::Bool(true) || v["id"].is_string())
         }),
         CtlCommand::Release { .. } => (&[200], |v| v["released"].is_string()),
+        CtlCommand::Reload => (&[200], |v| v["reloaded"] == Value::Bool(true)),
         CtlCommand::Feasible { .. } => (&[200], |v| v["backends"].is_array()),
     }
 }
@@ -364,6 +407,12 @@ fn outcome(admin: &Admin, cmd: &CtlCommand, req: &Request, a: &Answer) -> Outcom
         ));
     }
     let body = a.json();
+    if matches!(cmd, CtlCommand::Reload)
+        && a.status.as_u16() == 400
+        && body["reloaded"] == Value::Bool(false)
+    {
+        return Outcome::Refused;
+    }
     let refusal = body["granted"] == Value::Bool(false) && body["reason"].is_string();
     if a.status.as_u16() == 409 && refusal {
         return Outcome::Refused;
@@ -520,7 +569,7 @@ mod tests {
 
     #[test]
     fn a_409_or_a_dry_run_that_would_be_refused_is_a_refusal() {
-        let admin = Admin::new("http://127.0.0.1:1", None).unwrap();
+        let admin = Admin::new("http://127.0.0.1:1", client::Token::None).unwrap();
         let a = |status: u16, body: &str| Answer {
             status: reqwest::StatusCode::from_u16(status).unwrap(),
             body: body.into(),
@@ -567,8 +616,45 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_is_done_applied_and_refused_with_the_error() {
+        let admin = Admin::new("http://127.0.0.1:1", client::Token::None).unwrap();
+        let cmd = parse(&["reload"]).unwrap().command;
+        let req = request(&cmd);
+        assert_eq!((req.method.clone(), req.body.clone()), (Method::POST, None));
+        let a = |status: u16, body: &str| Answer {
+            status: reqwest::StatusCode::from_u16(status).unwrap(),
+            body: body.into(),
+            marker: true,
+        };
+        assert_eq!(
+            outcome(&admin, &cmd, &req, &a(200, r#"{"reloaded": true}"#)),
+            Outcome::Done
+        );
+        let refused = r#"{"reloaded": false, "error": "error: /etc/p.toml:3:1: rate_limit.limit: must be at least 1"}"#;
+        assert_eq!(
+            outcome(&admin, &cmd, &req, &a(400, refused)),
+            Outcome::Refused
+        );
+        let v: Value = serde_json::from_str(refused).unwrap();
+        assert_eq!(
+            render::reload_refusal(&v),
+            "reload refused, the running configuration stays: /etc/p.toml:3:1: \
+             rate_limit.limit: must be at least 1"
+        );
+        // the plain-text answer of an older proxy, or a 403: a failure naming the status
+        assert!(matches!(
+            outcome(&admin, &cmd, &req, &a(400, "error: x\n")),
+            Outcome::Failed(m) if m.contains("400 Bad Request: error: x")
+        ));
+        assert!(matches!(
+            outcome(&admin, &cmd, &req, &a(200, "reloaded\n")),
+            Outcome::Failed(_)
+        ));
+    }
+
+    #[test]
     fn an_answer_that_is_not_the_admin_apis_is_a_failure() {
-        let admin = Admin::new("http://127.0.0.1:1", None).unwrap();
+        let admin = Admin::new("http://127.0.0.1:1", client::Token::None).unwrap();
         let claim = parse(&["claim", "app", "h:1", "--seconds", "60", "--reason", "r"])
             .unwrap()
             .command;
@@ -618,6 +704,12 @@ mod tests {
         // global flags go before or after the command
         let a = parse(&["backends", "--json", "--admin", "http://h:1"]).unwrap();
         assert!(a.json);
-        assert_eq!(a.admin, "http://h:1");
+        assert_eq!(a.admin.as_deref(), Some("http://h:1"));
+        let a = parse(&["reload", "-c", "/etc/portcullis/portcullis.toml"]).unwrap();
+        assert_eq!(
+            a.conf.as_deref(),
+            Some(std::path::Path::new("/etc/portcullis/portcullis.toml"))
+        );
+        assert_eq!(request(&a.command).path, "/reload");
     }
 }

@@ -266,7 +266,18 @@ fn done_at(cmd: &CtlCommand, v: &Value, now: i64) -> String {
             Some(list) => feasible(list),
             None => raw(v),
         },
+        CtlCommand::Reload => "reloaded: the new configuration is applied\n".to_string(),
     }
+}
+
+/// What a refused reload prints: the proxy's error (file, line:column, key, why), and
+/// that the running configuration stays.
+pub fn reload_refusal(v: &Value) -> String {
+    let error = match v["error"].as_str() {
+        Some(e) => clean(e.strip_prefix("error: ").unwrap_or(e)),
+        None => "(the answer gave no reason)".into(),
+    };
+    format!("reload refused, the running configuration stays: {error}")
 }
 
 /// What a refusal prints: `refused by <policy>: <reason>`, and when to retry.

@@ -17,6 +17,7 @@ mod cull;
 mod edge;
 mod labels;
 mod lifecycle;
+pub mod process;
 mod proxy;
 mod ratelimit;
 mod shadow;
@@ -78,6 +79,7 @@ impl Metrics {
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
         let registry = Registry::new();
+        process::register(&registry);
         Self {
             edge: EdgeMetrics::register(&registry),
             shed: ShedMetrics::register(&registry),

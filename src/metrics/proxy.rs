@@ -241,6 +241,21 @@ impl ProxyMetrics {
         }
     }
 
+    /// Create the series of `upstream` and its `backends` that appear with their first
+    /// event, at 0 (a family present from start, CONTRACT §23): the retries by result,
+    /// the upstream's latency histogram, and each backend's 2xx responses. Called at each
+    /// scrape for the upstreams in force (a lookup once they exist).
+    pub fn init_upstream<'a>(&self, upstream: &str, backends: impl IntoIterator<Item = &'a str>) {
+        for result in ["sent", "budget_exhausted"] {
+            self.retries.with_label_values(&[upstream, result]);
+        }
+        self.upstream_durations.with_label_values(&[upstream]);
+        for backend in backends {
+            self.upstream_requests
+                .with_label_values(&[upstream, backend, "2xx"]);
+        }
+    }
+
     /// Count a retry decision for `upstream` (`sent` or `budget_exhausted`).
     pub fn retry(&self, upstream: &str, sent: bool) {
         let result = if sent { "sent" } else { "budget_exhausted" };

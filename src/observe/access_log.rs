@@ -293,10 +293,11 @@ impl AccessRecord<'_> {
 
 // ------------------------------------------------------------------- writing
 
-/// Where the writer thread writes: stdout, or a file it reopens on request.
+/// Where the writer thread writes: stdout, a file it reopens on request, or syslog.
 enum Target {
     Stdout,
     File { path: PathBuf, file: File },
+    Syslog(Box<super::syslog::Syslog>),
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
@@ -319,10 +320,13 @@ impl Target {
         }
     }
 
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+    /// Writes `buf` (whole lines); `Ok(n)`: `n` lines were lost (syslog counts each line
+    /// it could not send).
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<u64> {
         match self {
-            Target::Stdout => io::stdout().lock().write_all(buf),
-            Target::File { file, .. } => file.write_all(buf),
+            Target::Stdout => io::stdout().lock().write_all(buf).map(|()| 0),
+            Target::File { file, .. } => file.write_all(buf).map(|()| 0),
+            Target::Syslog(s) => Ok(s.send_batch(buf, Instant::now())),
         }
     }
 }
@@ -396,8 +400,14 @@ impl Queue {
                 target.reopen();
             }
             if !out.is_empty() {
-                if let Err(e) = target.write_all(&out) {
-                    tracing::error!(event = "access_log", error = %e, "access log write failed");
+                match target.write_all(&out) {
+                    Ok(0) => {}
+                    Ok(lost) => {
+                        self.dropped.fetch_add(lost, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::error!(event = "access_log", error = %e, "access log write failed")
+                    }
                 }
                 // Keep a batch's worth of capacity, not a burst's.
                 out.clear();
@@ -422,9 +432,10 @@ impl AccessLog {
     /// are fixed for the process's life; `enabled` and `sample` are read per
     /// request from the current config, so a reload can change them.
     pub fn new(settings: &AccessLogSettings) -> Self {
-        let target = match &settings.path {
-            None => Target::Stdout,
-            Some(path) => match open_append(path) {
+        let target = match (&settings.syslog, &settings.path) {
+            (Some(to), _) => Target::Syslog(Box::new(super::syslog::Syslog::new(to.clone()))),
+            (None, None) => Target::Stdout,
+            (None, Some(path)) => match open_append(path) {
                 Ok(file) => Target::File {
                     path: path.clone(),
                     file,
@@ -695,6 +706,7 @@ mod tests {
             path: Some(path.clone()),
             sample: 1.0,
             queue_lines: 128,
+            syslog: None,
         });
         log.write(&rec("/one"));
         let rotated = dir.path().join("access.log.1");
@@ -731,6 +743,7 @@ mod tests {
             path: Some(dir.path().join("a.log")),
             sample: 1.0,
             queue_lines: 4,
+            syslog: None,
         });
         // Faster than the writer's first wake-up: at most 4 wait, the rest drop.
         for _ in 0..1000 {

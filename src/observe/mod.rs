@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod journal;
 pub mod otlp;
 pub mod status_page;
+pub mod syslog;
 pub mod time;
 pub mod trace;
 pub mod traffic;
