@@ -16,7 +16,8 @@
 # and python3-h2 (a real HPACK decoder); chromium (the status page is rendered in a real
 # headless browser) and prometheus with promtool (the shipped dashboard and alert rules
 # are checked against a real Prometheus); patch (scripts/check-vendor.sh applies
-# vendor/*.patch to the published crates).
+# vendor/*.patch to the published crates); faketime (libfaketime, the clock skew of the chaos
+# harness, benches/chaos/run.sh).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
 case ${1:-} in
@@ -42,6 +43,8 @@ if [ "$tests" = 1 ]; then
   /usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3-h2)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+  # libfaketime: the chaos harness skews one instance's clock (benches/chaos/run.sh)
+  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(faketime)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
