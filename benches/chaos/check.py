@@ -317,11 +317,26 @@ def check_routing(run):
                         {"request": r, "backend_receipt": tb, "faults": run.fault_text(r["ts"] - 5, tb)})
 
 
+def check_skew(run):
+    """Not an invariant: the skew each skew fault's instance showed (its Date header, whole
+    seconds) in the middle of the fault, so a run says whether libfaketime took effect."""
+    seen = []
+    for f in run.faults:
+        if f["kind"] != "skew":
+            continue
+        slot = int(f["target"][1:])
+        mid = [s["date"] - s["t0"] for s in run.snaps.get(slot, [])
+               if "date" in s and f["start"] + 3 <= s["t0"] <= f["end"] - 1]
+        if mid:
+            seen.append((f["seconds"], round(sorted(mid)[len(mid) // 2])))
+    run.summary["skew_seen"] = seen
+
+
 def main():
     d = sys.argv[1]
     run = Run(d)
     run.summary = {}
-    for c in (check_budget, check_claims, check_ratelimit, check_requests, check_routing):
+    for c in (check_budget, check_claims, check_ratelimit, check_requests, check_routing, check_skew):
         c(run)
     seed = run.meta["seed"]
     kinds = collections.Counter(f["kind"] for f in run.faults)
@@ -329,6 +344,7 @@ def main():
           f"faults {dict(kinds)}")
     print(f"  checks: {dict(run.checks)}")
     print(f"  answers: {run.summary.get('answers')}; worst window {run.summary.get('ratelimit_worst')}")
+    print(f"  skew (asked, seen on the instance's Date header): {run.summary.get('skew_seen')}")
     failed = 0
     for check in ("budget", "claims", "ratelimit", "requests", "routing"):
         vs = run.violations.get(check, [])

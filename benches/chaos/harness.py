@@ -11,6 +11,7 @@ Writes every record to OUT (JSONL files) for benches/chaos/check.py.
     harness.py SEED SECONDS OUT
 Python stdlib only. Environment: PC_BIN (the binary), CHAOS_INSTANCES (3-5, default 4).
 """
+import email.utils
 import http.client
 import json
 import os
@@ -273,9 +274,12 @@ def snapshotter(inst):
         rec = {"t0": t0}
         for what in ("backends", "claims", "status"):
             try:
-                st, body, _ = http_req(inst.admin, "GET", f"/{what}", timeout=1.0)
+                st, body, r = http_req(inst.admin, "GET", f"/{what}", timeout=1.0)
                 d = json.loads(body) if st == 200 else None
-            except (OSError, ValueError):
+                if what == "status" and r.getheader("date"):
+                    # the instance's clock (1 s resolution): shows a skew fault took effect
+                    rec["date"] = email.utils.parsedate_to_datetime(r.getheader("date")).timestamp()
+            except (OSError, ValueError, TypeError):
                 d = None
             if what == "backends" and d is not None:
                 d = [{"u": b.get("upstream"), "a": b.get("address"), "n": b.get("name"), "s": b.get("state"),

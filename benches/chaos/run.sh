@@ -23,7 +23,8 @@
 # the instant and the records around it. Exit 0 when every invariant held, 1 otherwise.
 #
 # Settings: PC_BIN (default: build and use the debug binary), CHAOS_INSTANCES,
-# CHAOS_OUT (the records; default a new directory under ${TMPDIR:-/tmp}, kept and printed).
+# CHAOS_OUT (the records; default a new directory under ${TMPDIR:-/tmp}, kept and printed;
+# an earlier run's records there are replaced).
 # Needs redis-server, python3 and libfaketime (scripts/setup.sh); without libfaketime the
 # skew faults change nothing and the summary says faketime=false.
 set -euo pipefail
@@ -46,6 +47,12 @@ export PC_BIN
 command -v redis-server >/dev/null || { echo "chaos: needs redis-server (scripts/setup.sh)" >&2; exit 2; }
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || echo "chaos: no libfaketime (apt-get install faketime): clock skew faults are no-ops" >&2
 out=${CHAOS_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/portcullis-chaos-$seed-XXXX")}
+if [ -e "$out/meta.json" ]; then
+  rm -f "$out"/*.jsonl "$out"/*.log "$out"/*.toml "$out"/*.ctl "$out"/*.faketime "$out"/meta.json "$out"/summary.json
+elif [ -d "$out" ] && [ -n "$(ls -A "$out")" ]; then
+  echo "chaos: $out is not empty and holds no earlier run (meta.json): pick another CHAOS_OUT" >&2
+  exit 2
+fi
 mkdir -p "$out"
 echo "chaos: seed $seed, $seconds s, records in $out" >&2
 python3 benches/chaos/harness.py "$seed" "$seconds" "$out"
