@@ -141,11 +141,14 @@ def op_intervals(run):
     res = []
     releases = collections.defaultdict(list)  # claim id -> send times of releases answered 2xx/404
     readies = collections.defaultdict(list)  # backend -> send times of readies answered 200
+    drains = collections.defaultdict(list)  # backend -> send times of drains answered 200
     for o in run.ops:
         if o["act"] == "release" and o.get("st") in (200, 204, 404):
             releases[o.get("claim")].append(o["ts"])
         if o["act"] == "ready" and o.get("st") == 200:
             readies[o["b"]].append(o["ts"])
+        if o["act"] == "drain" and o.get("st") == 200:
+            drains[o["b"]].append(o["ts"])
     for o in run.ops:
         if o["act"] == "claim" and o.get("st") == 201:
             cid = o["body"].get("id") if isinstance(o.get("body"), dict) else None
@@ -158,6 +161,10 @@ def op_intervals(run):
             end = o["ts"] + o["seconds"]
             for r in readies.get(o["b"], []):
                 if r >= o["ts"]:
+                    end = min(end, r)
+            # a later drain of the backend replaces this one's lease (one record per backend)
+            for r in drains.get(o["b"], []):
+                if r > o["tr"]:
                     end = min(end, r)
             res.append(("drain", o["b"], None, o["tr"], end, o))
     return res
@@ -226,6 +233,7 @@ def check_ratelimit(run):
         if w0 == w1:
             certain[r["k"]][w0] += 1
     worst = (0.0, None)
+    worst_by = {}  # "k=..,s=..": the largest count / limit in windows under those faults
     for key, wins in certain.items():
         for w, n in wins.items():
             ws, we = w * W, (w + 1) * W
@@ -236,11 +244,14 @@ def check_ratelimit(run):
             ratio = n / run.meta["limit"]
             if ratio > worst[0]:
                 worst = (ratio, (key, run.rel(ws), n, k, s))
+            cls = f"cut={k},skewed={s}"
+            worst_by[cls] = max(worst_by.get(cls, 0.0), round(ratio, 3))
             if n > bound:
                 run.violate("ratelimit", ws, f"key {key}: {n} requests admitted in the window "
                             f"{run.rel(ws):.0f}-{run.rel(we):.0f}s (at most {possible[key][w]}), bound {bound:.0f} "
                             f"(cut off {k}, skewed {s})", {"faults": run.fault_text(ws - W, we)})
     run.summary["ratelimit_worst"] = worst
+    run.summary["ratelimit_worst_by_faults"] = dict(sorted(worst_by.items()))
 
 
 def check_requests(run):
@@ -344,6 +355,7 @@ def main():
           f"faults {dict(kinds)}")
     print(f"  checks: {dict(run.checks)}")
     print(f"  answers: {run.summary.get('answers')}; worst window {run.summary.get('ratelimit_worst')}")
+    print(f"  admitted / limit, worst window by faults in force: {run.summary.get('ratelimit_worst_by_faults')}")
     print(f"  skew (asked, seen on the instance's Date header): {run.summary.get('skew_seen')}")
     failed = 0
     for check in ("budget", "claims", "ratelimit", "requests", "routing"):

@@ -33,7 +33,9 @@ N_INST = int(os.environ.get("CHAOS_INSTANCES", "4"))
 N_BACKENDS = 4
 WINDOW = 10  # rate limit window, seconds
 LIMIT = 50  # per key per window
-HOT_KEYS = ["hot-a", "hot-b"]  # each sent at 2x its limit
+# hot-a at 5x its limit: above every bound the checker holds it to with one instance cut off
+# (2.1x) or skewed (3.15x), so an overshoot shows; hot-b at 1.5x, near the limit
+HOT_KEYS = {"hot-a": 5.0, "hot-b": 1.5}
 COLD_KEYS = [f"cold-{i}" for i in range(20)]
 MAX_CULLED_FRACTION = 0.5
 MAX_CONCURRENT = 2
@@ -518,9 +520,9 @@ def main():
         log(f"seed {SEED}: {N_INST} instances, redis :{redis.port}, backends {[b.addr for b in backends]}")
         threads = [threading.Thread(target=snapshotter, args=(i,), daemon=True) for i in insts]
         n = 0
-        for k in HOT_KEYS:  # 2x the limit, over 3 senders
-            for _ in range(3):
-                threads.append(threading.Thread(target=load_client, args=(n, insts, [k], 2 * LIMIT / WINDOW / 3),
+        for k, x in HOT_KEYS.items():  # x times the limit, over 4 senders
+            for _ in range(4):
+                threads.append(threading.Thread(target=load_client, args=(n, insts, [k], x * LIMIT / WINDOW / 4),
                                                 daemon=True))
                 n += 1
         for _ in range(2):
