@@ -9,7 +9,7 @@ listens on 127.0.0.1 on free ports; every process it starts is ended by its PID.
 Writes every record to OUT (JSONL files) for benches/chaos/check.py.
 
     harness.py SEED SECONDS OUT
-Python stdlib only. Environment: PC_BIN (the binary), CHAOS_INSTANCES (3-5, default 4).
+Python stdlib only. Environment: PC_BIN (the binary), CHAOS_INSTANCES (3-5; default 3 + SEED % 3).
 """
 import email.utils
 import http.client
@@ -29,7 +29,10 @@ from relay import Relay  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED, SECONDS, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 BIN = os.environ["PC_BIN"]
-N_INST = int(os.environ.get("CHAOS_INSTANCES", "4"))
+# 3, 4 or 5 instances by the seed unless CHAOS_INSTANCES says
+N_INST = int(os.environ.get("CHAOS_INSTANCES") or 3 + SEED % 3)
+if not 3 <= N_INST <= 5:
+    sys.exit("chaos: CHAOS_INSTANCES must be 3, 4 or 5")
 N_BACKENDS = 4
 WINDOW = 10  # rate limit window, seconds
 LIMIT = 50  # per key per window
