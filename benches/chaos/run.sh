@@ -4,7 +4,7 @@
 #   bash benches/chaos/run.sh SEED SECONDS
 #   PC_BIN=target/release/portcullis CHAOS_INSTANCES=5 bash benches/chaos/run.sh 7 300
 #
-# Starts CHAOS_INSTANCES (3-5, default 4) portcullis instances, one private redis-server on
+# Starts CHAOS_INSTANCES (3-5; default 3 + SEED % 3) portcullis instances, one private redis-server on
 # a free port (never the machine's 6379), four backends (benches/chaos/backend.py, each
 # logging every request it gets), a TCP relay in front of Redis for each instance and one in
 # front of each backend (benches/chaos/relay.py: pass, blackhole or refuse: the partitions),
@@ -13,8 +13,9 @@
 # a backend cut off from every instance (4-15 s); one instance's clock skewed by -30, -2,
 # +2 or +30 s for 10-30 s (libfaketime, re-read each second: the `faketime` package); one
 # instance SIGSTOPped for 1-20 s; Redis SIGSTOPped for 1-8 s; a backend answering 500 for
-# 5-20 s. Meanwhile a load client (2 keys at twice their limit of 50 per 10 s, 20 cold keys,
-# about 24 requests/s in all, to random instances, each request with an id the backends log)
+# 5-20 s. Meanwhile a load client (limit 50 per 10 s; hot-a at 5x its limit, hot-b at 1.5x,
+# 20 cold keys; about 36 requests/s in all, to random instances, each request with an id
+# the backends log)
 # and an operations client on three instances at once (claims, some followed by a deploy:
 # 2.5 s after the grant the backend is stopped and started again, then the claim released or
 # left to expire; drains; readies; dry runs) record every answer. Every instance's /backends,
