@@ -14,8 +14,9 @@ checks the fleet's invariants (docs/src/invariants.md states each one and its bo
             (the decision lies between the client's send and the backend's receipt)
             within bound = 1.05 x limit x (1 + cut + 2 x skewed) + instances, where `cut`
             counts the instances cut off from the store (Redis partition, Redis paused: all
-            of them, SIGSTOP) and `skewed` the instances with a skewed clock, at any time
-            from one window before the window to its end;
+            of them, SIGSTOP, or a snapshot saying store_healthy false or not answering: a
+            starved machine cuts an instance off too) and `skewed` the instances with a
+            skewed clock, at any time from one window before the window to its end;
   requests  every client request answered; a 5xx only while a backend fault (failing,
             partitioned) was in force (read timeout + 1 s of grace); none caused by a
             backend stopped for a deploy under a granted claim (the claimed backend must be
@@ -214,6 +215,12 @@ def rl_bound(run, ws, we):
             cut.update(f"i{i}" for i in range(n))
         elif f["kind"] == "skew":
             skewed.add(f["target"])
+    # an instance whose store went unhealthy without an injected fault (a starved machine:
+    # calls over timeout_ms) is cut off just the same; so is one that did not answer
+    for slot, bad in run.unhealthy.items():
+        i = bisect.bisect_left(bad, ws - W)
+        if i < len(bad) and bad[i] <= we:
+            cut.add(f"i{slot}")
     skewed -= cut
     k = min(n, len(cut))
     return 1.05 * L * (1 + k + 2 * len(skewed)) + n, k, len(skewed)
@@ -221,6 +228,10 @@ def rl_bound(run, ws, we):
 
 def check_ratelimit(run):
     W = run.meta["window"]
+    run.unhealthy = {}  # slot -> sorted times its snapshot said store_healthy false, or no answer
+    for slot, snaps in run.snaps.items():
+        run.unhealthy[slot] = sorted(s["t0"] for s in snaps
+                                     if s.get("status") is None or s["status"].get("store_healthy") is False)
     certain = collections.defaultdict(collections.Counter)
     possible = collections.defaultdict(collections.Counter)
     for r in run.reqs:
