@@ -294,9 +294,15 @@ def check_requests(run):
         elif run.faults_at(t0 - grace, t1, ["backend_fail", "backend_partition"], grace=grace):
             continue
         deploy = [x for x in downs if x[1] <= t1 and x[2] + grace >= t0]
+        # the instance was frozen or cut off from the store just before: it answered on an
+        # old view of the operations (docs/src/invariants.md, 4: not promised)
+        stale = run.faults_at(t0 - 5, t1, ["stop", "redis_partition", "redis_pause"], target=None, grace=5)
+        stale = [f for f in stale if f["target"] in (f"i{r['i']}", "redis")]
+        note = "; the instance's view was stale: " + ", ".join(
+            f"{f['kind']} {f['target']} until {run.rel(f['end']):.1f}s" for f in stale) if stale else ""
         if deploy:
             run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} while only a "
-                        f"claimed backend was stopped for a deploy ({', '.join(x[0] for x in deploy)})",
+                        f"claimed backend was stopped for a deploy ({', '.join(x[0] for x in deploy)}){note}",
                         {"request": r, "snapshots": snaps_near(run, r["i"], t0, t1),
                          "faults": run.fault_text(t0 - grace, t1)})
         else:
