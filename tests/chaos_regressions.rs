@@ -61,6 +61,33 @@ fn a_grant_right_after_a_lease_lapses_never_shows_more_out_than_the_budget() {
     let refs: Vec<&Backend> = bs.iter().collect();
     let p = Proxy::start(&config(&refs, &redis, "chaos-lapse"));
     let addr = |i: usize| bs[i].addr().replace(':', "%3A");
+    // Watches the rotation all along, the grants' own answers included.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, admin) = (stop.clone(), p.admin_addr());
+        std::thread::spawn(move || -> Vec<String> {
+            let mut over = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(r) = try_request(&admin, "GET", "/backends", &[], b"") else {
+                    continue;
+                };
+                let v: Value = serde_json::from_str(&r.body_str()).unwrap_or(Value::Null);
+                let out: Vec<String> = v
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter(|b| b["state"] != "up")
+                            .map(|b| format!("{}={}", b["address"], b["state"]))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if out.len() > 2 {
+                    over.push(out.join(" "));
+                }
+            }
+            over
+        })
+    };
     let mut tries = 0;
     loop {
         tries += 1;
@@ -125,8 +152,16 @@ fn a_grant_right_after_a_lease_lapses_never_shows_more_out_than_the_budget() {
         assert_eq!(r.status, 200, "{}", r.body_str());
         let r = post_json(&p, &format!("/backends/app/{}/ready", addr(1)), "{}");
         assert_eq!(r.status, 200, "{}", r.body_str());
-        if tries == 3 {
+        if tries == 8 {
             break;
         }
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let over = watcher
+        .join()
+        .unwrap_or_else(|_| vec!["the watcher panicked".into()]);
+    assert!(
+        over.is_empty(),
+        "more than 2 of 4 backends out of rotation while an action was answered: {over:?}"
+    );
 }
