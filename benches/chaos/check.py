@@ -314,8 +314,12 @@ def check_requests(run):
                         {"request": r, "snapshots": snaps_near(run, r["i"], t0, t1),
                          "faults": run.fault_text(t0 - grace, t1)})
         else:
-            run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} with no fault "
-                        "to explain it", {"request": r, "faults": run.fault_text(t0 - 10, t1)})
+            frozen = run.faults_at(t0, t1, ["stop"], target=f"i{r['i']}")
+            what = (f"; the instance was frozen while it held the request (until "
+                    f"{run.rel(frozen[0]['end']):.1f}s): a timeout that spanned the freeze fired at wake"
+                    if frozen else note)
+            run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} with no backend "
+                        f"fault to explain it{what}", {"request": r, "faults": run.fault_text(t0 - 10, t1)})
     run.summary["answers"] = dict((str(k), v) for k, v in codes.items())
 
 
