@@ -5,7 +5,8 @@ checks the fleet's invariants (docs/src/invariants.md states each one and its bo
   budget    every /backends snapshot of a serving instance: at most
             floor(max_culled_fraction x n) backends of the upstream out (culled, draining,
             maint, claimed together), and never all of them out or unhealthy while one of
-            them is out by the budget;
+            them is out by the budget, unless each unhealthy one had a reason to fail its
+            checks (a backend fault or a deploy stopping it, within 10 s; counted apart);
   claims    the operations client's granted claims and drains: at most max_concurrent
             backends out by them at once (counting only the time each was certainly out:
             from its grant's answer to its expiry or the sending of its release/ready), no
@@ -83,6 +84,15 @@ class Run:
                     self.backend_log[r["id"]] = r["t"] if t is None else min(t, r["t"])
         self.violations = collections.defaultdict(list)
         self.checks = collections.Counter()
+        self.downs = []  # (backend, stopped, started again) of each deploy
+        pending = {}
+        for x in sorted(self.deploys, key=lambda x: x["t"]):
+            if x["ev"] == "down":
+                pending[x["b"]] = x["t"]
+            elif x["b"] in pending:
+                self.downs.append((x["b"], pending.pop(x["b"]), x["t"]))
+        for b, t in pending.items():
+            self.downs.append((b, t, self.end))
 
     def rel(self, t):
         return t - self.t0
@@ -136,8 +146,18 @@ def check_budget(run):
                                 f"(max {lim}): " + ", ".join(f"{b['n']}={b['s']}" for b in out), around)
                 up = [b for b in lst if b["s"] == "up"]
                 if not up and out:
+                    # the rest unhealthy: the budget's doing only if one of them had no reason
+                    # to fail its checks (no backend fault, no deploy stopping it, lately)
+                    sick = [b for b in lst if b["s"] == "unhealthy"]
+                    unexplained = [b for b in sick
+                                   if not run.faults_at(t - 10, t, ["backend_fail", "backend_partition"],
+                                                        target=b["a"], grace=10)
+                                   and not any(x[0] == b["a"] and x[1] <= t and x[2] + 10 >= t for x in run.downs)]
+                    if sick and not unexplained:
+                        run.checks["zero_in_rotation_backends_failing"] += 1
+                        continue
                     run.violate("budget", t, f"i{slot} shows no backend of {u} in rotation while {len(out)} "
-                                "are out by the budget", around)
+                                "are out by the budget: " + ", ".join(f"{b['n']}={b['s']}" for b in lst), around)
 
 
 def op_intervals(run):
@@ -270,15 +290,7 @@ def check_ratelimit(run):
 
 def check_requests(run):
     grace = run.meta["read_timeout_ms"] / 1000 + 1
-    downs = []  # (backend, down, up)
-    pending = {}
-    for d in sorted(run.deploys, key=lambda d: d["t"]):
-        if d["ev"] == "down":
-            pending[d["b"]] = d["t"]
-        elif d["b"] in pending:
-            downs.append((d["b"], pending.pop(d["b"]), d["t"]))
-    for b, t in pending.items():
-        downs.append((b, t, run.end))
+    downs = run.downs
     codes = collections.Counter()
     for r in run.reqs:
         run.checks["requests"] += 1
