@@ -19,7 +19,8 @@
 # vendor/*.patch to the published crates); man-db (the man pages in docs/man/ are rendered
 # with `man --warnings`) and mdbook (the book in docs/ is built, tests/docs.rs); rsyslog
 # (the access log's syslog output is received by a real rsyslogd, started by the test on
-# its own socket and ports).
+# its own socket and ports); faketime (libfaketime, the clock skew of the chaos harness,
+# benches/chaos/run.sh).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
 case ${1:-} in
@@ -47,6 +48,8 @@ if [ "$tests" = 1 ]; then
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
   command -v man >/dev/null 2>&1 || need+=(man-db) # the man pages render without warnings
   [ -x /usr/sbin/rsyslogd ] || need+=(rsyslog) # tests/syslog.rs: a real syslog receiver
+  # libfaketime: the chaos harness skews one instance's clock (benches/chaos/run.sh)
+  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(faketime)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -229,6 +229,9 @@ pub async fn act(
             );
         }
     }
+    // The record granted, set on the backend from the store's state read right after (or
+    // by itself when that read fails).
+    let mut granted = None;
     let outcome = match &req {
         None => budget.clear_ops(&pool.name, &b.addr_str).await.map(|_| {
             b.manual().set(Vec::new());
@@ -239,7 +242,7 @@ pub async fn act(
             .await
             .map(|r| {
                 r.map(|record| {
-                    b.manual().put(record);
+                    granted = Some(record);
                 })
             }),
     };
@@ -248,8 +251,12 @@ pub async fn act(
         Ok(Ok(())) => {
             done.result = "applied";
             record(shared, &done);
+            if !super::checks::refresh(&rt, budget, view).await {
+                if let Some(record) = granted.take() {
+                    b.manual().put(record);
+                }
+            }
             rebuild_if_weights_changed(shared);
-            super::checks::refresh(&rt, budget, view).await;
             answer(StatusCode::OK, &backend_view(pool, b))
         }
         Ok(Err(refusal)) => {

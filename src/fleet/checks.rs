@@ -115,13 +115,24 @@ pub fn voluntary_check(
 }
 
 /// After a change made here, the view this instance answers dry runs and audits from is
-/// read again at once (other instances catch up within a sync interval).
-pub async fn refresh(rt: &Runtime, budget: &dyn BudgetStore, view: &FleetView) {
-    if let Ok(state) = budget
+/// read again at once, and set on the backends (other instances catch up within a sync
+/// interval); false when the store did not answer. Setting it matters: the change was
+/// granted on the store's operations in force now, and the backends may still hold one
+/// that lapsed since the last sync; the new operation on top of it would take more than the
+/// budget out of this instance's rotation until the next sync (seen by the chaos harness: 3
+/// of 4 backends out for 1.5 s). So a caller sets a granted record itself only when this
+/// read fails.
+pub async fn refresh(rt: &Runtime, budget: &dyn BudgetStore, view: &FleetView) -> bool {
+    match budget
         .fleet_state(&names(rt), &rt.config.culling.params)
         .await
     {
-        view.store(state);
+        Ok(state) => {
+            super::sync::apply(rt, &state);
+            view.store(state);
+            true
+        }
+        Err(_) => false,
     }
 }
 

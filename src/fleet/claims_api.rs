@@ -183,8 +183,11 @@ pub async fn post(
         crate::store::budget::claim(budget, &names, &ask, &rt.config.budget, params, &req).await;
     match outcome {
         Ok(Ok(rec)) => {
-            backend.manual().put(rec.clone());
-            refresh(&rt, budget, view).await;
+            // Set from the store's state read right after the grant (or by itself when that
+            // read fails): never on top of an operation that lapsed since the last sync.
+            if !refresh(&rt, budget, view).await {
+                backend.manual().put(rec.clone());
+            }
             done.result = if b.emergency { "emergency" } else { "applied" };
             record(shared, &done);
             let mut v = claim_json(&pool.name, &rec);

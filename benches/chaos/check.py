@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""The chaos checker (issue 63): reads what a run of benches/chaos/harness.py recorded and
+checks the fleet's invariants (docs/src/invariants.md states each one and its bound):
+
+  budget    every /backends snapshot of a serving instance: at most
+            floor(max_culled_fraction x n) backends of the upstream out (culled, draining,
+            maint, claimed together), and never all of them out or unhealthy while one of
+            them is out by the budget, unless each unhealthy one had a reason to fail its
+            checks (a backend fault or a deploy stopping it, within 10 s; counted apart);
+  claims    the operations client's granted claims and drains: at most max_concurrent
+            backends out by them at once (counting only the time each was certainly out:
+            from its grant's answer to its expiry or the sending of its release/ready), no
+            claim id granted twice, no two claims on one backend alive at once;
+  ratelimit per key and epoch-aligned window, the requests certainly decided in that window
+            (the decision lies between the client's send and the backend's receipt)
+            within bound = 1.05 x limit x (1 + cut + 2 x skewed) + instances, where `cut`
+            counts the instances cut off from the store (Redis partition, Redis paused: all
+            of them, SIGSTOP, or a snapshot saying store_healthy false or not answering: a
+            starved machine cuts an instance off too) and `skewed` the instances with a
+            skewed clock, at any time from one window before the window to its end;
+  requests  every client request answered; a 5xx only while a backend fault (failing,
+            partitioned) was in force (read timeout + 1 s of grace), or while the instance
+            was starved of CPU (a snapshot cycle over 1 s without a SIGSTOP: the machine's
+            doing, counted apart in the answers); none caused by a
+            backend stopped for a deploy under a granted claim (the claimed backend must be
+            out of rotation on every instance before the deploy tool stops it);
+  routing   no request reached a backend that the instance which sent it showed out, in
+            one and the same state, on every snapshot from before the client sent it until
+            after the backend got it.
+
+A violation prints the seed, the instant (seconds into the run and epoch) and the records
+around it. Exit 0 when every check passed, 1 otherwise. Also writes summary.json in DIR.
+
+    check.py DIR
+Python stdlib only.
+"""
+import bisect
+import collections
+import glob
+import json
+import math
+import os
+import sys
+
+OUT_STATES = {"culled", "draining", "maint", "claimed"}
+MAX_PRINT = 5  # violations printed per check
+
+
+def jl(path):
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass  # a line cut by the end of the run
+    return out
+
+
+class Run:
+    def __init__(self, d):
+        self.d = d
+        with open(os.path.join(d, "meta.json")) as f:
+            self.meta = json.load(f)
+        self.t0 = self.meta["t0"]
+        self.end = self.meta.get("end", max(os.path.getmtime(p) for p in glob.glob(os.path.join(d, "*.jsonl"))))
+        self.faults = jl(os.path.join(d, "faults.jsonl"))
+        self.reqs = jl(os.path.join(d, "requests.jsonl"))
+        self.ops = jl(os.path.join(d, "ops.jsonl"))
+        self.deploys = jl(os.path.join(d, "deploys.jsonl"))
+        self.snaps = {}
+        for p in sorted(glob.glob(os.path.join(d, "snap-i*.jsonl"))):
+            slot = int(os.path.basename(p)[6:].split(".")[0])
+            self.snaps[slot] = jl(p)
+        self.backend_log = {}  # request id -> first receipt time
+        for p in glob.glob(os.path.join(d, "b*.requests.jsonl")):
+            for r in jl(p):
+                if r.get("id"):
+                    t = self.backend_log.get(r["id"])
+                    self.backend_log[r["id"]] = r["t"] if t is None else min(t, r["t"])
+        self.violations = collections.defaultdict(list)
+        self.checks = collections.Counter()
+        self.downs = []  # (backend, stopped, started again) of each deploy
+        pending = {}
+        for x in sorted(self.deploys, key=lambda x: x["t"]):
+            if x["ev"] == "down":
+                pending[x["b"]] = x["t"]
+            elif x["b"] in pending:
+                self.downs.append((x["b"], pending.pop(x["b"]), x["t"]))
+        for b, t in pending.items():
+            self.downs.append((b, t, self.end))
+
+    def rel(self, t):
+        return t - self.t0
+
+    def faults_at(self, a, b, kinds=None, target=None, grace=0.0):
+        out = []
+        for f in self.faults:
+            if kinds and f["kind"] not in kinds:
+                continue
+            if target is not None and f["target"] != target:
+                continue
+            if f["start"] <= b and f["end"] + grace >= a:
+                out.append(f)
+        return out
+
+    def violate(self, check, t, what, around):
+        self.violations[check].append((t, what, around))
+
+    def fault_text(self, a, b):
+        fs = self.faults_at(a, b)
+        return [f"{f['kind']} {f['target']} {self.rel(f['start']):.1f}-{self.rel(f['end']):.1f}s"
+                + (f" {f.get('mode') or ''}{f.get('seconds') or ''}" if (f.get("mode") or f.get("seconds")) else "")
+                for f in fs]
+
+
+# ------------------------------------------------------------------------------ checks
+def max_out(total, fraction):
+    return max(0, min(total - 1, math.floor(total * fraction + 1e-9)))
+
+
+def check_budget(run):
+    frac = run.meta["max_culled_fraction"]
+    for slot, snaps in run.snaps.items():
+        for i, s in enumerate(snaps):
+            bs = s.get("backends")
+            if bs is None:
+                continue  # not answering: not serving
+            ups = collections.defaultdict(list)
+            for b in bs:
+                ups[b["u"]].append(b)
+            for u, lst in ups.items():
+                run.checks["budget_snapshots"] += 1
+                out = [b for b in lst if b["s"] in OUT_STATES]
+                lim = max_out(len(lst), frac)
+                t = s["t0"]
+                around = {"instance": slot, "snapshot": lst,
+                          "previous": snaps[i - 1].get("backends") if i else None,
+                          "claims": s.get("claims"), "faults": run.fault_text(t - 5, t)}
+                if len(out) > lim:
+                    run.violate("budget", t, f"i{slot} shows {len(out)} of {len(lst)} backends of {u} out "
+                                f"(max {lim}): " + ", ".join(f"{b['n']}={b['s']}" for b in out), around)
+                up = [b for b in lst if b["s"] == "up"]
+                if not up and out:
+                    # the rest unhealthy: the budget's doing only if one of them had no reason
+                    # to fail its checks (no backend fault, no deploy stopping it, lately)
+                    sick = [b for b in lst if b["s"] == "unhealthy"]
+                    unexplained = [b for b in sick
+                                   if not run.faults_at(t - 10, t, ["backend_fail", "backend_partition"],
+                                                        target=b["a"], grace=10)
+                                   and not any(x[0] == b["a"] and x[1] <= t and x[2] + 10 >= t for x in run.downs)]
+                    if sick and not unexplained:
+                        run.checks["zero_in_rotation_backends_failing"] += 1
+                        continue
+                    run.violate("budget", t, f"i{slot} shows no backend of {u} in rotation while {len(out)} "
+                                "are out by the budget: " + ", ".join(f"{b['n']}={b['s']}" for b in lst), around)
+
+
+def op_intervals(run):
+    """(kind, backend, id, certain_start, certain_end, rec) of each granted claim and drain."""
+    res = []
+    releases = collections.defaultdict(list)  # claim id -> send times of releases answered 2xx/404
+    readies = collections.defaultdict(list)  # backend -> send times of readies answered 200
+    drains = collections.defaultdict(list)  # backend -> send times of drains answered 200
+    for o in run.ops:
+        if o["act"] == "release" and o.get("st") in (200, 204, 404):
+            releases[o.get("claim")].append(o["ts"])
+        if o["act"] == "ready" and o.get("st") == 200:
+            readies[o["b"]].append(o["ts"])
+        if o["act"] == "drain" and o.get("st") == 200:
+            drains[o["b"]].append(o["ts"])
+    for o in run.ops:
+        if o["act"] == "claim" and o.get("st") == 201:
+            cid = o["body"].get("id") if isinstance(o.get("body"), dict) else None
+            end = o["ts"] + o["seconds"]
+            for r in releases.get(cid, []):
+                if r >= o["ts"]:
+                    end = min(end, r)
+            res.append(("claim", o["b"], cid, o["tr"], end, o))
+        elif o["act"] == "drain" and o.get("st") == 200:
+            end = o["ts"] + o["seconds"]
+            for r in readies.get(o["b"], []):
+                if r >= o["ts"]:
+                    end = min(end, r)
+            # a later drain of the backend replaces this one's lease (one record per backend)
+            for r in drains.get(o["b"], []):
+                if r > o["tr"]:
+                    end = min(end, r)
+            res.append(("drain", o["b"], None, o["tr"], end, o))
+    return res
+
+
+def check_claims(run):
+    maxc = run.meta["max_concurrent"]
+    iv = op_intervals(run)
+    run.checks["ops_granted"] = len(iv)
+    run.checks["ops_answered"] = sum(1 for o in run.ops if "st" in o)
+    ids = collections.Counter(x[2] for x in iv if x[0] == "claim")
+    for cid, n in ids.items():
+        if n > 1:
+            run.violate("claims", 0, f"claim id {cid} granted {n} times", [x[5] for x in iv if x[2] == cid])
+    claims = [x for x in iv if x[0] == "claim" and x[4] > x[3]]
+    for a in range(len(claims)):
+        for b in range(a + 1, len(claims)):
+            x, y = claims[a], claims[b]
+            if x[1] == y[1] and x[3] < y[4] and y[3] < x[4]:
+                run.violate("claims", max(x[3], y[3]), f"backend {x[1]} granted to two claims at once: {x[2]} "
+                            f"(i{x[5]['i']}) and {y[2]} (i{y[5]['i']})", [x[5], y[5]])
+    # sweep: distinct backends certainly out by a granted operation
+    ev = sorted([(x[3], 1, x) for x in iv if x[4] > x[3]] + [(x[4], -1, x) for x in iv if x[4] > x[3]],
+                key=lambda e: (e[0], e[1]))
+    alive = []
+    for t, d, x in ev:
+        if d == -1:
+            if x in alive:
+                alive.remove(x)
+            continue
+        alive.append(x)
+        backends = {y[1] for y in alive}
+        run.checks["concurrency_points"] += 1
+        if len(backends) > maxc:
+            run.violate("claims", t, f"{len(backends)} backends certainly out by granted operations at once "
+                        f"(max_concurrent {maxc}): " + ", ".join(f"{y[0]} {y[1]} by i{y[5]['i']}" for y in alive),
+                        {"ops": [y[5] for y in alive], "faults": run.fault_text(t - 30, t)})
+
+
+def rl_bound(run, ws, we):
+    W, L, n = run.meta["window"], run.meta["limit"], run.meta["instances"]
+    cut, skewed = set(), set()
+    for f in run.faults_at(ws - W, we):
+        if f["kind"] in ("redis_partition", "stop"):
+            cut.add(f["target"])
+        elif f["kind"] == "redis_pause":
+            cut.update(f"i{i}" for i in range(n))
+        elif f["kind"] == "skew":
+            skewed.add(f["target"])
+    # an instance whose store went unhealthy without an injected fault (a starved machine:
+    # calls over timeout_ms) is cut off just the same; so is one that did not answer
+    for slot, bad in run.unhealthy.items():
+        i = bisect.bisect_left(bad, ws - W)
+        if i < len(bad) and bad[i] <= we:
+            cut.add(f"i{slot}")
+    skewed -= cut
+    k = min(n, len(cut))
+    return 1.05 * L * (1 + k + 2 * len(skewed)) + n, k, len(skewed)
+
+
+def check_ratelimit(run):
+    W = run.meta["window"]
+    run.unhealthy = {}  # slot -> sorted times its snapshot said store_healthy false, or no answer
+    for slot, snaps in run.snaps.items():
+        run.unhealthy[slot] = sorted(s["t0"] for s in snaps
+                                     if s.get("status") is None or s["status"].get("store_healthy") is False)
+    certain = collections.defaultdict(collections.Counter)
+    possible = collections.defaultdict(collections.Counter)
+    for r in run.reqs:
+        tb = run.backend_log.get(r["id"])
+        if tb is None:
+            continue  # never reached a backend: not certainly admitted (an undercount, never a false alarm)
+        w0, w1 = int(r["ts"] // W), int(tb // W)
+        for w in range(w0, w1 + 1):
+            possible[r["k"]][w] += 1
+        if w0 == w1:
+            certain[r["k"]][w0] += 1
+    worst = (0.0, None)
+    worst_by = {}  # "k=..,s=..": the largest count / limit in windows under those faults
+    for key, wins in certain.items():
+        for w, n in wins.items():
+            ws, we = w * W, (w + 1) * W
+            if ws < run.t0 or we > run.end:
+                continue  # a window the run did not cover whole
+            run.checks["ratelimit_windows"] += 1
+            bound, k, s = rl_bound(run, ws, we)
+            ratio = n / run.meta["limit"]
+            if ratio > worst[0]:
+                worst = (ratio, (key, run.rel(ws), n, k, s))
+            cls = f"cut={k},skewed={s}"
+            worst_by[cls] = max(worst_by.get(cls, 0.0), round(ratio, 3))
+            if n > bound:
+                run.violate("ratelimit", ws, f"key {key}: {n} requests admitted in the window "
+                            f"{run.rel(ws):.0f}-{run.rel(we):.0f}s (at most {possible[key][w]}), bound {bound:.0f} "
+                            f"(cut off {k}, skewed {s})", {"faults": run.fault_text(ws - W, we)})
+    run.summary["ratelimit_worst"] = worst
+    run.summary["ratelimit_worst_by_faults"] = dict(sorted(worst_by.items()))
+
+
+def check_requests(run):
+    grace = run.meta["read_timeout_ms"] / 1000 + 1
+    downs = run.downs
+    codes = collections.Counter()
+    for r in run.reqs:
+        run.checks["requests"] += 1
+        t0, t1 = r["ts"], r["tr"]
+        if "err" in r:
+            codes["no answer"] += 1
+            run.violate("requests", t0, f"request {r['id']} to i{r['i']} got no answer: {r['err']}",
+                        {"request": r, "faults": run.fault_text(t0 - grace, t1)})
+            continue
+        codes[r["st"]] += 1
+        if r["st"] < 500:
+            continue
+        if r["st"] == 500 and r.get("b"):
+            if run.faults_at(t0 - 1, t1, ["backend_fail"], grace=1):
+                continue
+        elif run.faults_at(t0 - grace, t1, ["backend_fail", "backend_partition"], grace=grace):
+            continue
+        elif starved(run, r["i"], t0 - 1, t1):
+            # the machine, not the proxy: the instance was not scheduled (a snapshot cycle of
+            # three local GETs took over a second, and no SIGSTOP explains it); counted apart
+            codes["5xx while the instance was starved"] += 1
+            continue
+        deploy = [x for x in downs if x[1] <= t1 and x[2] + grace >= t0]
+        # the instance was frozen or cut off from the store just before: it answered on an
+        # old view of the operations (docs/src/invariants.md, 4: not promised)
+        stale = run.faults_at(t0 - 5, t1, ["stop", "redis_partition", "redis_pause"], target=None, grace=5)
+        stale = [f for f in stale if f["target"] in (f"i{r['i']}", "redis")]
+        note = "; the instance's view was stale: " + ", ".join(
+            f"{f['kind']} {f['target']} until {run.rel(f['end']):.1f}s" for f in stale) if stale else ""
+        if deploy:
+            run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} while only a "
+                        f"claimed backend was stopped for a deploy ({', '.join(x[0] for x in deploy)}){note}",
+                        {"request": r, "snapshots": snaps_near(run, r["i"], t0, t1),
+                         "faults": run.fault_text(t0 - grace, t1)})
+        else:
+            frozen = run.faults_at(t0, t1, ["stop"], target=f"i{r['i']}")
+            what = (f"; the instance was frozen while it held the request (until "
+                    f"{run.rel(frozen[0]['end']):.1f}s): a timeout that spanned the freeze fired at wake"
+                    if frozen else note)
+            run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} with no backend "
+                        f"fault to explain it{what}", {"request": r, "faults": run.fault_text(t0 - 10, t1)})
+    run.summary["answers"] = dict((str(k), v) for k, v in codes.items())
+
+
+def starved(run, slot, a, b):
+    """Whether instance `slot` was starved of CPU in [a, b]: a snapshot cycle (three GETs on
+    loopback) started then took over a second while no SIGSTOP of it was in force."""
+    if run.faults_at(a - 1, b, ["stop"], target=f"i{slot}", grace=1):
+        return False
+    return any(a <= s["t0"] <= b and s["t1"] - s["t0"] > 1.0 for s in run.snaps.get(slot, []))
+
+
+def snaps_near(run, slot, a, b):
+    return [{"t": round(run.rel(s["t0"]), 2), "backends": [(x["n"], x["s"]) for x in s["backends"]]}
+            for s in run.snaps.get(slot, []) if a - 1 <= s["t0"] <= b + 1 and s.get("backends")]
+
+
+def check_routing(run):
+    names = {}
+    for slot, snaps in run.snaps.items():
+        times = [s["t0"] for s in snaps]
+        names[slot] = (times, snaps)
+    by_id = {r["id"]: r for r in run.reqs}
+    for rid, tb in run.backend_log.items():
+        r = by_id.get(rid)
+        if r is None or r.get("b") is None:
+            continue
+        times, snaps = names.get(r["i"], ([], []))
+        run.checks["routed_requests"] += 1
+        # snapshots from the last one completed before the send to the first one started after the receipt
+        lo = bisect.bisect_left(times, r["ts"]) - 1
+        while lo >= 0 and snaps[lo]["t1"] > r["ts"]:
+            lo -= 1
+        hi = bisect.bisect_right(times, tb)
+        if lo < 0 or hi >= len(snaps):
+            continue
+        window = snaps[lo:hi + 1]
+        if any(s.get("backends") is None for s in window):
+            continue
+        states = [next((x["s"] for x in s["backends"] if x["n"] == r["b"]), None) for s in window]
+        # one state all along: a change between two snapshots (culled, then draining) may
+        # have passed through `up` unseen
+        if states[0] in OUT_STATES and all(st == states[0] for st in states):
+            run.violate("routing", tb, f"request {rid} sent to i{r['i']} reached {r['b']} which that instance "
+                        f"showed {states[0]} from {run.rel(window[0]['t1']):.2f}s to {run.rel(window[-1]['t0']):.2f}s",
+                        {"request": r, "backend_receipt": tb, "faults": run.fault_text(r["ts"] - 5, tb)})
+
+
+def check_skew(run):
+    """Not an invariant: the skew each skew fault's instance showed (its Date header, whole
+    seconds) in the middle of the fault, so a run says whether libfaketime took effect."""
+    seen = []
+    for f in run.faults:
+        if f["kind"] != "skew":
+            continue
+        slot = int(f["target"][1:])
+        mid = [s["date"] - s["t0"] for s in run.snaps.get(slot, [])
+               if "date" in s and f["start"] + 3 <= s["t0"] <= f["end"] - 1]
+        if mid:
+            seen.append((f["seconds"], round(sorted(mid)[len(mid) // 2])))
+    run.summary["skew_seen"] = seen
+
+
+def main():
+    d = sys.argv[1]
+    run = Run(d)
+    run.summary = {}
+    for c in (check_budget, check_claims, check_ratelimit, check_requests, check_routing, check_skew):
+        c(run)
+    seed = run.meta["seed"]
+    kinds = collections.Counter(f["kind"] for f in run.faults)
+    print(f"chaos check: seed {seed}, {run.rel(run.end):.0f} s, {run.meta['instances']} instances, "
+          f"faults {dict(kinds)}")
+    print(f"  checks: {dict(run.checks)}")
+    print(f"  answers: {run.summary.get('answers')}; worst window {run.summary.get('ratelimit_worst')}")
+    print(f"  admitted / limit, worst window by faults in force: {run.summary.get('ratelimit_worst_by_faults')}")
+    print(f"  skew (asked, seen on the instance's Date header): {run.summary.get('skew_seen')}")
+    failed = 0
+    for check in ("budget", "claims", "ratelimit", "requests", "routing"):
+        vs = run.violations.get(check, [])
+        print(f"  {check}: {'ok' if not vs else f'{len(vs)} VIOLATIONS'}")
+        failed += len(vs)
+        for t, what, around in sorted(vs, key=lambda v: v[0])[:MAX_PRINT]:
+            print(f"    VIOLATION seed={seed} at {run.rel(t):.2f}s (epoch {t:.3f}): {what}")
+            print("      around: " + json.dumps(around, default=str)[:1500])
+    # budget violations as episodes: one instance's consecutive snapshots over the budget
+    eps = []
+    for t, what, around in sorted(run.violations.get("budget", []), key=lambda v: (str(v[2].get("instance")), v[0])):
+        inst = around.get("instance")
+        if eps and eps[-1][0] == inst and t - eps[-1][2] < 0.5:
+            eps[-1][2] = t
+        else:
+            eps.append([inst, t, t])
+    if eps:
+        print(f"  budget episodes: {len(eps)}, " + ", ".join(
+            f"i{i} {run.rel(a):.1f}-{run.rel(b):.1f}s" for i, a, b in eps))
+    run.summary["budget_episodes"] = [[i, round(run.rel(a), 2), round(b - a + 0.1, 2)] for i, a, b in eps]
+    summary = {"seed": seed, "seconds": round(run.rel(run.end)), "faults": dict(kinds),
+               "checks": dict(run.checks), "violations": {k: len(v) for k, v in run.violations.items()},
+               **run.summary}
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    print(f"chaos: {'PASS' if not failed else 'FAIL'} seed={seed} violations={failed}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
