@@ -15,7 +15,8 @@
 # nghttp2-client (nghttp, h2load), nginx, python3-grpcio (a real gRPC client and server)
 # and python3-h2 (a real HPACK decoder); chromium (the status page is rendered in a real
 # headless browser) and prometheus with promtool (the shipped dashboard and alert rules
-# are checked against a real Prometheus); patch (scripts/check-vendor.sh applies
+# are checked against a real Prometheus); haproxy (`import-haproxy`'s translations are
+# run beside the real HAProxy); patch (scripts/check-vendor.sh applies
 # vendor/*.patch to the published crates).
 # Needs root, or run the printed command yourself.
 set -euo pipefail
@@ -42,6 +43,9 @@ if [ "$tests" = 1 ]; then
   /usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3-h2)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+  # tests/haproxy_side_by_side.rs runs the real HAProxy beside portcullis on the same
+  # configurations (the importer's end-to-end test)
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
