@@ -84,7 +84,9 @@ struct Out {
     idle_ms: Option<u64>,
     tunnel_s: Option<u64>,
     upstreams: Vec<Upstream>,
-    entries: Vec<Entry>,
+    /// Per HTTP frontend: its entries, and the rule (line) of its fallback
+    /// (`default_backend`, or the 503 of a frontend without one).
+    frontends: Vec<(Vec<Entry>, usize)>,
     policies: Vec<(String, u64, u64, String, BTreeSet<usize>)>,
     pages: BTreeMap<u16, (String, String, usize)>,
     page_files: Vec<(String, Vec<u8>)>,
@@ -191,6 +193,11 @@ pub fn translate(cfg: &Config, opts: &Options<'_>) -> Translation {
                 cx.settings[i] = Some(st);
             }
             Kind::Other => {
+                cx.rep.put(
+                    s.line,
+                    &s.keyword,
+                    Unsup(format!("'{}' sections are not translated", s.keyword)),
+                );
                 for d in &s.directives {
                     cx.rep.put(
                         d.line,
@@ -880,7 +887,7 @@ impl Cx<'_> {
                         "the status page is /status on [server] admin_listen (with /metrics, /backends), not {}",
                         d.arg(2)
                     )),
-                    "refresh" => Approx("the page refreshes itself".into()),
+                    "refresh" => Approx("the status page refreshes itself every 2 s".into()),
                     "auth" | "realm" => Unsup(
                         "the admin page's GET endpoints have no password: bind admin_listen to a private address".into(),
                     ),
@@ -1136,6 +1143,7 @@ impl Cx<'_> {
             }
             None => Entry::new(Region::any(), Action::Deny(503), s.line),
         };
+        let fallback_rule = fallback.rule;
         entries.push(fallback);
         // backend-level header rules go with the routes to their upstream
         let result = routes::resolve_fallthrough(entries).and_then(|mut e| {
@@ -1156,7 +1164,7 @@ impl Cx<'_> {
             Ok(e)
         });
         match result {
-            Ok(e) => self.out.entries.extend(e),
+            Ok(e) => self.out.frontends.push((e, fallback_rule)),
             Err(routes::TooMany) => self.rep.put(
                 s.line,
                 &s.keyword,
@@ -1374,7 +1382,8 @@ impl Cx<'_> {
             }
             t.push('\n');
         }
-        match routes::order(o.entries.clone()) {
+        let entries = merged(&o.frontends);
+        match routes::order(entries.clone()) {
             Ok(list) => {
                 for e in &list {
                     render_route(&mut t, e);
@@ -1382,13 +1391,42 @@ impl Cx<'_> {
             }
             Err(routes::TooMany) => {
                 t.push_str("# the rules need more routes than the importer writes: only the fallback is kept\n");
-                if let Some(e) = o.entries.last() {
+                if let Some(e) = entries.last() {
                     render_route(&mut t, e);
                 }
             }
         }
         t
     }
+}
+
+/// The frontends' entries as one list: one frontend's as they are; several frontends'
+/// rules one after the other without their fallbacks, then one fallback: the first that
+/// proxies (a frontend without `default_backend` would otherwise answer 503 for all).
+fn merged(frontends: &[(Vec<Entry>, usize)]) -> Vec<Entry> {
+    if frontends.len() <= 1 {
+        return frontends.first().map(|f| f.0.clone()).unwrap_or_default();
+    }
+    let mut out: Vec<Entry> = Vec::new();
+    for (entries, fb) in frontends {
+        out.extend(entries.iter().filter(|e| e.rule != *fb).cloned());
+    }
+    let fallbacks: Vec<&Entry> = frontends
+        .iter()
+        .filter_map(|(entries, fb)| {
+            entries
+                .iter()
+                .find(|e| e.rule == *fb && e.region == Region::any())
+        })
+        .collect();
+    let chosen = fallbacks
+        .iter()
+        .find(|e| matches!(e.action, Action::Proxy(_)))
+        .or(fallbacks.first());
+    if let Some(e) = chosen {
+        out.push((*e).clone());
+    }
+    out
 }
 
 fn render_route(t: &mut String, e: &Entry) {
