@@ -218,16 +218,18 @@ fn tls_frontends_with_redirects() {
 fn stick_table_rate_limits() {
     let r = import("rate-limit.cfg", &[]);
     every_directive_reported("rate-limit.cfg", &r);
-    assert!(r.line(12).ends_with("stick-table: translated"));
-    assert!(r.line(13).ends_with("http-request track-sc0: translated"));
-    assert!(r.line(15).ends_with("http-request deny: translated"));
-    assert!(r.line(24).contains("balance: approximated: least requests"));
+    assert!(r.line(13).ends_with("stick-table: translated"));
+    assert!(r.line(15).ends_with("http-request track-sc0: translated"));
+    assert!(r
+        .line(16)
+        .contains("http-request deny: approximated: a refused request does not count"));
+    assert!(r.line(25).contains("balance: approximated: least requests"));
     assert!(r.toml.contains("[[rate_limit.policies]]"), "{}", r.toml);
     assert!(r
         .toml
         .contains("limit = 5\nwindow_seconds = 10\npath_prefix = \"/api\""));
     assert!(r.toml.contains("max_conn = 100"));
-    assert_eq!(r.counts(), (19, 2, 0), "{}", r.stderr);
+    assert_eq!(r.counts(), (18, 3, 0), "{}", r.stderr);
     assert_eq!(r.code, 3);
     checks(&r);
 }

@@ -957,7 +957,7 @@ impl Cx<'_> {
     fn rules(&mut self, s: &Section, st: &Settings, acls: &Acls) {
         let mut entries: Vec<Entry> = Vec::new();
         let mut mods: Vec<(Vec<Region>, Mods, usize)> = Vec::new();
-        let mut tracked: Option<usize> = None;
+        let mut tracked: Option<(usize, String)> = None;
         let mut table: Option<(u64, usize)> = None;
         for d in s.directives.iter().filter(|d| d.kw() == "stick-table") {
             let period = d
@@ -1012,20 +1012,33 @@ impl Cx<'_> {
             let mut notes = c.approx.clone();
             // track-sc0 and the rate-limit deny
             if d.kw() == "http-request" && d.arg(1) == "track-sc0" {
-                if d.arg(2) == "src" && cond.is_none() {
-                    tracked = Some(d.line);
-                    self.rep.put(d.line, &name, Ok_);
-                } else {
-                    self.rep.put(
-                        d.line,
-                        &name,
-                        Unsup("only an unconditional 'track-sc0 src' is translated".into()),
-                    );
+                // the requests counted: all, or those under one path prefix
+                let one_prefix = match c.cubes.as_slice() {
+                    [(r, negs)]
+                        if negs.is_empty()
+                            && !unless
+                            && r.host.is_none()
+                            && r.methods.is_none()
+                            && r.cidrs.is_none() =>
+                    {
+                        Some(r.prefix.clone())
+                    }
+                    _ => None,
+                };
+                match (d.arg(2), one_prefix) {
+                    ("src", Some(prefix)) if head.len() == 3 => {
+                        tracked = Some((d.line, prefix));
+                        self.rep.put(d.line, &name, Ok_);
+                    }
+                    _ => self.rep.put(d.line, &name, Unsup(
+                        "only 'track-sc0 src', unconditional or on a path prefix, is translated".into(),
+                    )),
                 }
                 continue;
             }
             if let Some(limit) = c.rate {
-                let status = self.rate_rule(d, &head, &c, unless, limit, tracked, table, &s.name);
+                let status =
+                    self.rate_rule(d, &head, &c, unless, limit, tracked.clone(), table, &s.name);
                 self.rep.put(d.line, &name, status);
                 continue;
             }
@@ -1181,14 +1194,15 @@ impl Cx<'_> {
         c: &Cubes,
         unless: bool,
         limit: u64,
-        tracked: Option<usize>,
+        tracked: Option<(usize, String)>,
         table: Option<(u64, usize)>,
         frontend: &str,
     ) -> Status {
         if d.kw() != "http-request" || d.arg(1) != "deny" || unless {
             return Unsup("a request rate is translated in 'http-request deny if { sc_http_req_rate(0) gt N }' only".into());
         }
-        let (Some(track_line), Some((period, table_line))) = (tracked, table) else {
+        let (Some((track_line, track_prefix)), Some((period, table_line))) = (tracked, table)
+        else {
             return Unsup("the rate needs 'http-request track-sc0 src' and a 'stick-table ... store http_req_rate(PERIOD)' in the frontend".into());
         };
         let mut notes = c.approx.clone();
@@ -1201,6 +1215,14 @@ impl Cx<'_> {
                 notes.push("only the path prefix of the condition is kept".into());
             }
         }
+        // HAProxy counts every tracked request, and denies those the deny's condition
+        // matches; portcullis counts and refuses the requests under one prefix.
+        if prefix != track_prefix {
+            notes.push(format!(
+                "portcullis counts the requests under {prefix} only; HAProxy counts every tracked request (under {track_prefix})"
+            ));
+        }
+        notes.push("a refused request does not count against the limit (HAProxy's http_req_rate counts it)".into());
         let status = head
             .windows(2)
             .find(|w| w[0] == "deny_status")
