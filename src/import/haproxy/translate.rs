@@ -29,7 +29,8 @@ pub struct Translation {
 /// Inherited from `defaults` (and overridden in a proxy).
 #[derive(Debug, Clone, Default)]
 struct Settings {
-    tcp: bool,
+    /// `mode http` (HAProxy's default mode is tcp).
+    http: bool,
     /// `timeout NAME` -> (ms, line)
     timeouts: BTreeMap<String, (u64, usize)>,
     balance: Option<(Vec<String>, usize)>,
@@ -327,11 +328,11 @@ impl Cx<'_> {
             let status = match d.kw() {
                 "mode" => match d.arg(1) {
                     "http" => {
-                        st.tcp = false;
+                        st.http = true;
                         Some(Ok_)
                     }
                     "tcp" => {
-                        st.tcp = true;
+                        st.http = false;
                         Some(Unsup("portcullis proxies HTTP only (mode tcp)".into()))
                     }
                     m => Some(Unsup(format!("mode '{m}'"))),
@@ -522,8 +523,11 @@ impl Cx<'_> {
     }
 
     fn backend(&mut self, s: &Section, st: &Settings) {
-        if st.tcp {
-            self.all_unsupported(s, "a mode tcp section: portcullis proxies HTTP only");
+        if !st.http {
+            self.all_unsupported(
+                s,
+                "a mode tcp section (tcp is HAProxy's default mode): portcullis proxies HTTP only",
+            );
             return;
         }
         let servers: Vec<&Directive> = s
@@ -572,7 +576,7 @@ impl Cx<'_> {
             0
         };
         // servers
-        let mut check: Option<(u64, Option<u64>, Option<u64>, u64, u64, u16)> = None;
+        let mut check: Option<CheckTiming> = None;
         let mut checks_differ = false;
         let mut some_unchecked = false;
         let mut any_checked = false;
@@ -793,8 +797,11 @@ impl Cx<'_> {
     }
 
     fn frontend(&mut self, s: &Section, st: &Settings, first: &mut bool) {
-        if st.tcp {
-            self.all_unsupported(s, "a mode tcp section: portcullis proxies HTTP only");
+        if !st.http {
+            self.all_unsupported(
+                s,
+                "a mode tcp section (tcp is HAProxy's default mode): portcullis proxies HTTP only",
+            );
             return;
         }
         let stats = s.directives.iter().any(|d| d.kw() == "stats");
@@ -1359,6 +1366,9 @@ impl Cx<'_> {
             }
             t.push('\n');
         }
+        if o.upstreams.is_empty() {
+            t.push_str("# portcullis needs one upstream; no route below uses this one\n[[upstreams]]\nname = \"unused\"\nbackends = [\"127.0.0.1:9\"]\n\n");
+        }
         for u in &o.upstreams {
             let _ = writeln!(
                 t,
@@ -1703,6 +1713,9 @@ fn balance(args: &[String], consistent: bool) -> (Option<(&'static str, Option<S
         }
     }
 }
+
+/// A server's check parameters: inter, fastinter, downinter, rise, fall, port.
+type CheckTiming = (u64, Option<u64>, Option<u64>, u64, u64, u16);
 
 #[derive(Debug, Default)]
 struct ServerParams {
