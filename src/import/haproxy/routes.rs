@@ -22,7 +22,9 @@ use std::collections::BTreeSet;
 use ipnet::IpNet;
 
 /// Most entries a translation may produce (bounds the work on any input).
-pub const MAX_ENTRIES: usize = 400;
+pub const MAX_ENTRIES: usize = 256;
+/// Most passes of [`order`] (each adds the restrictions the previous one made necessary).
+const MAX_PASSES: usize = 32;
 
 /// A set of requests: all of these conditions hold (`None`: any).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -330,8 +332,16 @@ pub fn apply_mods(
 /// rule still wins there. Entries no request can reach are dropped.
 pub fn order(entries: Vec<Entry>) -> Result<Vec<Entry>, TooMany> {
     // (HAProxy priority: the index of the rule's entry, lower wins; the entry)
+    if entries.len() > MAX_ENTRIES {
+        return Err(TooMany);
+    }
     let mut all: Vec<(usize, Entry)> = entries.into_iter().enumerate().collect();
+    let mut passes = 0;
     loop {
+        passes += 1;
+        if passes > MAX_PASSES {
+            return Err(TooMany);
+        }
         let mut added: Vec<(usize, Entry)> = Vec::new();
         for (a, (pa, ea)) in all.iter().enumerate() {
             for (pb, eb) in all.iter().skip(a + 1) {

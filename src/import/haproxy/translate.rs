@@ -2022,3 +2022,46 @@ fn header_rule(d: &Directive) -> Result<(Mods, Option<()>), String> {
     }
     Ok((m, cond.map(|_| ())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_addresses() {
+        assert_eq!(time_ms("5000"), Some(5000));
+        assert_eq!(time_ms("5s"), Some(5000));
+        assert_eq!(time_ms("1m"), Some(60_000));
+        assert_eq!(time_ms("2h"), Some(7_200_000));
+        assert_eq!(time_ms("1500us"), Some(1));
+        assert_eq!(time_ms("5x"), None);
+        assert_eq!(time_ms("99999999999999999999d"), None);
+        assert_eq!(bind_addr(":80").as_deref(), Some("0.0.0.0:80"));
+        assert_eq!(bind_addr("*:443").as_deref(), Some("0.0.0.0:443"));
+        assert_eq!(bind_addr("::1:8080").as_deref(), Some("[::1]:8080"));
+        assert_eq!(bind_addr("/run/h.sock"), None);
+        assert!(server_addr("10.0.0.1:80").is_ok());
+        assert!(server_addr("10.0.0.1").is_err());
+        assert!(server_addr("unix@/run/x").is_err());
+    }
+
+    #[test]
+    fn a_whole_file_in_memory() {
+        let text = "defaults\n mode http\nfrontend f\n bind :8080\n acl a path_beg /a\n use_backend b if a\n default_backend c\nbackend b\n server s 10.0.0.1:80 check\n option httpchk GET /h\nbackend c\n server s 10.0.0.2:80\n";
+        let none = |_: &str| None;
+        let opts = Options {
+            read_file: &|_| None,
+            pages_dir: None,
+        };
+        let cfg = super::super::parse::parse(text, &none).unwrap_or_else(|e| panic!("{e}"));
+        let t = translate(&cfg, &opts);
+        assert!(
+            t.report.iter().all(|l| l.status == Status::Translated),
+            "{:?}",
+            t.report
+        );
+        assert!(t.toml.contains("path = \"/h\""), "{}", t.toml);
+        assert!(t.toml.contains("path_prefix = \"/a\"\nupstream = \"b\""));
+        assert!(t.toml.parse::<toml::Table>().is_ok());
+    }
+}
