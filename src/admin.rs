@@ -286,6 +286,21 @@ impl Admin {
         let m = &s.metrics;
         m.shed.inflight.set(s.shedder.inflight() as i64);
         m.shed.concurrency_limit.set(s.shedder.cap() as i64);
+        let view = s.shedder.queue_view(std::time::Instant::now());
+        for (c, n) in crate::config::Priority::ALL.iter().zip(view.waiting) {
+            m.shed
+                .queue_waiting
+                .with_label_values(&[c.as_str()])
+                .set(n as i64);
+        }
+        for pool in s.runtime.load().pools.iter() {
+            if !pool.balance.queue_timeout.is_zero() {
+                m.shed
+                    .upstream_queue_waiting
+                    .with_label_values(&[pool.name.as_str()])
+                    .set(pool.room().waiting() as i64);
+            }
+        }
         for pool in s.runtime.load().pools.iter().filter(|p| p.balance.adaptive) {
             m.shed
                 .upstream_concurrency_limit
@@ -370,6 +385,7 @@ impl Admin {
         let s = &self.shared;
         let rt = s.runtime.load();
         let now = unix_secs();
+        let now_ms = crate::state::unix_ms();
         let traffic_now = crate::observe::traffic::secs(std::time::Instant::now());
         let (routes, routes_summary) = crate::observe::traffic::routes_of(&rt, traffic_now, query);
         let upstreams: Vec<_> = rt
@@ -401,6 +417,8 @@ impl Admin {
                             "dry_run_culled": b.is_dry_run_culled(),
                             "cull_lease": s.observe.culls.lease(&pool.name, &b.addr_str),
                             "outlier": s.observe.culls.outlier(&pool.name, &b.addr_str),
+                            "in_flight": b.inflight(),
+                            "slow_start": slow_start_json(pool, b, now_ms),
                         });
                         crate::observe::traffic::add_backend_fields(&mut v, b, traffic_now);
                         v
@@ -409,12 +427,18 @@ impl Admin {
                 json!({
                     "name": pool.name,
                     "panic_mode": pool.panic_mode.load(Ordering::Relaxed),
+                    "queue": {
+                        "timeout_ms": pool.balance.queue_timeout.as_millis() as u64,
+                        "max_queue": pool.max_queue(),
+                        "waiting": pool.room().waiting(),
+                    },
                     "backends": backends,
                 })
             })
             .collect();
         let culling = &rt.config.culling;
         let cap = s.shedder.cap();
+        let queue = s.shedder.queue_view(std::time::Instant::now());
         let classes: Vec<_> = [
             ("critical", crate::shed::Priority::Critical),
             ("normal", crate::shed::Priority::Normal),
@@ -427,15 +451,30 @@ impl Admin {
             } else {
                 crate::shed::class_limit(cap, *p)
             };
-            json!({"class": name, "limit": limit})
+            let i = p.index();
+            json!({
+                "class": name,
+                "limit": limit,
+                "waiting": queue.waiting[i],
+                "oldest_wait_ms": queue.oldest_wait[i].as_millis() as u64,
+            })
         })
         .collect();
+        let sh = &rt.config.shedding;
         json!({
             "state": s.lifecycle.state_name(),
             "now_ms": crate::state::unix_ms(),
             "inflight": s.shedder.inflight(),
             "max_concurrency": cap,
-            "shedding": { "classes": classes },
+            "shedding": {
+                "classes": classes,
+                "queue": {
+                    "timeout_ms": sh.queue_timeout.as_millis() as u64,
+                    "max_queue": sh.max_queue,
+                    "target_ms": sh.queue_target.as_millis() as u64,
+                    "newest_first": queue.lifo,
+                },
+            },
             "rate_limit": {
                 "enabled": rt.config.rate_limit.enabled,
                 "store": s.store_kind,
@@ -457,6 +496,28 @@ impl Admin {
             "tenants": rt.tenants.as_deref().map(|r| crate::tenants::status_json(r, &s.tenant_quota)),
         })
     }
+}
+
+/// A backend's slow start: `null` without one (or once its ramp is done), else the share
+/// of its weight it takes now and the time left.
+fn slow_start_json(
+    pool: &crate::upstream::Pool,
+    b: &crate::upstream::BackendState,
+    now_ms: u64,
+) -> serde_json::Value {
+    let window = pool.balance.slow_start;
+    if window.is_zero() {
+        return serde_json::Value::Null;
+    }
+    let ramp = b.ramp(now_ms, window);
+    if ramp >= 1.0 {
+        return serde_json::Value::Null;
+    }
+    let ends = b.back_at_ms() + window.as_millis() as u64;
+    json!({
+        "share": (ramp * 100.0).round() / 100.0,
+        "remaining_ms": ends.saturating_sub(now_ms),
+    })
 }
 
 fn respond(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {

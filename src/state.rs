@@ -338,6 +338,7 @@ impl Shared {
         let shedder = Shedder::new(config.shedding.max_concurrency);
         let sh = &config.shedding;
         shedder.configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
+        shedder.set_queue_target(sh.queue_target);
         let limiter = Arc::new(Limiter::new(config.rate_limit.params.clone()));
         let store_kind = if config.store.is_some() {
             "redis"
@@ -484,6 +485,7 @@ impl Shared {
         let sh = &config.shedding;
         self.shedder
             .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
+        self.shedder.set_queue_target(sh.queue_target);
         self.limiter.set_params(config.rate_limit.params.clone());
         let prev = self.runtime.load();
         let next = Arc::new(Runtime::build(

@@ -427,7 +427,7 @@ cat "$RESULTS/env.txt" >&2
 # Every server config is a template in conf/; render fills the placeholders.
 read -r P_BACK P_REDIS P_OFF A_OFF P_ON A_ON P_BARE P_HAP P_NGX P_ENV \
   P_SHED A_SHED P_HANG P_SLOW P_OVS A_OVS P_OVN A_OVN P_OV12 A_OV12 A_ENV \
-  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 P_LC A_LC P_CASE A_CASE P_OVU A_OVU P_HOQ1 P_HOQ2 < <(free_ports 47)
+  P_VJE A_VJE P_VMI A_VMI P_BNS P_OV64 A_OV64 P_OVA A_OVA P_LOFF A_LOFF P_LALL A_LALL P_LSMP A_LSMP P_PREV A_PREV P_HAP503 P_LC A_LC P_CASE A_CASE P_OVU A_OVU P_HOQ1 P_HOQ2 P_OVQ A_OVQ P_OVC A_OVC < <(free_ports 51)
 REDIS_PORT=$P_REDIS
 mkdir -p "$TMP/nginx-tmp"
 common=(TMP="$TMP" THREADS="$PROXY_THREADS" BACKEND_PORT="$P_BACK")
@@ -493,6 +493,11 @@ pc_conf pc_ovl_cap64 overload "$P_OV64" "$A_OV64" MAX_CONCURRENCY=64 BACKEND_POR
 pc_conf pc_ovl_adapt64 overload-adaptive "$P_OVA" "$A_OVA" MAX_CONCURRENCY=64 BACKEND_PORT="$P_SLOW"
 # The per-upstream adaptive cap (CONTRACT §15) under the same ceiling, no global cap.
 pc_conf pc_ovl_upadapt64 overload-upstream-adaptive "$P_OVU" "$A_OVU" MAX_INFLIGHT=64 BACKEND_PORT="$P_SLOW"
+# The queue at the cap 8 (HAProxy's maxconn 8 + timeout queue): FIFO, and CoDel (5 ms).
+pc_conf pc_ovl_queue overload-queue "$P_OVQ" "$A_OVQ" MAX_CONCURRENCY=8 BACKEND_PORT="$P_SLOW" \
+  QUEUE_MS=1000 QUEUE_TARGET_MS=0
+pc_conf pc_ovl_codel overload-queue "$P_OVC" "$A_OVC" MAX_CONCURRENCY=8 BACKEND_PORT="$P_SLOW" \
+  QUEUE_MS=1000 QUEUE_TARGET_MS=5
 # HAProxy: maxconn 8 on the server (its slots) and a queue, one config per queue timeout.
 OVL_HAP_QUEUE_MS=${OVL_HAP_QUEUE_MS:-20 1000}
 read -r -a OVL_HAP_Q <<<"$OVL_HAP_QUEUE_MS"
@@ -672,6 +677,8 @@ start pc_ovl_shed12 "$TMP/portcullis" -c "$TMP/pc_ovl_shed12.toml"
 start pc_ovl_cap64 "$TMP/portcullis" -c "$TMP/pc_ovl_cap64.toml"
 start pc_ovl_adapt64 "$TMP/portcullis" -c "$TMP/pc_ovl_adapt64.toml"
 start pc_ovl_upadapt64 "$TMP/portcullis" -c "$TMP/pc_ovl_upadapt64.toml"
+start pc_ovl_queue "$TMP/portcullis" -c "$TMP/pc_ovl_queue.toml"
+start pc_ovl_codel "$TMP/portcullis" -c "$TMP/pc_ovl_codel.toml"
 for q in "${OVL_HAP_Q[@]}"; do
   start "hap_ovl_q$q" haproxy -db -f "$TMP/haproxy-ovl-q$q.cfg"
 done
@@ -682,6 +689,8 @@ wait_http "http://127.0.0.1:$A_OV12/readyz" pc_ovl_shed12
 wait_http "http://127.0.0.1:$A_OV64/readyz" pc_ovl_cap64
 wait_http "http://127.0.0.1:$A_OVA/readyz" pc_ovl_adapt64
 wait_http "http://127.0.0.1:$A_OVU/readyz" pc_ovl_upadapt64
+wait_http "http://127.0.0.1:$A_OVQ/readyz" pc_ovl_queue
+wait_http "http://127.0.0.1:$A_OVC/readyz" pc_ovl_codel
 # target -> PIDs charged as the proxy's, and URL
 declare -A OPIDS=(
   [capacity_direct]=${PID[slow]} [unloaded_c4]=${PID[pc_ovl_shed]}
@@ -689,6 +698,8 @@ declare -A OPIDS=(
   [overload_noshed]=${PID[pc_ovl_noshed]} [overload_shed_cap64]=${PID[pc_ovl_cap64]}
   [overload_adaptive_max64]=${PID[pc_ovl_adapt64]}
   [overload_upstream_adaptive_max64]=${PID[pc_ovl_upadapt64]}
+  [overload_queue_cap8_1000ms]=${PID[pc_ovl_queue]}
+  [overload_codel5ms_cap8_1000ms]=${PID[pc_ovl_codel]}
 )
 declare -A OURL=(
   [capacity_direct]="http://127.0.0.1:$P_SLOW/" [unloaded_c4]="http://127.0.0.1:$P_OVS/"
@@ -696,9 +707,12 @@ declare -A OURL=(
   [overload_noshed]="http://127.0.0.1:$P_OVN/" [overload_shed_cap64]="http://127.0.0.1:$P_OV64/"
   [overload_adaptive_max64]="http://127.0.0.1:$P_OVA/"
   [overload_upstream_adaptive_max64]="http://127.0.0.1:$P_OVU/"
+  [overload_queue_cap8_1000ms]="http://127.0.0.1:$P_OVQ/"
+  [overload_codel5ms_cap8_1000ms]="http://127.0.0.1:$P_OVC/"
 )
 OVL_TARGETS=(capacity_direct unloaded_c4 overload_shed_cap8 overload_shed_cap12 overload_noshed
-  overload_shed_cap64 overload_adaptive_max64 overload_upstream_adaptive_max64)
+  overload_shed_cap64 overload_adaptive_max64 overload_upstream_adaptive_max64
+  overload_queue_cap8_1000ms overload_codel5ms_cap8_1000ms)
 for i in "${!OVL_HAP_Q[@]}"; do
   q=${OVL_HAP_Q[i]}
   wait_http "http://127.0.0.1:${OVL_HAP_PORTS[i]}/" "hap_ovl_q$q"
@@ -767,6 +781,8 @@ stop pc_ovl_shed12
 stop pc_ovl_cap64
 stop pc_ovl_adapt64
 stop pc_ovl_upadapt64
+stop pc_ovl_queue
+stop pc_ovl_codel
 for q in "${OVL_HAP_Q[@]}"; do stop "hap_ovl_q$q"; done
 stop slow
 {

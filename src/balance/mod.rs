@@ -68,6 +68,16 @@ pub struct BalanceSettings {
     pub resolve_interval: Duration,
     /// > 0: each hash-key value is served by this many backends.
     pub shard_size: usize,
+    /// A backend that comes back ramps its weight and `max_conn` over this time.
+    pub slow_start: Duration,
+    /// Above 0: a request that finds no backend with room (or the bulkhead full) waits
+    /// this long for one.
+    pub queue_timeout: Duration,
+    /// Requests waiting for this upstream at most; 0 = derived (see the config key).
+    pub max_queue: u64,
+    /// Above 0: `max_inflight` for the whole fleet (each instance takes its traffic's
+    /// share).
+    pub fleet_max_inflight: u64,
 }
 
 impl Default for BalanceSettings {
@@ -82,6 +92,10 @@ impl Default for BalanceSettings {
             adaptive: false,
             resolve_interval: Duration::from_secs(30),
             shard_size: 0,
+            slow_start: Duration::ZERO,
+            queue_timeout: Duration::ZERO,
+            max_queue: 0,
+            fleet_max_inflight: 0,
         }
     }
 }

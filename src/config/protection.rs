@@ -43,8 +43,46 @@ pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings
             "requests (at most max_concurrency)",
         )?;
     }
+    range(
+        "shedding.queue_timeout_ms",
+        s.queue_timeout_ms,
+        0,
+        HOUR * 1000,
+        "ms",
+    )?;
+    range("shedding.max_queue", s.max_queue, 1, 1_000_000, "requests")?;
+    range(
+        "shedding.queue_target_ms",
+        s.queue_target_ms,
+        0,
+        MINUTE_MS,
+        "ms",
+    )?;
+    if s.queue_target_ms > 0 && s.queue_timeout_ms == 0 {
+        return err(
+            "shedding.queue_target_ms",
+            "needs a queue (queue_timeout_ms above 0)",
+        );
+    }
+    range(
+        "shedding.fleet_max_concurrency",
+        s.fleet_max_concurrency,
+        0,
+        100_000_000,
+        "requests",
+    )?;
+    if s.fleet_max_concurrency > 0 && s.max_concurrency == 0 {
+        return err(
+            "shedding.fleet_max_concurrency",
+            "needs a max_concurrency above 0 (what each instance takes without the store)",
+        );
+    }
     Ok(SheddingSettings {
         max_concurrency: s.max_concurrency,
+        queue_timeout: std::time::Duration::from_millis(s.queue_timeout_ms),
+        max_queue: s.max_queue,
+        queue_target: std::time::Duration::from_millis(s.queue_target_ms),
+        fleet_max_concurrency: s.fleet_max_concurrency,
         retry_after_secs: s.retry_after_seconds,
         adaptive: s.adaptive,
         min_concurrency: s.min_concurrency,

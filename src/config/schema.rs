@@ -540,6 +540,24 @@ pub struct UpstreamSection {
     /// > 0: shuffle sharding by hash_key.
     #[serde(default)]
     pub shard_size: u64,
+    /// A backend that comes back (health up, readmitted after a cull, drain or maint
+    /// released, a new address) ramps from 10% of its weight and `max_conn` to all of it
+    /// over this time (HAProxy's `slowstart`); 0 = at once.
+    #[serde(default)]
+    pub slow_start_seconds: u64,
+    /// Above 0: when no eligible backend has room (`max_conn`) or the upstream is at
+    /// `max_inflight`, a request waits up to this long (HAProxy's `timeout queue`), then
+    /// 503 + `Retry-After`.
+    #[serde(default)]
+    pub queue_timeout_ms: u64,
+    /// Requests waiting for this upstream at most; 0 = 10 × the sum of `max_conn` (or of
+    /// `max_inflight`), at least 1024 when neither is set.
+    #[serde(default)]
+    pub max_queue: u64,
+    /// Above 0: `max_inflight` for the whole fleet, split as `[shedding]
+    /// fleet_max_concurrency` is.
+    #[serde(default)]
+    pub fleet_max_inflight: u64,
 }
 
 /// How an upstream picks a backend.
@@ -723,6 +741,20 @@ pub struct SheddingSection {
     /// would shed is admitted and counted in
     /// `portcullis_shadow_refusals_total{gate="shed",policy=CLASS}`.
     pub shadow: bool,
+    /// Above 0: a request over its class's share of the cap waits up to this long for a slot
+    /// (HAProxy's `timeout queue`), then 503 + `Retry-After`. Slots go by class
+    /// (critical, normal, low), then the tenant tier's priority, then age.
+    pub queue_timeout_ms: u64,
+    /// Requests waiting at most (all classes); beyond, 503 at once.
+    pub max_queue: u64,
+    /// Above 0: when the shortest wait in the queue stays above this for 100 ms, the queue
+    /// serves newest first and sheds what waited longest (CoDel with adaptive LIFO), until
+    /// it drains.
+    pub queue_target_ms: u64,
+    /// Above 0: the cap is for the whole fleet; each instance takes this times its share of
+    /// the fleet's recent traffic (through the store), at least `min_concurrency`. Without
+    /// the store, `max_concurrency` on each instance. 0 = `max_concurrency` per instance.
+    pub fleet_max_concurrency: u64,
 }
 
 impl Default for SheddingSection {
@@ -734,6 +766,10 @@ impl Default for SheddingSection {
             adaptive: false,
             min_concurrency: 8,
             shadow: false,
+            queue_timeout_ms: 0,
+            max_queue: 1024,
+            queue_target_ms: 0,
+            fleet_max_concurrency: 0,
         }
     }
 }

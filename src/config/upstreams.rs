@@ -1,7 +1,7 @@
 //! Validation of `[[upstreams]]` (backends, balancing, retries, shards) and
 //! `[[routes]]` into settings; the rest of the file is in `validate.rs`.
 
-use super::check::{err, host_port, range, VResult, DAY, DAY_MS, MINUTE_MS};
+use super::check::{err, host_port, range, VResult, DAY, DAY_MS, HOUR, MINUTE_MS};
 use super::schema::*;
 use super::settings::*;
 use std::collections::HashSet;
@@ -357,6 +357,34 @@ fn validate_balance(
     // With names, the runtime's resolution checks the bound against their addresses.
     let most = n_backends.map_or(MAX_SHARD, |n| n as u64);
     range(&p("shard_size"), u.shard_size, 0, most, "backends")?;
+    range(
+        &p("slow_start_seconds"),
+        u.slow_start_seconds,
+        0,
+        HOUR,
+        "seconds",
+    )?;
+    range(
+        &p("queue_timeout_ms"),
+        u.queue_timeout_ms,
+        0,
+        HOUR * 1000,
+        "ms",
+    )?;
+    range(&p("max_queue"), u.max_queue, 0, 1_000_000, "requests")?;
+    range(
+        &p("fleet_max_inflight"),
+        u.fleet_max_inflight,
+        0,
+        100_000_000,
+        "requests",
+    )?;
+    if u.fleet_max_inflight > 0 && u.max_inflight == 0 {
+        return err(
+            p("fleet_max_inflight"),
+            "needs a max_inflight above 0 (what each instance takes without the store)",
+        );
+    }
     Ok(BalanceSettings {
         policy: match u.balance {
             BalanceSection::RoundRobin => Policy::RoundRobin,
@@ -372,6 +400,10 @@ fn validate_balance(
         adaptive: u.adaptive,
         resolve_interval: Duration::from_secs(u.resolve_interval_seconds),
         shard_size: u.shard_size as usize,
+        slow_start: Duration::from_secs(u.slow_start_seconds),
+        queue_timeout: Duration::from_millis(u.queue_timeout_ms),
+        max_queue: u.max_queue,
+        fleet_max_inflight: u.fleet_max_inflight,
     })
 }
 

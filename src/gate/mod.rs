@@ -21,6 +21,7 @@ use crate::config::Priority;
 use crate::edge::tunnel::{TunnelSlot, Tunnels};
 use crate::metrics::Metrics;
 use crate::respond::{RateFields, Refusal};
+use crate::shed::queue::Rank;
 use crate::shed::{InflightGuard, Shedder};
 use crate::state::{Runtime, Shared};
 use crate::upstream::{BulkheadGuard, Pool};
@@ -79,6 +80,9 @@ pub struct Admitted {
     pub tenant: Option<Arc<crate::tenants::TenantRt>>,
     /// Held while the request is in flight: its tenant's concurrency slot.
     pub tenant_slot: Option<crate::tenants::TenantSlot>,
+    /// The gates passed so far (1 shed, 2 tunnel, 3 bulkhead): after a wait in a queue,
+    /// [`admit`] goes on from the gate that sent the request there.
+    pub passed: u8,
 }
 
 impl Admitted {
@@ -150,27 +154,69 @@ impl Shadowed {
     }
 }
 
-/// The concurrency cap by priority class (the adaptive cap moves it): 503 when full.
+/// Why [`admit`] stopped: a refusal, or a queue to wait in before going on.
+#[derive(Debug)]
+pub enum Stop {
+    Refused(Refusal),
+    /// Over its class's share of the cap, with `[shedding] queue_timeout_ms`: wait for a
+    /// slot in the shedder's queue.
+    Queue(Rank),
+    /// The upstream is full (`max_inflight`) with its `queue_timeout_ms`: wait for room.
+    Upstream,
+}
+
+impl From<Refusal> for Stop {
+    fn from(r: Refusal) -> Self {
+        Stop::Refused(r)
+    }
+}
+
+/// What the shed gate admits: a slot (and whether it was taken over the cap, a shadow
+/// refusal), or a place in line.
+#[derive(Debug)]
+pub enum Slotted {
+    Slot(InflightGuard, bool),
+    Queue(Rank),
+}
+
+/// The concurrency cap by priority class (the adaptive cap moves it): 503 when full, or
+/// a wait in the queue with `queue_timeout_ms`.
 pub struct Shed<'a> {
     pub shedder: &'a Arc<Shedder>,
     pub retry_after: u64,
     /// `shedding.shadow`: a request the cap would shed is admitted over it (holding a slot
     /// like any other) and counted here, by class (`Priority::ALL` order).
     pub shadow: Option<&'a [IntCounter; 3]>,
+    /// `[shedding] queue_timeout_ms > 0`: over the class's share, wait (`max_queue`).
+    pub queue: Option<u64>,
+    /// The route's own class (`facts.priority` may be a tenant tier's).
+    pub route: Priority,
+    /// `portcullis_shed_total`.
+    pub counts: &'a crate::metrics::ShedMetrics,
 }
 
 impl Gate for Shed<'_> {
-    /// The slot, and whether it was taken over the cap (a shadow refusal).
-    type Admit = (InflightGuard, bool);
+    type Admit = Slotted;
     #[inline]
     fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
         let now_secs = now_ms / 1000;
+        let rank = Rank {
+            class: facts.priority,
+            route: self.route,
+        };
+        // While some wait, a newcomer gets in line (the queue orders them): no barging.
+        if self.queue.is_some() && self.shadow.is_none() && self.shedder.waiting() != 0 {
+            return Ok(Slotted::Queue(rank));
+        }
         if let Some(guard) = self.shedder.try_acquire(facts.priority) {
             self.shedder.share.on_admit(now_secs);
-            return Ok((guard, false));
+            return Ok(Slotted::Slot(guard, false));
         }
-        match self.shadow {
-            None => {
+        match (self.shadow, self.queue) {
+            (None, Some(_)) => Ok(Slotted::Queue(rank)),
+            (None, None) => {
+                self.counts
+                    .shed(facts.priority, crate::metrics::ShedReason::Cap);
                 // Spread the retries by the share of load being shed (README, Gray failure).
                 self.shedder.share.on_shed(now_secs);
                 Err(Refusal::Shed {
@@ -181,9 +227,20 @@ impl Gate for Shed<'_> {
                     ),
                 })
             }
-            Some(counters) => {
-                counters[facts.priority.index()].inc();
-                Ok((self.shedder.acquire_over_cap(), true))
+            (Some(counters), queue) => {
+                // With a queue, a request over the cap would have waited: what shadow
+                // mode counts is what the queue would have refused (it was full).
+                let refused = match queue {
+                    None => true,
+                    Some(max_queue) => {
+                        let limit = crate::shed::class_limit(self.shedder.cap(), facts.priority);
+                        self.shedder.counted().saturating_sub(limit) >= max_queue
+                    }
+                };
+                if refused {
+                    counters[facts.priority.index()].inc();
+                }
+                Ok(Slotted::Slot(self.shedder.acquire_over_cap(), refused))
             }
         }
     }
@@ -212,27 +269,37 @@ impl Gate for Tunnel<'_> {
     }
 }
 
-/// An upstream's `max_inflight`: shed (503) when the upstream is full, counted per upstream.
+/// An upstream's `max_inflight`: shed (503) when the upstream is full, counted per
+/// upstream; with its `queue_timeout_ms`, a wait for room first.
 pub struct Bulkhead<'a> {
     pub pool: Option<&'a Pool>,
     pub metrics: &'a Metrics,
     pub retry_after: u64,
 }
 
+/// What the bulkhead admits: a slot (none without a cap), or a wait for room.
+pub enum Entry {
+    Open(Option<BulkheadGuard>),
+    Queue,
+}
+
 impl Gate for Bulkhead<'_> {
-    type Admit = Option<BulkheadGuard>;
+    type Admit = Entry;
     #[inline]
     fn check(&self, _facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
         let Some(pool) = self.pool else {
-            return Ok(None);
+            return Ok(Entry::Open(None));
         };
         match pool.enter() {
-            crate::upstream::Bulkhead::Unlimited => Ok(None),
+            crate::upstream::Bulkhead::Unlimited => Ok(Entry::Open(None)),
             crate::upstream::Bulkhead::Entered(g) => {
                 if pool.balance.adaptive {
                     pool.shared.limit.share.on_admit(now_ms / 1000);
                 }
-                Ok(Some(g))
+                Ok(Entry::Open(Some(g)))
+            }
+            crate::upstream::Bulkhead::Full if !pool.balance.queue_timeout.is_zero() => {
+                Ok(Entry::Queue)
             }
             crate::upstream::Bulkhead::Full => {
                 self.metrics
@@ -270,7 +337,7 @@ pub fn admit(
     facts: &RequestFacts<'_>,
     now_ms: u64,
     admitted: &mut Admitted,
-) -> Result<(), Refusal> {
+) -> Result<(), Stop> {
     // Who is asking: a tenant's tier may change the request's shedding class.
     let who = match rt.tenants.as_deref() {
         None => Who::Unresolved,
@@ -279,6 +346,7 @@ pub fn admit(
     if let Who::Tenant(t) = who {
         admitted.tenant = Some(Arc::clone(t));
     }
+    let route_class = facts.priority;
     let with_class;
     let facts = match who.priority() {
         Some(priority) if priority != facts.priority => {
@@ -287,27 +355,49 @@ pub fn admit(
         }
         _ => facts,
     };
-    let retry_after = rt.config.shedding.retry_after_secs;
-    let (slot, shed_shadow) = Shed {
-        shedder: &shared.shedder,
-        retry_after,
-        shadow: rt.shed_shadow.as_ref(),
+    let shedding = &rt.config.shedding;
+    let retry_after = shedding.retry_after_secs;
+    if admitted.passed < 1 {
+        match (Shed {
+            shedder: &shared.shedder,
+            retry_after,
+            shadow: rt.shed_shadow.as_ref(),
+            queue: (!shedding.queue_timeout.is_zero()).then_some(shedding.max_queue),
+            route: route_class,
+            counts: &shared.metrics.shed,
+        })
+        .check(facts, now_ms)?
+        {
+            Slotted::Slot(slot, shed_shadow) => {
+                admitted.inflight = Some(slot);
+                admitted.shadow.shed = shed_shadow;
+            }
+            Slotted::Queue(rank) => return Err(Stop::Queue(rank)),
+        }
+        admitted.passed = 1;
     }
-    .check(facts, now_ms)?;
-    admitted.inflight = Some(slot);
-    admitted.shadow.shed = shed_shadow;
-    admitted.tunnel = Tunnel {
-        tunnels: &shared.tunnels,
-        max: rt.config.shedding.max_tunnels,
-        retry_after,
+    if admitted.passed < 2 {
+        admitted.tunnel = Tunnel {
+            tunnels: &shared.tunnels,
+            max: shedding.max_tunnels,
+            retry_after,
+        }
+        .check(facts, now_ms)?;
+        admitted.passed = 2;
     }
-    .check(facts, now_ms)?;
-    admitted.bulkhead = Bulkhead {
-        pool,
-        metrics: &shared.metrics,
-        retry_after,
+    if admitted.passed < 3 {
+        match (Bulkhead {
+            pool,
+            metrics: &shared.metrics,
+            retry_after,
+        })
+        .check(facts, now_ms)?
+        {
+            Entry::Open(slot) => admitted.bulkhead = slot,
+            Entry::Queue => return Err(Stop::Upstream),
+        }
+        admitted.passed = 3;
     }
-    .check(facts, now_ms)?;
     if let Who::Tenant(t) = who {
         admitted.tenant_slot = tenant::TenantGate {
             tenant: t,

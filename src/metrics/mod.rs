@@ -33,7 +33,7 @@ pub use proxy::{
 };
 pub use ratelimit::RateLimitMetrics;
 pub use shadow::ShadowMetrics;
-pub use shed::ShedMetrics;
+pub use shed::{ShedMetrics, ShedReason};
 pub use tenants::TenantMetrics;
 
 /// Histogram buckets for an edge proxy: 1 ms to 30 s.

@@ -2,9 +2,36 @@
 //! upstream's bulkhead shed.
 
 use super::registered;
+use crate::config::Priority;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// Why load shedding refused a request (`portcullis_shed_total`'s `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedReason {
+    /// Its class's share of the cap was full (no queue).
+    Cap = 0,
+    /// It waited `queue_timeout_ms` (or CoDel shed it: it waited longest while the queue
+    /// stood).
+    QueueTimeout = 1,
+    /// `max_queue` requests were waiting already.
+    QueueFull = 2,
+}
+
+impl ShedReason {
+    pub const ALL: [ShedReason; 3] = [Self::Cap, Self::QueueTimeout, Self::QueueFull];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cap => "cap",
+            Self::QueueTimeout => "queue_timeout",
+            Self::QueueFull => "queue_full",
+        }
+    }
+}
 
 pub struct ShedMetrics {
     /// Copied from the shedder at each scrape.
@@ -17,7 +44,24 @@ pub struct ShedMetrics {
     pub upstream_concurrency_limit: IntGaugeVec,
     /// Requests shed by an upstream's bulkhead (`max_inflight`).
     pub bulkhead_shed: IntCounterVec,
+    /// `portcullis_shed_total{class,reason}`, resolved once (class × reason).
+    shed_total: [[IntCounter; 3]; 3],
+    /// `portcullis_queue_waiting{class}`: copied from the shedder at each scrape.
+    pub queue_waiting: IntGaugeVec,
+    /// `portcullis_queue_wait_seconds`: how long admitted requests waited for a slot.
+    pub queue_wait: Histogram,
+    /// `portcullis_queue_abandoned_total`: waiting requests whose client went away.
+    pub left_queue: IntCounter,
+    /// `portcullis_upstream_queue_waiting{upstream}` (copied at each scrape).
+    pub upstream_queue_waiting: IntGaugeVec,
+    /// `portcullis_upstream_queue_shed_total{upstream,reason}`.
+    pub upstream_queue_shed: IntCounterVec,
 }
+
+/// Waits in the queue: 0.5 ms to 30 s.
+const WAIT_BUCKETS: [f64; 15] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 impl ShedMetrics {
     /// Define load shedding's series and register them in `registry`.
@@ -41,12 +85,89 @@ impl ShedMetrics {
                 &["upstream"],
             ),
         );
+        let shed = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_shed_total",
+                    "Requests shed (503) by load shedding, by class and reason: cap (the \
+                     class's share was full), queue_timeout (waited queue_timeout_ms, or \
+                     shed by CoDel), queue_full (max_queue were waiting)",
+                ),
+                &["class", "reason"],
+            ),
+        );
+        let shed_total = Priority::ALL
+            .map(|c| ShedReason::ALL.map(|r| shed.with_label_values(&[c.as_str(), r.as_str()])));
+        let queue_waiting = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "portcullis_queue_waiting",
+                    "Requests waiting for a slot at the cap, by class",
+                ),
+                &["class"],
+            ),
+        );
+        for c in Priority::ALL {
+            queue_waiting.with_label_values(&[c.as_str()]).set(0);
+        }
+        let queue_wait = registered(
+            registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "portcullis_queue_wait_seconds",
+                    "How long requests waited in the queue at the cap before their slot",
+                )
+                .buckets(WAIT_BUCKETS.to_vec()),
+            ),
+        );
+        let left_queue = registered(
+            registry,
+            IntCounter::new(
+                "portcullis_queue_abandoned_total",
+                "Requests whose client went away while they waited in a queue (never sent upstream)",
+            ),
+        );
+        let upstream_queue_waiting = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "portcullis_upstream_queue_waiting",
+                    "Requests waiting for room in an upstream (max_conn, max_inflight)",
+                ),
+                &["upstream"],
+            ),
+        );
+        let upstream_queue_shed = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "portcullis_upstream_queue_shed_total",
+                    "Requests shed (503) after waiting for room in an upstream: \
+                     queue_timeout or queue_full",
+                ),
+                &["upstream", "reason"],
+            ),
+        );
         Self {
             inflight,
             concurrency_limit,
             upstream_concurrency_limit,
             bulkhead_shed,
+            shed_total,
+            queue_waiting,
+            queue_wait,
+            left_queue,
+            upstream_queue_waiting,
+            upstream_queue_shed,
         }
+    }
+
+    /// Count one request shed.
+    #[inline]
+    pub fn shed(&self, class: Priority, reason: ShedReason) {
+        self.shed_total[class.index()][reason as usize].inc();
     }
 }
 

@@ -26,6 +26,7 @@ mod batch;
 mod ctx;
 mod early;
 mod failure;
+mod queue;
 mod request;
 mod response;
 mod retry;
@@ -232,6 +233,31 @@ impl Proxy {
         Ok(true)
     }
 
+    /// Run the gates on the request (from the one a queue's wait left it at).
+    fn run_gates(&self, session: &Session, ctx: &mut Ctx) -> std::result::Result<(), gate::Stop> {
+        let rt = &*ctx.runtime;
+        // The facts live in this call only: nothing of them is held across an await.
+        let req = session.req_header();
+        let route = rt.route_at(ctx.routing.route);
+        let facts = gate::RequestFacts {
+            priority: route.priority,
+            policies: route.policy_mask,
+            headers: &req.headers,
+            uri: &req.uri,
+            client_ip: ctx.routing.client,
+            h1: !session.as_downstream().is_http2(),
+            version: req.version,
+        };
+        gate::admit(
+            &self.shared,
+            rt,
+            ctx.routing.pool.as_deref(),
+            &facts,
+            crate::store::clock::unix_ms(),
+            &mut ctx.gates,
+        )
+    }
+
     /// An admitted upgrade: a tunnel is idle when no byte goes either way. The edge stream,
     /// which sees both directions, times that, and neither side's reads are timed alone (a
     /// side may be quiet while the other talks).
@@ -283,32 +309,63 @@ impl ProxyHttp for Proxy {
                 Err(refusal) => self.refuse(session, ctx, refusal).await,
             };
         }
-        let rt = &*ctx.runtime;
-        // The facts live in this block only: nothing of them is held across an await.
-        let verdict = {
-            let req = session.req_header();
-            let route = rt.route_at(ctx.routing.route);
-            let facts = gate::RequestFacts {
-                priority: route.priority,
-                policies: route.policy_mask,
-                headers: &req.headers,
-                uri: &req.uri,
-                client_ip: ctx.routing.client,
-                h1: !session.as_downstream().is_http2(),
-                version: req.version,
+        // The gates; a queue's wait (at the cap, or for the upstream's room) and then on.
+        loop {
+            let stop = match self.run_gates(session, ctx) {
+                Ok(()) => break,
+                Err(stop) => stop,
             };
-            gate::admit(
-                &self.shared,
-                rt,
-                ctx.routing.pool.as_deref(),
-                &facts,
-                crate::store::clock::unix_ms(),
-                &mut ctx.gates,
-            )
-        };
-        if let Err(refusal) = verdict {
-            return self.refuse(session, ctx, refusal).await;
+            let shedding = &ctx.runtime.config.shedding;
+            let retry_after = shedding.retry_after_secs;
+            let left = match stop {
+                gate::Stop::Refused(refusal) => return self.refuse(session, ctx, refusal).await,
+                gate::Stop::Queue(rank) => {
+                    let (timeout, max_queue) = (shedding.queue_timeout, shedding.max_queue);
+                    match queue::slot(&self.shared, session, rank, timeout, max_queue, retry_after)
+                        .await
+                    {
+                        Ok(slot) => {
+                            ctx.gates.inflight = Some(slot);
+                            ctx.gates.passed = 1;
+                            continue;
+                        }
+                        Err(left) => left,
+                    }
+                }
+                gate::Stop::Upstream => {
+                    let Some(pool) = ctx.routing.pool.clone() else {
+                        return self
+                            .refuse(session, ctx, Refusal::NoBackend { retry_after })
+                            .await;
+                    };
+                    match queue::upstream(&self.shared, session, &pool, retry_after, || match pool
+                        .enter()
+                    {
+                        crate::upstream::Bulkhead::Entered(g) => Some(Some(g)),
+                        crate::upstream::Bulkhead::Unlimited => Some(None),
+                        crate::upstream::Bulkhead::Full => None,
+                    })
+                    .await
+                    {
+                        queue::Room::Got(slot) => {
+                            ctx.gates.bulkhead = slot;
+                            ctx.gates.passed = 3;
+                            continue;
+                        }
+                        queue::Room::Left(left) => left,
+                    }
+                }
+            };
+            return match left {
+                queue::Left::Refused(refusal) => self.refuse(session, ctx, refusal).await,
+                queue::Left::ClientGone => {
+                    // Over the cap and never given a slot: shed (the client gave up first).
+                    ctx.answer.outcome = Some(Outcome::Shed);
+                    Error::e_explain(ErrorType::ConnectionClosed, "client left while queued")
+                }
+            };
         }
+        let rt = &*ctx.runtime;
         if let Some(refusal) = self.blamed(session, ctx) {
             return self.refuse(session, ctx, refusal).await;
         }
@@ -337,18 +394,41 @@ impl ProxyHttp for Proxy {
                 .budget
                 .record_request(crate::store::clock::unix_secs());
         }
-        let picked = if pool.balance.needs_key() {
+        let key = pool.balance.needs_key().then(|| {
             let req = session.req_header();
-            let key = crate::balance::key::hash_bytes(
+            crate::balance::key::hash_bytes(
                 &pool.balance.hash_key,
                 &req.headers,
                 &req.uri,
                 ctx.routing.client,
-            );
-            pool.select(&ctx.upstream.tried, &key)
-        } else {
-            pool.select(&ctx.upstream.tried, b"")
-        };
+            )
+        });
+        let mut picked = pool.select(&ctx.upstream.tried, key.as_deref().unwrap_or(b""));
+        if picked.is_none()
+            && !pool.balance.queue_timeout.is_zero()
+            && pool.full_by_max_conn(&ctx.upstream.tried)
+        {
+            // Every backend it may use is at its `max_conn`: wait for one to have room.
+            let key = key.map(std::borrow::Cow::into_owned).unwrap_or_default();
+            let tried = &ctx.upstream.tried;
+            let got = queue::upstream(&self.shared, session, pool, retry_after, || {
+                pool.select(tried, &key)
+            })
+            .await;
+            match got {
+                queue::Room::Got(b) => picked = Some(b),
+                queue::Room::Left(queue::Left::Refused(refusal)) => {
+                    return Self::refuse_early(session, ctx, refusal)
+                }
+                queue::Room::Left(queue::Left::ClientGone) => {
+                    ctx.answer.outcome = Some(Outcome::Shed);
+                    return Error::e_explain(
+                        ErrorType::ConnectionClosed,
+                        "client left while queued",
+                    );
+                }
+            }
+        }
         let Some(backend) = picked else {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };

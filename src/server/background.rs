@@ -36,6 +36,10 @@ impl BackgroundService for HealthChecks {
                 _ = shutdown.changed() => return,
             }
             let rt = self.shared.runtime.load_full();
+            let now_ms = crate::store::clock::unix_ms();
+            for pool in &rt.pools {
+                pool.watch_rotation(now_ms);
+            }
             let mut due = Vec::new();
             for pool in &rt.pools {
                 let Some(every) = pool.health_check_interval else {

@@ -42,6 +42,7 @@ impl Members {
         cfg: &Upstream,
         window_secs: u64,
         known: &HashMap<(String, SocketAddr), Arc<BackendState>>,
+        reloading: bool,
     ) -> Self {
         let mut set = BTreeSet::new();
         let mut states = Vec::with_capacity(cfg.backends.len());
@@ -55,7 +56,12 @@ impl Members {
                 .filter(|s| s.name == shown)
                 .cloned()
                 .unwrap_or_else(|| {
-                    Arc::new(BackendState::named(&cfg.name, *addr, name, window_secs))
+                    let s = BackendState::named(&cfg.name, *addr, name, window_secs);
+                    if reloading && !cfg.balance.slow_start.is_zero() {
+                        // A new address joining a running upstream ramps like one back.
+                        s.came_back(crate::store::clock::unix_ms());
+                    }
+                    Arc::new(s)
                 });
             let weight = effective_weight(cfg, i, &state) as usize;
             let mut b = Backend {
@@ -163,6 +169,7 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
                 &Default::default(),
             )),
             key_spread: Default::default(),
+            room: Default::default(),
         }),
     };
     shared.budget.set_ratio(cfg.balance.retry_budget_ratio);
@@ -209,7 +216,7 @@ impl Pool {
             set,
             states,
             members,
-        } = Members::new(cfg, window_secs, known);
+        } = Members::new(cfg, window_secs, known, previous.is_some());
         let health = pool_health(cfg, previous);
         let manual_weights: Vec<Option<u32>> = states.iter().map(|s| s.manual().weight()).collect();
         let mut balance = cfg.balance.clone();
@@ -229,6 +236,9 @@ impl Pool {
             .map(|a| crate::balance::stable_hash(&[a.to_string().as_bytes()]))
             .collect();
         let shared = upstream_shared(cfg, previous);
+        for s in &states {
+            s.join_room(&shared.room);
+        }
         let lb = load_balancer(&cfg.name, set, health.as_ref());
         // The registry runs at the fast interval; the probe skips a settled backend
         // until its own interval is up.
@@ -257,10 +267,11 @@ impl Pool {
             backup: (0..cfg.backends.len())
                 .map(|i| meta_of(cfg, i).backup)
                 .collect(),
-            limited: (0..cfg.backends.len()).any(|i| {
-                let m = meta_of(cfg, i);
-                m.max_conn > 0 || m.backup
-            }),
+            limited: !cfg.balance.slow_start.is_zero()
+                || (0..cfg.backends.len()).any(|i| {
+                    let m = meta_of(cfg, i);
+                    m.max_conn > 0 || m.backup
+                }),
             transport: cfg.transport.clone(),
             panic_mode: AtomicBool::new(false),
             health,

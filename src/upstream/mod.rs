@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use pingora::lb::health_check::HealthCheck;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, HealthRegistry, LoadBalancer};
+use portcullis_policy::balance::slow_start;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -55,6 +56,68 @@ pub struct BackendState {
     /// ([`portcullis_policy::cull::Failing`] as `u8`; 0: it is not), set by the
     /// culling loop each tick.
     failing: AtomicU8,
+    /// Its upstream's waiting line for room (`queue_timeout_ms`), told when an attempt
+    /// here ends. Set when a pool takes this state.
+    room: std::sync::OnceLock<Arc<Room>>,
+    /// Slow start: when it came back into rotation (Unix ms; 0: it never left), and
+    /// whether it was in rotation at the last look ([`Pool::watch_rotation`]).
+    back_at_ms: AtomicU64,
+    was_in: AtomicBool,
+}
+
+/// Requests waiting for room in an upstream (a backend under its `max_conn`, a bulkhead
+/// slot): told whenever an attempt or a bulkhead slot is given back while some wait.
+#[derive(Debug, Default)]
+pub struct Room {
+    waiting: AtomicU64,
+    notify: tokio::sync::Notify,
+}
+
+/// One request's place in a [`Room`]'s line: counted while held.
+pub struct RoomPlace<'a>(&'a Room);
+
+impl Drop for RoomPlace<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Room {
+    /// Join the line, unless `max` already wait.
+    pub fn join(&self, max: u64) -> Option<RoomPlace<'_>> {
+        let mut cur = self.waiting.load(Ordering::SeqCst);
+        loop {
+            if cur >= max {
+                return None;
+            }
+            match self.waiting.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Some(RoomPlace(self)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Resolves at the next [`Room::free`] (enable it before looking for room).
+    pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Room was given back: with requests waiting, each looks again.
+    #[inline]
+    pub fn free(&self) {
+        if self.waiting.load(Ordering::SeqCst) != 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
+    }
 }
 
 /// Where a backend stands with the culling gate.
@@ -89,7 +152,37 @@ impl BackendState {
             manual: Manual::default(),
             traffic: Default::default(),
             failing: AtomicU8::new(0),
+            room: std::sync::OnceLock::new(),
+            back_at_ms: AtomicU64::new(0),
+            was_in: AtomicBool::new(true),
         }
+    }
+
+    /// It came back into rotation at `now_ms`: slow start ramps it from there.
+    pub fn came_back(&self, now_ms: u64) {
+        self.back_at_ms.store(now_ms.max(1), Ordering::Relaxed);
+    }
+
+    /// When it last came back (0: never left).
+    #[inline]
+    pub fn back_at_ms(&self) -> u64 {
+        self.back_at_ms.load(Ordering::Relaxed)
+    }
+
+    /// The share of its weight and `max_conn` slow start gives it at `now_ms`. Back in
+    /// rotation before the rotation watch noticed (it runs every 250 ms): the floor.
+    #[inline]
+    pub fn ramp(&self, now_ms: u64, window: Duration) -> f64 {
+        if !self.was_in.load(Ordering::Relaxed) {
+            return slow_start::FLOOR;
+        }
+        slow_start::ramp(self.back_at_ms(), now_ms, window)
+    }
+
+    /// Tell `room` when an attempt here ends (the first pool to take this state sets it;
+    /// a reload keeps the upstream's room).
+    pub fn join_room(&self, room: &Arc<Room>) {
+        let _ = self.room.set(Arc::clone(room));
     }
 
     /// Not in rotation for new requests: culled, or taken out by a manual operation
@@ -283,7 +376,12 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        // SeqCst with the room's count (a locked instruction either way on x86): a waiter
+        // that joined the line sees this slot free, or is told of it.
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(room) = self.0.room.get() {
+            room.free();
+        }
     }
 }
 
@@ -307,6 +405,8 @@ pub struct UpstreamShared {
     pub slow_line_us: AtomicU64,
     /// Keys per client address in failing and slow requests (key rotation).
     pub key_spread: portcullis_policy::cull::KeySpread,
+    /// Requests waiting for room (`queue_timeout_ms`).
+    pub room: Arc<Room>,
 }
 
 /// The bulkhead's answer for one request.
@@ -321,27 +421,31 @@ pub enum Bulkhead {
 }
 
 #[derive(Debug)]
-pub struct BulkheadGuard(Slot);
+pub struct BulkheadGuard {
+    slot: Slot,
+    /// Dropped after `slot`.
+    _told: Told,
+}
 
 impl BulkheadGuard {
     /// Whether this is a slot of an `adaptive` upstream's learned cap.
     #[inline]
     pub fn is_adaptive(&self) -> bool {
-        matches!(self.0, Slot::Adaptive(_))
+        matches!(self.slot, Slot::Adaptive(_))
     }
 
     /// The request's body is still arriving: an adaptive upstream's cap does not count
     /// the slot until [`BulkheadGuard::end_upload`] (a fixed `max_inflight` always does).
     #[inline]
     pub fn start_upload(&mut self) {
-        if let Slot::Adaptive(g) = &mut self.0 {
+        if let Slot::Adaptive(g) = &mut self.slot {
             g.start_upload();
         }
     }
 
     #[inline]
     pub fn end_upload(&mut self) {
-        if let Slot::Adaptive(g) = &mut self.0 {
+        if let Slot::Adaptive(g) = &mut self.slot {
             g.end_upload();
         }
     }
@@ -350,15 +454,28 @@ impl BulkheadGuard {
 /// A fixed bulkhead's slot, or one of an adaptive upstream's learned cap.
 #[derive(Debug)]
 enum Slot {
-    Fixed(Arc<UpstreamShared>),
+    /// Held for its `Drop`.
+    Fixed(#[allow(dead_code)] FixedSlot),
     Adaptive(crate::shed::InflightGuard),
 }
 
-impl Drop for BulkheadGuard {
+/// One of a fixed bulkhead's slots, given back when dropped.
+#[derive(Debug)]
+struct FixedSlot(Arc<UpstreamShared>);
+
+impl Drop for FixedSlot {
     fn drop(&mut self) {
-        if let Slot::Fixed(sh) = &self.0 {
-            sh.inflight.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Tells an upstream's [`Room`] when dropped: after the slot (fields drop in order).
+#[derive(Debug)]
+struct Told(Arc<Room>);
+
+impl Drop for Told {
+    fn drop(&mut self) {
+        self.0.free();
     }
 }
 
@@ -513,15 +630,42 @@ impl Pool {
         let weights = &self.balance.weights;
         let picked = if self.limited {
             // `max_conn`: a backend at its limit is not selected; `backup`: used only when
-            // no other backend can be.
-            let room = |i: usize| self.max_conn[i] == 0 || load(i) < self.max_conn[i];
+            // no other backend can be. Slow start: a backend back lately has a ramped
+            // `max_conn` and is a candidate in proportion to its ramp.
+            let slow = self.balance.slow_start;
+            let now_ms = if slow.is_zero() {
+                0
+            } else {
+                crate::store::clock::unix_ms()
+            };
+            let ramp = |i: usize| {
+                if slow.is_zero() {
+                    1.0
+                } else {
+                    self.backends[i].ramp(now_ms, slow)
+                }
+            };
+            let room = |i: usize| {
+                let max = slow_start::ramped_max_conn(self.max_conn[i], ramp(i));
+                max == 0 || load(i) < max
+            };
             let usable = |i: usize| open(i) && healthy(i) && room(i);
-            self.selector
-                .pick(n, weights, key, &|i| !self.backup[i] && usable(i), &load)
-                .or_else(|| {
-                    self.selector
-                        .pick(n, weights, key, &|i| self.backup[i] && usable(i), &load)
-                })
+            let lucky = |i: usize| slow_start::admits(ramp(i), fastrand::f64());
+            let pick = |backup: bool, ramped: bool| {
+                self.selector.pick(
+                    n,
+                    weights,
+                    key,
+                    &|i| self.backup[i] == backup && usable(i) && (!ramped || lucky(i)),
+                    &load,
+                )
+            };
+            // A ramping backend that loses its draw leaves the pick to the others; when
+            // none is left, it is picked all the same.
+            pick(false, true)
+                .or_else(|| pick(false, false))
+                .or_else(|| pick(true, true))
+                .or_else(|| pick(true, false))
         } else {
             self.selector
                 .pick(n, weights, key, &|i| open(i) && healthy(i), &load)
@@ -546,6 +690,68 @@ impl Pool {
         fallback.map(|i| Arc::clone(&self.backends[i]))
     }
 
+    /// The upstream's line of requests waiting for room.
+    pub fn room(&self) -> &Arc<Room> {
+        &self.shared.room
+    }
+
+    /// Requests that may wait for room at once: `max_queue`, else 10 × the sum of the
+    /// backends' `max_conn` (or of `max_inflight`), else 1024.
+    pub fn max_queue(&self) -> u64 {
+        if self.balance.max_queue > 0 {
+            return self.balance.max_queue;
+        }
+        let conns: u64 = self.max_conn.iter().sum();
+        let base = if conns > 0 {
+            conns
+        } else {
+            self.balance.max_inflight
+        };
+        if base > 0 {
+            base.saturating_mul(10)
+        } else {
+            1024
+        }
+    }
+
+    /// Slow start: note each backend that came back into rotation since the last look
+    /// (its health check passes again, readmitted after a cull, a drain or maintenance
+    /// released). Run by the health-check loop every tick; nothing without slow start.
+    pub fn watch_rotation(&self, now_ms: u64) {
+        if self.balance.slow_start.is_zero() {
+            return;
+        }
+        let checked = self.health.is_some();
+        for (i, b) in self.backends.iter().enumerate() {
+            let healthy = !checked || self.lb.backends().ready(&self.members[i]);
+            let is_in = healthy && !b.is_out();
+            if is_in && !b.was_in.swap(true, Ordering::Relaxed) {
+                b.came_back(now_ms);
+                tracing::info!(
+                    event = "slow_start",
+                    upstream = %self.name,
+                    backend = %b.name,
+                    seconds = self.balance.slow_start.as_secs(),
+                    "backend back in rotation; its share ramps up"
+                );
+            } else if !is_in {
+                b.was_in.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether a backend this request could use is only held back by its `max_conn`
+    /// (so waiting may find it room).
+    pub fn full_by_max_conn(&self, tried: &Tried) -> bool {
+        self.limited
+            && self.backends.iter().enumerate().any(|(i, b)| {
+                self.max_conn[i] > 0
+                    && !b.is_out()
+                    && !tried.contains(&b.addr)
+                    && b.inflight() >= self.max_conn[i]
+            })
+    }
+
     /// Whether any backend this request may still try exists (for retries).
     pub fn has_untried(&self, tried: &Tried) -> bool {
         self.backends
@@ -563,7 +769,10 @@ impl Pool {
                 .limit
                 .try_acquire(crate::shed::Priority::Critical)
             {
-                Some(g) => Bulkhead::Entered(BulkheadGuard(Slot::Adaptive(g))),
+                Some(g) => Bulkhead::Entered(BulkheadGuard {
+                    slot: Slot::Adaptive(g),
+                    _told: Told(Arc::clone(&self.shared.room)),
+                }),
                 None => Bulkhead::Full,
             };
         }
@@ -583,7 +792,12 @@ impl Pool {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Bulkhead::Entered(BulkheadGuard(Slot::Fixed(Arc::clone(sh)))),
+                Ok(_) => {
+                    return Bulkhead::Entered(BulkheadGuard {
+                        slot: Slot::Fixed(FixedSlot(Arc::clone(sh))),
+                        _told: Told(Arc::clone(&sh.room)),
+                    })
+                }
                 Err(actual) => cur = actual,
             }
         }

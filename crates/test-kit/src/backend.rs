@@ -505,8 +505,11 @@ fn serve_conn(stream: TcpStream, st: &BackendState) -> io::Result<()> {
         }
         let out = response(st, status, &rec, close);
         lock(&st.received).push(rec);
-        w.write_all(&out)?;
+        // Out of flight before the answer leaves: a proxy that starts the next request
+        // the moment this answer reaches it must never see this one still counted (the
+        // concurrency a cap lets through is measured here).
         drop(guard);
+        w.write_all(&out)?;
         if close {
             let _ = w.shutdown(Shutdown::Write);
             return Ok(());

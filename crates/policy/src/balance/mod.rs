@@ -5,6 +5,7 @@
 pub mod retry_budget;
 pub mod select;
 pub mod shard;
+pub mod slow_start;
 
 /// A stable 64-bit hash (FNV-1a then a finaliser): the same on every instance
 /// and every restart, so shards and rings agree across the fleet.
