@@ -395,3 +395,24 @@ impl Tuple3 for (i32, String, String, String) {
         (self.0, self.1, self.2)
     }
 }
+
+#[test]
+fn queueing_and_slow_start() {
+    let r = import("queue-slowstart.cfg", &[]);
+    every_directive_reported("queue-slowstart.cfg", &r);
+    assert!(r.line(9).ends_with("timeout queue: translated"), "{}", r.stderr);
+    assert!(r.line(18).contains("server: approximated: maxqueue"));
+    assert!(r.line(22).contains("the first server's slowstart is used for all"));
+    let app = r.toml.find("name = \"app\"").expect("app upstream");
+    let batch = r.toml.find("name = \"batch\"").expect("batch upstream");
+    let (app, batch) = (&r.toml[app..batch], &r.toml[batch..]);
+    assert!(app.contains("queue_timeout_ms = 5000"), "{}", r.toml);
+    assert!(app.contains("max_queue = 200"));
+    assert!(app.contains("slow_start_seconds = 30"));
+    assert!(app.contains("max_conn = 32"));
+    assert!(batch.contains("queue_timeout_ms = 5000"));
+    assert!(batch.contains("slow_start_seconds = 10"));
+    assert!(!batch.contains("max_queue"));
+    assert_eq!(r.code, 3);
+    checks(&r);
+}

@@ -67,7 +67,13 @@ struct Upstream {
     retries: u64,
     tls: bool,
     verify: bool,
-    queue_note: Option<String>,
+    /// `timeout queue` (or HAProxy's default for it, `timeout connect`) when a server has
+    /// a `maxconn`, with the line it comes from.
+    queue_timeout: Option<(u64, &'static str)>,
+    /// The sum of the servers' `maxqueue`.
+    max_queue: Option<u64>,
+    /// The servers' `slowstart`, in seconds.
+    slow_start_s: Option<u64>,
     mods: Mods,
 }
 
@@ -560,15 +566,10 @@ impl Cx<'_> {
                 "connect" => u.connect_ms = Some(*ms),
                 "server" => u.read_ms = Some(*ms),
                 "queue" => {
-                    u.queue_note = Some(format!("timeout queue {ms} ms (line {line})"));
+                    u.lines.insert(*line);
                 }
                 _ => {}
             }
-        }
-        if let Some((_, line)) = st.timeouts.get("queue") {
-            self.rep.put(*line, "timeout queue", Unsup(
-                "portcullis has no backend queue yet: a request finding every backend at max_conn is answered 503 at once".into(),
-            ));
         }
         u.retries = if st.redispatch {
             st.retries.unwrap_or(3).min(3)
@@ -580,6 +581,8 @@ impl Cx<'_> {
         let mut checks_differ = false;
         let mut some_unchecked = false;
         let mut any_checked = false;
+        let mut any_maxconn = false;
+        let mut slow_starts: Vec<(Option<u64>, usize)> = Vec::new();
         for d in &servers {
             let expanded = if d.kw() == "server-template" {
                 match template(d) {
@@ -632,6 +635,16 @@ impl Cx<'_> {
             } else {
                 some_unchecked = true;
             }
+            any_maxconn |= sp.maxconn.is_some_and(|m| m > 0);
+            if !sp.disabled {
+                slow_starts.push((sp.slowstart, d.line));
+            }
+            if let Some(q) = sp.maxqueue {
+                u.max_queue = Some(u.max_queue.unwrap_or(0).saturating_add(q).max(1));
+                notes.push(
+                    "maxqueue: portcullis has one queue per upstream, of the servers' sum".into(),
+                );
+            }
             if sp.ssl {
                 u.tls = true;
                 if !sp.verify {
@@ -677,6 +690,28 @@ impl Cx<'_> {
                 Approx(notes.join("; "))
             };
             self.rep.put(d.line, d.kw(), status);
+        }
+        // the queue: HAProxy queues a request when every server is at its maxconn, up to
+        // `timeout queue` (by default `timeout connect`)
+        if any_maxconn {
+            u.queue_timeout = match (st.timeouts.get("queue"), st.timeouts.get("connect")) {
+                (Some((ms, _)), _) => Some((*ms, "timeout queue")),
+                (None, Some((ms, _))) => {
+                    Some((*ms, "timeout connect (HAProxy's default for timeout queue)"))
+                }
+                (None, None) => None,
+            };
+        }
+        // slow start: per server in HAProxy, per upstream in portcullis
+        if let Some((first, _)) = slow_starts.iter().find(|(s, _)| s.is_some()) {
+            u.slow_start_s = first.map(|ms| ms.div_ceil(1000));
+            if slow_starts.iter().any(|(s, _)| s != first) {
+                for (_, line) in &slow_starts {
+                    self.rep.put(*line, "server", Approx(
+                        "portcullis ramps every backend of an upstream alike: the first server's slowstart is used for all".into(),
+                    ));
+                }
+            }
         }
         // health check
         if any_checked {
@@ -1406,8 +1441,14 @@ impl Cx<'_> {
                     t.push_str("verify = false   # verify none\n");
                 }
             }
-            if let Some(n) = &u.queue_note {
-                let _ = writeln!(t, "# not translated: {n}");
+            if let Some((ms, from)) = u.queue_timeout {
+                let _ = writeln!(t, "queue_timeout_ms = {ms}   # {from}: requests wait while every server is at its maxconn");
+            }
+            if let Some(n) = u.max_queue {
+                let _ = writeln!(t, "max_queue = {n}   # the servers' maxqueue");
+            }
+            if let Some(sec) = u.slow_start_s {
+                let _ = writeln!(t, "slow_start_seconds = {sec}   # server slowstart");
             }
             if let Some(h) = &u.health {
                 let _ = writeln!(t, "[upstreams.health_check]   # option httpchk, http-check, server check parameters\n{h}");
@@ -1730,6 +1771,8 @@ struct ServerParams {
     maxconn: Option<u64>,
     backup: bool,
     disabled: bool,
+    slowstart: Option<u64>,
+    maxqueue: Option<u64>,
     ssl: bool,
     verify: bool,
     notes: Vec<String>,
@@ -1811,7 +1854,11 @@ fn server_params(p: &[String]) -> Result<ServerParams, String> {
                 i += 1;
             }
             "slowstart" => {
-                s.notes.push("slowstart: portcullis has no slow start yet, a backend takes its full share at once".into());
+                s.slowstart = Some(time(i + 1)?);
+                i += 1;
+            }
+            "maxqueue" => {
+                s.maxqueue = Some(num(i + 1)?);
                 i += 1;
             }
             "check-ssl" | "resolvers" | "init-addr" | "cookie" | "id" | "agent-check"
