@@ -400,9 +400,15 @@ impl Tuple3 for (i32, String, String, String) {
 fn queueing_and_slow_start() {
     let r = import("queue-slowstart.cfg", &[]);
     every_directive_reported("queue-slowstart.cfg", &r);
-    assert!(r.line(9).ends_with("timeout queue: translated"), "{}", r.stderr);
-    assert!(r.line(18).contains("server: approximated: maxqueue"));
-    assert!(r.line(22).contains("the first server's slowstart is used for all"));
+    assert!(
+        r.line(8).ends_with("timeout queue: translated"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.line(17).contains("server: approximated: maxqueue"));
+    assert!(r
+        .line(22)
+        .contains("the first server's slowstart is used for all"));
     let app = r.toml.find("name = \"app\"").expect("app upstream");
     let batch = r.toml.find("name = \"batch\"").expect("batch upstream");
     let (app, batch) = (&r.toml[app..batch], &r.toml[batch..]);
