@@ -6,7 +6,7 @@
 # fuzz/crashes/TARGET/ (not committed: fix the defect, then add the input to the corpus
 # as its regression case).
 #
-#   scripts/fuzz.sh TARGET SECONDS   # TARGET: proxy_protocol http1 key config admin jwt tenants
+#   scripts/fuzz.sh TARGET SECONDS   # TARGET: proxy_protocol http1 key config admin jwt tenants haproxy
 #   scripts/fuzz.sh all SECONDS      # each target in turn, SECONDS each
 #
 # The first run installs cargo-afl (crates.io) and builds AFL++ from its bundled sources
@@ -16,7 +16,7 @@
 # directory, removed after): FUZZ_OUT/afl/default/{queue,crashes,fuzzer_stats}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets="proxy_protocol http1 key config admin jwt tenants"
+targets="proxy_protocol http1 key config admin jwt tenants haproxy"
 usage() { echo "usage: scripts/fuzz.sh {$(echo $targets | tr ' ' '|')|all} SECONDS" >&2; exit 2; }
 [ "$#" -eq 2 ] || usage
 target=$1

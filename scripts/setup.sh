@@ -15,7 +15,8 @@
 # nghttp2-client (nghttp, h2load), nginx, python3-grpcio (a real gRPC client and server)
 # and python3-h2 (a real HPACK decoder); chromium (the status page is rendered in a real
 # headless browser) and prometheus with promtool (the shipped dashboard and alert rules
-# are checked against a real Prometheus); patch (scripts/check-vendor.sh applies
+# are checked against a real Prometheus); haproxy (`import-haproxy`'s translations are
+# run beside the real HAProxy); patch (scripts/check-vendor.sh applies
 # vendor/*.patch to the published crates); man-db (the man pages in docs/man/ are rendered
 # with `man --warnings`) and mdbook (the book in docs/ is built, tests/docs.rs); rsyslog
 # (the access log's syslog output is received by a real rsyslogd, started by the test on
@@ -50,6 +51,9 @@ if [ "$tests" = 1 ]; then
   [ -x /usr/sbin/rsyslogd ] || need+=(rsyslog) # tests/syslog.rs: a real syslog receiver
   # libfaketime: the chaos harness skews one instance's clock (benches/chaos/run.sh)
   [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(faketime)
+  # tests/haproxy_side_by_side.rs runs the real HAProxy beside portcullis on the same
+  # configurations (the importer's end-to-end test)
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -36,6 +36,7 @@ pub mod edge;
 pub mod fleet;
 pub mod framing;
 pub mod gate;
+pub mod import;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

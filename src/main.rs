@@ -56,12 +56,91 @@ enum Command {
     /// Control a running proxy through its admin API: list backends; drain, maintain,
     /// readmit or reweight one; claim one from the disruption budget (`ctl --help`).
     Ctl(portcullis::ctl::CtlArgs),
+    /// Translate an HAProxy configuration into a portcullis one; one report line per
+    /// directive on stderr (exit 0: all translated, 3: some approximated or unsupported,
+    /// 2: unreadable or unparsable).
+    ImportHaproxy(ImportArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ImportArgs {
+    /// The HAProxy configuration (haproxy.cfg).
+    file: PathBuf,
+    /// Write the portcullis configuration here (and the `errorfile` page bodies in
+    /// OUT's directory, under `errors/`) instead of stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn import_haproxy(args: &ImportArgs) -> ExitCode {
+    use portcullis::import::haproxy as hx;
+    let text = match std::fs::read(&args.file) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => {
+            eprintln!("{}: {e}", args.file.display());
+            return ExitCode::from(2);
+        }
+    };
+    // the `errorfile` page bodies go beside the output, named by absolute path in it
+    let pages_dir = args.out.as_ref().map(|o| {
+        let dir = o.parent().filter(|p| !p.as_os_str().is_empty());
+        let errors = dir
+            .map(|d| d.join("errors"))
+            .unwrap_or_else(|| PathBuf::from("errors"));
+        std::path::absolute(&errors)
+            .unwrap_or(errors)
+            .display()
+            .to_string()
+    });
+    let read = |p: &str| std::fs::read(p).ok();
+    let opts = hx::Options {
+        read_file: &read,
+        pages_dir,
+    };
+    let env = |n: &str| std::env::var(n).ok();
+    let t = match hx::import(&text, &env, &opts) {
+        hx::Outcome::Done(t) => t,
+        hx::Outcome::Unparsable(e) => {
+            eprintln!("{}: {e}", args.file.display());
+            return ExitCode::from(2);
+        }
+    };
+    for l in &t.report {
+        eprintln!("{l}");
+    }
+    let (ok, approx, unsup) = hx::counts(&t.report);
+    eprintln!("{ok} translated, {approx} approximated, {unsup} unsupported");
+    for (path, body) in &t.pages {
+        let p = std::path::Path::new(path);
+        if let Some(d) = p.parent() {
+            if let Err(e) = std::fs::create_dir_all(d) {
+                eprintln!("{}: {e}", d.display());
+                return ExitCode::from(2);
+            }
+        }
+        if let Err(e) = std::fs::write(p, body) {
+            eprintln!("{path}: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    match &args.out {
+        Some(o) => {
+            if let Err(e) = std::fs::write(o, &t.toml) {
+                eprintln!("{}: {e}", o.display());
+                return ExitCode::from(2);
+            }
+        }
+        None => print!("{}", t.toml),
+    }
+    ExitCode::from(hx::exit_code(&t))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Ctl(args)) = &cli.command {
-        return portcullis::ctl::run(args);
+    match &cli.command {
+        Some(Command::Ctl(args)) => return portcullis::ctl::run(args),
+        Some(Command::ImportHaproxy(args)) => return import_haproxy(args),
+        None => {}
     }
     if cli.print_config_reference {
         print!("{}", portcullis::config::reference::markdown());

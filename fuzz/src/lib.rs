@@ -25,6 +25,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("admin", admin),
     ("jwt", jwt),
     ("tenants", tenants),
+    ("haproxy", haproxy),
 ];
 
 /// The PROXY v1/v2 header parser (`edge::proxy_protocol::parse`), as bytes arrive:
@@ -525,4 +526,27 @@ pub fn tenants(data: &[u8]) {
     let mut all = settings.tenants.clone();
     all.extend(joined);
     check(&all);
+}
+
+/// The HAProxy importer (`portcullis import-haproxy`: lexer, sections, conditions, route
+/// compilation, TOML output) on any text: no panic, the work bounded (the route table
+/// and condition expansion are capped), and what it writes is TOML that parses.
+pub fn haproxy(data: &[u8]) {
+    use portcullis::import::haproxy as hx;
+    let text = String::from_utf8_lossy(data);
+    let env = |n: &str| (n == "FUZZ").then(|| "127.0.0.1:1".to_string());
+    let read = |_: &str| Some(b"HTTP/1.0 503 x\r\n\r\nbody".to_vec());
+    let opts = hx::Options {
+        read_file: &read,
+        pages_dir: Some("/nonexistent".into()),
+    };
+    if let hx::Outcome::Done(t) = hx::import(&text, &env, &opts) {
+        if let Err(e) = t.toml.parse::<toml::Table>() {
+            panic!("the output is not TOML: {e}\n{}", t.toml);
+        }
+        assert!(
+            t.report.windows(2).all(|w| w[0].line < w[1].line),
+            "one line each, in order"
+        );
+    }
 }
