@@ -283,3 +283,55 @@ fn without_a_store_the_instance_cap_and_status_says_so() {
     assert_eq!(s["fleet"]["cap_source"], "instance (no store)");
     assert_eq!(p.status_json()["max_concurrency"], CAP);
 }
+
+#[test]
+fn an_upstream_bulkhead_is_a_fleet_total_too() {
+    let redis = RedisServer::start();
+    let b = Backend::start("b");
+    b.set_mode(Mode::Slow(HOLD));
+    let cfg = format!(
+        "{}[redis]\nurl = \"{}\"\nkey_prefix = \"fcup\"\ntimeout_ms = 200\n\n\
+         [shedding]\nmax_concurrency = 1000\n\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
+        upstream_table("app", &[&b], "max_inflight = 10\nfleet_max_inflight = 10"),
+        redis.url()
+    );
+    let proxies = [Proxy::start(&cfg), Proxy::start(&cfg)];
+    let bulkhead = |p: &Proxy| p.status_json()["upstreams"][0]["bulkhead"].clone();
+    eventually(
+        Duration::from_secs(10),
+        || {
+            format!(
+                "no fleet shares: {:?}",
+                proxies.iter().map(bulkhead).collect::<Vec<_>>()
+            )
+        },
+        || {
+            proxies.iter().all(|p| {
+                let v = bulkhead(p);
+                v["cap_source"] == "fleet" && v["share"].as_f64() == Some(0.5) && v["cap"] == 5
+            })
+        },
+    );
+    assert_eq!(
+        proxies[0].metric("portcullis_concurrency_limit{upstream=\"app\"}"),
+        Some(5.0)
+    );
+    b.reset_counters();
+    let addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
+    let load = Load::start(&addrs[..]);
+    eventually(
+        Duration::from_secs(15),
+        || "too few answers".into(),
+        || load.ok.load(Ordering::Relaxed) >= 80,
+    );
+    let most = b.max_in_flight() as u64;
+    drop(load);
+    eprintln!("2 instances, fleet_max_inflight 10: at most {most} in flight at the backend");
+    // 10 + instances − 1 from one view, and 2 for views read at different moments.
+    assert!(most <= 13, "{most} in flight with fleet_max_inflight = 10");
+    assert!(
+        most >= 8,
+        "only {most} in flight with fleet_max_inflight = 10"
+    );
+}
