@@ -301,6 +301,18 @@ impl Admin {
                     .set(pool.room().waiting() as i64);
             }
         }
+        for pool in s
+            .runtime
+            .load()
+            .pools
+            .iter()
+            .filter(|p| p.balance.fleet_max_inflight > 0 && !p.balance.adaptive)
+        {
+            m.shed
+                .upstream_concurrency_limit
+                .with_label_values(&[pool.name.as_str()])
+                .set(pool.shared.fleet_cap.cap_or(pool.balance.max_inflight) as i64);
+        }
         for pool in s.runtime.load().pools.iter().filter(|p| p.balance.adaptive) {
             m.shed
                 .upstream_concurrency_limit
@@ -449,6 +461,12 @@ impl Admin {
                         "max_queue": pool.max_queue(),
                         "waiting": pool.room().waiting(),
                     },
+                    "fleet_max_inflight": pool.balance.fleet_max_inflight,
+                    "bulkhead": pool.shared.fleet_cap.status(
+                        pool.balance.fleet_max_inflight,
+                        pool.balance.max_inflight,
+                        s.store_kind == "redis",
+                    ),
                     "backends": backends,
                 })
             })
@@ -484,6 +502,12 @@ impl Admin {
             "inflight": s.shedder.inflight(),
             "max_concurrency": cap,
             "shedding": {
+                "fleet_max_concurrency": sh.fleet_max_concurrency,
+                "fleet": s.fleet_cap.status(
+                    sh.fleet_max_concurrency,
+                    sh.max_concurrency,
+                    s.store_kind == "redis",
+                ),
                 "classes": classes,
                 "queue": {
                     "timeout_ms": sh.queue_timeout.as_millis() as u64,

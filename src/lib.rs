@@ -34,6 +34,7 @@ pub mod ctl;
 pub mod cull;
 pub mod edge;
 pub mod fleet;
+pub mod fleet_caps;
 pub mod framing;
 pub mod gate;
 pub mod import;

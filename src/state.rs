@@ -331,6 +331,8 @@ pub struct Shared {
     pub reloading: std::sync::Mutex<()>,
     /// `[tenants] redis_sync`: the store's tenant entries as last read (sorted).
     store_tenants: std::sync::Mutex<Vec<(String, String)>>,
+    /// `[shedding] fleet_max_concurrency`: this instance's share of the fleet's cap.
+    pub fleet_cap: crate::fleet_caps::FleetSlot,
 }
 
 impl Shared {
@@ -366,6 +368,7 @@ impl Shared {
             proxy_runtime: std::sync::OnceLock::new(),
             reloading: std::sync::Mutex::new(()),
             store_tenants: std::sync::Mutex::default(),
+            fleet_cap: Default::default(),
         })
     }
 
@@ -483,8 +486,14 @@ impl Shared {
     pub fn apply(&self, mut config: Config) {
         self.merge_store_tenants(&mut config);
         let sh = &config.shedding;
+        // A fleet share (kept until the next exchange recomputes it) replaces
+        // max_concurrency as the cap, or the learned cap's ceiling.
+        let ceiling = match sh.fleet_max_concurrency {
+            0 => sh.max_concurrency,
+            _ => self.fleet_cap.cap_or(sh.max_concurrency),
+        };
         self.shedder
-            .configure(sh.max_concurrency, sh.adaptive, sh.min_concurrency);
+            .configure(ceiling, sh.adaptive, sh.min_concurrency.min(ceiling));
         self.shedder.set_queue_target(sh.queue_target);
         self.limiter.set_params(config.rate_limit.params.clone());
         let prev = self.runtime.load();

@@ -376,6 +376,14 @@ impl ProxyMetrics {
         }
     }
 
+    /// Requests finished since start, whatever their outcome (the fleet caps' traffic).
+    pub fn requests_seen(&self) -> u64 {
+        self.outcome_totals
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub fn requests_total(&self, outcome: Outcome) -> u64 {
         self.outcome_totals[outcome as usize].load(Ordering::Relaxed)
     }

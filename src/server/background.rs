@@ -249,6 +249,10 @@ pub(super) fn services(
         "tenants sync",
         super::tenants_sync::TenantSync::new(sh(), fleet_store),
     );
+    let fleet_caps = background_service(
+        "fleet caps",
+        super::fleet_caps::FleetCaps::new(sh(), fleet_store),
+    );
     let watchdog = crate::watchdog::Watchdog::new(sh(), fleet_store);
     let watchdog = background_service("watchdog", watchdog);
     let mut all: Vec<Box<dyn ServiceWithDependents>> = vec![
@@ -261,6 +265,7 @@ pub(super) fn services(
         Box::new(culling),
         Box::new(fleet_sync),
         Box::new(tenant_sync),
+        Box::new(fleet_caps),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
     if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {

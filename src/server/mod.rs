@@ -10,6 +10,7 @@
 
 pub mod app;
 mod background;
+mod fleet_caps;
 mod shared_probing;
 mod tenants_sync;
 mod tenants_watch;

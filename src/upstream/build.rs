@@ -170,6 +170,7 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
             )),
             key_spread: Default::default(),
             room: Default::default(),
+            fleet_cap: Default::default(),
         }),
     };
     shared.budget.set_ratio(cfg.balance.retry_budget_ratio);

@@ -407,6 +407,9 @@ pub struct UpstreamShared {
     pub key_spread: portcullis_policy::cull::KeySpread,
     /// Requests waiting for room (`queue_timeout_ms`).
     pub room: Arc<Room>,
+    /// `fleet_max_inflight`: this instance's share of the fleet's cap (kept across
+    /// reloads, recomputed by the background exchange).
+    pub fleet_cap: crate::fleet_caps::FleetSlot,
 }
 
 /// The bulkhead's answer for one request.
@@ -776,7 +779,10 @@ impl Pool {
                 None => Bulkhead::Full,
             };
         }
-        let cap = self.balance.max_inflight;
+        let cap = match self.balance.fleet_max_inflight {
+            0 => self.balance.max_inflight,
+            _ => self.shared.fleet_cap.cap_or(self.balance.max_inflight),
+        };
         if cap == 0 {
             return Bulkhead::Unlimited;
         }

@@ -7,6 +7,7 @@
 pub mod balance;
 pub mod bucket;
 pub mod cull;
+pub mod fleet_cap;
 pub mod health;
 pub mod ratelimit;
 pub mod shed;

@@ -132,4 +132,17 @@ async fn flush_across_slots_counts_once_and_budget_runs_on_its_slot() {
         view.verdicts.iter().map(Vec::len).collect::<Vec<_>>(),
         [1, 1]
     );
+
+    // The fleet's traffic counts: one hash under the `{prefix}` tag.
+    use portcullis_policy::fleet_cap::{TrafficPublish, TrafficStore};
+    let traffic = crate::RedisTraffic::new(Arc::clone(&client));
+    let view = traffic
+        .exchange(&TrafficPublish {
+            instance: "i1".into(),
+            ttl_ms: 5_000,
+            counts: vec![("*".into(), 12)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(view.share("i1", "*").own, 12);
 }

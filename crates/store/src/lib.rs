@@ -28,6 +28,7 @@ mod endpoint;
 pub mod probes;
 mod redis;
 pub mod tenants;
+pub mod traffic;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -44,6 +45,9 @@ mod ops_conformance_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod probes_conformance_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod traffic_conformance_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +63,7 @@ pub use portcullis_policy::health::shared::ProbeStore;
 pub use portcullis_policy::ratelimit::{CounterStore, LocalStore};
 pub use portcullis_policy::StoreError;
 pub use probes::{LocalProbes, RedisProbes};
+pub use traffic::{LocalTraffic, RedisTraffic};
 
 /// Where the fleet's shared state lives.
 #[derive(Debug, Clone)]
@@ -113,6 +118,14 @@ impl Store {
     }
 
     /// Shared probing's leases and verdicts on this store.
+    /// The fleet's traffic counts (caps as fleet totals).
+    pub fn traffic(&self) -> Arc<dyn portcullis_policy::fleet_cap::TrafficStore> {
+        match self {
+            Store::Redis(client) => Arc::new(RedisTraffic::new(Arc::clone(client))),
+            Store::Local => Arc::new(LocalTraffic::default()),
+        }
+    }
+
     pub fn probes(&self) -> Arc<dyn ProbeStore> {
         match self {
             Store::Redis(client) => Arc::new(RedisProbes::new(Arc::clone(client))),
