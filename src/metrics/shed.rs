@@ -58,7 +58,6 @@ pub struct ShedMetrics {
     pub upstream_queue_shed: IntCounterVec,
 }
 
-
 impl ShedMetrics {
     /// Define load shedding's series and register them in `registry`.
     pub fn register(registry: &Registry) -> Self {
