@@ -653,10 +653,16 @@ mod tests {
     }
 
     /// A file with `key = value` in the table `header` stands for, beside one upstream.
+    /// A key that only means something beside another gets that one too.
     fn file_with(header: &str, key: &str, value: &str) -> String {
         let up = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
+        let companion = match (header, key) {
+            ("[shedding]", "queue_target_ms") => "queue_timeout_ms = 1000\n",
+            ("[[upstreams]]", "fleet_max_inflight") => "max_inflight = 10\n",
+            _ => "",
+        };
         match header {
-            "[[upstreams]]" => format!("{up}{key} = {value}\n"),
+            "[[upstreams]]" => format!("{up}{companion}{key} = {value}\n"),
             h if h.starts_with("[[upstreams]] backends") => format!(
                 "[[upstreams]]\nname = \"app\"\nbackends = [{{ address = \"127.0.0.1:9001\", {key} = {value} }}]\n"
             ),
@@ -667,7 +673,7 @@ mod tests {
                 format!("{up}[[rate_limit.policies]]\nname = \"p\"\n{key} = {value}\n")
             }
             "[[routes]]" => format!("{up}[[routes]]\nupstream = \"app\"\n{key} = {value}\n"),
-            h => format!("{up}{}\n{key} = {value}\n", h),
+            h => format!("{up}{}\n{companion}{key} = {value}\n", h),
         }
     }
 
