@@ -176,7 +176,7 @@ pub fn criterion(words: &[String]) -> Result<Parsed, String> {
             // `gt N` / `ge N`
             match (
                 values.first().copied(),
-                values.get(1).and_then(|n| n.parse::<u64>().ok()),
+                values.get(1).and_then(|n| super::translate::count(n).ok()),
             ) {
                 (Some("gt"), Some(n)) => Ok(Parsed {
                     criterion: Criterion::RateAbove(n),

@@ -118,6 +118,19 @@ fn dir_name(d: &Directive) -> String {
     }
 }
 
+/// A count as written (digits), within what a TOML integer (64-bit signed) holds: a value
+/// past it is refused like any malformed number, never written out unreadable.
+pub fn count(s: &str) -> Result<u64, &'static str> {
+    s.parse::<u64>()
+        .ok()
+        .filter(|n| i64::try_from(*n).is_ok())
+        .ok_or("not a count")
+}
+
+/// HAProxy's largest time value (its timers are 32-bit: 2147483647 ms, about 24 days);
+/// HAProxy refuses more, and so does the importer.
+const MAX_TIME_MS: u64 = i32::MAX as u64;
+
 /// HAProxy's time format: a number and an optional unit (us, ms, s, m, h, d); ms by default.
 pub fn time_ms(s: &str) -> Option<u64> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -129,10 +142,10 @@ pub fn time_ms(s: &str) -> Option<u64> {
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        "us" => return Some(n / 1000),
+        "us" => return Some(n / 1000).filter(|v| *v <= MAX_TIME_MS),
         _ => return None,
     };
-    n.checked_mul(mul)
+    n.checked_mul(mul).filter(|v| *v <= MAX_TIME_MS)
 }
 
 /// `:80`, `*:80`, `0.0.0.0:80`, `[::]:80`, `ipv4@1.2.3.4:80` -> `host:port`.
@@ -272,14 +285,14 @@ impl Cx<'_> {
         for d in &s.directives {
             let name = dir_name(d);
             let st = match d.kw() {
-                "maxconn" => match d.arg(1).parse::<u64>() {
+                "maxconn" => match count(d.arg(1)) {
                     Ok(n) if n > 0 => {
                         self.out.max_connections = Some((n, d.line));
                         Ok_
                     }
                     _ => Unsup(format!("'{}' is not a positive number", d.arg(1))),
                 },
-                "nbthread" => match d.arg(1).parse::<u64>() {
+                "nbthread" => match count(d.arg(1)) {
                     Ok(n) if n > 0 => {
                         self.out.threads = Some(n);
                         Ok_
@@ -365,14 +378,14 @@ impl Cx<'_> {
                     st.default_server_line = d.line;
                     None
                 }
-                "maxconn" => match d.arg(1).parse::<u64>() {
+                "maxconn" => match count(d.arg(1)) {
                     Ok(n) if n > 0 => {
                         st.maxconn = Some((n, d.line));
                         None
                     }
                     _ => Some(Unsup(format!("'{}' is not a positive number", d.arg(1)))),
                 },
-                "retries" => match d.arg(1).parse::<u64>() {
+                "retries" => match count(d.arg(1)) {
                     Ok(n) => {
                         st.retries = Some(n);
                         Some(Approx(
@@ -1788,7 +1801,7 @@ fn server_params(p: &[String]) -> Result<ServerParams, String> {
     };
     let mut i = 0;
     let num = |i: usize| -> Result<u64, String> {
-        p.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| {
+        p.get(i).and_then(|v| count(v).ok()).ok_or_else(|| {
             format!(
                 "'{}' needs a number",
                 p.get(i.wrapping_sub(1)).map(String::as_str).unwrap_or("")
@@ -1889,16 +1902,12 @@ fn template(d: &Directive) -> Result<Vec<(String, String)>, String> {
     let addr = d.arg(3);
     let (lo, hi) = match range.split_once('-') {
         Some((a, b)) => (
-            a.parse::<u64>()
-                .map_err(|_| format!("'{range}' is not a number or range"))?,
-            b.parse::<u64>()
-                .map_err(|_| format!("'{range}' is not a number or range"))?,
+            count(a).map_err(|_| format!("'{range}' is not a number or range"))?,
+            count(b).map_err(|_| format!("'{range}' is not a number or range"))?,
         ),
         None => (
             1,
-            range
-                .parse::<u64>()
-                .map_err(|_| format!("'{range}' is not a number or range"))?,
+            count(range).map_err(|_| format!("'{range}' is not a number or range"))?,
         ),
     };
     if lo == 0 || hi < lo || hi - lo >= 1000 {
@@ -2073,6 +2082,18 @@ fn header_rule(d: &Directive) -> Result<(Mods, Option<()>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_past_what_haproxy_or_toml_hold_are_refused() {
+        assert_eq!(time_ms("24d"), Some(24 * 86_400_000));
+        assert_eq!(time_ms("2147483647"), Some(2_147_483_647));
+        assert_eq!(time_ms("2147483648"), None, "HAProxy's timers are 32-bit");
+        assert_eq!(time_ms("11111111111111111111"), None);
+        assert_eq!(time_ms("25d"), None);
+        assert_eq!(count("9223372036854775807"), Ok(i64::MAX as u64));
+        assert!(count("9223372036854775808").is_err());
+        assert!(count("-1").is_err());
+    }
 
     #[test]
     fn times_and_addresses() {
