@@ -218,11 +218,10 @@ impl Gate for Shed<'_> {
                 self.counts
                     .shed(facts.priority, crate::metrics::ShedReason::Cap);
                 // Spread the retries by the share of load being shed (docs/src/guide/gray-failure.md).
-                self.shedder.share.on_shed(now_secs);
                 Err(Refusal::Shed {
-                    retry_after: crate::shed::spread::spread_retry_after(
+                    retry_after: self.shedder.share.refuse(
                         self.retry_after,
-                        self.shedder.share.share(now_secs),
+                        now_secs,
                         fastrand::u64(..),
                     ),
                 })
@@ -308,20 +307,9 @@ impl Gate for Bulkhead<'_> {
                     .with_label_values(&[pool.name.as_str()])
                     .inc();
                 tracing::debug!(event = "bulkhead_shed", upstream = %pool.name);
-                // An adaptive upstream's learned cap spreads its retries by its own shed
-                // share; a fixed max_inflight answers the fixed value.
-                let retry_after = if pool.balance.adaptive {
-                    let share = &pool.shared.limit.share;
-                    share.on_shed(now_ms / 1000);
-                    crate::shed::spread::spread_retry_after(
-                        self.retry_after,
-                        share.share(now_ms / 1000),
-                        fastrand::u64(..),
-                    )
-                } else {
-                    self.retry_after
-                };
-                Err(Refusal::Shed { retry_after })
+                Err(Refusal::Shed {
+                    retry_after: pool.shed_retry_after(self.retry_after, now_ms / 1000),
+                })
             }
         }
     }

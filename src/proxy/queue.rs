@@ -44,8 +44,7 @@ async fn client_gone(session: &mut Session) {
 /// `Retry-After` of a request the queue refused: spread as the cap's sheds are.
 fn retry_after(shedder: &Shedder, base: u64) -> u64 {
     let now_secs = crate::store::clock::unix_secs();
-    shedder.share.on_shed(now_secs);
-    crate::shed::spread::spread_retry_after(base, shedder.share.share(now_secs), fastrand::u64(..))
+    shedder.share.refuse(base, now_secs, fastrand::u64(..))
 }
 
 /// Wait in the shedder's queue for a slot of `rank`'s class: the slot, or why not.
@@ -116,7 +115,7 @@ pub(super) async fn upstream<T>(
             .with_label_values(&[pool.name.as_str(), reason])
             .inc();
         Room::Left(Left::Refused(Refusal::Shed {
-            retry_after: retry_after_base,
+            retry_after: pool.shed_retry_after(retry_after_base, crate::store::clock::unix_secs()),
         }))
     };
     let Some(_place) = room.join(pool.max_queue()) else {

@@ -60,6 +60,15 @@ impl ShedShare {
         self.counts.add(now_secs, 1, 1);
     }
 
+    /// A request is refused at `now_secs`: counts it as shed and gives its
+    /// `Retry-After`, `base` spread by the share shed lately ([`spread_retry_after`];
+    /// `random`: any uniformly drawn `u64`). The one place every shed 503 (the cap, its
+    /// queue, an adaptive upstream and its queue) takes its value from.
+    pub fn refuse(&self, base: u64, now_secs: u64, random: u64) -> u64 {
+        self.on_shed(now_secs);
+        spread_retry_after(base, self.share(now_secs), random)
+    }
+
     /// Share of the requests of the last [`SHARE_WINDOW_SECS`] seconds that were shed.
     pub fn share(&self, now_secs: u64) -> f64 {
         let (requests, shed) = self.counts.totals(now_secs);
@@ -93,6 +102,33 @@ pub fn spread_retry_after(base: u64, share: f64, random: u64) -> u64 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_counts_and_spreads_by_the_share_it_makes() {
+        let share = ShedShare::default();
+        // The first refusal of an episode: all of the recent requests were shed.
+        assert_eq!(share.refuse(2, 100, 0), 2);
+        assert!((share.share(100) - 1.0).abs() < 1e-9);
+        // Capped at 0.9: base..=10 × base.
+        let hi = (0..1000u64)
+            .map(|r| share.refuse(2, 100, r.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            .max()
+            .unwrap();
+        assert_eq!(hi, 20);
+        // Then admissions: with one shed and three admitted, the refusal itself is the
+        // second shed of five (0.4): width ceil(2 × 0.4 / 0.6) = 2, so 2..=4.
+        let mut seen = std::collections::BTreeSet::new();
+        for r in 0..200u64 {
+            let share = ShedShare::default();
+            share.on_shed(200);
+            for _ in 0..3 {
+                share.on_admit(200);
+            }
+            seen.insert(share.refuse(2, 200, r.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            assert!((share.share(200) - 0.4).abs() < 1e-9);
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![2, 3, 4]);
+    }
 
     #[test]
     fn width_follows_the_shed_share() {
