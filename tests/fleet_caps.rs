@@ -338,3 +338,71 @@ fn an_upstream_bulkhead_is_a_fleet_total_too() {
         "only {most} in flight with fleet_max_inflight = 10"
     );
 }
+
+#[test]
+fn an_adaptive_upstream_learns_under_its_fleet_share() {
+    let redis = RedisServer::start();
+    let b = Backend::start("b");
+    b.set_mode(Mode::Slow(HOLD));
+    // Alone, each instance's learned cap may grow to max_inflight = 20 (40 at the backend
+    // from two); the fleet total of 10 is its ceiling instead: 5 each.
+    let cfg = format!(
+        "{}[redis]\nurl = \"{}\"\nkey_prefix = \"fcad\"\ntimeout_ms = 200\n\n\
+         [shedding]\nmax_concurrency = 1000\n\n\
+         [rate_limit]\nenabled = false\n[culling]\nenabled = false\n",
+        upstream_table(
+            "app",
+            &[&b],
+            "max_inflight = 20\nfleet_max_inflight = 10\nadaptive = true"
+        ),
+        redis.url()
+    );
+    let proxies = [Proxy::start(&cfg), Proxy::start(&cfg)];
+    let bulkhead = |p: &Proxy| p.status_json()["upstreams"][0]["bulkhead"].clone();
+    let limit = |p: &Proxy| p.metric("portcullis_concurrency_limit{upstream=\"app\"}");
+    eventually(
+        Duration::from_secs(10),
+        || {
+            format!(
+                "no fleet shares: {:?}, limits {:?}",
+                proxies.iter().map(bulkhead).collect::<Vec<_>>(),
+                proxies.iter().map(limit).collect::<Vec<_>>()
+            )
+        },
+        || {
+            proxies.iter().all(|p| {
+                let v = bulkhead(p);
+                v["cap_source"] == "fleet" && v["cap"] == 5 && limit(p) == Some(5.0)
+            })
+        },
+    );
+    b.reset_counters();
+    let addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
+    let load = Load::start(&addrs[..]);
+    eventually(
+        Duration::from_secs(15),
+        || "too few answers".into(),
+        || load.ok.load(Ordering::Relaxed) >= 80,
+    );
+    let most = b.max_in_flight() as u64;
+    let shed = load.shed.load(Ordering::Relaxed);
+    let limits: Vec<_> = proxies.iter().map(limit).collect();
+    drop(load);
+    eprintln!(
+        "2 instances, adaptive, fleet_max_inflight 10: at most {most} in flight at the \
+         backend, learned caps {limits:?}, {shed} refused"
+    );
+    // The learned caps are the fleet share of each instance (its share of the traffic,
+    // not an even half): they add up to the fleet total, 10 + instances − 1 from one
+    // view, and a little more read at two moments. Alone each could learn up to 20.
+    let sum: f64 = limits.iter().map(|l| l.unwrap_or(f64::MAX)).sum();
+    assert!(
+        sum <= 12.0,
+        "learned caps {limits:?} add up past the fleet total of 10"
+    );
+    // At the backend: the fleet total, instances − 1, and the slack of the fleet cap's
+    // test above (views read at different moments, a cap lowered while requests
+    // admitted under the old one are still in flight).
+    assert!(most <= 15, "{most} in flight with fleet_max_inflight = 10");
+    assert!(shed > 0, "the bulkhead never refused under 200 clients");
+}

@@ -112,3 +112,56 @@ fn a_backend_back_in_rotation_ramps_from_a_tenth_to_its_full_share() {
     assert!((0.35..=0.65).contains(&late), "full share after: {late}");
     eprintln!("slow start: share {even:.2} before, {early:.2} in the first {early_took:?}, {late:.2} after");
 }
+
+/// The share `p` gives `addr` while it ramps (`None` when it does not ramp there).
+fn ramp_share(p: &Proxy, addr: &str) -> Option<f64> {
+    state_of(p, addr)["slow_start"]["share"].as_f64()
+}
+
+#[test]
+fn instances_ramp_a_backend_together_from_the_start_the_store_records() {
+    let redis = RedisServer::start();
+    let a = Backend::start("a");
+    let b = Backend::start("b");
+    let cfg = format!(
+        "{}\n[redis]\nurl = \"{}\"\nkey_prefix = \"ramp-fleet\"\ntimeout_ms = 200\n",
+        config(&a, &b),
+        redis.url()
+    );
+    let p1 = Proxy::start(&cfg);
+    let p2 = Proxy::start(&cfg);
+    b.set_mode(Mode::Fail(500));
+    for p in [&p1, &p2] {
+        assert_eventually!(
+            state_of(p, &b.addr())["check"]["healthy"] == false,
+            "b down on {}",
+            p.addr()
+        );
+    }
+    // p2 is frozen while b comes back: it sees b back two seconds after p1 does, and on
+    // its own would ramp from there (a tenth while p1 gives b near half).
+    p2.signal("STOP");
+    b.set_mode(Mode::Ok);
+    assert_eventually!(ramp_share(&p1, &b.addr()).is_some(), "b ramping on p1");
+    let p1_saw = Instant::now();
+    std::thread::sleep(Duration::from_secs(2)); // the freeze is the scenario
+    p2.signal("CONT");
+    assert_eventually!(
+        ramp_share(&p2, &b.addr()).is_some(),
+        "b ramping on p2: {}",
+        state_of(&p2, &b.addr())
+    );
+    // Within a sync or two both give b the same share: the ramp from p1's sighting.
+    let mut seen = Vec::new();
+    assert_eventually!(
+        {
+            let (s1, s2) = (ramp_share(&p1, &b.addr()), ramp_share(&p2, &b.addr()));
+            seen.push((p1_saw.elapsed().as_millis(), s1, s2));
+            matches!((s1, s2), (Some(s1), Some(s2)) if (s1 - s2).abs() <= 0.1 && s2 >= 0.3)
+        },
+        "p2 ramps b from the fleet's start (ms since p1 saw b, p1's share, p2's): {seen:?}"
+    );
+    if let Some((ms, s1, s2)) = seen.last() {
+        eprintln!("fleet ramp: {ms} ms after p1 saw b back, p1 gives it {s1:?}, p2 {s2:?}");
+    }
+}

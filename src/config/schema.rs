@@ -640,7 +640,8 @@ pub struct UpstreamSection {
     pub shard_size: u64,
     /// A backend that comes back (health up, readmitted after a cull, drain or maint
     /// released, a new address) ramps from 10% of its weight and `max_conn` to all of it
-    /// over this time (HAProxy's `slowstart`); 0 = at once.
+    /// over this time (HAProxy's `slowstart`); 0 = at once. With a Redis store every
+    /// instance ramps it from the one start the store records.
     #[schemars(range(min = 0, max = 3600))]
     #[serde(default)]
     pub slow_start_seconds: u64,

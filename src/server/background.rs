@@ -253,6 +253,10 @@ pub(super) fn services(
         "fleet caps",
         super::fleet_caps::FleetCaps::new(sh(), fleet_store),
     );
+    let ramp_sync = background_service(
+        "slow-start sync",
+        super::ramp_sync::RampSync::new(sh(), fleet_store),
+    );
     let watchdog = crate::watchdog::Watchdog::new(sh(), fleet_store);
     let watchdog = background_service("watchdog", watchdog);
     let mut all: Vec<Box<dyn ServiceWithDependents>> = vec![
@@ -266,6 +270,7 @@ pub(super) fn services(
         Box::new(fleet_sync),
         Box::new(tenant_sync),
         Box::new(fleet_caps),
+        Box::new(ramp_sync),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
     if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {

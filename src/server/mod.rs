@@ -11,6 +11,7 @@
 pub mod app;
 mod background;
 mod fleet_caps;
+mod ramp_sync;
 mod shared_probing;
 mod tenants_sync;
 mod tenants_watch;

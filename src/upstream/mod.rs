@@ -163,6 +163,17 @@ impl BackendState {
         self.back_at_ms.store(now_ms.max(1), Ordering::Relaxed);
     }
 
+    /// Slow start across the fleet: its ramp starts at `fleet_ms` instead, unless it came
+    /// back again since this instance read `seen_ms` (that newer comeback stands).
+    pub fn adopt_ramp_start(&self, seen_ms: u64, fleet_ms: u64) {
+        let _ = self.back_at_ms.compare_exchange(
+            seen_ms,
+            fleet_ms.max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
     /// When it last came back (0: never left).
     #[inline]
     pub fn back_at_ms(&self) -> u64 {
@@ -698,6 +709,21 @@ impl Pool {
         &self.shared.room
     }
 
+    /// `Retry-After` of a request this upstream sheds at `now_secs` (its bulkhead full,
+    /// its queue's time out or full): an adaptive upstream's learned cap spreads the
+    /// retries by its own shed share, as the cap's sheds are; a fixed `max_inflight` or
+    /// `max_conn` answers `base`.
+    pub fn shed_retry_after(&self, base: u64, now_secs: u64) -> u64 {
+        if self.balance.adaptive {
+            self.shared
+                .limit
+                .share
+                .refuse(base, now_secs, fastrand::u64(..))
+        } else {
+            base
+        }
+    }
+
     /// Requests that may wait for room at once: `max_queue`, else 10 × the sum of the
     /// backends' `max_conn` (or of `max_inflight`), else 1024.
     pub fn max_queue(&self) -> u64 {
@@ -741,6 +767,26 @@ impl Pool {
                 b.was_in.store(false, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Slow start across the fleet: each backend ramping here (in rotation, back less
+    /// than the window ago), with when it came back (ms), for the store's exchange of
+    /// ramp starts. Empty without slow start.
+    pub fn ramping(&self, now_ms: u64) -> Vec<(&Arc<BackendState>, u64)> {
+        let window = u64::try_from(self.balance.slow_start.as_millis()).unwrap_or(u64::MAX);
+        if window == 0 {
+            return Vec::new();
+        }
+        self.backends
+            .iter()
+            .filter_map(|b| {
+                let back = b.back_at_ms();
+                let ramping = back != 0
+                    && b.was_in.load(Ordering::Relaxed)
+                    && now_ms.saturating_sub(back) < window;
+                ramping.then_some((b, back))
+            })
+            .collect()
     }
 
     /// Whether a backend this request could use is only held back by its `max_conn`

@@ -26,6 +26,7 @@ pub mod clock;
 pub mod counter;
 mod endpoint;
 pub mod probes;
+pub mod ramp;
 mod redis;
 pub mod tenants;
 pub mod traffic;
@@ -47,6 +48,9 @@ mod ops_conformance_tests;
 mod probes_conformance_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
+mod ramp_conformance_tests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod traffic_conformance_tests;
 
 use std::sync::Arc;
@@ -63,6 +67,7 @@ pub use portcullis_policy::health::shared::ProbeStore;
 pub use portcullis_policy::ratelimit::{CounterStore, LocalStore};
 pub use portcullis_policy::StoreError;
 pub use probes::{LocalProbes, RedisProbes};
+pub use ramp::{LocalRamp, RedisRamp};
 pub use traffic::{LocalTraffic, RedisTraffic};
 
 /// Where the fleet's shared state lives.
@@ -117,7 +122,6 @@ impl Store {
         }
     }
 
-    /// Shared probing's leases and verdicts on this store.
     /// The fleet's traffic counts (caps as fleet totals).
     pub fn traffic(&self) -> Arc<dyn portcullis_policy::fleet_cap::TrafficStore> {
         match self {
@@ -126,6 +130,15 @@ impl Store {
         }
     }
 
+    /// The fleet's slow-start ramp starts.
+    pub fn ramp(&self) -> Arc<dyn portcullis_policy::balance::slow_start::RampStore> {
+        match self {
+            Store::Redis(client) => Arc::new(RedisRamp::new(Arc::clone(client))),
+            Store::Local => Arc::new(LocalRamp::default()),
+        }
+    }
+
+    /// Shared probing's leases and verdicts on this store.
     pub fn probes(&self) -> Arc<dyn ProbeStore> {
         match self {
             Store::Redis(client) => Arc::new(RedisProbes::new(Arc::clone(client))),

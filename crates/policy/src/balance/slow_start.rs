@@ -6,8 +6,19 @@
 //!
 //! Plain Rust that takes `now`: the pool asks [`ramp`] at selection, only while a
 //! backend is ramping.
+//!
+//! Across a fleet every instance ramps a backend from one start, recorded in the store
+//! ([`RampStore`]): each instance publishes when it saw the backend come back, and
+//! [`fleet_start`] merges that with the start the store holds: sightings within
+//! [`SAME_COMEBACK_MS`] of each other are one comeback, which starts at the earliest;
+//! sightings further apart are two, and the later one wins. Times cross the wire as ages
+//! (how long ago), so instances whose clocks disagree still agree on the start.
 
 use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::StoreError;
 
 /// The share a backend takes the moment it comes back.
 pub const FLOOR: f64 = 0.1;
@@ -43,9 +54,71 @@ pub fn admits(ramp: f64, draw: f64) -> bool {
     ramp >= 1.0 || draw < ramp
 }
 
+/// Instances of a fleet see one comeback within this of each other (a health check's
+/// interval and rise, one fleet sync): sightings closer than this are the same comeback.
+pub const SAME_COMEBACK_MS: u64 = 5_000;
+
+/// The fleet's start of a backend's ramp, from the start the store holds (`stored`, 0:
+/// none) and this instance's sighting (`mine`), both in the store's clock: the same
+/// comeback (within [`SAME_COMEBACK_MS`]) starts at the earlier sighting; another (a
+/// backend that went away and came back again) at the later one.
+pub fn fleet_start(stored: u64, mine: u64) -> u64 {
+    if stored == 0 {
+        mine
+    } else if stored.abs_diff(mine) <= SAME_COMEBACK_MS {
+        stored.min(mine)
+    } else {
+        stored.max(mine)
+    }
+}
+
+/// How long the store keeps an upstream's ramp starts after the last exchange: the
+/// window, the slack of one comeback, and a minute.
+pub fn ramp_ttl_ms(window: Duration) -> u64 {
+    u64::try_from(window.as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(SAME_COMEBACK_MS)
+        .saturating_add(60_000)
+}
+
+/// One instance's exchange of an upstream's ramping backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RampPublish {
+    pub upstream: String,
+    /// How long the store keeps the starts ([`ramp_ttl_ms`]).
+    pub ttl_ms: u64,
+    /// Each ramping backend and how long ago (ms) this instance saw it come back.
+    pub backends: Vec<(String, u64)>,
+}
+
+/// The fleet's ramp starts, in Redis and in process with the same semantics.
+#[async_trait]
+pub trait RampStore: Send + Sync + std::fmt::Debug {
+    /// Merges each backend's sighting with the start the store holds ([`fleet_start`],
+    /// in the store's clock) and returns how long ago (ms) the fleet's ramp of each
+    /// started, in the order given: one round trip.
+    async fn exchange(&self, req: &RampPublish) -> Result<Vec<u64>, StoreError>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_comeback_starts_at_the_earliest_sighting_and_another_at_the_later() {
+        assert_eq!(fleet_start(0, 10_000), 10_000, "the first sighting");
+        // Seen 800 ms apart by two instances: one comeback, from the first sighting,
+        // whichever publishes first.
+        assert_eq!(fleet_start(10_000, 10_800), 10_000);
+        assert_eq!(fleet_start(10_800, 10_000), 10_000);
+        assert_eq!(fleet_start(10_000, 10_000 + SAME_COMEBACK_MS), 10_000);
+        // Back again 30 s later: a new ramp, whoever saw the old one.
+        assert_eq!(fleet_start(10_000, 40_000), 40_000);
+        // An instance still publishing an old comeback does not restart the new ramp.
+        assert_eq!(fleet_start(40_000, 10_000), 40_000);
+        assert_eq!(ramp_ttl_ms(Duration::from_secs(10)), 75_000);
+        assert_eq!(ramp_ttl_ms(Duration::MAX), u64::MAX);
+    }
 
     #[test]
     fn ramps_from_a_tenth_to_all_over_the_window() {
