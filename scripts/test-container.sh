@@ -6,7 +6,8 @@
 #                  toolchain copied in (the rust:<version>-bookworm image's layout:
 #                  /usr/local/cargo/bin on PATH); the Dockerfile installs cmake etc. itself
 #   RUNTIME_IMAGE  Debian bookworm minbase, as debian:bookworm-slim
-# Then the image is run (--read-only, a network namespace of its own) and checked: /readyz,
+# Then the image is run (--read-only, a network namespace of its own, reached from the host
+# with nsenter) and checked: /readyz,
 # a proxied request to the demo backend (mounted and started in the container), the
 # process's user (10001, not root), that nothing in the root file system is writable,
 # portcullis_build_info's commit, and SIGTERM (podman stop): /readyz 503 at once, requests
@@ -27,7 +28,7 @@ die() { say "FAIL: $*"; exit 1; }
 ok() { say "ok: $*"; }
 
 [ "$(id -u)" = 0 ] || die "needs root (podman)"
-for t in podman mmdebstrap; do command -v "$t" >/dev/null || die "$t is missing: apt-get install $t"; done
+for t in podman mmdebstrap nsenter curl; do command -v "$t" >/dev/null || die "$t is missing: apt-get install $t"; done
 runtime=()
 command -v runc >/dev/null && runtime=(--runtime runc)
 BASE=localhost/portcullis-test/debian:bookworm
@@ -99,9 +100,13 @@ podman "${runtime[@]}" run -d --name "$name" --network none --read-only \
   -v "$(realpath "$backend"):/usr/local/bin/demo_backend:ro" \
   --ulimit nofile="$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096 "$IMAGE" >/dev/null || die "podman run"
 for port in 9001 9002; do
-  podman exec -d "$name" /usr/local/bin/demo_backend "127.0.0.1:$port" || die "the demo backend"
+  podman exec -d "$name" /usr/local/bin/demo_backend "127.0.0.1:$port" >/dev/null || die "the demo backend"
 done
-get() { podman exec "$name" curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" || true; }
+# HTTP from the host inside the container's network namespace: podman refuses `exec` into
+# a container it is stopping, so the drain can only be watched from outside
+cpid=$(podman inspect -f '{{.State.Pid}}' "$name")
+[ "${cpid:-0}" -gt 0 ] || die "no PID for $name"
+get() { nsenter -t "$cpid" -n curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" || true; }
 for _ in $(seq 100); do [ "$(get http://127.0.0.1:9090/readyz)" = 200 ] && break; sleep 0.2; done
 [ "$(get http://127.0.0.1:9090/readyz)" = 200 ] || { podman logs "$name" 2>&1 | tail -20 >&2; die "/readyz never 200"; }
 body=
@@ -146,6 +151,7 @@ stop_secs=$(awk -v a="$stop_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f",
 awk -v s="$stop_secs" 'BEGIN { exit !(s >= 5) }' || die "stopped after $stop_secs s, before drain_seconds (5 s)"
 code=$(podman inspect -f '{{.State.ExitCode}}' "$name")
 [ "$code" = 0 ] || { podman logs "$name" 2>&1 | tail -10 >&2; die "exit code $code after SIGTERM"; }
-podman logs "$name" 2>&1 | grep -q 'drain' || say "(no drain line in the logs)"
+podman logs "$name" >"$tmp/proxy.log" 2>&1
+grep 'still proxying during drain' "$tmp/proxy.log" | grep -q '"mode":"graceful"' || die "no graceful drain in the proxy's log"
 ok "SIGTERM: /readyz 503 at once, served while draining, exit 0 after $stop_secs s"
 say "all checks passed"
