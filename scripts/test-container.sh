@@ -21,8 +21,9 @@
 # The build is the Dockerfile's profile-guided, fat-LTO release build of every crate: 91
 # minutes measured on 2 cores shared with other builds (base images another 7), which is
 # why .ci/run runs this only with CI_CONTAINER=1. The build's cache mounts and podman's
-# layer cache stay, so a rebuild after a source change compiles only the changed crates;
-# the checks alone (SKIP_BUILD=1) take about 20 s. Logs: target/container/.
+# layer cache stay, so a rebuild after a source change recompiles only the changed crates
+# (still the fat-LTO link; not measured yet); the checks alone (SKIP_BUILD=1) take about
+# 20 s. Logs: target/container/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
