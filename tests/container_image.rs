@@ -1,5 +1,6 @@
-//! The container image and the Kubernetes example, checked without a container engine
-//! (none is on the machines this is developed on, so `docker build` never runs here):
+//! The container image and the Kubernetes example, checked statically, in seconds and
+//! without a container engine (`scripts/test-container.sh` builds the image with podman
+//! and runs it, opt-in: the build is the long release build):
 //! - every file the Dockerfile `COPY`s is in the build context that `.dockerignore`
 //!   lets through, and nothing of `target/` or `.git/` is;
 //! - the builder's rustc can read the committed PGO profile it builds with;
