@@ -699,7 +699,7 @@ impl Culling {
                     next
                 }
                 Action::Eject => {
-                    b.set_culled(true);
+                    self.take_out(b, claim.is_some()).await;
                     tracked.rule = Some(why.rule());
                     tracked.probe_within_us = match why {
                         Why::Outlier(o) if o.rule == OutlierRule::Latency => Some(o.limit as u64),
@@ -746,6 +746,27 @@ impl Culling {
             };
         }
         claim
+    }
+
+    /// Take `b` out of rotation: `granted` here (a claim this loop just won), or followed
+    /// (another instance's cull this loop saw). With the fleet view, what is out is set
+    /// from one read of the store (the culls with the operations): a grant reads it again
+    /// at once (the grant alone is set only if that read fails), a followed cull is set by
+    /// the fleet sync's read. A cull set beside operations of an older read showed more
+    /// than `max_culled_fraction` out where the store never held it.
+    async fn take_out(&self, b: &BackendState, granted: bool) {
+        let Some(view) = &self.view else {
+            b.set_culled(true);
+            return;
+        };
+        if !granted {
+            return;
+        }
+        let rt = self.shared.runtime.load_full();
+        let read = crate::fleet::sync::read_and_apply(&rt, &*self.budget, view).await;
+        if read.is_err() || !b.is_culled() {
+            b.set_culled(true);
+        }
     }
 
     fn record_claim(
