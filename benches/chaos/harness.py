@@ -292,7 +292,7 @@ def snapshotter(inst):
                 d = None
             if what == "backends" and d is not None:
                 d = [{"u": b.get("upstream"), "a": b.get("address"), "n": b.get("name"), "s": b.get("state"),
-                      "src": b.get("source")} for b in (d.get("backends", d) if isinstance(d, dict) else d)]
+                      "src": b.get("source"), "until": b.get("until")} for b in (d.get("backends", d) if isinstance(d, dict) else d)]
             elif what == "status" and d is not None:
                 rl = d.get("rate_limit", {})
                 d = {"state": d.get("state"), "store_healthy": rl.get("store_healthy")}
