@@ -329,6 +329,7 @@ mod tests {
 #[cfg(test)]
 mod floor_tests {
     use super::*;
+    use crate::upstream::Tried;
     use portcullis_policy::cull::ops::{OpKind, OpRecord};
 
     fn pool() -> Pool {
