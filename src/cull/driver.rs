@@ -731,7 +731,7 @@ impl Culling {
                     tracked.state.on_probe(now_ms, healthy, params)
                 }
                 Action::Readmit => {
-                    self.readmit(pool, b);
+                    self.readmit(pool, b, true);
                     tracked.since_secs = now_ms / 1000;
                     Action::None
                 }
@@ -739,7 +739,7 @@ impl Culling {
                     if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
                         tracing::warn!(error = %e, "release failed; the lease will expire by itself");
                     }
-                    self.readmit(pool, b);
+                    self.readmit(pool, b, true);
                     tracked.since_secs = now_ms / 1000;
                     Action::None
                 }
@@ -824,8 +824,10 @@ impl Culling {
             });
     }
 
-    fn readmit(&self, pool: &Pool, b: &BackendState) {
-        let was = b.is_culled();
+    /// Back in rotation; `was_out`: the state machine had it out (a followed cull the
+    /// fleet sync already put back still counts as readmitted).
+    fn readmit(&self, pool: &Pool, b: &BackendState, was_out: bool) {
+        let was = was_out || b.is_culled();
         b.set_culled(false);
         b.set_dry_run_cull(false);
         b.window.reset();
@@ -845,7 +847,7 @@ impl Culling {
                     if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
                         tracing::debug!(error = %e, "release on disable failed");
                     }
-                    self.readmit(pool, b);
+                    self.readmit(pool, b, false);
                 }
             }
         }
