@@ -333,6 +333,9 @@ pub struct Shared {
     store_tenants: std::sync::Mutex<Vec<(String, String)>>,
     /// `[shedding] fleet_max_concurrency`: this instance's share of the fleet's cap.
     pub fleet_cap: crate::fleet_caps::FleetSlot,
+    /// The fleet's budget as the fleet sync last read it, and the pause detector the
+    /// request path asks before it picks a backend.
+    pub fleet_view: Arc<crate::fleet::sync::FleetView>,
 }
 
 impl Shared {
@@ -369,6 +372,7 @@ impl Shared {
             reloading: std::sync::Mutex::new(()),
             store_tenants: std::sync::Mutex::default(),
             fleet_cap: Default::default(),
+            fleet_view: Arc::default(),
         })
     }
 

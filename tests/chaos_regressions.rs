@@ -165,3 +165,178 @@ fn a_grant_right_after_a_lease_lapses_never_shows_more_out_than_the_budget() {
         "more than 2 of 4 backends out of rotation while an action was answered: {over:?}"
     );
 }
+
+/// Culling on beside the drains: `interval` is this instance's `check_interval_seconds`,
+/// a cull's probe after `cooldown` seconds.
+fn cull_config(backends: &[&Backend], redis: &RedisServer, prefix: &str, interval: u64) -> String {
+    format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\ntimeout_ms = 300\n\n{}\
+         [rate_limit]\nenabled = false\n\n[culling]\nenabled = true\nwindow_seconds = 10\n\
+         error_threshold = 5\ncheck_interval_seconds = {interval}\ntokens = 10\n\
+         token_period_seconds = 600\nmax_culled_fraction = 0.5\ncooldown_seconds = 2\n",
+        redis.url(),
+        upstream_table("app", backends, "connect_timeout_ms = 500\n"),
+    )
+}
+
+/// `address=state` of every backend out of rotation, by the admin API at `admin`.
+fn out_of_rotation(admin: &str) -> Vec<String> {
+    let Ok(r) = try_request(admin, "GET", "/backends", &[], b"") else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&r.body_str()).unwrap_or(Value::Null);
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|b| b["state"] != "up" && b["state"] != "unhealthy")
+                .map(|b| format!("{}={}", b["address"].as_str().unwrap_or(""), b["state"]))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn state_of(p: &Proxy, addr: &str) -> String {
+    let v = json(&p.admin_get("/backends"));
+    v.as_array()
+        .and_then(|a| a.iter().find(|b| b["address"] == addr))
+        .map(|b| b["state"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// The seeds-2/4/10 finding: an instance followed another's cull from its cull loop's read
+/// (every `check_interval_seconds`) and the drains from the fleet sync's (every second).
+/// The cull released in the store, two drains granted on its budget reached it before its
+/// next cull check: 3 of 4 backends out of its rotation (max 2) for as long as that check
+/// took. The culls now come with the drains, from one read.
+#[test]
+fn a_cull_released_elsewhere_leaves_the_rotation_with_the_drains_granted_after_it() {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    // p1 culls; p2 checks seldom (its cull loop reads the store every 30 s).
+    let p1 = Proxy::start(&cull_config(&refs, &redis, "chaos-follow", 1));
+    let p2 = Proxy::start(&cull_config(&refs, &redis, "chaos-follow", 30));
+    let a0 = bs[0].addr();
+    bs[0].set_mode(Mode::Fail(500));
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            for _ in 0..8 {
+                let _ = try_request(&p1.addr(), "GET", "/x", &[], b"");
+            }
+            state_of(&p1, &a0) == "culled"
+        }),
+        "p1 never culled b0: {}",
+        p1.admin_get("/backends").body_str()
+    );
+    assert!(
+        wait_until(Duration::from_secs(45), || state_of(&p2, &a0) == "culled"),
+        "p2 never followed the cull of b0: {}",
+        p2.admin_get("/backends").body_str()
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let p2_admin = p2.admin_addr();
+    let watcher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> Vec<String> {
+            let mut over = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = out_of_rotation(&p2_admin);
+                if out.len() > 2 {
+                    over.push(out.join(" "));
+                }
+            }
+            over
+        })
+    };
+    // b0 recovers: p1's probe releases the cull; at once, b1 and b2 drained on p1.
+    bs[0].set_mode(Mode::Ok);
+    assert!(
+        wait_until(Duration::from_secs(20), || state_of(&p1, &a0) == "up"),
+        "p1 never readmitted b0"
+    );
+    for b in &bs[1..3] {
+        let r = post_json(
+            &p1,
+            &format!("/backends/app/{}/drain", b.addr().replace(':', "%3A")),
+            r#"{"reason": "deploy"}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.body_str());
+    }
+    // p2 catches up: b0 back, b1 and b2 draining.
+    let caught_up = wait_until(Duration::from_secs(45), || {
+        state_of(&p2, &a0) == "up"
+            && state_of(&p2, &bs[1].addr()) == "draining"
+            && state_of(&p2, &bs[2].addr()) == "draining"
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let over = watcher
+        .join()
+        .unwrap_or_else(|_| vec!["the watcher panicked".into()]);
+    assert!(caught_up, "p2 never showed b0 up and b1, b2 draining");
+    assert!(
+        over.is_empty(),
+        "p2 showed more than 2 of 4 backends out ({} snapshots), e.g. {:?}",
+        over.len(),
+        over.first()
+    );
+}
+
+/// The seeds-1/2/3 finding: an instance woken from a SIGSTOP served the requests waiting
+/// for it on the view it had before the pause, sending them to a backend claimed (and
+/// stopped for a deploy) while it slept. It now tells the pause and reads the store's
+/// state before it routes.
+#[test]
+fn an_instance_woken_from_a_pause_routes_nothing_to_a_backend_claimed_while_it_slept() {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let p1 = Proxy::start(&cull_config(&refs, &redis, "chaos-wake", 1));
+    let p2 = Proxy::start(&cull_config(&refs, &redis, "chaos-wake", 1));
+    for _ in 0..6 {
+        assert_eq!(get(&p2.addr(), "/warm", &[]).status, 200);
+    }
+    p2.signal("STOP");
+    let r = post_json(
+        &p1,
+        "/claims",
+        &format!(
+            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "deploy"}}"#,
+            bs[0].addr()
+        ),
+    );
+    assert_eq!(r.status, 201, "{}", r.body_str());
+    let before = bs[0].requests();
+    // Requests wait for the frozen instance (in its listen backlog).
+    let addr = p2.addr();
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                (0..3)
+                    .map(|j| {
+                        try_request(&addr, "GET", &format!("/w{i}-{j}"), &[], b"")
+                            .map(|r| r.status)
+                            .unwrap_or(0)
+                    })
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    // The pause: 3 s (the fault itself, not a wait for a condition).
+    std::thread::sleep(Duration::from_secs(3));
+    p2.signal("CONT");
+    let statuses: Vec<u16> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap_or_default())
+        .collect();
+    assert_eq!(statuses.len(), 36, "a client thread failed");
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "requests failed: {statuses:?}"
+    );
+    assert_eq!(
+        bs[0].requests(),
+        before,
+        "the woken instance sent requests to the backend claimed while it slept"
+    );
+}

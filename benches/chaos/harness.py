@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The chaos harness (issue 63), run by benches/chaos/run.sh, which documents it.
 
-Starts N portcullis instances, one private redis-server, four backends, a TCP relay in
+Starts N portcullis instances, one private redis-server, four backends, a TCP relay (a process of its own) in
 front of Redis for each instance and one in front of each backend (the partitions), a load
 client, an operations client (drains, claims and deploys from several instances at once),
 an admin snapshotter per instance, and a fault schedule drawn from the seed. Everything
@@ -24,7 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from relay import Relay  # noqa: E402
+from relay import RelayProcess as Relay  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED, SECONDS, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -154,6 +154,8 @@ class Backend:
         with open(self.ctl, "w") as f:
             f.write("ok")
         self.relay = Relay(free_port(), self.port, self.name)
+        with LOCK:
+            PROCS.append(self.relay.proc)
         self.addr = f"127.0.0.1:{self.relay.port}"  # what every instance knows it by
         self.proc = None
         self.deploy_lock = threading.Lock()
@@ -186,6 +188,8 @@ class Instance:
         self.slot = slot
         self.port, self.admin = free_port(), free_port()
         self.redis_relay = Relay(free_port(), redis.port, f"redis-i{slot}")
+        with LOCK:
+            PROCS.append(self.redis_relay.proc)
         self.conf = os.path.join(OUT, f"i{slot}.toml")
         self.faketime = os.path.join(OUT, f"i{slot}.faketime")
         self.stopped = False
@@ -288,7 +292,7 @@ def snapshotter(inst):
                 d = None
             if what == "backends" and d is not None:
                 d = [{"u": b.get("upstream"), "a": b.get("address"), "n": b.get("name"), "s": b.get("state"),
-                      "src": b.get("source")} for b in (d.get("backends", d) if isinstance(d, dict) else d)]
+                      "src": b.get("source"), "until": b.get("until")} for b in (d.get("backends", d) if isinstance(d, dict) else d)]
             elif what == "status" and d is not None:
                 rl = d.get("rate_limit", {})
                 d = {"state": d.get("state"), "store_healthy": rl.get("store_healthy")}

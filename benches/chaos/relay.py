@@ -9,10 +9,17 @@ port and forwards each connection to a target. Its mode makes the partitions:
   retransmissions timed out);
 * `refuse`: existing connections are closed and new ones are closed at once (a reset peer).
 
+Each relay runs in a process of its own (`RelayProcess`: `python3 relay.py NAME LISTEN
+TARGET`, its mode a line on its stdin), so that it does not stall with the harness's
+client and snapshot threads when the machine starves.
+
 Python stdlib only (threads and select).
 """
+import os
 import select
 import socket
+import subprocess
+import sys
 import threading
 
 
@@ -109,3 +116,45 @@ class Relay:
             conns = list(self.conns)
         for c in conns:
             self._close(c)
+
+
+class RelayProcess:
+    """A `Relay` in a child process, with the same `port`, `set_mode` and `stop`."""
+
+    def __init__(self, listen_port, target_port, name):
+        self.name = name
+        self.port = listen_port
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), name, str(listen_port), str(target_port)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"relay {name} did not start")
+
+    def set_mode(self, mode):
+        self.proc.stdin.write(mode + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def main():
+    name, listen, target = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    relay = Relay(listen, target, name)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        mode = line.strip()
+        if mode in ("pass", "blackhole", "refuse"):
+            relay.set_mode(mode)
+    relay.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -699,7 +699,7 @@ impl Culling {
                     next
                 }
                 Action::Eject => {
-                    b.set_culled(true);
+                    self.take_out(b, claim.is_some()).await;
                     tracked.rule = Some(why.rule());
                     tracked.probe_within_us = match why {
                         Why::Outlier(o) if o.rule == OutlierRule::Latency => Some(o.limit as u64),
@@ -731,7 +731,7 @@ impl Culling {
                     tracked.state.on_probe(now_ms, healthy, params)
                 }
                 Action::Readmit => {
-                    self.readmit(pool, b);
+                    self.readmit(pool, b, true);
                     tracked.since_secs = now_ms / 1000;
                     Action::None
                 }
@@ -739,13 +739,34 @@ impl Culling {
                     if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
                         tracing::warn!(error = %e, "release failed; the lease will expire by itself");
                     }
-                    self.readmit(pool, b);
+                    self.readmit(pool, b, true);
                     tracked.since_secs = now_ms / 1000;
                     Action::None
                 }
             };
         }
         claim
+    }
+
+    /// Take `b` out of rotation: `granted` here (a claim this loop just won), or followed
+    /// (another instance's cull this loop saw). With the fleet view, what is out is set
+    /// from one read of the store (the culls with the operations): a grant reads it again
+    /// at once (the grant alone is set only if that read fails), a followed cull is set by
+    /// the fleet sync's read. A cull set beside operations of an older read showed more
+    /// than `max_culled_fraction` out where the store never held it.
+    async fn take_out(&self, b: &BackendState, granted: bool) {
+        let Some(view) = &self.view else {
+            b.set_culled(true);
+            return;
+        };
+        if !granted {
+            return;
+        }
+        let rt = self.shared.runtime.load_full();
+        let read = crate::fleet::sync::read_and_apply(&rt, &*self.budget, view).await;
+        if read.is_err() || !b.is_culled() {
+            b.set_culled(true);
+        }
     }
 
     fn record_claim(
@@ -803,8 +824,10 @@ impl Culling {
             });
     }
 
-    fn readmit(&self, pool: &Pool, b: &BackendState) {
-        let was = b.is_culled();
+    /// Back in rotation; `was_out`: the state machine had it out (a followed cull the
+    /// fleet sync already put back still counts as readmitted).
+    fn readmit(&self, pool: &Pool, b: &BackendState, was_out: bool) {
+        let was = was_out || b.is_culled();
         b.set_culled(false);
         b.set_dry_run_cull(false);
         b.window.reset();
@@ -824,7 +847,7 @@ impl Culling {
                     if let Err(e) = self.budget.release(&pool.name, &b.addr_str).await {
                         tracing::debug!(error = %e, "release on disable failed");
                     }
-                    self.readmit(pool, b);
+                    self.readmit(pool, b, false);
                 }
             }
         }

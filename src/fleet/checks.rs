@@ -123,17 +123,7 @@ pub fn voluntary_check(
 /// of 4 backends out for 1.5 s). So a caller sets a granted record itself only when this
 /// read fails.
 pub async fn refresh(rt: &Runtime, budget: &dyn BudgetStore, view: &FleetView) -> bool {
-    match budget
-        .fleet_state(&names(rt), &rt.config.culling.params)
-        .await
-    {
-        Ok(state) => {
-            super::sync::apply(rt, &state);
-            view.store(state);
-            true
-        }
-        Err(_) => false,
-    }
+    super::sync::read_and_apply(rt, budget, view).await.is_ok()
 }
 
 pub fn names(rt: &Runtime) -> Vec<&str> {

@@ -389,6 +389,9 @@ impl ProxyHttp for Proxy {
             return Self::refuse_early(session, ctx, Refusal::NoBackend { retry_after });
         };
         if ctx.upstream.attempt_start.is_none() {
+            // Woken from a pause: the drains and claims granted meanwhile are read first
+            // (at once otherwise).
+            self.shared.fleet_view.fresh_after_pause().await;
             // First attempt: the retry budget counts requests, not attempts.
             pool.shared
                 .budget

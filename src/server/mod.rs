@@ -226,7 +226,7 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     // and the runtime API share.
     let fleet_store = background::fleet_store(s.redis.as_ref());
     let budget = fleet_store.budget();
-    let view = Arc::new(crate::fleet::sync::FleetView::default());
+    let view = Arc::clone(&shared.fleet_view);
     let admin = admin_service(
         &shared,
         s.admin_listen,

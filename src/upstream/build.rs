@@ -325,3 +325,72 @@ mod tests {
         assert!(Arc::ptr_eq(&registry(&first), &registry(&timeout)));
     }
 }
+
+#[cfg(test)]
+mod floor_tests {
+    use super::*;
+    use crate::upstream::Tried;
+    use portcullis_policy::cull::ops::{OpKind, OpRecord};
+
+    fn pool() -> Pool {
+        let text = "[[upstreams]]\nname = \"a\"\n\
+                    backends = [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]\n";
+        let mut cfg = crate::config::parse("t.toml", text).expect("valid config");
+        Pool::build(&cfg.upstreams.remove(0), 10, &HashMap::new(), None)
+    }
+
+    fn drain(b: &BackendState) {
+        b.manual().set(vec![OpRecord {
+            backend: b.addr_str.clone(),
+            kind: OpKind::Drain,
+            by: "t".into(),
+            reason: "t".into(),
+            at_ms: 1,
+            until_ms: None,
+            force: false,
+        }]);
+    }
+
+    #[test]
+    fn a_view_with_nothing_in_rotation_keeps_a_culled_backend_in() {
+        let p = pool();
+        p.backends[0].set_culled(true);
+        drain(&p.backends[1]);
+        drain(&p.backends[2]);
+        let got = p.select(&Tried::default(), b"");
+        assert_eq!(
+            got.map(|b| b.addr_str.clone()).as_deref(),
+            Some("127.0.0.1:1"),
+            "the culled one serves rather than none"
+        );
+        // One in rotation: the culled one stays out.
+        p.backends[2].manual().set(Vec::new());
+        for _ in 0..6 {
+            let got = p.select(&Tried::default(), b"").map(|b| b.addr_str.clone());
+            assert_eq!(got.as_deref(), Some("127.0.0.1:3"));
+        }
+        // Operations alone never make the floor serve a drained backend.
+        drain(&p.backends[2]);
+        p.backends[0].set_culled(false);
+        drain(&p.backends[0]);
+        assert!(p.select(&Tried::default(), b"").is_none());
+    }
+
+    #[test]
+    fn a_fleet_read_older_than_the_loops_own_change_does_not_undo_it() {
+        let p = pool();
+        let b = &p.backends[0];
+        let read = crate::upstream::cull_epoch();
+        b.set_culled(true); // the culling loop's grant, after the read started
+        assert!(!b.follow_cull(false, read), "the older read is skipped");
+        assert!(b.is_culled());
+        let newer = crate::upstream::cull_epoch();
+        assert!(
+            b.follow_cull(false, newer),
+            "a read started after it applies"
+        );
+        assert!(!b.is_culled());
+        assert!(b.follow_cull(true, newer));
+        assert!(b.is_culled());
+    }
+}

@@ -37,7 +37,9 @@ pub struct BackendState {
     pub window: portcullis_policy::cull::ErrorWindow,
     /// Latencies over the culling window (recorded only with `[culling] outlier = "latency"`).
     pub latency: portcullis_policy::cull::LatencyWindow,
-    cull: AtomicU8,
+    /// The cull mark (bit 0: culled) and, above it, the [`cull_epoch`] of the culling
+    /// loop's last own change (a fleet read older than that change does not undo it).
+    cull: AtomicU64,
     /// Dry run: the budget granted a cull that was not carried out.
     dry_run_cull: AtomicBool,
     /// Responses and errors since start; the culling loop sends the deltas to
@@ -143,7 +145,7 @@ impl BackendState {
             name: name.map_or_else(|| addr.to_string(), str::to_string),
             window: portcullis_policy::cull::ErrorWindow::new(window_secs),
             latency: portcullis_policy::cull::LatencyWindow::new(window_secs),
-            cull: AtomicU8::new(CullMark::In as u8),
+            cull: AtomicU64::new(CullMark::In as u64),
             dry_run_cull: AtomicBool::new(false),
             total_requests: AtomicU64::new(0),
             total_errors: AtomicU64::new(0),
@@ -244,7 +246,7 @@ impl BackendState {
 
     #[inline]
     pub fn is_culled(&self) -> bool {
-        self.cull.load(Ordering::Acquire) == CullMark::Culled as u8
+        self.cull.load(Ordering::Acquire) & 1 == CullMark::Culled as u64
     }
 
     pub fn is_dry_run_culled(&self) -> bool {
@@ -255,14 +257,35 @@ impl BackendState {
         self.dry_run_cull.store(v, Ordering::Release);
     }
 
+    /// The culling loop's own change: its grant (when the read after it failed) or a
+    /// readmission. A fleet read that started before it does not undo it.
     pub fn set_culled(&self, culled: bool) {
         let v = if culled {
             CullMark::Culled
         } else {
             CullMark::In
         };
-        self.cull.store(v as u8, Ordering::Release);
+        self.cull
+            .store((cull_epoch() << 1) | v as u64, Ordering::Release);
     }
+
+    /// Set the mark from a fleet read that started at `read_epoch` (a [`cull_epoch`]): the
+    /// culls every instance holds, read with the operations, so the instance's view of what
+    /// is out is one snapshot. Skipped when the culling loop changed the mark since that
+    /// read started (its change is newer). Returns whether it was set.
+    pub fn follow_cull(&self, culled: bool, read_epoch: u64) -> bool {
+        self.cull
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                ((cur >> 1) <= read_epoch).then_some((cur & !1) | u64::from(culled))
+            })
+            .is_ok()
+    }
+}
+
+/// A point in the order of cull-mark changes and fleet reads (increasing, process-wide).
+pub fn cull_epoch() -> u64 {
+    static EPOCH: AtomicU64 = AtomicU64::new(0);
+    EPOCH.fetch_add(1, Ordering::AcqRel) + 1
 }
 
 const MANUAL_IN: u8 = 0;
@@ -690,9 +713,25 @@ impl Pool {
             }
             return Some(Arc::clone(&self.backends[i]));
         }
-        if (0..n).any(|i| in_shard(i) && healthy(i)) {
-            // Healthy backends exist but were tried or culled: not a panic.
+        if (0..n).any(|i| in_shard(i) && healthy(i) && !self.backends[i].is_out()) {
+            // Healthy backends in rotation exist but were tried or are full: not a panic.
+            // (Healthy ones that are all out, drained or culled, are: the ones in rotation
+            // serve though their checks fail, rather than none.)
             return None;
+        }
+        if (0..n).all(|i| !in_shard(i) || self.backends[i].is_out()) {
+            // Nothing in rotation by this instance's view (a cull beside operations the
+            // store never held together): never the last backend, the budget's floor. The
+            // culled ones serve (the operations are a person's; the store holds them within
+            // the budget).
+            let culled_only = |i: usize| {
+                let s = &self.backends[i];
+                in_shard(i) && !tried.contains(&s.addr) && s.manual.state() == ManualState::In
+            };
+            return self
+                .selector
+                .pick(n, weights, key, &culled_only, &load)
+                .map(|i| Arc::clone(&self.backends[i]));
         }
         let fallback = self.selector.pick(n, weights, key, &open, &load);
         if fallback.is_some() && !self.panic_mode.swap(true, Ordering::Relaxed) {

@@ -215,9 +215,10 @@ impl RedisClient {
 
     /// Connect once (bounded by the caller).
     async fn connect(&self) -> RedisResult<StoreConn> {
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
+        // No response timeout in the connection: [`RedisClient::run`] bounds each call
+        // itself, and tells a deadline passed while the process was paused from a slow
+        // store (the connection's own timer would fail the call at wake-up).
+        let cfg = AsyncConnectionConfig::new().set_connection_timeout(self.timeout);
         match &self.target {
             Target::Standalone(client) => Ok(StoreConn::Single(
                 client
@@ -302,7 +303,17 @@ impl RedisClient {
         Fut: Future<Output = RedisResult<T>>,
     {
         let (conn, generation) = self.connection().await?;
-        match timeout(self.timeout, op(conn)).await {
+        let started = Instant::now();
+        let call = op(conn);
+        tokio::pin!(call);
+        let mut done = timeout(self.timeout, &mut call).await;
+        if done.is_err() && paused_through(started.elapsed(), self.timeout) {
+            // The deadline passed while the process did not run (SIGSTOP, a frozen VM, a
+            // starved machine): the answer may sit unread in the socket. One more bound
+            // before the store is called slow and the connection dropped.
+            done = timeout(self.timeout, &mut call).await;
+        }
+        match done {
             Ok(Ok(v)) => {
                 self.succeeded().await;
                 Ok(v)
@@ -323,6 +334,12 @@ impl RedisClient {
             }
         }
     }
+}
+
+/// A call bounded by `bound` whose timer fired `elapsed` after it started: late by at
+/// least the bound itself, the process was not running when the deadline passed.
+fn paused_through(elapsed: Duration, bound: Duration) -> bool {
+    elapsed >= bound.saturating_mul(2)
 }
 
 /// A script or command error that says nothing about the connection or the topology.
@@ -375,6 +392,16 @@ fn back_off(st: &mut Conn) {
 #[cfg(test)]
 mod slot_tests {
     use super::RedisClient;
+
+    #[test]
+    fn a_timer_late_by_its_bound_is_a_pause() {
+        use std::time::Duration;
+        let b = Duration::from_millis(300);
+        assert!(!super::paused_through(Duration::from_millis(301), b));
+        assert!(!super::paused_through(Duration::from_millis(599), b));
+        assert!(super::paused_through(Duration::from_millis(600), b));
+        assert!(super::paused_through(Duration::from_secs(20), b));
+    }
 
     /// Values from `CLUSTER KEYSLOT` of Redis 7.
     #[test]
