@@ -287,7 +287,7 @@ impl Admin {
         m.shed.inflight.set(s.shedder.inflight() as i64);
         m.shed.concurrency_limit.set(s.shedder.cap() as i64);
         let view = s.shedder.queue_view(std::time::Instant::now());
-        for (c, n) in crate::config::Priority::ALL.iter().zip(view.waiting) {
+        for (c, n) in portcullis_policy::shed::Priority::ALL.iter().zip(view.waiting) {
             m.shed
                 .queue_waiting
                 .with_label_values(&[c.as_str()])
@@ -338,7 +338,7 @@ impl Admin {
         );
         let rt = s.runtime.load();
         if let Some(registry) = rt.tenants.as_deref() {
-            let now = crate::store::clock::unix_ms();
+            let now = portcullis_store::clock::unix_ms();
             for t in registry.tenants.iter().filter(|t| t.tier.quota > 0) {
                 let used = s.tenant_quota.used(t.quota_key, t.tier.period, now);
                 m.tenants
@@ -475,16 +475,16 @@ impl Admin {
         let cap = s.shedder.cap();
         let queue = s.shedder.queue_view(std::time::Instant::now());
         let classes: Vec<_> = [
-            ("critical", crate::shed::Priority::Critical),
-            ("normal", crate::shed::Priority::Normal),
-            ("low", crate::shed::Priority::Low),
+            ("critical", portcullis_policy::shed::Priority::Critical),
+            ("normal", portcullis_policy::shed::Priority::Normal),
+            ("low", portcullis_policy::shed::Priority::Low),
         ]
         .iter()
         .map(|(name, p)| {
             let limit = if cap == 0 {
                 0
             } else {
-                crate::shed::class_limit(cap, *p)
+                portcullis_policy::shed::class_limit(cap, *p)
             };
             let i = p.index();
             json!({

@@ -22,7 +22,7 @@
 
 pub mod notify;
 
-use crate::shed::Shedder;
+use portcullis_policy::shed::Shedder;
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
 use pingora::protocols::Stream;

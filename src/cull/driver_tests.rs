@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::driver::{Culling, Memory};
-use super::LocalBudget;
+use portcullis_store::budget::LocalBudget;
 use crate::state::Shared;
 
 /// A backend whose every answer has the status the test sets.

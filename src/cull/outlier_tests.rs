@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::driver::{Culling, Memory};
-use super::LocalBudget;
+use portcullis_store::budget::LocalBudget;
 use crate::state::Shared;
 use crate::upstream::BackendState;
 

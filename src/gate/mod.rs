@@ -17,12 +17,11 @@ use std::sync::Arc;
 
 use prometheus::IntCounter;
 
-use crate::config::Priority;
 use crate::edge::tunnel::{TunnelSlot, Tunnels};
 use crate::metrics::Metrics;
 use crate::respond::{RateFields, Refusal};
-use crate::shed::queue::Rank;
-use crate::shed::{InflightGuard, Shedder};
+use portcullis_policy::shed::queue::Rank;
+use portcullis_policy::shed::{InflightGuard, Priority, Shedder};
 use crate::state::{Runtime, Shared};
 use crate::upstream::{BulkheadGuard, Pool};
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::{Gate, RequestFacts};
 use crate::config::tenants::UnknownKey;
-use crate::config::{Priority, RateLimitSettings};
+use crate::config::RateLimitSettings;
+use portcullis_policy::shed::Priority;
 use crate::ratelimit::{extract_request_key, KeyOutcome};
 use crate::respond::Refusal;
 use crate::tenants::{Registry, TenantRt, TenantSlot};

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::edge;
 use crate::gate::Admitted;
-use crate::metrics::Outcome;
+use portcullis_policy::verdict::Outcome;
 use crate::respond::Refusal;
 use crate::state::Runtime;
 use crate::upstream::{Attempt, BackendState, Pool, Tried};

@@ -4,8 +4,8 @@
 //!
 //! 1. `early_request_filter`: framing and target checks (400), header block size
 //!    (431). See [`crate::framing`].
-//! 2. `request_filter`: route, then load shedding ([`crate::shed`], 503), then the
-//!    rate limiter ([`crate::ratelimit::gate`], 429 / 401 / 400). Nothing here
+//! 2. `request_filter`: route, then load shedding ([`crate::gate`], 503), then the
+//!    rate limiter ([`crate::gate`], 429 / 401 / 400). Nothing here
 //!    awaits I/O or reads the body.
 //! 3. `upstream_peer`: next healthy, not-culled backend ([`crate::upstream`]);
 //!    none → 503.
@@ -45,7 +45,7 @@ use pingora::ErrorType;
 use crate::config::{RouteAction, UnmatchedSection};
 use crate::edge;
 use crate::gate;
-use crate::metrics::Outcome;
+use portcullis_policy::verdict::Outcome;
 use crate::respond::{self, Refusal};
 use crate::state::Shared;
 use crate::upstream::Attempt;
@@ -100,7 +100,7 @@ impl Proxy {
             return None;
         }
         let who = Self::blame_identity(session, ctx)?;
-        let now_ms = crate::store::clock::unix_ms();
+        let now_ms = portcullis_store::clock::unix_ms();
         let window = ctx.runtime.config.culling.params.window_secs;
         let key = crate::cull::blame::current(&pool.shared.key_spread, who, now_ms / 1000, window);
         let secs = pool.shared.blamed.limited(key, now_ms)?;
@@ -130,7 +130,7 @@ impl Proxy {
             return;
         };
         let sh = &pool.shared;
-        let now_secs = crate::store::clock::unix_secs();
+        let now_secs = portcullis_store::clock::unix_secs();
         let window = ctx.runtime.config.culling.params.window_secs;
         let ledgers = (&sh.blame_ledger, &sh.slow_ledger);
         let key = crate::cull::blame::noted(&sh.key_spread, ledgers, who, now_secs, window);
@@ -253,7 +253,7 @@ impl Proxy {
             rt,
             ctx.routing.pool.as_deref(),
             &facts,
-            crate::store::clock::unix_ms(),
+            portcullis_store::clock::unix_ms(),
             &mut ctx.gates,
         )
     }
@@ -392,7 +392,7 @@ impl ProxyHttp for Proxy {
             // First attempt: the retry budget counts requests, not attempts.
             pool.shared
                 .budget
-                .record_request(crate::store::clock::unix_secs());
+                .record_request(portcullis_store::clock::unix_secs());
         }
         let key = pool.balance.needs_key().then(|| {
             let req = session.req_header();
@@ -510,7 +510,7 @@ impl ProxyHttp for Proxy {
             cause = failure::plain_cause(&e).unwrap_or_default(),
         );
         if let Some(b) = ctx.upstream.backend.take() {
-            let now_secs = crate::store::clock::unix_secs();
+            let now_secs = portcullis_store::clock::unix_secs();
             b.record(now_secs, true);
             b.traffic.record(
                 crate::observe::traffic::secs(std::time::Instant::now()),
@@ -538,7 +538,7 @@ impl ProxyHttp for Proxy {
                 // Outside the budget (nothing was sent), but counted in it.
                 p.shared
                     .budget
-                    .record_retry(crate::store::clock::unix_secs());
+                    .record_retry(portcullis_store::clock::unix_secs());
                 self.shared.metrics.proxy.retry(&p.name, true);
             }
             e.set_retry(true);
@@ -563,7 +563,7 @@ impl ProxyHttp for Proxy {
         ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                let now_secs = crate::store::clock::unix_secs();
+                let now_secs = portcullis_store::clock::unix_secs();
                 b.record(now_secs, true);
                 let class = portcullis_policy::traffic::class_of(Some(status));
                 b.traffic.record(
@@ -589,7 +589,7 @@ impl ProxyHttp for Proxy {
             resp.remove_header(name);
             if !ctx.answer.charged {
                 if let Some(t) = tenant {
-                    let now = crate::store::clock::unix_ms();
+                    let now = portcullis_store::clock::unix_ms();
                     self.shared
                         .tenant_quota
                         .charge(t.quota_key, t.tier.period, cost, now);
@@ -627,7 +627,7 @@ impl ProxyHttp for Proxy {
         }
         if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                let now_secs = crate::store::clock::unix_secs();
+                let now_secs = portcullis_store::clock::unix_secs();
                 b.record(now_secs, true);
                 b.traffic.record(
                     crate::observe::traffic::secs(std::time::Instant::now()),
@@ -785,14 +785,14 @@ impl ProxyHttp for Proxy {
                         t.quota_key,
                         t.tier.period,
                         1,
-                        crate::store::clock::unix_ms(),
+                        portcullis_store::clock::unix_ms(),
                     );
                 }
             }
         }
         let backend = ctx.upstream.backend.take();
         if let Some(b) = &backend {
-            let now_secs = crate::store::clock::unix_secs();
+            let now_secs = portcullis_store::clock::unix_secs();
             // The backend's fault only: a 5xx, or an error on the upstream side
             // (timeouts, resets). A client hanging up is not the backend's error.
             let upstream_failed =

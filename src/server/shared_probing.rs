@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use portcullis_policy::health::shared::{probers, ProbeStore, Publish, SyncRequest};
 
-use crate::store::Store;
+use portcullis_store::Store;
 use crate::upstream::probe::Role;
 use crate::upstream::Pool;
 

@@ -7,7 +7,7 @@ use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{
     check_out, out_backends, OpKind, OpRecord, OpRefusal, OpRequest, CLAIM_ASPECT,
 };
-use portcullis_policy::cull::{ClaimCommit, CullParams};
+use portcullis_policy::cull::{ClaimCommit, ClaimToCommit, CullParams};
 
 use super::local::LocalBudget;
 
@@ -99,18 +99,20 @@ impl LocalBudget {
     }
 
     /// [`BudgetStore::commit_claim`](portcullis_policy::cull::BudgetStore::commit_claim) at `now_ms`.
-    #[allow(clippy::too_many_arguments)]
     pub fn commit_claim_at(
         &self,
         now_ms: u64,
-        version: u64,
-        upstream: &str,
-        backend: &str,
-        req: &OpRequest,
-        groups: &[String],
-        take_token: bool,
+        claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> ClaimCommit {
+        let ClaimToCommit {
+            version,
+            upstream,
+            backend,
+            req,
+            groups,
+            take_token,
+        } = *claim;
         let mut st = self.lock();
         if st.version != version {
             return ClaimCommit::Conflict;
