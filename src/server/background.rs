@@ -135,7 +135,7 @@ impl BackgroundService for Readiness {
         }
         if self.shared.lifecycle.mark_ready() {
             tracing::info!(event = "ready", "proxy listeners accept; ready");
-            crate::lifecycle::notify::ready();
+            self.shared.lifecycle.notifier.ready();
         }
     }
 }
@@ -269,8 +269,11 @@ pub(super) fn services(
         Box::new(fleet_caps),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
-    if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {
-        let pings = crate::lifecycle::notify::WatchdogPings { interval };
+    if let Some(interval) = shared.lifecycle.notifier.watchdog_interval() {
+        let pings = crate::lifecycle::notify::WatchdogPings {
+            interval,
+            lifecycle: Arc::clone(&shared.lifecycle),
+        };
         all.push(Box::new(background_service("systemd watchdog", pings)));
     }
     all
