@@ -91,42 +91,13 @@ impl Proxy {
         ctx.answer.request_id = Some(client.unwrap_or_else(|| self.shared.next_request_id_value()));
     }
 
-    /// Refuse through an error: `fail_to_proxy` answers with `ctx.answer.refusal`.
-    /// `blame_tenants`: a key blamed for its upstream's errors is answered 429 until its
-    /// cooldown ends (CONTRACT §15). One atomic load while no key is blamed.
-    fn blamed(&self, session: &Session, ctx: &Ctx) -> Option<Refusal> {
-        let pool = ctx.routing.pool.as_deref()?;
-        if !ctx.runtime.config.culling.blame_tenants || !pool.shared.blamed.any() {
-            return None;
-        }
-        let who = Self::blame_identity(session, ctx)?;
-        let now_ms = portcullis_store::clock::unix_ms();
-        let window = ctx.runtime.config.culling.params.window_secs;
-        let key = crate::cull::blame::current(&pool.shared.key_spread, who, now_ms / 1000, window);
-        let secs = pool.shared.blamed.limited(key, now_ms)?;
-        Some(Refusal::Blamed { retry_after: secs })
-    }
-
-    /// The request's blame identity ([`crate::cull::blame::identity`]).
-    fn blame_identity(session: &Session, ctx: &Ctx) -> Option<crate::cull::blame::Identity> {
-        let req = session.req_header();
-        crate::cull::blame::identity(
-            &ctx.runtime.config.rate_limit,
-            ctx.gates.tenant.as_deref(),
-            ctx.runtime.tenants.is_some(),
-            &req.headers,
-            &req.uri,
-            ctx.routing.client,
-        )
-    }
-
     /// `blame_tenants`: record a failing request (`slow`: an answer over the latency
     /// rule's line) of this request's identity on backend `b`.
     fn record_blame(session: &Session, ctx: &Ctx, b: &crate::upstream::BackendState, slow: bool) {
         let Some(pool) = &ctx.routing.pool else {
             return;
         };
-        let Some(who) = Self::blame_identity(session, ctx) else {
+        let Some(who) = ctx.gates.caller.blame else {
             return;
         };
         let sh = &pool.shared;
@@ -134,7 +105,7 @@ impl Proxy {
         let window = ctx.runtime.config.culling.params.window_secs;
         let ledgers = (&sh.blame_ledger, &sh.slow_ledger);
         let key = crate::cull::blame::noted(&sh.key_spread, ledgers, who, now_secs, window);
-        let tenant = ctx.gates.tenant.as_deref().map(|t| &t.name);
+        let tenant = ctx.gates.caller.tenant.as_deref().map(|t| &t.name);
         sh.blame_names.note(key, tenant);
         if slow {
             // In the slices of the backend's latency window, which it is compared with.
@@ -366,9 +337,6 @@ impl ProxyHttp for Proxy {
             };
         }
         let rt = &*ctx.runtime;
-        if let Some(refusal) = self.blamed(session, ctx) {
-            return self.refuse(session, ctx, refusal).await;
-        }
         if ctx.gates.tunnel.is_some() {
             Self::time_tunnel(session, rt.config.server.tunnel_idle_timeout);
         }
@@ -582,7 +550,7 @@ impl ProxyHttp for Proxy {
         if let Some(name) = &ctx.runtime.config.rate_limit.cost_header {
             // The request's cost against its tenant's quota, charged before the client
             // sees the response (its next request sees the spending); never shown to it.
-            let tenant = ctx.gates.tenant.as_deref().filter(|t| t.tier.quota > 0);
+            let tenant = ctx.gates.caller.tenant.as_deref().filter(|t| t.tier.quota > 0);
             // At most the quota: a larger cost spends it (and the store takes it).
             let quota = tenant.map_or(0, |t| t.tier.quota);
             let cost = crate::tenants::cost_of(resp.headers.get(name), quota);
@@ -775,7 +743,7 @@ impl ProxyHttp for Proxy {
             }
         }
         if let Some(registry) = ctx.runtime.tenants.as_deref() {
-            let tenant = ctx.gates.tenant.as_deref();
+            let tenant = ctx.gates.caller.tenant.as_deref();
             registry.count(tenant, outcome);
             if let Some(t) = tenant.filter(|t| t.tier.quota > 0 && !ctx.answer.charged) {
                 // Not charged at its response header (no cost header, or no answer): 1,
@@ -841,8 +809,12 @@ impl ProxyHttp for Proxy {
                 elapsed,
                 now_secs: crate::observe::traffic::secs(now),
                 shadow: ctx.gates.shadow,
-                priority: ctx.runtime.route_at(ctx.routing.route).priority,
-                tenant: ctx.gates.tenant.as_ref().map(|t| &*t.name),
+                priority: ctx
+                    .gates
+                    .caller
+                    .class
+                    .unwrap_or_else(|| ctx.runtime.route_at(ctx.routing.route).priority),
+                tenant: ctx.gates.caller.tenant.as_ref().map(|t| &*t.name),
             },
         );
         tracing::debug!(
