@@ -14,7 +14,8 @@
 //! 6. `response_filter`: RateLimit fields, X-Request-Id, `Connection: close`
 //!    while draining.
 //! 7. `fail_to_proxy`: the refusal for an error (`failure.rs`), logged once.
-//! 8. `logging`: metrics and the backend's error window, which culling reads.
+//! 8. `logging`: where the request ends ([`settle`]): the tenant's charge, the backend's
+//!    error window (which culling reads) and blame, latency, metrics and the access log.
 //!
 //! Before the sends that follow 5 and 6 (and a gate's refusal), a request yields once
 //! while others are in flight on its thread, so one turn's sends go out together
@@ -30,6 +31,7 @@ mod queue;
 mod request;
 mod response;
 mod retry;
+mod settle;
 mod telemetry;
 mod upstream_request;
 
@@ -89,31 +91,6 @@ impl Proxy {
             .filter(|v| edge::headers::valid_request_id(v.as_bytes()))
             .cloned();
         ctx.answer.request_id = Some(client.unwrap_or_else(|| self.shared.next_request_id_value()));
-    }
-
-    /// `blame_tenants`: record a failing request (`slow`: an answer over the latency
-    /// rule's line) of this request's identity on backend `b`.
-    fn record_blame(session: &Session, ctx: &Ctx, b: &crate::upstream::BackendState, slow: bool) {
-        let Some(pool) = &ctx.routing.pool else {
-            return;
-        };
-        let Some(who) = ctx.gates.caller.blame else {
-            return;
-        };
-        let sh = &pool.shared;
-        let now_secs = portcullis_store::clock::unix_secs();
-        let window = ctx.runtime.config.culling.params.window_secs;
-        let ledgers = (&sh.blame_ledger, &sh.slow_ledger);
-        let key = crate::cull::blame::noted(&sh.key_spread, ledgers, who, now_secs, window);
-        let tenant = ctx.gates.caller.tenant.as_deref().map(|t| &t.name);
-        sh.blame_names.note(key, tenant);
-        if slow {
-            // In the slices of the backend's latency window, which it is compared with.
-            let slice = b.latency.slice_secs();
-            sh.slow_ledger.record(now_secs, slice, key, b.addr);
-        } else {
-            sh.blame_ledger.record(now_secs, window, key, b.addr);
-        }
     }
 
     fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
@@ -239,9 +216,6 @@ impl Proxy {
         session.set_read_timeout((!timed_by_edge).then_some(idle));
     }
 }
-
-/// The traffic class of an attempt the backend did not answer (`error`).
-const NO_ANSWER: usize = portcullis_policy::traffic::CLASSES.len() - 1;
 
 impl ProxyHttp for Proxy {
     type CTX = Ctx;
@@ -478,13 +452,7 @@ impl ProxyHttp for Proxy {
             cause = failure::plain_cause(&e).unwrap_or_default(),
         );
         if let Some(b) = ctx.upstream.backend.take() {
-            let now_secs = portcullis_store::clock::unix_secs();
-            b.record(now_secs, true);
-            b.traffic.record(
-                crate::observe::traffic::secs(std::time::Instant::now()),
-                NO_ANSWER,
-                None,
-            );
+            settle::failed_attempt(&b, None, None);
             if let Some(pool) = &ctx.routing.pool {
                 self.shared.metrics.proxy.record_backend(
                     &b.series,
@@ -531,14 +499,7 @@ impl ProxyHttp for Proxy {
         ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                let now_secs = portcullis_store::clock::unix_secs();
-                b.record(now_secs, true);
-                let class = portcullis_policy::traffic::class_of(Some(status));
-                b.traffic.record(
-                    crate::observe::traffic::secs(std::time::Instant::now()),
-                    class,
-                    ctx.obs.upstream_us(),
-                );
+                settle::failed_attempt(&b, Some(status), ctx.obs.upstream_us());
             }
             ctx.upstream.attempt = None;
             ctx.upstream.retrying = true;
@@ -555,15 +516,7 @@ impl ProxyHttp for Proxy {
             let quota = tenant.map_or(0, |t| t.tier.quota);
             let cost = crate::tenants::cost_of(resp.headers.get(name), quota);
             resp.remove_header(name);
-            if !ctx.answer.charged {
-                if let Some(t) = tenant {
-                    let now = portcullis_store::clock::unix_ms();
-                    self.shared
-                        .tenant_quota
-                        .charge(t.quota_key, t.tier.period, cost, now);
-                    ctx.answer.charged = true;
-                }
-            }
+            settle::charge(&self.shared, ctx, cost);
         }
         Ok(())
     }
@@ -595,13 +548,7 @@ impl ProxyHttp for Proxy {
         }
         if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                let now_secs = portcullis_store::clock::unix_secs();
-                b.record(now_secs, true);
-                b.traffic.record(
-                    crate::observe::traffic::secs(std::time::Instant::now()),
-                    NO_ANSWER,
-                    None,
-                );
+                settle::failed_attempt(&b, None, None);
             }
             ctx.upstream.attempt = None;
             e.set_retry(true);
@@ -718,112 +665,8 @@ impl ProxyHttp for Proxy {
         true
     }
 
+    /// The request ended, whichever way: [`settle::request`].
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        if let Some(conn) = edge::conn(session) {
-            conn.request_done();
-        }
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let outcome = ctx.answer.outcome.unwrap_or(if e.is_some() {
-            Outcome::UpstreamError
-        } else {
-            Outcome::Proxied
-        });
-        // One clock read for the latency sample and the request's duration.
-        let now = Instant::now();
-        let elapsed = now.saturating_duration_since(ctx.start);
-        if let (Some(_), Some(t0), None) = (&ctx.upstream.backend, ctx.upstream.attempt_start, e) {
-            if status > 0 && status < 500 {
-                // The adaptive limit learns from answered requests only.
-                let rtt = now.saturating_duration_since(t0);
-                self.shared.shedder.on_latency(now, rtt);
-                if let Some(pool) = &ctx.routing.pool {
-                    // An adaptive upstream learns from its own latency only (CONTRACT §15).
-                    pool.on_latency(now, rtt);
-                }
-            }
-        }
-        if let Some(registry) = ctx.runtime.tenants.as_deref() {
-            let tenant = ctx.gates.caller.tenant.as_deref();
-            registry.count(tenant, outcome);
-            if let Some(t) = tenant.filter(|t| t.tier.quota > 0 && !ctx.answer.charged) {
-                // Not charged at its response header (no cost header, or no answer): 1,
-                // once the request went to a backend (not when a gate refused it).
-                if matches!(outcome, Outcome::Proxied | Outcome::UpstreamError) {
-                    self.shared.tenant_quota.charge(
-                        t.quota_key,
-                        t.tier.period,
-                        1,
-                        portcullis_store::clock::unix_ms(),
-                    );
-                }
-            }
-        }
-        let backend = ctx.upstream.backend.take();
-        if let Some(b) = &backend {
-            let now_secs = portcullis_store::clock::unix_secs();
-            // The backend's fault only: a 5xx, or an error on the upstream side
-            // (timeouts, resets). A client hanging up is not the backend's error.
-            let upstream_failed =
-                e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
-            let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
-            b.record(now_secs, is_error);
-            let culling = &ctx.runtime.config.culling;
-            if is_error && culling.blame_tenants {
-                // Blame the tenant: errors by key (the success path records nothing).
-                Self::record_blame(session, ctx, b, false);
-            }
-            if let (Some(us), None, true) = (ctx.obs.backend_us(), e, status > 0) {
-                // The latency outlier rule's window: answered attempts only, timed from
-                // the end of the request body to the response header (CONTRACT §15).
-                if culling.params.outlier.rule == portcullis_policy::cull::OutlierRule::Latency {
-                    b.latency.record(now_secs, us);
-                    // Slow answers by key (one load and a compare for the others).
-                    let slow = culling.blame_tenants
-                        && ctx.routing.pool.as_ref().is_some_and(|p| {
-                            us > p
-                                .shared
-                                .slow_line_us
-                                .load(std::sync::atomic::Ordering::Relaxed)
-                        });
-                    if slow {
-                        Self::record_blame(session, ctx, b, true);
-                    }
-                }
-            }
-        }
-        telemetry::finish(
-            &self.shared,
-            session,
-            &mut ctx.obs,
-            telemetry::Finished {
-                outcome,
-                status,
-                runtime: &ctx.runtime,
-                route: ctx
-                    .runtime
-                    .route_series(ctx.routing.routed, ctx.routing.route),
-                pool: ctx.routing.pool.as_deref(),
-                backend: backend.as_deref(),
-                request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
-                client: ctx.routing.client,
-                elapsed,
-                now_secs: crate::observe::traffic::secs(now),
-                shadow: ctx.gates.shadow,
-                priority: ctx
-                    .gates
-                    .caller
-                    .class
-                    .unwrap_or_else(|| ctx.runtime.route_at(ctx.routing.route).priority),
-                tenant: ctx.gates.caller.tenant.as_ref().map(|t| &*t.name),
-            },
-        );
-        tracing::debug!(
-            event = "request",
-            status,
-            outcome = outcome.as_str(),
-            client = ?ctx.routing.client,
-            upstream = ctx.routing.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
-            elapsed_us = elapsed.as_micros() as u64,
-        );
+        settle::request(&self.shared, session, e, ctx);
     }
 }
