@@ -331,9 +331,9 @@ impl Gate for Bulkhead<'_> {
     }
 }
 
-/// Run every gate in order (shed, tunnels, bulkhead, the tenant's, rate limit, blame), keeping in `admitted`
-/// what each one admitted, until one refuses. A refusal leaves the earlier admissions in
-/// `admitted`: the request holds its slots until its refusal is written.
+/// Run every gate in order (shed, tunnels, bulkhead, the tenant's, rate limit, blame), keeping
+/// in `admitted` what each one admitted, until one refuses. A refusal leaves the earlier
+/// admissions in `admitted`: the request holds its slots until its refusal is written.
 pub fn admit(
     shared: &Shared,
     rt: &Runtime,
@@ -363,6 +363,58 @@ pub fn admit(
         _ => facts,
     };
     admitted.caller.class = Some(facts.priority);
+    hold_slots(shared, rt, pool, facts, route_class, now_ms, admitted)?;
+    if let Who::Tenant(t) = who {
+        admitted.tenant_slot = tenant::TenantGate {
+            tenant: t,
+            quota: &shared.tenant_quota,
+        }
+        .check(facts, now_ms)?;
+    }
+    let rate = RateLimit {
+        settings: rl,
+        policies: &rt.rate,
+        who,
+        key: &key,
+    }
+    .check(facts, now_ms)?;
+    admitted.rate = rate.fields;
+    admitted.shadow.rate = rate.shadow;
+    if let Who::Tenant(t) = who {
+        t.note_admitted(now_ms, rl.params.window_secs * 1000);
+    }
+    let culling = &rt.config.culling;
+    if culling.blame_tenants {
+        // The blame identity, from the key read above (no second read of the request).
+        let blame = crate::cull::blame::identity(
+            admitted.caller.tenant.as_deref(),
+            rt.tenants.is_some(),
+            key.get(rl, now_ms),
+            facts.client_ip,
+        );
+        admitted.caller.blame = blame;
+        caller::Blame {
+            pool,
+            who: blame,
+            window_secs: culling.params.window_secs,
+        }
+        .check(facts, now_ms)?;
+    }
+    Ok(())
+}
+
+/// The gates that hold a slot while the request is in flight and may send it to wait:
+/// the shed gate (by `facts.priority`, the caller's class; `route_class` is its route's),
+/// the tunnel cap and the upstream's bulkhead, from the one a queue's wait left it at.
+fn hold_slots(
+    shared: &Shared,
+    rt: &Runtime,
+    pool: Option<&Pool>,
+    facts: &RequestFacts<'_>,
+    route_class: Priority,
+    now_ms: u64,
+    admitted: &mut Admitted,
+) -> Result<(), Stop> {
     let shedding = &rt.config.shedding;
     let retry_after = shedding.retry_after_secs;
     if admitted.passed < 1 {
@@ -405,42 +457,6 @@ pub fn admit(
             Entry::Queue => return Err(Stop::Upstream),
         }
         admitted.passed = 3;
-    }
-    if let Who::Tenant(t) = who {
-        admitted.tenant_slot = tenant::TenantGate {
-            tenant: t,
-            quota: &shared.tenant_quota,
-        }
-        .check(facts, now_ms)?;
-    }
-    let rate = RateLimit {
-        settings: rl,
-        policies: &rt.rate,
-        who,
-        key: &key,
-    }
-    .check(facts, now_ms)?;
-    admitted.rate = rate.fields;
-    admitted.shadow.rate = rate.shadow;
-    if let Who::Tenant(t) = who {
-        t.note_admitted(now_ms, rl.params.window_secs * 1000);
-    }
-    let culling = &rt.config.culling;
-    if culling.blame_tenants {
-        // The blame identity, from the key read above (no second read of the request).
-        let blame = crate::cull::blame::identity(
-            admitted.caller.tenant.as_deref(),
-            rt.tenants.is_some(),
-            key.get(rl, now_ms),
-            facts.client_ip,
-        );
-        admitted.caller.blame = blame;
-        caller::Blame {
-            pool,
-            who: blame,
-            window_secs: culling.params.window_secs,
-        }
-        .check(facts, now_ms)?;
     }
     Ok(())
 }
