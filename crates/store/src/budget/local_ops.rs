@@ -105,31 +105,23 @@ impl LocalBudget {
         claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> ClaimCommit {
-        let ClaimToCommit {
-            version,
-            upstream,
-            backend,
-            req,
-            groups,
-            take_token,
-        } = *claim;
         let mut st = self.lock();
-        if st.version != version {
+        if st.version != claim.version {
             return ClaimCommit::Conflict;
         }
-        if take_token {
+        if claim.take_token {
             let (tokens, retry_ms) = Self::tokens_locked(&st, now_ms, params);
             if tokens < 1.0 {
                 return ClaimCommit::NoToken { retry_ms };
             }
             Self::take_token_locked(&mut st, now_ms, params);
         }
-        let record = OpRecord::new(backend, req, now_ms);
+        let record = OpRecord::new(claim.backend, claim.req, now_ms);
         st.ops
-            .entry(upstream.to_owned())
+            .entry(claim.upstream.to_owned())
             .or_default()
             .insert(record.field(), record.clone());
-        for g in groups {
+        for g in claim.groups {
             st.groups.entry(g.clone()).or_default().0 = now_ms;
         }
         st.version += 1;
