@@ -30,15 +30,11 @@ mod status;
 pub use access::{post_access, post_caller, PostAccess};
 pub use conn::AdminApp;
 
-use crate::state::{unix_secs, Shared};
+use crate::state::Shared;
 use async_trait::async_trait;
 use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
-use pingora::apps::{Accepted, ServerApp};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::Stream;
-use pingora::server::ShutdownWatch;
-use serde_json::json;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -172,7 +168,6 @@ impl Admin {
         }
     }
 }
-
 
 fn respond(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     let mut resp = Response::new(body);

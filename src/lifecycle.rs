@@ -22,11 +22,11 @@
 
 pub mod notify;
 
-use portcullis_policy::shed::Shedder;
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
 use pingora::protocols::Stream;
 use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
+use portcullis_policy::shed::Shedder;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;

@@ -31,12 +31,12 @@
 //! with result `granted`, `no_token`, `no_store` or `store_error`.
 
 use crate::config::WatchdogSettings;
-use portcullis_policy::verdict::Outcome;
 use crate::state::Shared;
-use portcullis_store::{FleetBucket, Store, Take};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use portcullis_policy::verdict::Outcome;
+use portcullis_store::{FleetBucket, Store, Take};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -77,7 +77,10 @@ fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
 
 impl Admin {
     /// The caller's name (`by`) when the `POST` may run, else the refusal to send.
-    pub(super) fn post_caller(&self, session: &ServerSession) -> Result<String, Box<Response<Vec<u8>>>> {
+    pub(super) fn post_caller(
+        &self,
+        session: &ServerSession,
+    ) -> Result<String, Box<Response<Vec<u8>>>> {
         let rt = self.shared.runtime.load();
         let server = &rt.config.server;
         let mut tokens: Vec<(&str, &str)> = Vec::with_capacity(server.admin_tokens.len() + 1);
@@ -115,5 +118,4 @@ impl Admin {
             }
         }
     }
-
 }

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use pingora::apps::http_app::ServeHttp;
 use pingora::apps::{Accepted, ServerApp};
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
@@ -102,4 +101,3 @@ impl ServerApp for AdminApp {
         self.inner.process_new(Box::new(edge), shutdown).await
     }
 }
-

@@ -69,7 +69,10 @@ fn shedding(s: &Shared, rt: &Runtime) {
     m.shed.inflight.set(s.shedder.inflight() as i64);
     m.shed.concurrency_limit.set(s.shedder.cap() as i64);
     let view = s.shedder.queue_view(std::time::Instant::now());
-    for (c, n) in portcullis_policy::shed::Priority::ALL.iter().zip(view.waiting) {
+    for (c, n) in portcullis_policy::shed::Priority::ALL
+        .iter()
+        .zip(view.waiting)
+    {
         m.shed
             .queue_waiting
             .with_label_values(&[c.as_str()])

@@ -11,8 +11,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ratelimit::{KeySource, MissingKey};
-use portcullis_policy::ratelimit::RateLimitParams;
 use portcullis_policy::cull::CullingSettings;
+use portcullis_policy::ratelimit::RateLimitParams;
 use portcullis_policy::shed::{Priority, SheddingSettings};
 
 /// A validated configuration.

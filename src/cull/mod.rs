@@ -33,9 +33,9 @@ mod outlier_tests;
 // the same.
 pub(crate) use portcullis_policy::cull::{
     attributed, attributed_slow, evaluate_outliers, evaluate_sharded, failing_reason,
-    find_blamed, latency_slice_secs, slow_line_us, Action, BackendCounts, BackendSample, Blamed,
-    Buckets, BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation,
-    FailingInput, FleetBlame, FleetDelta, LatencyBuckets, Outlier, OutlierRule, OutlierVerdict,
-    PeerSample, SlowCounts, TickInput, BLAME_MIN_BACKENDS,
+    latency_slice_secs, slow_line_us, Action, BackendCounts, BackendSample, Blamed, Buckets,
+    BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation, FailingInput,
+    FleetBlame, FleetDelta, LatencyBuckets, Outlier, OutlierRule, OutlierVerdict, PeerSample,
+    SlowCounts, TickInput, BLAME_MIN_BACKENDS,
 };
 pub(crate) use portcullis_policy::StoreError;

@@ -87,7 +87,12 @@ impl Gate for Blame<'_> {
         if !pool.shared.blamed.any() {
             return Ok(());
         }
-        let key = blame::current(&pool.shared.key_spread, who, now_ms / 1000, self.window_secs);
+        let key = blame::current(
+            &pool.shared.key_spread,
+            who,
+            now_ms / 1000,
+            self.window_secs,
+        );
         match pool.shared.blamed.limited(key, now_ms) {
             Some(secs) => Err(Refusal::Blamed { retry_after: secs }),
             None => Ok(()),

@@ -23,10 +23,10 @@ use prometheus::IntCounter;
 use crate::edge::tunnel::{TunnelSlot, Tunnels};
 use crate::metrics::Metrics;
 use crate::respond::{RateFields, Refusal};
-use portcullis_policy::shed::queue::Rank;
-use portcullis_policy::shed::{InflightGuard, Priority, Shedder};
 use crate::state::{Runtime, Shared};
 use crate::upstream::{BulkheadGuard, Pool};
+use portcullis_policy::shed::queue::Rank;
+use portcullis_policy::shed::{InflightGuard, Priority, Shedder};
 
 pub use caller::Caller;
 pub use ratelimit::{RateAdmit, RateLimit};

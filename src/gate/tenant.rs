@@ -9,9 +9,9 @@ use super::{Gate, RequestFacts};
 use crate::config::tenants::UnknownKey;
 use crate::config::RateLimitSettings;
 use crate::ratelimit::KeyOutcome;
-use portcullis_policy::shed::Priority;
 use crate::respond::Refusal;
 use crate::tenants::{Registry, TenantRt, TenantSlot};
+use portcullis_policy::shed::Priority;
 use portcullis_policy::tenant::QuotaBook;
 
 /// Who the rate limit counts a request as.

@@ -49,7 +49,6 @@ pub struct Notifier {
     send_failed: AtomicBool,
 }
 
-
 /// The address `NOTIFY_SOCKET` names: an absolute path, or `@name` for an abstract
 /// socket. Anything else (systemd's `vsock:` addresses) is not supported.
 pub fn socket_addr(value: &OsStr) -> std::io::Result<SocketAddr> {
@@ -72,9 +71,8 @@ impl Notifier {
         self.target
             .get_or_init(|| {
                 let value = std::env::var_os("NOTIFY_SOCKET")?;
-                let opened = socket_addr(&value).and_then(|addr| {
-                    UnixDatagram::unbound().map(|socket| Target { socket, addr })
-                });
+                let opened = socket_addr(&value)
+                    .and_then(|addr| UnixDatagram::unbound().map(|socket| Target { socket, addr }));
                 match opened {
                     Ok(t) => Some(t),
                     Err(e) => {

@@ -16,7 +16,12 @@ use crate::respond::{self, Refusal};
 
 impl Proxy {
     /// Answer a refusal from a phase that writes its own response.
-    pub(super) async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<bool> {
+    pub(super) async fn refuse(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        refusal: Refusal,
+    ) -> Result<bool> {
         ctx.answer.outcome = Some(refusal.outcome());
         // Never read a body we are refusing: close instead of draining it.
         // While draining, ask keep-alive clients to reconnect elsewhere.
@@ -45,7 +50,11 @@ impl Proxy {
         ctx.answer.request_id = Some(client.unwrap_or_else(|| self.shared.next_request_id_value()));
     }
 
-    pub(super) fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
+    pub(super) fn refuse_early<T>(
+        session: &mut Session,
+        ctx: &mut Ctx,
+        refusal: Refusal,
+    ) -> Result<T> {
         session.set_keepalive(None);
         let status = refusal.status();
         ctx.answer.outcome = Some(refusal.outcome());
@@ -78,7 +87,10 @@ impl Proxy {
     /// What the route answers itself, before any gate (CONTRACT §21): a `deny` route's
     /// refusal, a `redirect` route's redirect, or the `server.unmatched` answer to a
     /// request no route matches. `None` (proxy it) costs one branch on the route.
-    pub(super) fn route_answer(session: &Session, ctx: &Ctx) -> Option<Result<(u16, String), Refusal>> {
+    pub(super) fn route_answer(
+        session: &Session,
+        ctx: &Ctx,
+    ) -> Option<Result<(u16, String), Refusal>> {
         let rt = &*ctx.runtime;
         let Some(route) = ctx.routing.route.and_then(|i| rt.config.routes.get(i)) else {
             return match rt.config.server.unmatched {
@@ -134,7 +146,11 @@ impl Proxy {
     }
 
     /// Run the gates on the request (from the one a queue's wait left it at).
-    pub(super) fn run_gates(&self, session: &Session, ctx: &mut Ctx) -> std::result::Result<(), gate::Stop> {
+    pub(super) fn run_gates(
+        &self,
+        session: &Session,
+        ctx: &mut Ctx,
+    ) -> std::result::Result<(), gate::Stop> {
         let rt = &*ctx.runtime;
         // The facts live in this call only: nothing of them is held across an await.
         let req = session.req_header();

@@ -45,15 +45,12 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
-use crate::config::{RouteAction, UnmatchedSection};
-use crate::edge;
 use crate::gate;
-use portcullis_policy::verdict::Outcome;
 use crate::respond::{self, Refusal};
 use crate::state::Shared;
 use crate::upstream::Attempt;
 pub use ctx::Ctx;
-use request::host_of;
+use portcullis_policy::verdict::Outcome;
 
 pub struct Proxy {
     pub shared: Arc<Shared>,
@@ -64,7 +61,6 @@ impl Proxy {
         Self { shared }
     }
 }
-
 
 impl ProxyHttp for Proxy {
     type CTX = Ctx;
@@ -360,7 +356,12 @@ impl ProxyHttp for Proxy {
         if let Some(name) = &ctx.runtime.config.rate_limit.cost_header {
             // The request's cost against its tenant's quota, charged before the client
             // sees the response (its next request sees the spending); never shown to it.
-            let tenant = ctx.gates.caller.tenant.as_deref().filter(|t| t.tier.quota > 0);
+            let tenant = ctx
+                .gates
+                .caller
+                .tenant
+                .as_deref()
+                .filter(|t| t.tier.quota > 0);
             // At most the quota: a larger cost spends it (and the store takes it).
             let quota = tenant.map_or(0, |t| t.tier.quota);
             let cost = crate::tenants::cost_of(resp.headers.get(name), quota);

@@ -38,7 +38,13 @@ pub(super) fn charge(shared: &Shared, ctx: &mut Ctx, cost: u64) {
     if ctx.answer.charged {
         return;
     }
-    if let Some(t) = ctx.gates.caller.tenant.as_deref().filter(|t| t.tier.quota > 0) {
+    if let Some(t) = ctx
+        .gates
+        .caller
+        .tenant
+        .as_deref()
+        .filter(|t| t.tier.quota > 0)
+    {
         shared
             .tenant_quota
             .charge(t.quota_key, t.tier.period, cost, unix_ms());

@@ -6,11 +6,11 @@
 use crate::observe::access_log::{should_log, AccessRecord, Exchange};
 use crate::observe::trace::{random_u128, TraceContext};
 
-use portcullis_policy::verdict::Outcome;
 use crate::state::{unix_ms, Runtime, Shared};
 use crate::upstream::{BackendState, Pool};
 use pingora::http::RequestHeader;
 use pingora::proxy::Session;
+use portcullis_policy::verdict::Outcome;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 

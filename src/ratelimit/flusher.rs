@@ -100,9 +100,9 @@ pub async fn run_flusher<F, A>(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use portcullis_policy::ratelimit::RateLimitParams;
     use super::*;
     use async_trait::async_trait;
+    use portcullis_policy::ratelimit::RateLimitParams;
     use portcullis_policy::ratelimit::{Batch, LocalStore, StoreError, SyncResult};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

@@ -273,8 +273,8 @@ impl Policies {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use portcullis_policy::ratelimit::{LocalStore, RateLimitParams};
     use super::*;
+    use portcullis_policy::ratelimit::{LocalStore, RateLimitParams};
 
     const W: u64 = 60_000;
     const T0: u64 = 1_000 * W;

@@ -13,9 +13,9 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
 
 use crate::config::StoreSettings;
+use crate::state::Shared;
 use portcullis_policy::ratelimit::{CounterStore, LocalStore};
 use portcullis_store::RedisStore;
-use crate::state::Shared;
 use portcullis_store::Store;
 
 /// Runs active health checks of every pool of the current runtime, each at

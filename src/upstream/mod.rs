@@ -11,11 +11,8 @@ mod manual;
 pub mod peer;
 pub mod probe;
 
-use arc_swap::ArcSwap;
-use async_trait::async_trait;
-use pingora::lb::health_check::HealthCheck;
 use pingora::lb::selection::RoundRobin;
-use pingora::lb::{Backend, HealthRegistry, LoadBalancer};
+use pingora::lb::{Backend, LoadBalancer};
 use portcullis_policy::balance::slow_start;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -24,8 +21,8 @@ use std::time::Duration;
 
 pub use blame_names::BlameNames;
 pub use health::PoolHealth;
-pub use manual::{Manual, ManualState};
 use manual::MANUAL_IN;
+pub use manual::{Manual, ManualState};
 
 /// The least cap an `adaptive` upstream learns (or its `max_inflight`, when lower).
 pub const ADAPTIVE_FLOOR: u64 = 8;

@@ -66,22 +66,22 @@ async fn claims_commit_on_their_version_and_release_in_redis_and_in_process() {
         assert_eq!((st.tokens, st.ops.len()), (2.0, 0), "{twin}");
         let groups = vec!["global".to_string(), "zone-a".to_string()];
         // a stale version is a conflict and writes nothing
-        let ask = req(1, false);
-        let claim = ClaimToCommit {
+        let op = req(1, false);
+        let stale = ClaimToCommit {
             version: st.version + 7,
             upstream: "app",
             backend: "a1",
-            req: &ask,
+            req: &op,
             groups: &groups,
             take_token: true,
         };
-        let stale = b.commit_claim(&claim, &p).await;
-        assert_eq!(stale.ok(), Some(ClaimCommit::Conflict), "{twin}");
-        let claim = ClaimToCommit {
+        let conflict = b.commit_claim(&stale, &p).await;
+        assert_eq!(conflict.ok(), Some(ClaimCommit::Conflict), "{twin}");
+        let current = ClaimToCommit {
             version: st.version,
-            ..claim
+            ..stale
         };
-        let c = b.commit_claim(&claim, &p).await;
+        let c = b.commit_claim(&current, &p).await;
         let Ok(ClaimCommit::Committed(rec)) = c else {
             panic!("{twin}: {c:?}")
         };

@@ -1,8 +1,6 @@
 //! Key material: the keys of a JWKS document, each checked at load (an RSA key's size, an
 //! EC key's curve), so that the request path only verifies.
 
-use std::collections::HashSet;
-
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, Validation};
 
@@ -10,7 +8,10 @@ use super::Key;
 
 /// The keys of a JWKS document: RSA keys (RS256, 2048 to 4096 bits) and EC P-256 keys
 /// (ES256), each with `use` unset or `sig` and `alg` unset or its algorithm; `kid`s unique.
-pub(super) fn parse_jwks(text: &[u8], rules: &dyn Fn(Algorithm) -> Validation) -> Result<Vec<Key>, String> {
+pub(super) fn parse_jwks(
+    text: &[u8],
+    rules: &dyn Fn(Algorithm) -> Validation,
+) -> Result<Vec<Key>, String> {
     let set: JwkSet =
         serde_json::from_slice(text).map_err(|e| format!("not a JWKS document: {e}"))?;
     if set.keys.is_empty() {

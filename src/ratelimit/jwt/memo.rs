@@ -20,7 +20,7 @@ pub(super) struct Cache {
     pub(super) shards: [Mutex<HashMap<Box<[u8]>, Entry>>; CACHE_SHARDS],
 }
 
-struct Entry {
+pub(super) struct Entry {
     /// Unix seconds from which the token is expired.
     until: u64,
     claims: Arc<Claims>,
@@ -134,7 +134,7 @@ pub(super) struct Failures {
 }
 
 #[derive(Clone, Copy)]
-struct Window {
+pub(super) struct Window {
     start: u64,
     failures: u32,
 }

@@ -30,15 +30,14 @@
 //!
 //! Time comes in as `now_secs` (Unix seconds): the checks are plain functions of it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm, PublicKeyUse};
-use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
 mod keys;
@@ -472,8 +471,8 @@ pub(crate) mod testkeys {
     use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
     /// Throwaway keys made with `openssl genpkey` for these tests only.
-    pub const RSA_PEM: &str = include_str!("testdata/rsa.pem");
-    pub const EC_PEM: &str = include_str!("testdata/ec.pem");
+    pub const RSA_PEM: &str = include_str!("../testdata/rsa.pem");
+    pub const EC_PEM: &str = include_str!("../testdata/ec.pem");
     pub const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
     pub fn rsa() -> EncodingKey {

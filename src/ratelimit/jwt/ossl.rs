@@ -40,8 +40,7 @@ impl signature::Verifier<Vec<u8>> for Es256 {
         }
         let r = BigNum::from_slice(&sig[..32]).map_err(signature::Error::from_source)?;
         let s = BigNum::from_slice(&sig[32..]).map_err(signature::Error::from_source)?;
-        let sig =
-            EcdsaSig::from_private_components(r, s).map_err(signature::Error::from_source)?;
+        let sig = EcdsaSig::from_private_components(r, s).map_err(signature::Error::from_source)?;
         match sig.verify(&openssl::sha::sha256(msg), &self.0) {
             Ok(true) => Ok(()),
             _ => Err(bad()),
@@ -67,10 +66,7 @@ fn invalid(kind: ErrorKind) -> Error {
 /// The verifier of `alg` with `key`: an error when the key is not of the algorithm's
 /// kind or not a valid key (an EC point off the curve). Other algorithms are RustCrypto's,
 /// HS256 included (its HMAC is faster there than through an OpenSSL key per token).
-pub(super) fn verifier(
-    alg: &Algorithm,
-    key: &DecodingKey,
-) -> Result<Box<dyn JwtVerifier>, Error> {
+pub(super) fn verifier(alg: &Algorithm, key: &DecodingKey) -> Result<Box<dyn JwtVerifier>, Error> {
     match (alg, key.kind()) {
         (Algorithm::RS256, DecodingKeyKind::RsaModulusExponent { n, e }) => {
             let rsa = BigNum::from_slice(n)

@@ -10,7 +10,7 @@
 //! (hash `group|s` / `group|e` → Unix ms).
 
 use portcullis_policy::cull::claims::FleetState;
-use portcullis_policy::cull::ops::{OpRecord, OpRequest, CLAIM_ASPECT};
+use portcullis_policy::cull::ops::{OpRecord, CLAIM_ASPECT};
 use portcullis_policy::cull::{ClaimCommit, ClaimToCommit, CullParams};
 use redis::Value;
 

@@ -3,13 +3,13 @@
 
 use std::fmt::Write as _;
 
+use super::render::q;
+use super::rules::header_rule;
+use super::settings::balance;
+use super::{count, dir_name, server_addr, time_ms, Cx, Settings, Upstream};
 use crate::import::haproxy::parse::Directive;
 use crate::import::haproxy::parse::Kind;
 use crate::import::haproxy::parse::Section;
-use super::rules::header_rule;
-use super::render::{lines, q};
-use super::settings::balance;
-use super::{Cx, Settings, Upstream, count, dir_name, server_addr, time_ms};
 use crate::import::haproxy::report::Status;
 use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
 

@@ -1,23 +1,11 @@
 //! A `frontend` (or a `listen`'s front part): its listeners, its ACLs and rules as routes,
 //! and its rate limits.
 
-use std::collections::BTreeSet;
-
-use crate::import::haproxy::acl::Acls;
-use crate::import::haproxy::acl::Cubes;
-use crate::import::haproxy::acl::cubes;
+use super::{bind_addr, dir_name, Cx, Settings};
 use crate::import::haproxy::acl::named_acls;
-use crate::import::haproxy::parse::Directive;
-use crate::import::haproxy::parse::Kind;
+use crate::import::haproxy::acl::Acls;
 use crate::import::haproxy::parse::Section;
-use crate::import::haproxy::parse::split_condition;
 use crate::import::haproxy::report::Status;
-use crate::import::haproxy::routes;
-use crate::import::haproxy::routes::Action;
-use crate::import::haproxy::routes::Entry;
-use crate::import::haproxy::routes::Mods;
-use crate::import::haproxy::routes::Region;
-use super::{Cx, Settings, bind_addr, dir_name, time_ms};
 use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
 
 impl Cx<'_> {
@@ -184,6 +172,4 @@ impl Cx<'_> {
         self.errorfiles(&ef);
         self.rules(s, st, &acls);
     }
-
-    /// The frontend's request rules, `use_backend`s and `default_backend`, as entries.
 }

@@ -7,14 +7,12 @@ mod rules;
 mod settings;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 
-use super::acl::{cubes, named_acls, Acls, Cubes};
-use super::parse::{split_condition, Config, Directive, Kind, Section};
+use super::parse::{Config, Directive, Kind};
 use super::report::{Report, Status};
-use super::routes::{self, Action, Entry, Mods, Region};
+use super::routes::{Entry, Mods};
 
-use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
+use Status::Unsupported as Unsup;
 
 /// Where the importer may read the files a configuration names (`errorfile`).
 pub struct Options<'a> {

@@ -3,12 +3,11 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use super::Cx;
 use crate::import::haproxy::routes;
 use crate::import::haproxy::routes::Action;
 use crate::import::haproxy::routes::Entry;
 use crate::import::haproxy::routes::Region;
-use super::settings::balance;
-use super::Cx;
 
 impl Cx<'_> {
     pub(super) fn render(&self) -> String {

@@ -3,24 +3,24 @@
 
 use std::collections::BTreeSet;
 
+use super::{dir_name, time_ms, Cx, Settings};
+use crate::import::haproxy::acl::cubes;
 use crate::import::haproxy::acl::Acls;
 use crate::import::haproxy::acl::Cubes;
-use crate::import::haproxy::acl::cubes;
-use crate::import::haproxy::acl::named_acls;
+use crate::import::haproxy::parse::split_condition;
 use crate::import::haproxy::parse::Directive;
 use crate::import::haproxy::parse::Kind;
 use crate::import::haproxy::parse::Section;
-use crate::import::haproxy::parse::split_condition;
 use crate::import::haproxy::report::Status;
 use crate::import::haproxy::routes;
 use crate::import::haproxy::routes::Action;
 use crate::import::haproxy::routes::Entry;
 use crate::import::haproxy::routes::Mods;
 use crate::import::haproxy::routes::Region;
-use super::{Cx, Settings, bind_addr, dir_name, time_ms};
 use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
 
 impl Cx<'_> {
+    /// The frontend's request rules, `use_backend`s and `default_backend`, as entries.
     pub(super) fn rules(&mut self, s: &Section, st: &Settings, acls: &Acls) {
         let mut entries: Vec<Entry> = Vec::new();
         let mut mods: Vec<(Vec<Region>, Mods, usize)> = Vec::new();

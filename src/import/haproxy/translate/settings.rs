@@ -1,11 +1,11 @@
 //! `global` and `defaults` (and a proxy's own settings over them): the process's settings
 //! and what a proxy inherits, the health check and the balancing algorithm.
 
+use super::render::split_response;
+use super::{count, dir_name, time_ms, Check, Cx, Settings};
 use crate::import::haproxy::parse::Directive;
 use crate::import::haproxy::parse::Section;
 use crate::import::haproxy::report::Status;
-use super::render::{lines, split_response};
-use super::{Check, Cx, Settings, count, dir_name, time_ms};
 use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
 
 impl Cx<'_> {
@@ -368,7 +368,10 @@ pub(super) fn http_check(d: &Directive, st: &mut Settings) -> Status {
     }
 }
 
-pub(super) fn balance(args: &[String], consistent: bool) -> (Option<(&'static str, Option<String>)>, Status) {
+pub(super) fn balance(
+    args: &[String],
+    consistent: bool,
+) -> (Option<(&'static str, Option<String>)>, Status) {
     let a = args.first().map(String::as_str).unwrap_or("");
     let hashed = |key: String| {
         (
