@@ -254,7 +254,6 @@ impl Cx<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-
     pub(super) fn rate_rule(
         &mut self,
         d: &Directive,

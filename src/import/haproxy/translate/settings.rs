@@ -68,7 +68,6 @@ impl Cx<'_> {
 
     /// The settings a section's directives give, over `base`; reports the directives that
     /// are settings. `defaults`: the section is a defaults section.
-
     pub(super) fn settings_of(&mut self, s: &Section, base: Settings, defaults: bool) -> Settings {
         let mut st = base;
         for d in &s.directives {
