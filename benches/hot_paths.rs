@@ -7,10 +7,10 @@
 //! Run: `cargo bench --bench hot_paths`
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use portcullis::config::Priority;
-use portcullis::cull::ErrorWindow;
-use portcullis::ratelimit::{approx_bytes_per_key, Limiter, RateLimitParams};
-use portcullis::shed::Shedder;
+use portcullis_policy::cull::ErrorWindow;
+use portcullis_policy::ratelimit::{approx_bytes_per_key, Limiter, RateLimitParams};
+use portcullis_policy::shed::Priority;
+use portcullis_policy::shed::Shedder;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 fn shedding(c: &mut Criterion) {

@@ -22,11 +22,11 @@
 
 pub mod notify;
 
-use crate::shed::Shedder;
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
 use pingora::protocols::Stream;
 use pingora::server::{ExecutionPhase, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
+use portcullis_policy::shed::Shedder;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -43,14 +43,17 @@ pub struct Lifecycle {
     state: AtomicU8,
     /// Wakes [`Lifecycle::draining`] waiters when draining starts (by signal or
     /// by the watchdog).
-    notify: tokio::sync::Notify,
+    drain_started: tokio::sync::Notify,
+    /// What the service manager is told (systemd's notify protocol).
+    pub notifier: notify::Notifier,
 }
 
 impl Default for Lifecycle {
     fn default() -> Self {
         Self {
             state: AtomicU8::new(STARTING),
-            notify: tokio::sync::Notify::new(),
+            drain_started: tokio::sync::Notify::new(),
+            notifier: notify::Notifier::default(),
         }
     }
 }
@@ -84,8 +87,8 @@ impl Lifecycle {
     pub fn start_draining(&self) -> bool {
         let first = self.state.swap(DRAINING, Ordering::AcqRel) != DRAINING;
         if first {
-            self.notify.notify_waiters();
-            self.notify.notify_one();
+            self.drain_started.notify_waiters();
+            self.drain_started.notify_one();
         }
         first
     }
@@ -93,7 +96,7 @@ impl Lifecycle {
     /// Resolves once draining has started (by signal, or by the watchdog).
     pub async fn draining(&self) {
         while !self.is_draining() {
-            self.notify.notified().await;
+            self.drain_started.notified().await;
         }
     }
 }
@@ -203,7 +206,7 @@ impl DrainingShutdown {
     /// SIGINT cut the drain short.
     async fn drain_period(&self, int: &mut Signal) -> bool {
         self.lifecycle.start_draining();
-        notify::stopping();
+        self.lifecycle.notifier.stopping();
         tracing::info!(
             event = "shutdown",
             mode = "graceful",
@@ -239,7 +242,7 @@ impl ShutdownSignalWatch for DrainingShutdown {
         match kind {
             ShutdownSignal::FastShutdown => {
                 tracing::info!(event = "shutdown", mode = "fast", "SIGINT: exiting now");
-                notify::stopping();
+                self.lifecycle.notifier.stopping();
                 force_exit_after(FAST_EXIT_GRACE);
                 return kind;
             }

@@ -177,7 +177,7 @@ fn main() -> ExitCode {
                 std::time::Duration::from_millis(500),
                 std::time::Duration::from_secs(2),
             );
-            match portcullis::store::probe_blocking(&s.endpoint, bound) {
+            match portcullis_store::probe_blocking(&s.endpoint, bound) {
                 Ok(None) => {}
                 Ok(Some(note)) => eprintln!(
                     "warning: {}: {}",

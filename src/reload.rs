@@ -1,9 +1,8 @@
 //! Hot reload (SIGHUP or `POST /reload`): re-read and validate the file, then
 //! swap the runtime atomically. An invalid file keeps the old config. Under systemd
-//! the reload is announced ([`notify`]).
+//! the reload is announced ([`crate::lifecycle::notify`]).
 
 use crate::config::ConfigError;
-use crate::lifecycle::notify;
 use crate::state::Shared;
 use std::sync::Arc;
 
@@ -13,11 +12,11 @@ use std::sync::Arc;
 /// sent).
 pub fn reload(shared: &Arc<Shared>) -> Result<(), ConfigError> {
     if shared.lifecycle.is_ready() {
-        notify::reloading();
+        shared.lifecycle.notifier.reloading();
     }
     let result = load_and_apply(shared);
     if shared.lifecycle.is_ready() {
-        notify::ready();
+        shared.lifecycle.notifier.ready();
     }
     result
 }

@@ -230,7 +230,7 @@ pub async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Outcome;
+    use portcullis_policy::verdict::Outcome;
 
     fn limited() -> Refusal {
         Refusal::RateLimited {

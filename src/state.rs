@@ -5,15 +5,16 @@
 use crate::config::{Config, Route};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RouteSeries, RouteSeriesBudget};
-use crate::ratelimit::{DecisionCounters, FieldParts, Limiter, Policies, Policy, PolicyKey};
-use crate::shed::Shedder;
+use crate::ratelimit::{DecisionCounters, FieldParts, Policies, Policy, PolicyKey};
 use crate::upstream::{BackendState, Pool};
 use arc_swap::ArcSwap;
+use portcullis_policy::ratelimit::Limiter;
+use portcullis_policy::shed::Shedder;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-pub use crate::store::clock::{unix_ms, unix_secs};
+pub use portcullis_store::clock::{unix_ms, unix_secs};
 
 pub mod resolve;
 mod route_table;
@@ -297,7 +298,7 @@ static DEFAULT_ROUTE: Route = Route {
     host: None,
     path_prefix: String::new(),
     upstream: 0,
-    priority: crate::shed::Priority::Normal,
+    priority: portcullis_policy::shed::Priority::Normal,
     headers: crate::edge::HeaderRules::new(),
     methods: Vec::new(),
     client_cidrs: None,
@@ -570,11 +571,11 @@ mod tests {
         let sa = rt.route_series(true, a);
         s.metrics
             .proxy
-            .record_route(sa, crate::metrics::Outcome::Proxied, 200, 0.01);
+            .record_route(sa, portcullis_policy::verdict::Outcome::Proxied, 200, 0.01);
         let sb = rt.route_series(true, b);
         s.metrics
             .proxy
-            .record_route(sb, crate::metrics::Outcome::Proxied, 503, 0.01);
+            .record_route(sb, portcullis_policy::verdict::Outcome::Proxied, 503, 0.01);
         sa.traffic.enter();
         let live: Vec<&str> = rt
             .routes_with_series()
@@ -601,7 +602,7 @@ mod tests {
         // A request of the old table finishing after the reload: counted, not exposed.
         s.metrics
             .proxy
-            .record_route(sb, crate::metrics::Outcome::Shed, 503, 0.01);
+            .record_route(sb, portcullis_policy::verdict::Outcome::Shed, 503, 0.01);
         assert!(!text().contains("route=\"/b\""), "{}", text());
     }
 
@@ -631,7 +632,7 @@ mod tests {
         let c = rt.route_series(true, index_of(&rt, "/c"));
         metrics
             .proxy
-            .record_route(c, crate::metrics::Outcome::Proxied, 200, 0.01);
+            .record_route(c, portcullis_policy::verdict::Outcome::Proxied, 200, 0.01);
         c.traffic.enter();
         assert_eq!(rt.other_series().0.traffic.inflight(), 1);
         c.traffic.exit();

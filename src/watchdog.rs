@@ -18,7 +18,7 @@
 //! the limits are re-read from the live config each tick, so a reload applies.
 //!
 //! On a breach the process asks a fleet-wide "self" token bucket for permission
-//! to restart itself: a plain token bucket ([`crate::store::FleetBucket`]) in Redis
+//! to restart itself: a plain token bucket ([`portcullis_store::FleetBucket`]) in Redis
 //! under the key prefix `<redis.key_prefix>-self`, so it never shares tokens with
 //! upstream culling. Granted: readiness fails and the normal graceful shutdown
 //! follows (drain, close listeners, finish in-flight, exit 0) — the orchestrator
@@ -31,12 +31,12 @@
 //! with result `granted`, `no_token`, `no_store` or `store_error`.
 
 use crate::config::WatchdogSettings;
-use crate::metrics::Outcome;
 use crate::state::Shared;
-use crate::store::{FleetBucket, Store, Take};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use portcullis_policy::verdict::Outcome;
+use portcullis_store::{FleetBucket, Store, Take};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

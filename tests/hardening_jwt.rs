@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 use support::*;
 
-/// `MAX_FAILURES_PER_ADDRESS` in src/ratelimit/jwt.rs.
+/// `MAX_FAILURES_PER_ADDRESS` in src/ratelimit/jwt/.
 const MAX_FAILURES: usize = 20;
 
 fn b64(b: &[u8]) -> String {

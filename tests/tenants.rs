@@ -522,6 +522,56 @@ fn a_tiers_priority_decides_who_is_shed_first() {
     );
 }
 
+/// A tier's class is the one the shed gate used: a shadow refusal of the load-shedding cap
+/// is named by it, in the counter and in the access log (`shed:low`, not the route's
+/// `shed:normal`).
+#[test]
+fn a_shadow_shed_of_a_tiers_request_is_named_by_the_tiers_class() {
+    let b = Backend::start("b");
+    let dir = tempfile::tempdir().unwrap();
+    let file = tenants_file(dir.path(), &[("freeloader", "free", &["free-key"])]);
+    let log = dir.path().join("access.log");
+    // Cap 4 in shadow mode: low is over its share from 3 in flight (75%).
+    let cfg = format!(
+        "{}[shedding]\nmax_concurrency = 4\nshadow = true\n\n[rate_limit]\nlimit = 1000\n\n\
+         [access_log]\nenabled = true\npath = \"{}\"\nsample = 1.0\n\n[tenants]\nfile = \"{}\"\n\n\
+         [tiers.free]\nlimit = 1000\npriority = \"low\"\n",
+        one_upstream(&b),
+        log.display(),
+        file.display()
+    );
+    let p = Proxy::start(&cfg);
+    b.set_mode(Mode::Hold);
+    let held = concurrent(&p, "free-key", 4);
+    assert!(
+        wait_until(DEADLINE, || b.in_flight() == 4),
+        "shadow mode admits all 4: {}",
+        b.in_flight()
+    );
+    let shadow = |class: &str| {
+        p.metric(&format!(
+            "portcullis_shadow_refusals_total{{gate=\"shed\",policy=\"{class}\"}}"
+        ))
+        .unwrap_or(0.0)
+    };
+    assert_eq!((shadow("low"), shadow("normal")), (1.0, 0.0));
+    b.release_all();
+    for t in held {
+        assert_eq!(t.join().unwrap().status, 200);
+    }
+    let mut lines: Vec<serde_json::Value> = Vec::new();
+    assert!(wait_until(DEADLINE, || {
+        lines = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        lines.len() >= 4
+    }));
+    let shadowed: Vec<_> = lines.iter().filter_map(|l| l.get("shadow")).collect();
+    assert_eq!(shadowed, [&serde_json::json!(["shed:low"])], "{lines:?}");
+}
+
 /// Load time and memory of a 10,000-tenant file (reported, not asserted: a measurement).
 #[test]
 fn ten_thousand_tenants_load_and_their_last_key_works() {

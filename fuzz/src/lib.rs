@@ -391,7 +391,7 @@ fn strict_decode(seg: &str) -> Option<String> {
 
 /// The public halves of src/ratelimit/testdata/ (kids `r1`, RS256, and `e1`, ES256).
 const JWT_JWKS: &str = include_str!("jwt.jwks");
-/// The HS256 secret of src/ratelimit/jwt.rs's tests.
+/// The HS256 secret of src/ratelimit/jwt/'s tests.
 const JWT_SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
 /// JWT verification (`ratelimit::jwt::Verifier`, the `jwt:CLAIM` key) on arbitrary bytes as a

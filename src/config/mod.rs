@@ -27,7 +27,12 @@ mod validate;
 
 use schema::FileConfig;
 pub use schema::UnmatchedSection;
-pub use settings::*;
+pub use settings::{
+    AccessLogSettings, BackendMeta, Config, HealthCheck, LogFormat, LogSettings, RateLimitSettings,
+    RatePolicySettings, RedisUrl, Route, RouteAction, Secret, ServerSettings, StoreSettings,
+    Tenant, TenantSettings, Tier, TlsSettings, TracingSettings, UnknownKey, Upstream,
+    UpstreamTransport, WatchdogSettings,
+};
 
 use std::fmt;
 use std::path::Path;

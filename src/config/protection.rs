@@ -4,7 +4,8 @@
 use super::check::{err, range, VResult, DAY, HOUR, MAX_COUNT, MINUTE_MS, WEEK};
 use super::schema::*;
 use super::settings::*;
-use portcullis_policy::cull::{CullParams, OutlierParams, OutlierRule};
+use portcullis_policy::cull::{CullParams, CullingSettings, OutlierParams, OutlierRule};
+use portcullis_policy::shed::SheddingSettings;
 
 pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings> {
     range(

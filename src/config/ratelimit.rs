@@ -4,7 +4,8 @@
 use super::check::{err, range, VResult, DAY, MAX_COUNT};
 use super::schema::*;
 use super::settings::*;
-use crate::ratelimit::{KeySource, MissingKey, PolicyKey, RateLimitParams};
+use crate::ratelimit::{KeySource, MissingKey, PolicyKey};
+use portcullis_policy::ratelimit::RateLimitParams;
 use std::collections::BTreeMap;
 
 pub(super) fn validate_rate_limit(r: &RateLimitSection) -> VResult<RateLimitSettings> {

@@ -10,9 +10,10 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::ratelimit::{KeySource, MissingKey, RateLimitParams};
-pub use crate::shed::{Priority, SheddingSettings};
-pub use portcullis_policy::cull::CullingSettings;
+use crate::ratelimit::{KeySource, MissingKey};
+use portcullis_policy::cull::CullingSettings;
+use portcullis_policy::ratelimit::RateLimitParams;
+use portcullis_policy::shed::{Priority, SheddingSettings};
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,7 +119,7 @@ impl ServerSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreSettings {
     /// Mode, addresses, AUTH and TLS (CONTRACT §9); `Debug` hides passwords.
-    pub endpoint: crate::store::Endpoint,
+    pub endpoint: portcullis_store::Endpoint,
     pub key_prefix: String,
     pub flush_interval: Duration,
     pub timeout: Duration,

@@ -29,8 +29,8 @@ fn host_ports(path: &str, list: &[String], what: &str) -> VResult<()> {
 }
 
 /// `[redis] mode` and the keys that go with it (CONTRACT §9).
-fn validate_endpoint(r: &RedisSection) -> VResult<crate::store::Endpoint> {
-    use crate::store::Endpoint;
+fn validate_endpoint(r: &RedisSection) -> VResult<portcullis_store::Endpoint> {
+    use portcullis_store::Endpoint;
     let ca_pem = load_ca_pem(r)?;
     keys_of_other_modes(r)?;
     let standalone = r.mode == "standalone";
@@ -93,8 +93,8 @@ fn keys_of_other_modes(r: &RedisSection) -> VResult<()> {
 }
 
 /// `mode` and its addresses.
-fn validate_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode> {
-    use crate::store::Mode;
+fn validate_mode(r: &RedisSection, has_ca: bool) -> VResult<portcullis_store::Mode> {
+    use portcullis_store::Mode;
     Ok(match r.mode.as_str() {
         "standalone" => standalone_mode(r, has_ca)?,
         "cluster" => {
@@ -114,12 +114,12 @@ fn validate_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode> 
 }
 
 /// `mode = "standalone"`: one URL, which carries the password and TLS.
-fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode> {
+fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<portcullis_store::Mode> {
     let url = r
         .url
         .as_ref()
         .map_or("redis://127.0.0.1:6379", |u| u.expose());
-    if let Err(e) = crate::store::check_url(url) {
+    if let Err(e) = portcullis_store::check_url(url) {
         return err(
             "redis.url",
             format!(
@@ -144,13 +144,13 @@ fn standalone_mode(r: &RedisSection, has_ca: bool) -> VResult<crate::store::Mode
     if has_ca && !url.starts_with("rediss://") {
         return err("redis.ca_file", "ca_file needs a rediss:// url");
     }
-    Ok(crate::store::Mode::Standalone {
+    Ok(portcullis_store::Mode::Standalone {
         url: url.to_string(),
     })
 }
 
 /// `mode = "sentinel"`: the sentinels and the master's name.
-fn sentinel_mode(r: &RedisSection) -> VResult<crate::store::Mode> {
+fn sentinel_mode(r: &RedisSection) -> VResult<portcullis_store::Mode> {
     host_ports("redis.sentinels", &r.sentinels, "sentinel")?;
     if r.master_name.is_empty() || r.master_name.contains(char::is_whitespace) {
         return err(
@@ -158,7 +158,7 @@ fn sentinel_mode(r: &RedisSection) -> VResult<crate::store::Mode> {
             "must be a non-empty name without spaces",
         );
     }
-    Ok(crate::store::Mode::Sentinel {
+    Ok(portcullis_store::Mode::Sentinel {
         sentinels: r.sentinels.clone(),
         master_name: r.master_name.clone(),
     })

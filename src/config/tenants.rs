@@ -11,7 +11,7 @@ use super::check::{err, range, VResult, MAX_COUNT};
 use super::schema::{PrioritySection, TenantsSection, TierSection, UnknownKeySection};
 pub use super::settings::{Tenant, TenantSettings, Tier, UnknownKey};
 use super::{locate, ConfigError};
-use crate::shed::Priority;
+use portcullis_policy::shed::Priority;
 pub use portcullis_policy::tenant::{Period, MAX_QUOTA};
 
 /// The rate-limit key of tenant `name`: apart from every API key (a NUL cannot be sent

@@ -4,6 +4,7 @@
 use super::check::{err, host_port, range, VResult, DAY, DAY_MS, HOUR, MINUTE_MS};
 use super::schema::*;
 use super::settings::*;
+use portcullis_policy::shed::Priority;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;

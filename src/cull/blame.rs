@@ -1,5 +1,6 @@
 //! Blame the tenant (CONTRACT §15, `[culling] blame_tenants`): who a request is, for the
-//! blame ledgers, and the check loop's part. The rules are
+//! blame ledgers (resolved once per request by the gates from the key they read,
+//! [`crate::gate::Caller`]), and the check loop's part. The rules are
 //! [`portcullis_policy::cull::find_blamed`] (errors) and
 //! [`portcullis_policy::cull::attributed_slow`] (latency).
 //!
@@ -23,48 +24,53 @@ use std::net::IpAddr;
 use portcullis_policy::balance::stable_hash;
 use portcullis_policy::cull::{BlameLedger, KeySpread, SlowLedger, SpreadNote};
 
-use crate::config::RateLimitSettings;
-use crate::ratelimit::{extract_key, KeyOutcome};
+use crate::ratelimit::KeyOutcome;
 use crate::tenants::TenantRt;
 
 /// A request's blame identity before key rotation is seen through ([`noted`], [`current`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
     pub id: u64,
-    /// `id` is a raw key's (no tenants registry): the client address's identity, which
-    /// stands for the key when the address rotates keys.
-    pub by_addr: Option<u64>,
+    /// `id` is a raw key's (no tenants registry): the client address, whose identity
+    /// ([`Identity::by_addr`]) stands for the key when the address rotates keys.
+    rotating_from: Option<IpAddr>,
 }
 
-/// The blame identity of a request (see the module doc); `None` for a key the rate
-/// limiter refuses anyway. `registry`: a tenants registry is configured (then `tenant`
-/// is `None` for a key it does not know).
+impl Identity {
+    /// The client address's identity, for a raw key's: hashed only when asked (a failing
+    /// or slow request, or one checked while some identity is blamed).
+    pub fn by_addr(&self) -> Option<u64> {
+        self.rotating_from.map(|ip| address_id(Some(ip)))
+    }
+}
+
+/// The blame identity of a request (see the module doc) from its `[rate_limit]` key as
+/// the gates read it; `None` for a key the rate limiter refuses anyway. `registry`: a
+/// tenants registry is configured (then `tenant` is `None` for a key it does not know).
 pub fn identity(
-    rl: &RateLimitSettings,
     tenant: Option<&TenantRt>,
     registry: bool,
-    headers: &http::HeaderMap,
-    uri: &http::Uri,
+    key: &KeyOutcome<'_>,
     client: Option<IpAddr>,
 ) -> Option<Identity> {
     if let Some(t) = tenant {
         return Some(Identity {
             id: stable_hash(&[b"tenant:", &t.ident]),
-            by_addr: None,
+            rotating_from: None,
         });
     }
-    match extract_key(&rl.source, headers, uri, rl.params.max_key_bytes) {
+    match key {
         KeyOutcome::Key(_) if registry => Some(Identity {
             id: stable_hash(&[b"unknown-keys"]),
-            by_addr: None,
+            rotating_from: None,
         }),
         KeyOutcome::Key(k) => Some(Identity {
-            id: stable_hash(&[b"key:", &k]),
-            by_addr: client.map(|ip| address_id(Some(ip))),
+            id: stable_hash(&[b"key:", k]),
+            rotating_from: client,
         }),
         KeyOutcome::Missing => Some(Identity {
             id: address_id(client),
-            by_addr: None,
+            rotating_from: None,
         }),
         KeyOutcome::TooLong | KeyOutcome::Duplicate | KeyOutcome::Invalid => None,
     }
@@ -92,7 +98,7 @@ pub fn noted(
     now_secs: u64,
     window_secs: u64,
 ) -> u64 {
-    let Some(addr) = who.by_addr else {
+    let Some(addr) = who.by_addr() else {
         return who.id;
     };
     match spread.note(now_secs, window_secs, addr, who.id) {
@@ -109,7 +115,7 @@ pub fn noted(
 /// The identity a request is limited under while some identity is blamed: `who`'s, or
 /// its address's when the address uses many keys.
 pub fn current(spread: &KeySpread, who: Identity, now_secs: u64, window_secs: u64) -> u64 {
-    who.by_addr
+    who.by_addr()
         .filter(|addr| spread.many(now_secs, window_secs, *addr))
         .unwrap_or(who.id)
 }
@@ -144,20 +150,13 @@ mod tests {
 
     #[test]
     fn keys_are_one_identity_with_a_registry_and_rotation_becomes_the_address() {
-        let min = "[[upstreams]]\nname = \"app\"\nbackends = [\"127.0.0.1:9001\"]\n";
-        let rl = crate::config::parse("t.toml", min).unwrap().rate_limit;
-        let uri: http::Uri = "/x".parse().unwrap();
         let ip: IpAddr = "10.0.0.7".parse().unwrap();
-        let with_key = |k: &str| {
-            let mut h = http::HeaderMap::new();
-            h.insert("x-api-key", k.parse().unwrap());
-            h
-        };
+        let with_key = |k: &'static str| KeyOutcome::Key(k.as_bytes().into());
         // With a registry, two unknown keys are one identity.
-        let a = identity(&rl, None, true, &with_key("a"), &uri, Some(ip)).unwrap();
-        let b = identity(&rl, None, true, &with_key("b"), &uri, Some(ip)).unwrap();
+        let a = identity(None, true, &with_key("a"), Some(ip)).unwrap();
+        let b = identity(None, true, &with_key("b"), Some(ip)).unwrap();
         assert_eq!(a, b);
-        assert_eq!(a.by_addr, None);
+        assert_eq!(a.by_addr(), None);
         // Without, each key is its own, until its address rotates keys.
         let spread = KeySpread::default();
         let ledger = BlameLedger::default();
@@ -165,8 +164,8 @@ mod tests {
         let addr = address_id(Some(ip));
         let mut ids = Vec::new();
         for k in ["k1", "k2", "k3", "k4", "k5"] {
-            let who = identity(&rl, None, false, &with_key(k), &uri, Some(ip)).unwrap();
-            assert_eq!(who.by_addr, Some(addr));
+            let who = identity(None, false, &with_key(k), Some(ip)).unwrap();
+            assert_eq!(who.by_addr(), Some(addr));
             let limited_as = if ids.len() < MANY_KEYS { who.id } else { addr };
             assert_eq!(current(&spread, who, 100, 10), limited_as);
             let id = noted(&spread, (&ledger, &slow), who, 100, 10);
@@ -180,10 +179,10 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert_eq!(s[&addr].values().sum::<u64>(), 5);
         // A new key from that address is limited as the address.
-        let who = identity(&rl, None, false, &with_key("k9"), &uri, Some(ip)).unwrap();
+        let who = identity(None, false, &with_key("k9"), Some(ip)).unwrap();
         assert_eq!(current(&spread, who, 101, 10), addr);
         // No key: the address, as before.
-        let none = identity(&rl, None, false, &http::HeaderMap::new(), &uri, Some(ip)).unwrap();
+        let none = identity(None, false, &KeyOutcome::Missing, Some(ip)).unwrap();
         assert_eq!(none.id, addr);
     }
 }

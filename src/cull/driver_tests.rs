@@ -10,8 +10,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::driver::{Culling, Memory};
-use super::LocalBudget;
 use crate::state::Shared;
+use portcullis_store::budget::LocalBudget;
 
 /// A backend whose every answer has the status the test sets.
 async fn backend(status: Arc<AtomicU16>) -> SocketAddr {

@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::driver::{Culling, Memory};
-use super::LocalBudget;
 use crate::state::Shared;
 use crate::upstream::BackendState;
+use portcullis_store::budget::LocalBudget;
 
 /// A backend that answers 200 after the delay (ms) the test sets.
 async fn backend(delay_ms: Arc<AtomicU64>) -> SocketAddr {

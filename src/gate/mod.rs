@@ -7,8 +7,11 @@
 //! fields) or refuses it with a [`Refusal`], which `respond` alone turns into a response.
 //! [`admit`] runs them in CONTRACT §3's order and keeps what each admitted in an
 //! [`Admitted`], which lives as long as the request. A new gate (the tenant checks)
-//! implements [`Gate`] and takes its place in [`admit`].
+//! implements [`Gate`] and takes its place in [`admit`]. Who the request is (its key, its
+//! tenant, its class, its blame identity) is resolved once there ([`caller`]) and kept in
+//! [`Admitted::caller`].
 
+pub mod caller;
 mod ratelimit;
 mod tenant;
 
@@ -17,15 +20,15 @@ use std::sync::Arc;
 
 use prometheus::IntCounter;
 
-use crate::config::Priority;
 use crate::edge::tunnel::{TunnelSlot, Tunnels};
 use crate::metrics::Metrics;
 use crate::respond::{RateFields, Refusal};
-use crate::shed::queue::Rank;
-use crate::shed::{InflightGuard, Shedder};
 use crate::state::{Runtime, Shared};
 use crate::upstream::{BulkheadGuard, Pool};
+use portcullis_policy::shed::queue::Rank;
+use portcullis_policy::shed::{InflightGuard, Priority, Shedder};
 
+pub use caller::Caller;
 pub use ratelimit::{RateAdmit, RateLimit};
 pub use tenant::Who;
 
@@ -76,8 +79,8 @@ pub struct Admitted {
     pub rate: Option<RateFields>,
     /// The gates in shadow mode that would have refused the request (CONTRACT §13).
     pub shadow: Shadowed,
-    /// The request's tenant (CONTRACT §14), when its key is a tenant's.
-    pub tenant: Option<Arc<crate::tenants::TenantRt>>,
+    /// Who the request is: its tenant, its class, its blame identity.
+    pub caller: Caller,
     /// Held while the request is in flight: its tenant's concurrency slot.
     pub tenant_slot: Option<crate::tenants::TenantSlot>,
     /// The gates passed so far (1 shed, 2 tunnel, 3 bulkhead): after a wait in a queue,
@@ -120,7 +123,8 @@ impl Admitted {
 /// [`Runtime`] when its access-log line is written.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Shadowed {
-    /// The shed gate would have shed it (its class is the route's priority).
+    /// The shed gate would have shed it (named by the class it was shed by,
+    /// [`Caller::class`]: its route's or its tenant tier's).
     pub shed: bool,
     /// Bit `i`: rate-limit policy `Runtime::rate.list[i]` would have refused it.
     pub rate: u64,
@@ -315,9 +319,9 @@ impl Gate for Bulkhead<'_> {
     }
 }
 
-/// Run every gate in order (shed, tunnels, bulkhead, rate limit), keeping in `admitted`
-/// what each one admitted, until one refuses. A refusal leaves the earlier admissions in
-/// `admitted`: the request holds its slots until its refusal is written.
+/// Run every gate in order (shed, tunnels, bulkhead, the tenant's, rate limit, blame), keeping
+/// in `admitted` what each one admitted, until one refuses. A refusal leaves the earlier
+/// admissions in `admitted`: the request holds its slots until its refusal is written.
 pub fn admit(
     shared: &Shared,
     rt: &Runtime,
@@ -326,13 +330,16 @@ pub fn admit(
     now_ms: u64,
     admitted: &mut Admitted,
 ) -> Result<(), Stop> {
-    // Who is asking: a tenant's tier may change the request's shedding class.
+    // Who is asking: a tenant's tier may change the request's shedding class. The key is
+    // read from the request here at most once, for every gate that needs it.
+    let rl = &rt.config.rate_limit;
+    let key = caller::RequestKey::of(facts);
     let who = match rt.tenants.as_deref() {
         None => Who::Unresolved,
-        Some(registry) => tenant::identify(registry, &rt.config.rate_limit, facts, now_ms)?,
+        Some(registry) => tenant::identify(registry, rl, &key, now_ms)?,
     };
     if let Who::Tenant(t) = who {
-        admitted.tenant = Some(Arc::clone(t));
+        admitted.caller.tenant = Some(Arc::clone(t));
     }
     let route_class = facts.priority;
     let with_class;
@@ -343,6 +350,59 @@ pub fn admit(
         }
         _ => facts,
     };
+    admitted.caller.class = Some(facts.priority);
+    hold_slots(shared, rt, pool, facts, route_class, now_ms, admitted)?;
+    if let Who::Tenant(t) = who {
+        admitted.tenant_slot = tenant::TenantGate {
+            tenant: t,
+            quota: &shared.tenant_quota,
+        }
+        .check(facts, now_ms)?;
+    }
+    let rate = RateLimit {
+        settings: rl,
+        policies: &rt.rate,
+        who,
+        key: &key,
+    }
+    .check(facts, now_ms)?;
+    admitted.rate = rate.fields;
+    admitted.shadow.rate = rate.shadow;
+    if let Who::Tenant(t) = who {
+        t.note_admitted(now_ms, rl.params.window_secs * 1000);
+    }
+    let culling = &rt.config.culling;
+    if culling.blame_tenants {
+        // The blame identity, from the key read above (no second read of the request).
+        let blame = crate::cull::blame::identity(
+            admitted.caller.tenant.as_deref(),
+            rt.tenants.is_some(),
+            key.get(rl, now_ms),
+            facts.client_ip,
+        );
+        admitted.caller.blame = blame;
+        caller::Blame {
+            pool,
+            who: blame,
+            window_secs: culling.params.window_secs,
+        }
+        .check(facts, now_ms)?;
+    }
+    Ok(())
+}
+
+/// The gates that hold a slot while the request is in flight and may send it to wait:
+/// the shed gate (by `facts.priority`, the caller's class; `route_class` is its route's),
+/// the tunnel cap and the upstream's bulkhead, from the one a queue's wait left it at.
+fn hold_slots(
+    shared: &Shared,
+    rt: &Runtime,
+    pool: Option<&Pool>,
+    facts: &RequestFacts<'_>,
+    route_class: Priority,
+    now_ms: u64,
+    admitted: &mut Admitted,
+) -> Result<(), Stop> {
     let shedding = &rt.config.shedding;
     let retry_after = shedding.retry_after_secs;
     if admitted.passed < 1 {
@@ -385,24 +445,6 @@ pub fn admit(
             Entry::Queue => return Err(Stop::Upstream),
         }
         admitted.passed = 3;
-    }
-    if let Who::Tenant(t) = who {
-        admitted.tenant_slot = tenant::TenantGate {
-            tenant: t,
-            quota: &shared.tenant_quota,
-        }
-        .check(facts, now_ms)?;
-    }
-    let rate = RateLimit {
-        settings: &rt.config.rate_limit,
-        policies: &rt.rate,
-        who,
-    }
-    .check(facts, now_ms)?;
-    admitted.rate = rate.fields;
-    admitted.shadow.rate = rate.shadow;
-    if let Who::Tenant(t) = who {
-        t.note_admitted(now_ms, rt.config.rate_limit.params.window_secs * 1000);
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
+use super::caller::RequestKey;
 use super::{Gate, RequestFacts, Who};
 use crate::config::RateLimitSettings;
 use crate::ratelimit::{
@@ -14,11 +15,13 @@ use crate::ratelimit::{
 use crate::respond::{RateFields, Refusal};
 
 /// The route's rate-limit policies under the config's `[rate_limit]` settings.
-pub struct RateLimit<'a> {
+pub struct RateLimit<'a, 'k> {
     pub settings: &'a RateLimitSettings,
     pub policies: &'a Policies,
     /// Who the request is (its tenant counts as one key, under its tier's limit).
     pub who: Who<'a>,
+    /// The request's `[rate_limit]` key, read once for every gate that needs it.
+    pub key: &'a RequestKey<'k>,
 }
 
 /// What the rate-limit gate admitted a request with.
@@ -31,7 +34,7 @@ pub struct RateAdmit {
     pub shadow: u64,
 }
 
-impl Gate for RateLimit<'_> {
+impl Gate for RateLimit<'_, '_> {
     type Admit = RateAdmit;
     #[inline]
     fn check(&self, facts: &RequestFacts<'_>, now_ms: u64) -> Result<Self::Admit, Refusal> {
@@ -40,7 +43,7 @@ impl Gate for RateLimit<'_> {
             self.settings,
             self.policies,
             facts,
-            self.who,
+            (self.who, self.key),
             now_ms,
             &mut shadow,
         )?;
@@ -80,12 +83,12 @@ fn check(
     rl: &RateLimitSettings,
     policies: &Policies,
     req: &RequestFacts<'_>,
-    who: Who<'_>,
+    (who, key): (Who<'_>, &RequestKey<'_>),
     now_ms: u64,
     shadow: &mut u64,
 ) -> Result<Option<RateFields>, Refusal> {
     if policies.list.len() > 1 {
-        return check_all(rl, policies, req, who, now_ms, shadow);
+        return check_all(rl, policies, req, (who, key), now_ms, shadow);
     }
     let Some(policy) = policies
         .list
@@ -101,12 +104,7 @@ fn check(
         Who::Tenant(t) => limiter.check(&*t.ident, now_ms),
         Who::ClientIp => limiter.check(ip_key(req.client_ip).as_bytes(), now_ms),
         Who::Unresolved => {
-            let jwt = rl.jwt.as_deref();
-            let max = rl.params.max_key_bytes;
-            let now_secs = now_ms / 1000;
-            let client = req.client_ip;
-            match extract_request_key(&rl.source, jwt, req.headers, req.uri, max, now_secs, client)
-            {
+            match key.get(rl, now_ms) {
                 KeyOutcome::Key(k) => limiter.check(k.as_ref(), now_ms),
                 KeyOutcome::Invalid => {
                     return key_refusal(policies, 0, Refusal::TokenInvalid, shadow).map(|()| None)
@@ -151,7 +149,7 @@ fn check_all(
     rl: &RateLimitSettings,
     policies: &Policies,
     req: &RequestFacts<'_>,
-    who: Who<'_>,
+    (who, key): (Who<'_>, &RequestKey<'_>),
     now_ms: u64,
     shadow: &mut u64,
 ) -> Result<Option<RateFields>, Refusal> {
@@ -184,15 +182,21 @@ fn check_all(
                 Who::Unresolved => {}
             }
         }
-        match extract_request_key(
-            source,
-            rl.jwt.as_deref(),
-            req.headers,
-            req.uri,
-            max,
-            now_ms / 1000,
-            req.client_ip,
-        ) {
+        // The `[rate_limit]` key as the gates read it; another source's read here.
+        let outcome = if *source == rl.source {
+            key.get(rl, now_ms).reborrow()
+        } else {
+            extract_request_key(
+                source,
+                rl.jwt.as_deref(),
+                req.headers,
+                req.uri,
+                max,
+                now_ms / 1000,
+                req.client_ip,
+            )
+        };
+        match outcome {
             KeyOutcome::Key(k) => keys.push((i, k)),
             KeyOutcome::Invalid => key_refusal(policies, i, Refusal::TokenInvalid, shadow)?,
             KeyOutcome::TooLong => key_refusal(policies, i, Refusal::KeyTooLong, shadow)?,

@@ -4,12 +4,14 @@
 
 use std::sync::Arc;
 
+use super::caller::RequestKey;
 use super::{Gate, RequestFacts};
 use crate::config::tenants::UnknownKey;
-use crate::config::{Priority, RateLimitSettings};
-use crate::ratelimit::{extract_request_key, KeyOutcome};
+use crate::config::RateLimitSettings;
+use crate::ratelimit::KeyOutcome;
 use crate::respond::Refusal;
 use crate::tenants::{Registry, TenantRt, TenantSlot};
+use portcullis_policy::shed::Priority;
 use portcullis_policy::tenant::QuotaBook;
 
 /// Who the rate limit counts a request as.
@@ -41,23 +43,15 @@ impl Who<'_> {
 pub fn identify<'r>(
     registry: &'r Registry,
     rl: &RateLimitSettings,
-    facts: &RequestFacts<'_>,
+    key: &RequestKey<'_>,
     now_ms: u64,
 ) -> Result<Who<'r>, Refusal> {
-    let key = match extract_request_key(
-        &rl.source,
-        rl.jwt.as_deref(),
-        facts.headers,
-        facts.uri,
-        rl.params.max_key_bytes,
-        now_ms / 1000,
-        facts.client_ip,
-    ) {
+    let key = match key.get(rl, now_ms) {
         KeyOutcome::Key(key) => key,
         KeyOutcome::Invalid => return Err(Refusal::TokenInvalid),
         _ => return Ok(Who::Unresolved),
     };
-    match registry.lookup(&key) {
+    match registry.lookup(key) {
         Some(t) => Ok(Who::Tenant(t)),
         None => match registry.unknown_key {
             UnknownKey::Allow => Ok(Who::Unresolved),

@@ -15,7 +15,9 @@
 //!
 //! Each message is one datagram written to the socket with std's [`UnixDatagram`]: a
 //! path, or an abstract address (`@name`). A failed send is logged once and never
-//! stops the proxy.
+//! stops the proxy. The state (the socket, whether `READY=1` names the main pid, whether a
+//! failure was logged) is a [`Notifier`], owned by the process's
+//! [`Lifecycle`](super::Lifecycle).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -29,16 +31,23 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 /// The service manager's socket, read from `NOTIFY_SOCKET` once.
+#[derive(Debug)]
 struct Target {
     socket: UnixDatagram,
     addr: SocketAddr,
 }
 
-static TARGET: OnceLock<Option<Target>> = OnceLock::new();
-/// Set in a process started with `-u`: its `READY=1` also says `MAINPID=<pid>`.
-static ANNOUNCE_MAIN_PID: AtomicBool = AtomicBool::new(false);
-/// Only the first failed send is logged (the watchdog pings would repeat it).
-static SEND_FAILED: AtomicBool = AtomicBool::new(false);
+/// The process's side of the notify protocol: the service manager's socket and what was
+/// said on it.
+#[derive(Debug, Default)]
+pub struct Notifier {
+    /// The service manager's socket, read from `NOTIFY_SOCKET` at the first message.
+    target: OnceLock<Option<Target>>,
+    /// Set in a process started with `-u`: its `READY=1` also says `MAINPID=<pid>`.
+    announce_main_pid: AtomicBool,
+    /// Only the first failed send is logged (the watchdog pings would repeat it).
+    send_failed: AtomicBool,
+}
 
 /// The address `NOTIFY_SOCKET` names: an absolute path, or `@name` for an abstract
 /// socket. Anything else (systemd's `vsock:` addresses) is not supported.
@@ -57,84 +66,101 @@ pub fn socket_addr(value: &OsStr) -> std::io::Result<SocketAddr> {
     }
 }
 
-fn target() -> Option<&'static Target> {
-    TARGET
-        .get_or_init(|| {
-            let value = std::env::var_os("NOTIFY_SOCKET")?;
-            let opened = socket_addr(&value)
-                .and_then(|addr| UnixDatagram::unbound().map(|socket| Target { socket, addr }));
-            match opened {
-                Ok(t) => Some(t),
-                Err(e) => {
+impl Notifier {
+    fn target(&self) -> Option<&Target> {
+        self.target
+            .get_or_init(|| {
+                let value = std::env::var_os("NOTIFY_SOCKET")?;
+                let opened = socket_addr(&value)
+                    .and_then(|addr| UnixDatagram::unbound().map(|socket| Target { socket, addr }));
+                match opened {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        tracing::warn!(
+                            event = "notify",
+                            notify_socket = %value.to_string_lossy(),
+                            error = %e,
+                            "NOTIFY_SOCKET unusable; not notifying the service manager"
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// Whether `NOTIFY_SOCKET` names a usable socket.
+    pub fn enabled(&self) -> bool {
+        self.target().is_some()
+    }
+
+    /// Sends `message` (newline-separated `KEY=VALUE` lines) to the service manager.
+    /// Returns whether it was sent; false without `NOTIFY_SOCKET`.
+    fn send(&self, message: &str) -> bool {
+        let Some(t) = self.target() else {
+            return false;
+        };
+        match t.socket.send_to_addr(message.as_bytes(), &t.addr) {
+            Ok(_) => true,
+            Err(e) => {
+                if !self.send_failed.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         event = "notify",
-                        notify_socket = %value.to_string_lossy(),
                         error = %e,
-                        "NOTIFY_SOCKET unusable; not notifying the service manager"
+                        "cannot write to NOTIFY_SOCKET (logged once)"
                     );
-                    None
                 }
+                false
             }
-        })
-        .as_ref()
-}
-
-/// Whether `NOTIFY_SOCKET` names a usable socket.
-pub fn enabled() -> bool {
-    target().is_some()
-}
-
-/// Sends `message` (newline-separated `KEY=VALUE` lines) to the service manager.
-/// Returns whether it was sent; false without `NOTIFY_SOCKET`.
-fn send(message: &str) -> bool {
-    let Some(t) = target() else {
-        return false;
-    };
-    match t.socket.send_to_addr(message.as_bytes(), &t.addr) {
-        Ok(_) => true,
-        Err(e) => {
-            if !SEND_FAILED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    event = "notify",
-                    error = %e,
-                    "cannot write to NOTIFY_SOCKET (logged once)"
-                );
-            }
-            false
         }
     }
-}
 
-/// A process started with `-u` takes over the service: its `READY=1` names it the
-/// main process.
-pub fn announce_main_pid_when_ready() {
-    ANNOUNCE_MAIN_PID.store(true, Ordering::Relaxed);
-}
-
-/// `READY=1`: the listeners accept, or a reload ended.
-pub fn ready() -> bool {
-    if ANNOUNCE_MAIN_PID.load(Ordering::Relaxed) {
-        send(&format!("READY=1\nMAINPID={}\n", std::process::id()))
-    } else {
-        send("READY=1\n")
+    /// A process started with `-u` takes over the service: its `READY=1` names it the
+    /// main process.
+    pub fn announce_main_pid_when_ready(&self) {
+        self.announce_main_pid.store(true, Ordering::Relaxed);
     }
-}
 
-/// `RELOADING=1` with the `MONOTONIC_USEC` systemd (253 and later) needs to tell this
-/// reload from an older one.
-pub fn reloading() -> bool {
-    if !enabled() {
-        return false;
+    /// `READY=1`: the listeners accept, or a reload ended.
+    pub fn ready(&self) -> bool {
+        if self.announce_main_pid.load(Ordering::Relaxed) {
+            self.send(&format!("READY=1\nMAINPID={}\n", std::process::id()))
+        } else {
+            self.send("READY=1\n")
+        }
     }
-    send(&format!(
-        "RELOADING=1\nMONOTONIC_USEC={}\n",
-        monotonic_usec()
-    ))
-}
 
-/// `STOPPING=1`: draining started; the process exits once it is done.
-pub fn stopping() -> bool {
-    send("STOPPING=1\n")
+    /// `RELOADING=1` with the `MONOTONIC_USEC` systemd (253 and later) needs to tell this
+    /// reload from an older one.
+    pub fn reloading(&self) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        self.send(&format!(
+            "RELOADING=1\nMONOTONIC_USEC={}\n",
+            monotonic_usec()
+        ))
+    }
+
+    /// `STOPPING=1`: draining started; the process exits once it is done.
+    pub fn stopping(&self) -> bool {
+        self.send("STOPPING=1\n")
+    }
+
+    /// `WATCHDOG=1`: the process is alive.
+    fn watchdog(&self) -> bool {
+        self.send("WATCHDOG=1\n")
+    }
+
+    /// [`watchdog_interval_of`] from the environment; `None` without `NOTIFY_SOCKET`.
+    pub fn watchdog_interval(&self) -> Option<Duration> {
+        if !self.enabled() {
+            return None;
+        }
+        let usec = std::env::var("WATCHDOG_USEC").ok();
+        let pid = std::env::var("WATCHDOG_PID").ok();
+        watchdog_interval_of(usec.as_deref(), pid.as_deref(), std::process::id())
+    }
 }
 
 /// `CLOCK_MONOTONIC` in microseconds, the clock systemd reads `MONOTONIC_USEC` against.
@@ -158,21 +184,13 @@ pub fn watchdog_interval_of(usec: Option<&str>, pid: Option<&str>, me: u32) -> O
     Some(Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
 }
 
-/// [`watchdog_interval_of`] from the environment; `None` without `NOTIFY_SOCKET`.
-pub fn watchdog_interval() -> Option<Duration> {
-    if !enabled() {
-        return None;
-    }
-    let usec = std::env::var("WATCHDOG_USEC").ok();
-    let pid = std::env::var("WATCHDOG_PID").ok();
-    watchdog_interval_of(usec.as_deref(), pid.as_deref(), std::process::id())
-}
-
 /// The background service that sends `WATCHDOG=1` every `interval` until shutdown. It
 /// runs on a runtime of the server like the other background services, so a process
 /// whose runtimes stop turning stops pinging, and systemd restarts it.
 pub struct WatchdogPings {
     pub interval: Duration,
+    /// The process's lifecycle, whose notifier sends the pings.
+    pub lifecycle: std::sync::Arc<super::Lifecycle>,
 }
 
 #[async_trait]
@@ -188,7 +206,7 @@ impl BackgroundService for WatchdogPings {
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    send("WATCHDOG=1\n");
+                    self.lifecycle.notifier.watchdog();
                 }
                 _ = shutdown.changed() => return,
             }

@@ -1,10 +1,6 @@
 //! The closed label values of the request, culling and edge metrics: every label a request
 //! can put on a series comes from one of these enums (never from a request value).
 
-/// How the proxy finished a request (`portcullis_requests_total{outcome}`): the policy
-/// crate's verdict type, beside the refusals it labels.
-pub use portcullis_policy::verdict::Outcome;
-
 /// Result of one cull decision (`portcullis_cull_decisions_total{result}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CullResult {

@@ -27,7 +27,7 @@ pub use access_log::AccessLogMetrics;
 pub use admin::AdminMetrics;
 pub use cull::CullMetrics;
 pub use edge::EdgeMetrics;
-pub use labels::*;
+pub use labels::{code_class, CullResult, EdgeRefusal};
 pub use lifecycle::LifecycleMetrics;
 pub use proxy::{
     BackendSeries, ProxyMetrics, RouteSeries, RouteSeriesBudget, RouteStats, ROUTE_SERIES_MAX,
@@ -112,7 +112,8 @@ mod tests {
     #[test]
     fn all_contract_metrics_exist() {
         let m = Metrics::new();
-        m.proxy.record(Outcome::Proxied, "/", 200, 0.01);
+        m.proxy
+            .record(portcullis_policy::verdict::Outcome::Proxied, "/", 200, 0.01);
         m.proxy
             .record_upstream("app", "127.0.0.1:1", Some(200), Some(0.004));
         m.access_log.set_sampler(|| 7);
@@ -161,6 +162,10 @@ mod tests {
             "portcullis_upstream_duration_seconds_bucket{upstream=\"app\",le=\"0.005\"} 1"
         ));
         assert!(!text.contains("le=\"0.0005\""), "buckets start at 1 ms");
-        assert_eq!(m.proxy.requests_total(Outcome::Proxied), 1);
+        assert_eq!(
+            m.proxy
+                .requests_total(portcullis_policy::verdict::Outcome::Proxied),
+            1
+        );
     }
 }

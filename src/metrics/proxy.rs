@@ -3,7 +3,8 @@
 //! through handles resolved once (per outcome, per route, per backend): an atomic add,
 //! not a label look-up.
 
-use super::{code_class, registered, Outcome, LATENCY_BUCKETS};
+use super::{code_class, registered, LATENCY_BUCKETS};
+use portcullis_policy::verdict::Outcome;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };

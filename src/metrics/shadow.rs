@@ -35,6 +35,7 @@ impl ShadowMetrics {
     /// The counters of the shed gate in shadow mode, one per priority class (in
     /// `Priority::ALL` order).
     pub fn shed(&self) -> [IntCounter; 3] {
-        crate::shed::Priority::ALL.map(|p| self.refusals.with_label_values(&["shed", p.as_str()]))
+        portcullis_policy::shed::Priority::ALL
+            .map(|p| self.refusals.with_label_values(&["shed", p.as_str()]))
     }
 }

@@ -2,7 +2,7 @@
 //! upstream's bulkhead shed.
 
 use super::registered;
-use crate::config::Priority;
+use portcullis_policy::shed::Priority;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{

@@ -1,6 +1,8 @@
 //! RFC 3339 timestamps with millisecond precision, in UTC, without a clock
 //! read of their own (the caller passes Unix milliseconds).
 
+use portcullis_policy::calendar::civil_from_days;
+
 /// `2026-11-22T17:16:23.123Z` for `unix_ms`.
 pub fn rfc3339_ms(unix_ms: u64) -> String {
     let secs = unix_ms / 1000;
@@ -14,21 +16,6 @@ pub fn rfc3339_ms(unix_ms: u64) -> String {
         (rem / 60) % 60,
         rem % 60
     )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
-/// (H. Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 #[cfg(test)]

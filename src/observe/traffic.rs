@@ -277,7 +277,7 @@ mod tests {
             host: None,
             path_prefix: prefix.to_string(),
             upstream: 0,
-            priority: crate::shed::Priority::Normal,
+            priority: portcullis_policy::shed::Priority::Normal,
             methods: Vec::new(),
             client_cidrs: None,
             action: crate::config::RouteAction::Proxy,

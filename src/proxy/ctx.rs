@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use crate::edge;
 use crate::gate::Admitted;
-use crate::metrics::Outcome;
 use crate::respond::Refusal;
 use crate::state::Runtime;
 use crate::upstream::{Attempt, BackendState, Pool, Tried};
+use portcullis_policy::verdict::Outcome;
 
 /// Per-request state, grouped by the phase that fills it.
 pub struct Ctx {

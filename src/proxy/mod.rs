@@ -4,8 +4,8 @@
 //!
 //! 1. `early_request_filter`: framing and target checks (400), header block size
 //!    (431). See [`crate::framing`].
-//! 2. `request_filter`: route, then load shedding ([`crate::shed`], 503), then the
-//!    rate limiter ([`crate::ratelimit::gate`], 429 / 401 / 400). Nothing here
+//! 2. `request_filter`: route, then load shedding ([`crate::gate`], 503), then the
+//!    rate limiter ([`crate::gate`], 429 / 401 / 400). Nothing here
 //!    awaits I/O or reads the body.
 //! 3. `upstream_peer`: next healthy, not-culled backend ([`crate::upstream`]);
 //!    none → 503.
@@ -14,7 +14,8 @@
 //! 6. `response_filter`: RateLimit fields, X-Request-Id, `Connection: close`
 //!    while draining.
 //! 7. `fail_to_proxy`: the refusal for an error (`failure.rs`), logged once.
-//! 8. `logging`: metrics and the backend's error window, which culling reads.
+//! 8. `logging`: where the request ends ([`settle`]): the tenant's charge, the backend's
+//!    error window (which culling reads) and blame, latency, metrics and the access log.
 //!
 //! Before the sends that follow 5 and 6 (and a gate's refusal), a request yields once
 //! while others are in flight on its thread, so one turn's sends go out together
@@ -22,6 +23,7 @@
 //!
 //! [`respond`]: crate::respond
 
+mod admission;
 mod batch;
 mod ctx;
 mod early;
@@ -30,6 +32,7 @@ mod queue;
 mod request;
 mod response;
 mod retry;
+mod settle;
 mod telemetry;
 mod upstream_request;
 
@@ -42,15 +45,12 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
-use crate::config::{RouteAction, UnmatchedSection};
-use crate::edge;
 use crate::gate;
-use crate::metrics::Outcome;
 use crate::respond::{self, Refusal};
 use crate::state::Shared;
 use crate::upstream::Attempt;
 pub use ctx::Ctx;
-use request::host_of;
+use portcullis_policy::verdict::Outcome;
 
 pub struct Proxy {
     pub shared: Arc<Shared>,
@@ -60,217 +60,7 @@ impl Proxy {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
     }
-
-    /// Answer a refusal from a phase that writes its own response.
-    async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<bool> {
-        ctx.answer.outcome = Some(refusal.outcome());
-        // Never read a body we are refusing: close instead of draining it.
-        // While draining, ask keep-alive clients to reconnect elsewhere.
-        let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
-        // A refusal is a send like a response: coalesced with the turn's others.
-        batch::coalesce(session).await;
-        self.note_request_id(session, ctx, refusal.status());
-        let id = ctx.answer.request_id.as_ref();
-        respond::send(session, &refusal, close, &ctx.runtime, id).await?;
-        Ok(true)
-    }
-
-    /// A `status` answer whose body shows the request's id (`[errors]`) needs one before
-    /// the request went upstream: the client's valid `X-Request-Id`, else a new one, kept
-    /// in `ctx` for the access log. Nothing to do for text bodies.
-    fn note_request_id(&self, session: &Session, ctx: &mut Ctx, status: u16) {
-        if ctx.answer.request_id.is_some() || !ctx.runtime.config.errors.shows_request_id(status) {
-            return;
-        }
-        let client = session
-            .req_header()
-            .headers
-            .get(edge::headers::names::X_REQUEST_ID.name())
-            .filter(|v| edge::headers::valid_request_id(v.as_bytes()))
-            .cloned();
-        ctx.answer.request_id = Some(client.unwrap_or_else(|| self.shared.next_request_id_value()));
-    }
-
-    /// Refuse through an error: `fail_to_proxy` answers with `ctx.answer.refusal`.
-    /// `blame_tenants`: a key blamed for its upstream's errors is answered 429 until its
-    /// cooldown ends (CONTRACT §15). One atomic load while no key is blamed.
-    fn blamed(&self, session: &Session, ctx: &Ctx) -> Option<Refusal> {
-        let pool = ctx.routing.pool.as_deref()?;
-        if !ctx.runtime.config.culling.blame_tenants || !pool.shared.blamed.any() {
-            return None;
-        }
-        let who = Self::blame_identity(session, ctx)?;
-        let now_ms = crate::store::clock::unix_ms();
-        let window = ctx.runtime.config.culling.params.window_secs;
-        let key = crate::cull::blame::current(&pool.shared.key_spread, who, now_ms / 1000, window);
-        let secs = pool.shared.blamed.limited(key, now_ms)?;
-        Some(Refusal::Blamed { retry_after: secs })
-    }
-
-    /// The request's blame identity ([`crate::cull::blame::identity`]).
-    fn blame_identity(session: &Session, ctx: &Ctx) -> Option<crate::cull::blame::Identity> {
-        let req = session.req_header();
-        crate::cull::blame::identity(
-            &ctx.runtime.config.rate_limit,
-            ctx.gates.tenant.as_deref(),
-            ctx.runtime.tenants.is_some(),
-            &req.headers,
-            &req.uri,
-            ctx.routing.client,
-        )
-    }
-
-    /// `blame_tenants`: record a failing request (`slow`: an answer over the latency
-    /// rule's line) of this request's identity on backend `b`.
-    fn record_blame(session: &Session, ctx: &Ctx, b: &crate::upstream::BackendState, slow: bool) {
-        let Some(pool) = &ctx.routing.pool else {
-            return;
-        };
-        let Some(who) = Self::blame_identity(session, ctx) else {
-            return;
-        };
-        let sh = &pool.shared;
-        let now_secs = crate::store::clock::unix_secs();
-        let window = ctx.runtime.config.culling.params.window_secs;
-        let ledgers = (&sh.blame_ledger, &sh.slow_ledger);
-        let key = crate::cull::blame::noted(&sh.key_spread, ledgers, who, now_secs, window);
-        let tenant = ctx.gates.tenant.as_deref().map(|t| &t.name);
-        sh.blame_names.note(key, tenant);
-        if slow {
-            // In the slices of the backend's latency window, which it is compared with.
-            let slice = b.latency.slice_secs();
-            sh.slow_ledger.record(now_secs, slice, key, b.addr);
-        } else {
-            sh.blame_ledger.record(now_secs, window, key, b.addr);
-        }
-    }
-
-    fn refuse_early<T>(session: &mut Session, ctx: &mut Ctx, refusal: Refusal) -> Result<T> {
-        session.set_keepalive(None);
-        let status = refusal.status();
-        ctx.answer.outcome = Some(refusal.outcome());
-        ctx.answer.refusal = Some(refusal);
-        Error::e_explain(ErrorType::HTTPStatus(status), "refused by a gate")
-    }
-
-    /// Routing: the route by host and longest path prefix, its upstream, and the client's
-    /// address (PROXY protocol and `trusted_proxies` applied).
-    fn route(&self, session: &Session, ctx: &mut Ctx) {
-        let rt = &*ctx.runtime;
-        let server = &rt.config.server;
-        // The client first: a route may match on it (`client_cidrs`).
-        let client = edge::client_ip(
-            session,
-            &server.trusted_proxies,
-            server.proxy_protocol,
-            &self.shared.proxied,
-        );
-        ctx.routing.client = client;
-        let req = session.req_header();
-        let route = rt.route_index_for(host_of(session), req.uri.path(), &req.method, client);
-        ctx.routing.route = route;
-        ctx.routing.routed = true;
-        // Left when the context drops (`impl Drop for Ctx`).
-        rt.route_series(true, route).traffic.enter();
-        ctx.routing.pool = rt.pools.get(rt.route_at(route).upstream).cloned();
-    }
-
-    /// What the route answers itself, before any gate (CONTRACT §21): a `deny` route's
-    /// refusal, a `redirect` route's redirect, or the `server.unmatched` answer to a
-    /// request no route matches. `None` (proxy it) costs one branch on the route.
-    fn route_answer(session: &Session, ctx: &Ctx) -> Option<Result<(u16, String), Refusal>> {
-        let rt = &*ctx.runtime;
-        let Some(route) = ctx.routing.route.and_then(|i| rt.config.routes.get(i)) else {
-            return match rt.config.server.unmatched {
-                UnmatchedSection::FirstUpstream => None,
-                UnmatchedSection::NotFound => Some(Err(Refusal::NoRoute { status: 404 })),
-                UnmatchedSection::Misdirected => Some(Err(Refusal::NoRoute { status: 421 })),
-            };
-        };
-        match &route.action {
-            RouteAction::Proxy => None,
-            RouteAction::Deny(status) => Some(Err(Refusal::Denied { status: *status })),
-            RouteAction::Redirect(status, location) => {
-                let uri = &session.req_header().uri;
-                let req = edge::rules::Request {
-                    tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
-                    host: host_of(session),
-                    path: uri.path(),
-                    query: uri.query(),
-                };
-                Some(match location.render(&req) {
-                    Some(l) => Ok((*status, l)),
-                    None => Err(Refusal::BadRequest(
-                        "portcullis: the Host is not a host name a redirect can name\n",
-                    )),
-                })
-            }
-        }
-    }
-
-    /// Answer a `redirect` route: `status` with `Location`, no body.
-    async fn redirect(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        status: u16,
-        location: String,
-    ) -> Result<bool> {
-        ctx.answer.outcome = Some(Outcome::Redirected);
-        let close = !session.is_body_empty() || self.shared.lifecycle.is_draining();
-        if close {
-            session.set_keepalive(None);
-        }
-        let mut resp = ResponseHeader::build(status, Some(3))?;
-        resp.insert_header(http::header::LOCATION, location)?;
-        resp.insert_header(http::header::CONTENT_LENGTH, 0)?;
-        if close {
-            resp.insert_header(http::header::CONNECTION, "close")?;
-        }
-        batch::coalesce(session).await;
-        session.write_response_header(Box::new(resp), false).await?;
-        session.write_response_body(None, true).await?;
-        Ok(true)
-    }
-
-    /// Run the gates on the request (from the one a queue's wait left it at).
-    fn run_gates(&self, session: &Session, ctx: &mut Ctx) -> std::result::Result<(), gate::Stop> {
-        let rt = &*ctx.runtime;
-        // The facts live in this call only: nothing of them is held across an await.
-        let req = session.req_header();
-        let route = rt.route_at(ctx.routing.route);
-        let facts = gate::RequestFacts {
-            priority: route.priority,
-            policies: route.policy_mask,
-            headers: &req.headers,
-            uri: &req.uri,
-            client_ip: ctx.routing.client,
-            h1: !session.as_downstream().is_http2(),
-            version: req.version,
-        };
-        gate::admit(
-            &self.shared,
-            rt,
-            ctx.routing.pool.as_deref(),
-            &facts,
-            crate::store::clock::unix_ms(),
-            &mut ctx.gates,
-        )
-    }
-
-    /// An admitted upgrade: a tunnel is idle when no byte goes either way. The edge stream,
-    /// which sees both directions, times that, and neither side's reads are timed alone (a
-    /// side may be quiet while the other talks).
-    fn time_tunnel(session: &mut Session, idle: std::time::Duration) {
-        let timed_by_edge = crate::edge::conn(session)
-            .map(|conn| conn.tunnel(idle))
-            .is_some();
-        session.set_read_timeout((!timed_by_edge).then_some(idle));
-    }
 }
-
-/// The traffic class of an attempt the backend did not answer (`error`).
-const NO_ANSWER: usize = portcullis_policy::traffic::CLASSES.len() - 1;
 
 impl ProxyHttp for Proxy {
     type CTX = Ctx;
@@ -366,9 +156,6 @@ impl ProxyHttp for Proxy {
             };
         }
         let rt = &*ctx.runtime;
-        if let Some(refusal) = self.blamed(session, ctx) {
-            return self.refuse(session, ctx, refusal).await;
-        }
         if ctx.gates.tunnel.is_some() {
             Self::time_tunnel(session, rt.config.server.tunnel_idle_timeout);
         }
@@ -395,7 +182,7 @@ impl ProxyHttp for Proxy {
             // First attempt: the retry budget counts requests, not attempts.
             pool.shared
                 .budget
-                .record_request(crate::store::clock::unix_secs());
+                .record_request(portcullis_store::clock::unix_secs());
         }
         let key = pool.balance.needs_key().then(|| {
             let req = session.req_header();
@@ -513,13 +300,7 @@ impl ProxyHttp for Proxy {
             cause = failure::plain_cause(&e).unwrap_or_default(),
         );
         if let Some(b) = ctx.upstream.backend.take() {
-            let now_secs = crate::store::clock::unix_secs();
-            b.record(now_secs, true);
-            b.traffic.record(
-                crate::observe::traffic::secs(std::time::Instant::now()),
-                NO_ANSWER,
-                None,
-            );
+            settle::failed_attempt(&b, None, None);
             if let Some(pool) = &ctx.routing.pool {
                 self.shared.metrics.proxy.record_backend(
                     &b.series,
@@ -541,7 +322,7 @@ impl ProxyHttp for Proxy {
                 // Outside the budget (nothing was sent), but counted in it.
                 p.shared
                     .budget
-                    .record_retry(crate::store::clock::unix_secs());
+                    .record_retry(portcullis_store::clock::unix_secs());
                 self.shared.metrics.proxy.retry(&p.name, true);
             }
             e.set_retry(true);
@@ -566,14 +347,7 @@ impl ProxyHttp for Proxy {
         ctx.obs.upstream_answered(status);
         if (status == 502 || status == 503) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                let now_secs = crate::store::clock::unix_secs();
-                b.record(now_secs, true);
-                let class = portcullis_policy::traffic::class_of(Some(status));
-                b.traffic.record(
-                    crate::observe::traffic::secs(std::time::Instant::now()),
-                    class,
-                    ctx.obs.upstream_us(),
-                );
+                settle::failed_attempt(&b, Some(status), ctx.obs.upstream_us());
             }
             ctx.upstream.attempt = None;
             ctx.upstream.retrying = true;
@@ -585,20 +359,17 @@ impl ProxyHttp for Proxy {
         if let Some(name) = &ctx.runtime.config.rate_limit.cost_header {
             // The request's cost against its tenant's quota, charged before the client
             // sees the response (its next request sees the spending); never shown to it.
-            let tenant = ctx.gates.tenant.as_deref().filter(|t| t.tier.quota > 0);
+            let tenant = ctx
+                .gates
+                .caller
+                .tenant
+                .as_deref()
+                .filter(|t| t.tier.quota > 0);
             // At most the quota: a larger cost spends it (and the store takes it).
             let quota = tenant.map_or(0, |t| t.tier.quota);
             let cost = crate::tenants::cost_of(resp.headers.get(name), quota);
             resp.remove_header(name);
-            if !ctx.answer.charged {
-                if let Some(t) = tenant {
-                    let now = crate::store::clock::unix_ms();
-                    self.shared
-                        .tenant_quota
-                        .charge(t.quota_key, t.tier.period, cost, now);
-                    ctx.answer.charged = true;
-                }
-            }
+            settle::charge(&self.shared, ctx, cost);
         }
         Ok(())
     }
@@ -630,13 +401,7 @@ impl ProxyHttp for Proxy {
         }
         if retry::is_reset(&e) && retry::take(session, ctx, &self.shared.metrics) {
             if let Some(b) = ctx.upstream.backend.take() {
-                let now_secs = crate::store::clock::unix_secs();
-                b.record(now_secs, true);
-                b.traffic.record(
-                    crate::observe::traffic::secs(std::time::Instant::now()),
-                    NO_ANSWER,
-                    None,
-                );
+                settle::failed_attempt(&b, None, None);
             }
             ctx.upstream.attempt = None;
             e.set_retry(true);
@@ -753,108 +518,8 @@ impl ProxyHttp for Proxy {
         true
     }
 
+    /// The request ended, whichever way: [`settle::request`].
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        if let Some(conn) = edge::conn(session) {
-            conn.request_done();
-        }
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let outcome = ctx.answer.outcome.unwrap_or(if e.is_some() {
-            Outcome::UpstreamError
-        } else {
-            Outcome::Proxied
-        });
-        // One clock read for the latency sample and the request's duration.
-        let now = Instant::now();
-        let elapsed = now.saturating_duration_since(ctx.start);
-        if let (Some(_), Some(t0), None) = (&ctx.upstream.backend, ctx.upstream.attempt_start, e) {
-            if status > 0 && status < 500 {
-                // The adaptive limit learns from answered requests only.
-                let rtt = now.saturating_duration_since(t0);
-                self.shared.shedder.on_latency(now, rtt);
-                if let Some(pool) = &ctx.routing.pool {
-                    // An adaptive upstream learns from its own latency only (CONTRACT §15).
-                    pool.on_latency(now, rtt);
-                }
-            }
-        }
-        if let Some(registry) = ctx.runtime.tenants.as_deref() {
-            let tenant = ctx.gates.tenant.as_deref();
-            registry.count(tenant, outcome);
-            if let Some(t) = tenant.filter(|t| t.tier.quota > 0 && !ctx.answer.charged) {
-                // Not charged at its response header (no cost header, or no answer): 1,
-                // once the request went to a backend (not when a gate refused it).
-                if matches!(outcome, Outcome::Proxied | Outcome::UpstreamError) {
-                    self.shared.tenant_quota.charge(
-                        t.quota_key,
-                        t.tier.period,
-                        1,
-                        crate::store::clock::unix_ms(),
-                    );
-                }
-            }
-        }
-        let backend = ctx.upstream.backend.take();
-        if let Some(b) = &backend {
-            let now_secs = crate::store::clock::unix_secs();
-            // The backend's fault only: a 5xx, or an error on the upstream side
-            // (timeouts, resets). A client hanging up is not the backend's error.
-            let upstream_failed =
-                e.is_some_and(|e| matches!(e.esource(), pingora::ErrorSource::Upstream));
-            let is_error = upstream_failed || status >= 500 || ctx.answer.grpc_failed;
-            b.record(now_secs, is_error);
-            let culling = &ctx.runtime.config.culling;
-            if is_error && culling.blame_tenants {
-                // Blame the tenant: errors by key (the success path records nothing).
-                Self::record_blame(session, ctx, b, false);
-            }
-            if let (Some(us), None, true) = (ctx.obs.backend_us(), e, status > 0) {
-                // The latency outlier rule's window: answered attempts only, timed from
-                // the end of the request body to the response header (CONTRACT §15).
-                if culling.params.outlier.rule == portcullis_policy::cull::OutlierRule::Latency {
-                    b.latency.record(now_secs, us);
-                    // Slow answers by key (one load and a compare for the others).
-                    let slow = culling.blame_tenants
-                        && ctx.routing.pool.as_ref().is_some_and(|p| {
-                            us > p
-                                .shared
-                                .slow_line_us
-                                .load(std::sync::atomic::Ordering::Relaxed)
-                        });
-                    if slow {
-                        Self::record_blame(session, ctx, b, true);
-                    }
-                }
-            }
-        }
-        telemetry::finish(
-            &self.shared,
-            session,
-            &mut ctx.obs,
-            telemetry::Finished {
-                outcome,
-                status,
-                runtime: &ctx.runtime,
-                route: ctx
-                    .runtime
-                    .route_series(ctx.routing.routed, ctx.routing.route),
-                pool: ctx.routing.pool.as_deref(),
-                backend: backend.as_deref(),
-                request_id: ctx.answer.request_id.as_ref().and_then(|v| v.to_str().ok()),
-                client: ctx.routing.client,
-                elapsed,
-                now_secs: crate::observe::traffic::secs(now),
-                shadow: ctx.gates.shadow,
-                priority: ctx.runtime.route_at(ctx.routing.route).priority,
-                tenant: ctx.gates.tenant.as_ref().map(|t| &*t.name),
-            },
-        );
-        tracing::debug!(
-            event = "request",
-            status,
-            outcome = outcome.as_str(),
-            client = ?ctx.routing.client,
-            upstream = ctx.routing.pool.as_ref().map(|p| p.name.as_str()).unwrap_or(""),
-            elapsed_us = elapsed.as_micros() as u64,
-        );
+        settle::request(&self.shared, session, e, ctx);
     }
 }

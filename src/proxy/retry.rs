@@ -60,7 +60,7 @@ pub fn take(session: &mut Session, ctx: &mut Ctx, metrics: &Metrics) -> bool {
     let granted = pool
         .shared
         .budget
-        .try_retry(crate::store::clock::unix_secs());
+        .try_retry(portcullis_store::clock::unix_secs());
     metrics.proxy.retry(&pool.name, granted);
     if granted {
         ctx.upstream.retries_used += 1;

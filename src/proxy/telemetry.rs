@@ -6,11 +6,11 @@
 use crate::observe::access_log::{should_log, AccessRecord, Exchange};
 use crate::observe::trace::{random_u128, TraceContext};
 
-use crate::metrics::Outcome;
 use crate::state::{unix_ms, Runtime, Shared};
 use crate::upstream::{BackendState, Pool};
 use pingora::http::RequestHeader;
 use pingora::proxy::Session;
+use portcullis_policy::verdict::Outcome;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -137,7 +137,7 @@ pub struct Finished<'a> {
     /// The gates in shadow mode that would have refused the request.
     pub shadow: crate::gate::Shadowed,
     /// The request's class (a shed shadow refusal is named by it).
-    pub priority: crate::config::Priority,
+    pub priority: portcullis_policy::shed::Priority,
     /// The request's tenant's name, when its key is a tenant's.
     pub tenant: Option<&'a str>,
 }
@@ -145,7 +145,7 @@ pub struct Finished<'a> {
 /// A request's shadow refusals with what names them (its class, its runtime's policies).
 struct ShadowOf<'a> {
     shadow: crate::gate::Shadowed,
-    priority: crate::config::Priority,
+    priority: portcullis_policy::shed::Priority,
     rt: &'a Runtime,
 }
 
@@ -333,7 +333,7 @@ mod tests {
             host: host.map(str::to_string),
             path_prefix: p.to_string(),
             upstream: 0,
-            priority: crate::config::Priority::Normal,
+            priority: portcullis_policy::shed::Priority::Normal,
             methods: Vec::new(),
             client_cidrs: None,
             action: crate::config::RouteAction::Proxy,

@@ -8,7 +8,7 @@ use portcullis_policy::ratelimit::Limiter;
 use portcullis_policy::ratelimit::{CounterStore, FlushExtra};
 
 /// Wall-clock Unix time in milliseconds (the `now_ms` the proxy passes to `check`).
-pub use crate::store::clock::unix_ms as now_ms;
+pub use portcullis_store::clock::unix_ms as now_ms;
 
 /// Fleet-wide store round trips per second the flush interval is stretched to stay under:
 /// every instance sends about one batch per flush while a key is near its limit, so `n`
@@ -100,9 +100,9 @@ pub async fn run_flusher<F, A>(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::RateLimitParams;
     use super::*;
     use async_trait::async_trait;
+    use portcullis_policy::ratelimit::RateLimitParams;
     use portcullis_policy::ratelimit::{Batch, LocalStore, StoreError, SyncResult};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

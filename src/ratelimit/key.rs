@@ -49,6 +49,20 @@ pub enum KeyOutcome<'a> {
     Invalid,
 }
 
+impl KeyOutcome<'_> {
+    /// The same outcome, its key borrowed from this one (no copy).
+    #[inline]
+    pub fn reborrow(&self) -> KeyOutcome<'_> {
+        match self {
+            KeyOutcome::Key(k) => KeyOutcome::Key(Cow::Borrowed(k)),
+            KeyOutcome::Missing => KeyOutcome::Missing,
+            KeyOutcome::TooLong => KeyOutcome::TooLong,
+            KeyOutcome::Duplicate => KeyOutcome::Duplicate,
+            KeyOutcome::Invalid => KeyOutcome::Invalid,
+        }
+    }
+}
+
 /// The key of a request under `src`: [`extract_key`], and for `jwt:CLAIM` the claim of the
 /// bearer token once `jwt` verified it at `now_secs`. A request without a bearer token, or
 /// whose valid token lacks the claim (or holds neither a string nor a number there), has

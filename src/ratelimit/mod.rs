@@ -3,7 +3,7 @@
 //! the policies of a route ([`Policies`]), the gate ([`gate`]), the `RateLimit` fields
 //! ([`fields`]), the Redis counter store ([`RedisStore`], from the store crate) and the flusher task
 //! ([`run_flusher`]). The limiter itself, its sliding window and its flush protocol are
-//! policy: `portcullis_policy::ratelimit`, re-exported here.
+//! policy: `portcullis_policy::ratelimit`, imported from there.
 
 pub mod fields;
 mod flusher;
@@ -16,6 +16,3 @@ pub use fields::FieldParts;
 pub use flusher::{now_ms, run_flusher};
 pub use key::{extract_key, extract_request_key, KeyOutcome, KeySource, MissingKey};
 pub use policy::{Combined, DecisionCounters, Policies, Policy, PolicyKey, MAX_POLICIES};
-pub use portcullis_policy::ratelimit::*;
-// The Redis counter store (crates/store).
-pub use portcullis_store::RedisStore;

@@ -26,7 +26,8 @@ use std::sync::Arc;
 
 use prometheus::{IntCounter, IntCounterVec};
 
-use super::{Decision, FieldParts, KeySource, Limiter};
+use super::{FieldParts, KeySource};
+use portcullis_policy::ratelimit::{Decision, Limiter};
 
 /// What a policy limits by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,8 +273,8 @@ impl Policies {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::{LocalStore, RateLimitParams};
     use super::*;
+    use portcullis_policy::ratelimit::{LocalStore, RateLimitParams};
 
     const W: u64 = 60_000;
     const T0: u64 = 1_000 * W;
@@ -491,7 +492,7 @@ mod tests {
         }
         let set = ps.limiters();
         let refs: Vec<&Limiter> = set.iter().map(|l| &**l).collect();
-        let o = super::super::flush(&refs, &store, &|| T0 + 1, false)
+        let o = portcullis_policy::ratelimit::flush(&refs, &store, &|| T0 + 1, false)
             .await
             .unwrap();
         assert_eq!((o.keys, o.admissions), (2, 4));

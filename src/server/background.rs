@@ -13,9 +13,10 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
 
 use crate::config::StoreSettings;
-use crate::ratelimit::{CounterStore, LocalStore, RedisStore};
 use crate::state::Shared;
-use crate::store::Store;
+use portcullis_policy::ratelimit::{CounterStore, LocalStore};
+use portcullis_store::RedisStore;
+use portcullis_store::Store;
 
 /// Runs active health checks of every pool of the current runtime, each at
 /// its own interval; follows reloads.
@@ -36,7 +37,7 @@ impl BackgroundService for HealthChecks {
                 _ = shutdown.changed() => return,
             }
             let rt = self.shared.runtime.load_full();
-            let now_ms = crate::store::clock::unix_ms();
+            let now_ms = portcullis_store::clock::unix_ms();
             for pool in &rt.pools {
                 pool.watch_rotation(now_ms);
             }
@@ -91,7 +92,7 @@ struct Flusher {
 impl BackgroundService for Flusher {
     async fn start(&self, shutdown: ShutdownWatch) {
         let shared = Arc::clone(&self.shared);
-        let quota: Arc<dyn crate::ratelimit::FlushExtra> = shared.tenant_quota.clone();
+        let quota: Arc<dyn portcullis_policy::ratelimit::FlushExtra> = shared.tenant_quota.clone();
         let after = Arc::clone(&shared);
         crate::ratelimit::run_flusher(
             move || shared.rate_limiters(),
@@ -134,7 +135,7 @@ impl BackgroundService for Readiness {
         }
         if self.shared.lifecycle.mark_ready() {
             tracing::info!(event = "ready", "proxy listeners accept; ready");
-            crate::lifecycle::notify::ready();
+            self.shared.lifecycle.notifier.ready();
         }
     }
 }
@@ -273,8 +274,11 @@ pub(super) fn services(
         Box::new(ramp_sync),
     ];
     // `WATCHDOG=1` to systemd, when it asked for it.
-    if let Some(interval) = crate::lifecycle::notify::watchdog_interval() {
-        let pings = crate::lifecycle::notify::WatchdogPings { interval };
+    if let Some(interval) = shared.lifecycle.notifier.watchdog_interval() {
+        let pings = crate::lifecycle::notify::WatchdogPings {
+            interval,
+            lifecycle: Arc::clone(&shared.lifecycle),
+        };
         all.push(Box::new(background_service("systemd watchdog", pings)));
     }
     all

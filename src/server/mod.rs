@@ -209,11 +209,11 @@ pub fn run(config: Config, config_path: PathBuf, upgrade: bool) {
     let conf = server_conf(&config);
     let s = Startup::of(&config);
 
+    let shared = Shared::new(config, config_path);
     if upgrade {
         // Under systemd the new process of an upgrade becomes the service's main process.
-        crate::lifecycle::notify::announce_main_pid_when_ready();
+        shared.lifecycle.notifier.announce_main_pid_when_ready();
     }
-    let shared = Shared::new(config, config_path);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use portcullis_policy::health::shared::{probers, ProbeStore, Publish, SyncRequest};
 
-use crate::store::Store;
 use crate::upstream::probe::Role;
 use crate::upstream::Pool;
+use portcullis_store::Store;
 
 /// The shortest lease: a few store round trips and a health-check tick.
 const MIN_LEASE_MS: u64 = 750;

@@ -11,7 +11,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::state::Shared;
-use crate::store::{RedisClient, Store};
+use portcullis_store::{RedisClient, Store};
 
 /// How often the store's tenants are read.
 pub const EVERY: Duration = Duration::from_secs(2);
@@ -48,7 +48,7 @@ impl BackgroundService for TenantSync {
             if !self.shared.runtime.load().config.tenants.redis_sync {
                 continue;
             }
-            match crate::store::tenants::read(client).await {
+            match portcullis_store::tenants::read(client).await {
                 Ok(mut entries) => {
                     if failing {
                         tracing::info!(

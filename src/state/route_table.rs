@@ -252,7 +252,7 @@ impl Radix {
 mod tests {
     use super::*;
     use crate::edge::TrustedProxies;
-    use crate::shed::Priority;
+    use portcullis_policy::shed::Priority;
 
     fn route(host: Option<&str>, prefix: &str, upstream: usize) -> Route {
         Route {

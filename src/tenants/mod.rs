@@ -20,7 +20,7 @@ pub fn status_json(
     registry: &Registry,
     quota: &portcullis_policy::tenant::QuotaBook,
 ) -> serde_json::Value {
-    let now = crate::store::clock::unix_ms();
+    let now = portcullis_store::clock::unix_ms();
     let listed: Vec<serde_json::Value> = registry
         .tenants
         .iter()

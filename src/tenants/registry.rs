@@ -11,8 +11,9 @@ use prometheus::IntCounter;
 use sha2::{Digest, Sha256};
 
 use crate::config::tenants::{Tenant, TenantSettings, Tier, UnknownKey};
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::Metrics;
 use portcullis_policy::tenant::{concurrency_allowance, QuotaBook};
+use portcullis_policy::verdict::Outcome;
 
 /// Keys of the map are SHA-256 outputs: their first 8 bytes are already a good hash.
 #[derive(Default)]

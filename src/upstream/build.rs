@@ -59,7 +59,7 @@ impl Members {
                     let s = BackendState::named(&cfg.name, *addr, name, window_secs);
                     if reloading && !cfg.balance.slow_start.is_zero() {
                         // A new address joining a running upstream ramps like one back.
-                        s.came_back(crate::store::clock::unix_ms());
+                        s.came_back(portcullis_store::clock::unix_ms());
                     }
                     Arc::new(s)
                 });
@@ -159,7 +159,7 @@ fn upstream_shared(cfg: &Upstream, previous: Option<&Pool>) -> Arc<UpstreamShare
         None => Arc::new(UpstreamShared {
             inflight: AtomicU64::new(0),
             budget: crate::balance::retry_budget::RetryBudget::new(cfg.balance.retry_budget_ratio),
-            limit: crate::shed::Shedder::new(0),
+            limit: portcullis_policy::shed::Shedder::new(0),
             blame_ledger: Default::default(),
             blamed: Default::default(),
             blame_names: Default::default(),

@@ -6,14 +6,13 @@
 
 mod blame_names;
 mod build;
+mod health;
+mod manual;
 pub mod peer;
 pub mod probe;
 
-use arc_swap::ArcSwap;
-use async_trait::async_trait;
-use pingora::lb::health_check::HealthCheck;
 use pingora::lb::selection::RoundRobin;
-use pingora::lb::{Backend, HealthRegistry, LoadBalancer};
+use pingora::lb::{Backend, LoadBalancer};
 use portcullis_policy::balance::slow_start;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -21,6 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use blame_names::BlameNames;
+pub use health::PoolHealth;
+use manual::MANUAL_IN;
+pub use manual::{Manual, ManualState};
 
 /// The least cap an `adaptive` upstream learns (or its `max_inflight`, when lower).
 pub const ADAPTIVE_FLOOR: u64 = 8;
@@ -288,115 +290,6 @@ pub fn cull_epoch() -> u64 {
     EPOCH.fetch_add(1, Ordering::AcqRel) + 1
 }
 
-const MANUAL_IN: u8 = 0;
-const MANUAL_DRAIN: u8 = 1;
-const MANUAL_MAINT: u8 = 2;
-const MANUAL_WEIGHT_ZERO: u8 = 3;
-const MANUAL_CLAIMED: u8 = 4;
-const NO_WEIGHT: u32 = u32::MAX;
-
-/// A backend's manual operations (CONTRACT §12): the records (for `GET /backends` and
-/// the status page), the mark the request path reads (one atomic load), and the weight
-/// the pool is built with. Written by the fleet sync and the admin API, never per request.
-#[derive(Debug)]
-pub struct Manual {
-    mark: std::sync::atomic::AtomicU8,
-    weight: std::sync::atomic::AtomicU32,
-    records: std::sync::Mutex<Vec<portcullis_policy::cull::ops::OpRecord>>,
-}
-
-impl Default for Manual {
-    fn default() -> Self {
-        Self {
-            mark: std::sync::atomic::AtomicU8::new(MANUAL_IN),
-            weight: std::sync::atomic::AtomicU32::new(NO_WEIGHT),
-            records: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-}
-
-/// What takes a backend out by hand, if anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ManualState {
-    In,
-    Draining,
-    Maint,
-    /// Claimed on the disruption budget (`POST /claims`).
-    Claimed,
-    /// Weight 0: no new requests.
-    WeightZero,
-}
-
-impl Manual {
-    /// Replace the records with `records` (those in force on this backend). Returns
-    /// whether the weight changed (the pool is then rebuilt with it).
-    pub fn set(&self, records: Vec<portcullis_policy::cull::ops::OpRecord>) -> bool {
-        use portcullis_policy::cull::ops::OpKind;
-        // maint, then a claim, then a drain, then weight 0 says what the backend is.
-        let state = records.iter().fold(None, |acc, r| match (acc, r.kind) {
-            (_, OpKind::Maint) => Some(MANUAL_MAINT),
-            (Some(MANUAL_MAINT), _) => acc,
-            (_, OpKind::Claim { .. }) => Some(MANUAL_CLAIMED),
-            (Some(MANUAL_CLAIMED), _) => acc,
-            (_, OpKind::Drain) => Some(MANUAL_DRAIN),
-            (Some(MANUAL_DRAIN), _) => acc,
-            (_, OpKind::Weight(0)) => Some(MANUAL_WEIGHT_ZERO),
-            _ => acc,
-        });
-        let weight = records
-            .iter()
-            .find_map(|r| match r.kind {
-                OpKind::Weight(w) => Some(w),
-                _ => None,
-            })
-            .unwrap_or(NO_WEIGHT);
-        self.mark
-            .store(state.unwrap_or(MANUAL_IN), Ordering::Release);
-        let before = self.weight.swap(weight, Ordering::AcqRel);
-        *self.records.lock().unwrap_or_else(|p| p.into_inner()) = records;
-        before != weight
-    }
-
-    pub fn state(&self) -> ManualState {
-        match self.mark.load(Ordering::Acquire) {
-            MANUAL_DRAIN => ManualState::Draining,
-            MANUAL_MAINT => ManualState::Maint,
-            MANUAL_WEIGHT_ZERO => ManualState::WeightZero,
-            MANUAL_CLAIMED => ManualState::Claimed,
-            _ => ManualState::In,
-        }
-    }
-
-    /// The weight set at runtime, if any.
-    pub fn weight(&self) -> Option<u32> {
-        let w = self.weight.load(Ordering::Acquire);
-        (w != NO_WEIGHT).then_some(w)
-    }
-
-    /// Put `record` in place of the one of its field (an action of this instance, before
-    /// the next sync reads it back).
-    pub fn put(&self, record: portcullis_policy::cull::ops::OpRecord) -> bool {
-        let mut records = self.records();
-        records.retain(|x| x.field() != record.field());
-        records.push(record);
-        self.set(records)
-    }
-
-    /// Drop the record stored under `field`.
-    pub fn remove(&self, field: &str) -> bool {
-        let mut records = self.records();
-        records.retain(|x| x.field() != field);
-        self.set(records)
-    }
-
-    pub fn records(&self) -> Vec<portcullis_policy::cull::ops::OpRecord> {
-        self.records
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
 /// One attempt in flight to a backend: counted while held.
 #[derive(Debug)]
 pub struct Attempt(Arc<BackendState>);
@@ -545,53 +438,6 @@ impl Tried {
     #[inline]
     pub fn contains(&self, addr: &SocketAddr) -> bool {
         self.inline.iter().any(|s| s.as_ref() == Some(addr)) || self.more.contains(addr)
-    }
-}
-
-/// The active health state of one upstream, kept across reloads: each
-/// rebuilt pool registers its backend view with the same registry, so a
-/// backend that stays keeps its health (as it keeps its cull state) instead of
-/// starting "up" again until its next check.
-#[derive(Clone)]
-pub struct PoolHealth {
-    registry: Arc<HealthRegistry>,
-    check: SwappableCheck,
-    /// What each backend's probes found (kept with the registry).
-    pub tracks: Arc<probe::Tracks>,
-}
-
-impl PoolHealth {
-    fn new(check: probe::Probe, tracks: Arc<probe::Tracks>) -> Self {
-        let check = SwappableCheck(Arc::new(ArcSwap::from_pointee(check)));
-        let registry = Arc::new(HealthRegistry::new());
-        // A fresh registry has no check yet, so this cannot panic.
-        registry.set_health_check(Box::new(check.clone()));
-        Self {
-            registry,
-            check,
-            tracks,
-        }
-    }
-}
-
-/// The registry takes its check once; a reload that changes the check swaps what this
-/// wrapper delegates to.
-#[derive(Clone)]
-struct SwappableCheck(Arc<ArcSwap<probe::Probe>>);
-
-#[async_trait]
-impl HealthCheck for SwappableCheck {
-    async fn check(&self, target: &Backend) -> pingora::Result<()> {
-        let current = self.0.load_full();
-        current.check(target).await
-    }
-
-    fn backend_summary(&self, target: &Backend) -> String {
-        format!("backend {}", target.addr)
-    }
-
-    fn health_threshold(&self, success: bool) -> usize {
-        self.0.load().health_threshold(success)
     }
 }
 
@@ -899,60 +745,6 @@ impl Pool {
     pub fn on_latency(&self, now: std::time::Instant, rtt: Duration) {
         if self.balance.adaptive {
             self.shared.limit.on_latency(now, rtt);
-        }
-    }
-
-    /// What `s`'s probes found (`None`: no active check, or not probed yet).
-    pub fn health_track(&self, s: &BackendState) -> Option<portcullis_policy::health::Track> {
-        self.health.as_ref()?.tracks.get(&s.addr)
-    }
-
-    /// Shared probing of this pool: its tracks, `probers` and thresholds (`None` without
-    /// a check with `shared = true`).
-    pub fn shared_probing(
-        &self,
-    ) -> Option<(
-        Arc<probe::Tracks>,
-        u32,
-        portcullis_policy::health::Thresholds,
-    )> {
-        let h = self.health.as_ref()?;
-        let check = h.check.0.load();
-        let probers = check.shared_probers()?;
-        Some((Arc::clone(&h.tracks), probers, check.thresholds()))
-    }
-
-    /// Where `s`'s state came from at its last check (shared probing).
-    pub fn health_source(&self, s: &BackendState) -> Option<probe::Source> {
-        self.health.as_ref()?.tracks.source(&s.addr)
-    }
-
-    /// Each backend's probe counts by result (empty without an active check).
-    pub fn health_counts(&self) -> Vec<(SocketAddr, probe::Counts)> {
-        self.health
-            .as_ref()
-            .map(|h| h.tracks.counts())
-            .unwrap_or_default()
-    }
-
-    /// `rise`, `fall` and the intervals of the active check.
-    pub fn health_thresholds(&self) -> Option<portcullis_policy::health::Thresholds> {
-        self.health.as_ref().map(|h| h.check.0.load().thresholds())
-    }
-
-    /// The `Host` the active check sends to `s` (its address without a check).
-    pub fn probe_host(&self, s: &BackendState) -> String {
-        match &self.health {
-            Some(h) => h.check.0.load().host_of(s.addr),
-            None => s.addr_str.clone(),
-        }
-    }
-
-    /// Whether `status` passes the active check (2xx without one).
-    pub fn probe_passes(&self, status: u16) -> bool {
-        match &self.health {
-            Some(h) => h.check.0.load().passes(status),
-            None => (200..300).contains(&status),
         }
     }
 

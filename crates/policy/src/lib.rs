@@ -6,6 +6,7 @@
 
 pub mod balance;
 pub mod bucket;
+pub mod calendar;
 pub mod cull;
 pub mod fleet_cap;
 pub mod health;

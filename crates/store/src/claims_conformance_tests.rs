@@ -9,7 +9,7 @@ use crate::budget::claim;
 use crate::{BudgetStore, RedisClient, Store};
 use portcullis_policy::cull::claims::{BudgetPolicy, ClaimAsk, ClaimRefusal};
 use portcullis_policy::cull::ops::{OpKind, OpRequest};
-use portcullis_policy::cull::{ClaimCommit, CullParams};
+use portcullis_policy::cull::{ClaimCommit, ClaimToCommit, CullParams};
 use portcullis_test_kit::RedisServer;
 
 fn stores(redis: Option<&RedisServer>, prefix: &str) -> Vec<(&'static str, Store)> {
@@ -66,21 +66,22 @@ async fn claims_commit_on_their_version_and_release_in_redis_and_in_process() {
         assert_eq!((st.tokens, st.ops.len()), (2.0, 0), "{twin}");
         let groups = vec!["global".to_string(), "zone-a".to_string()];
         // a stale version is a conflict and writes nothing
-        let stale = b
-            .commit_claim(
-                st.version + 7,
-                "app",
-                "a1",
-                &req(1, false),
-                &groups,
-                true,
-                &p,
-            )
-            .await;
-        assert_eq!(stale.ok(), Some(ClaimCommit::Conflict), "{twin}");
-        let c = b
-            .commit_claim(st.version, "app", "a1", &req(1, false), &groups, true, &p)
-            .await;
+        let op = req(1, false);
+        let stale = ClaimToCommit {
+            version: st.version + 7,
+            upstream: "app",
+            backend: "a1",
+            req: &op,
+            groups: &groups,
+            take_token: true,
+        };
+        let conflict = b.commit_claim(&stale, &p).await;
+        assert_eq!(conflict.ok(), Some(ClaimCommit::Conflict), "{twin}");
+        let current = ClaimToCommit {
+            version: st.version,
+            ..stale
+        };
+        let c = b.commit_claim(&current, &p).await;
         let Ok(ClaimCommit::Committed(rec)) = c else {
             panic!("{twin}: {c:?}")
         };

@@ -139,20 +139,13 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         params: &CullParams,
     ) -> Result<FleetState, StoreError>;
 
-    /// Commit the claim `req` (its kind a [`Claim`](super::ops::OpKind::Claim), `ttl_ms`
-    /// set) on `backend` of `upstream`, checked by the caller on the state of `version`:
-    /// atomically, only if the budget is still at `version` (else [`ClaimCommit::Conflict`]:
-    /// read and check again), taking a token when `take_token` (else
-    /// [`ClaimCommit::NoToken`]), stamping `groups`' last start.
-    #[allow(clippy::too_many_arguments)]
+    /// Commit `claim` ([`ClaimToCommit`]): atomically, only if the budget is still at
+    /// `claim.version` (else [`ClaimCommit::Conflict`]: read and check again), taking a
+    /// token when `claim.take_token` (else [`ClaimCommit::NoToken`]), stamping
+    /// `claim.groups`' last start.
     async fn commit_claim(
         &self,
-        version: u64,
-        upstream: &str,
-        backend: &str,
-        req: &OpRequest,
-        groups: &[String],
-        take_token: bool,
+        claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> Result<ClaimCommit, StoreError>;
 
@@ -165,6 +158,22 @@ pub trait BudgetStore: Send + Sync + std::fmt::Debug {
         id: u64,
         groups: &[String],
     ) -> Result<bool, StoreError>;
+}
+
+/// A claim to commit ([`BudgetStore::commit_claim`]): the claim `req` (its kind a
+/// [`Claim`](super::ops::OpKind::Claim), `ttl_ms` set) on `backend` of `upstream`, checked by
+/// the caller on the budget's state at `version`.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimToCommit<'a> {
+    /// The budget's version the claim was checked on.
+    pub version: u64,
+    pub upstream: &'a str,
+    pub backend: &'a str,
+    pub req: &'a OpRequest,
+    /// The groups whose last start the commit stamps.
+    pub groups: &'a [String],
+    /// Take a token from the fleet bucket (an emergency claim does not).
+    pub take_token: bool,
 }
 
 /// What committing a claim did.

@@ -21,7 +21,7 @@ pub use blame::{
     FleetBlame, KeySpread, SlowCounts, SlowLedger, SpreadNote, MANY_KEYS,
     MIN_BACKENDS as BLAME_MIN_BACKENDS,
 };
-pub use budget_store::{BudgetStore, ClaimCommit};
+pub use budget_store::{BudgetStore, ClaimCommit, ClaimToCommit};
 pub use claim::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
 pub use evaluate::{evaluate, evaluate_sharded, BackendSample, Evaluation, STANDOUT_FACTOR};
 pub use failing::{failing_reason, Failing, FailingInput};

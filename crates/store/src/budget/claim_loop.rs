@@ -6,7 +6,7 @@ use portcullis_policy::cull::claims::{
     check_claim, groups_of, BudgetPolicy, ClaimAsk, ClaimRefusal,
 };
 use portcullis_policy::cull::ops::{OpRecord, OpRequest};
-use portcullis_policy::cull::{BudgetStore, ClaimCommit, CullParams};
+use portcullis_policy::cull::{BudgetStore, ClaimCommit, ClaimToCommit, CullParams};
 
 use crate::StoreError;
 
@@ -31,18 +31,15 @@ pub async fn claim(
         if let Err(refusal) = check_claim(ask, &state, policy) {
             return Ok(Err(refusal));
         }
-        let take_token = !ask.emergency;
-        let commit = budget
-            .commit_claim(
-                state.version,
-                ask.upstream,
-                ask.backend,
-                req,
-                &groups,
-                take_token,
-                params,
-            )
-            .await?;
+        let claim = ClaimToCommit {
+            version: state.version,
+            upstream: ask.upstream,
+            backend: ask.backend,
+            req,
+            groups: &groups,
+            take_token: !ask.emergency,
+        };
+        let commit = budget.commit_claim(&claim, params).await?;
         match commit {
             ClaimCommit::Committed(record) => return Ok(Ok(record)),
             ClaimCommit::NoToken { retry_ms } => return Ok(Err(ClaimRefusal::Tokens { retry_ms })),

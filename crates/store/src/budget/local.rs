@@ -15,7 +15,7 @@ use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{out_backends, OpRecord, OpRefusal, OpRequest};
 use portcullis_policy::cull::ClaimCommit;
 use portcullis_policy::cull::{max_out, Buckets, BudgetStore, CullParams, FleetDelta};
-use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
+use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome, ClaimToCommit};
 
 #[derive(Debug, Default)]
 pub(super) struct State {
@@ -316,18 +316,10 @@ impl BudgetStore for LocalBudget {
 
     async fn commit_claim(
         &self,
-        version: u64,
-        upstream: &str,
-        backend: &str,
-        req: &OpRequest,
-        groups: &[String],
-        take_token: bool,
+        claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> Result<ClaimCommit, StoreError> {
-        let now = unix_ms();
-        Ok(self.commit_claim_at(
-            now, version, upstream, backend, req, groups, take_token, params,
-        ))
+        Ok(self.commit_claim_at(unix_ms(), claim, params))
     }
 
     async fn release_claim(

@@ -7,7 +7,7 @@ use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{
     check_out, out_backends, OpKind, OpRecord, OpRefusal, OpRequest, CLAIM_ASPECT,
 };
-use portcullis_policy::cull::{ClaimCommit, CullParams};
+use portcullis_policy::cull::{ClaimCommit, ClaimToCommit, CullParams};
 
 use super::local::LocalBudget;
 
@@ -99,35 +99,29 @@ impl LocalBudget {
     }
 
     /// [`BudgetStore::commit_claim`](portcullis_policy::cull::BudgetStore::commit_claim) at `now_ms`.
-    #[allow(clippy::too_many_arguments)]
     pub fn commit_claim_at(
         &self,
         now_ms: u64,
-        version: u64,
-        upstream: &str,
-        backend: &str,
-        req: &OpRequest,
-        groups: &[String],
-        take_token: bool,
+        claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> ClaimCommit {
         let mut st = self.lock();
-        if st.version != version {
+        if st.version != claim.version {
             return ClaimCommit::Conflict;
         }
-        if take_token {
+        if claim.take_token {
             let (tokens, retry_ms) = Self::tokens_locked(&st, now_ms, params);
             if tokens < 1.0 {
                 return ClaimCommit::NoToken { retry_ms };
             }
             Self::take_token_locked(&mut st, now_ms, params);
         }
-        let record = OpRecord::new(backend, req, now_ms);
+        let record = OpRecord::new(claim.backend, claim.req, now_ms);
         st.ops
-            .entry(upstream.to_owned())
+            .entry(claim.upstream.to_owned())
             .or_default()
             .insert(record.field(), record.clone());
-        for g in groups {
+        for g in claim.groups {
             st.groups.entry(g.clone()).or_default().0 = now_ms;
         }
         st.version += 1;

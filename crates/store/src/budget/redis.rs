@@ -25,7 +25,7 @@ use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{OpRecord, OpRefusal, OpRequest};
 use portcullis_policy::cull::ClaimCommit;
 use portcullis_policy::cull::{max_out, BudgetStore, CullParams};
-use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome};
+use portcullis_policy::cull::{ActiveClaim, BudgetSnapshot, ClaimOutcome, ClaimToCommit};
 use portcullis_policy::cull::{Buckets, CullNote, FleetBlame, FleetDelta};
 
 /// KEYS: tokens, claims, ops, version. ARGV: backend, cap, period_ms, max_out, lease_ms, dry(0|1).
@@ -524,16 +524,10 @@ impl BudgetStore for RedisBudget {
 
     async fn commit_claim(
         &self,
-        version: u64,
-        upstream: &str,
-        backend: &str,
-        req: &OpRequest,
-        groups: &[String],
-        take_token: bool,
+        claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> Result<ClaimCommit, StoreError> {
-        self.commit_claim_now(version, upstream, backend, req, groups, take_token, params)
-            .await
+        self.commit_claim_now(claim, params).await
     }
 
     async fn release_claim(

@@ -10,8 +10,8 @@
 //! (hash `group|s` / `group|e` → Unix ms).
 
 use portcullis_policy::cull::claims::FleetState;
-use portcullis_policy::cull::ops::{OpRecord, OpRequest, CLAIM_ASPECT};
-use portcullis_policy::cull::{ClaimCommit, CullParams};
+use portcullis_policy::cull::ops::{OpRecord, CLAIM_ASPECT};
+use portcullis_policy::cull::{ClaimCommit, ClaimToCommit, CullParams};
 use redis::Value;
 
 use super::lua::out_ops_lua;
@@ -167,17 +167,19 @@ impl RedisBudget {
     }
 
     /// [`BudgetStore::commit_claim`](portcullis_policy::cull::BudgetStore::commit_claim).
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn commit_claim_now(
         &self,
-        version: u64,
-        upstream: &str,
-        backend: &str,
-        req: &OpRequest,
-        groups: &[String],
-        take_token: bool,
+        claim: &ClaimToCommit<'_>,
         params: &CullParams,
     ) -> Result<ClaimCommit, StoreError> {
+        let ClaimToCommit {
+            version,
+            upstream,
+            backend,
+            req,
+            groups,
+            take_token,
+        } = *claim;
         let probe = OpRecord::new(backend, req, 0);
         let keys = [
             self.version_key(),
