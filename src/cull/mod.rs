@@ -26,16 +26,3 @@ mod driver_tests;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod outlier_tests;
-
-// Transitional: the policy names the check loop (`driver.rs`, which another branch is
-// changing) reads as `super::…`. Every other file imports them from `portcullis_policy::cull`
-// and the budget stores from `portcullis_store::budget`; this list goes when driver.rs does
-// the same.
-pub(crate) use portcullis_policy::cull::{
-    attributed, attributed_slow, evaluate_outliers, evaluate_sharded, failing_reason,
-    latency_slice_secs, slow_line_us, Action, BackendCounts, BackendSample, Blamed, Buckets,
-    BudgetSnapshot, BudgetStore, ClaimOutcome, CullParams, CullState, Evaluation, FailingInput,
-    FleetBlame, FleetDelta, LatencyBuckets, Outlier, OutlierRule, OutlierVerdict, PeerSample,
-    SlowCounts, TickInput, BLAME_MIN_BACKENDS,
-};
-pub(crate) use portcullis_policy::StoreError;
