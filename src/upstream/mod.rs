@@ -6,10 +6,13 @@
 
 mod blame_names;
 mod build;
+mod bulkhead;
 mod health;
 mod manual;
 pub mod peer;
 pub mod probe;
+mod room;
+mod tried;
 
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, LoadBalancer};
@@ -20,9 +23,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use blame_names::BlameNames;
+pub use bulkhead::{Bulkhead, BulkheadGuard};
 pub use health::PoolHealth;
 use manual::MANUAL_IN;
 pub use manual::{Manual, ManualState};
+pub use room::{Room, RoomPlace};
+pub use tried::Tried;
 
 /// The least cap an `adaptive` upstream learns (or its `max_inflight`, when lower).
 pub const ADAPTIVE_FLOOR: u64 = 8;
@@ -67,61 +73,6 @@ pub struct BackendState {
     /// whether it was in rotation at the last look ([`Pool::watch_rotation`]).
     back_at_ms: AtomicU64,
     was_in: AtomicBool,
-}
-
-/// Requests waiting for room in an upstream (a backend under its `max_conn`, a bulkhead
-/// slot): told whenever an attempt or a bulkhead slot is given back while some wait.
-#[derive(Debug, Default)]
-pub struct Room {
-    waiting: AtomicU64,
-    notify: tokio::sync::Notify,
-}
-
-/// One request's place in a [`Room`]'s line: counted while held.
-pub struct RoomPlace<'a>(&'a Room);
-
-impl Drop for RoomPlace<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Room {
-    /// Join the line, unless `max` already wait.
-    pub fn join(&self, max: u64) -> Option<RoomPlace<'_>> {
-        let mut cur = self.waiting.load(Ordering::SeqCst);
-        loop {
-            if cur >= max {
-                return None;
-            }
-            match self.waiting.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Some(RoomPlace(self)),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Resolves at the next [`Room::free`] (enable it before looking for room).
-    pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
-    }
-
-    /// Room was given back: with requests waiting, each looks again.
-    #[inline]
-    pub fn free(&self) {
-        if self.waiting.load(Ordering::SeqCst) != 0 {
-            self.notify.notify_waiters();
-        }
-    }
-
-    pub fn waiting(&self) -> u64 {
-        self.waiting.load(Ordering::SeqCst)
-    }
 }
 
 /// Where a backend stands with the culling gate.
@@ -320,7 +271,7 @@ pub struct UpstreamShared {
     pub budget: crate::balance::retry_budget::RetryBudget,
     /// The learned cap of an `adaptive` upstream (its own gradient limit, in-flight
     /// count and shed share); unused otherwise.
-    pub limit: Arc<crate::shed::Shedder>,
+    pub limit: Arc<portcullis_policy::shed::Shedder>,
     /// `blame_tenants`: errors by key, and the keys limited now (CONTRACT §15).
     pub blame_ledger: portcullis_policy::cull::BlameLedger,
     pub blamed: portcullis_policy::cull::BlameList,
@@ -337,108 +288,6 @@ pub struct UpstreamShared {
     /// `fleet_max_inflight`: this instance's share of the fleet's cap (kept across
     /// reloads, recomputed by the background exchange).
     pub fleet_cap: crate::fleet_caps::FleetSlot,
-}
-
-/// The bulkhead's answer for one request.
-#[derive(Debug)]
-pub enum Bulkhead {
-    /// No `max_inflight`.
-    Unlimited,
-    /// Holds one of the upstream's slots until dropped.
-    Entered(BulkheadGuard),
-    /// The upstream is at `max_inflight`: shed.
-    Full,
-}
-
-#[derive(Debug)]
-pub struct BulkheadGuard {
-    slot: Slot,
-    /// Dropped after `slot`.
-    _told: Told,
-}
-
-impl BulkheadGuard {
-    /// Whether this is a slot of an `adaptive` upstream's learned cap.
-    #[inline]
-    pub fn is_adaptive(&self) -> bool {
-        matches!(self.slot, Slot::Adaptive(_))
-    }
-
-    /// The request's body is still arriving: an adaptive upstream's cap does not count
-    /// the slot until [`BulkheadGuard::end_upload`] (a fixed `max_inflight` always does).
-    #[inline]
-    pub fn start_upload(&mut self) {
-        if let Slot::Adaptive(g) = &mut self.slot {
-            g.start_upload();
-        }
-    }
-
-    #[inline]
-    pub fn end_upload(&mut self) {
-        if let Slot::Adaptive(g) = &mut self.slot {
-            g.end_upload();
-        }
-    }
-}
-
-/// A fixed bulkhead's slot, or one of an adaptive upstream's learned cap.
-#[derive(Debug)]
-enum Slot {
-    /// Held for its `Drop`.
-    Fixed(#[allow(dead_code)] FixedSlot),
-    Adaptive(crate::shed::InflightGuard),
-}
-
-/// One of a fixed bulkhead's slots, given back when dropped.
-#[derive(Debug)]
-struct FixedSlot(Arc<UpstreamShared>);
-
-impl Drop for FixedSlot {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Tells an upstream's [`Room`] when dropped: after the slot (fields drop in order).
-#[derive(Debug)]
-struct Told(Arc<Room>);
-
-impl Drop for Told {
-    fn drop(&mut self) {
-        self.0.free();
-    }
-}
-
-/// Backends a request already tried, without a heap allocation for the
-/// first four.
-#[derive(Debug, Default)]
-pub struct Tried {
-    inline: [Option<SocketAddr>; 4],
-    more: Vec<SocketAddr>,
-}
-
-impl Tried {
-    pub fn push(&mut self, addr: SocketAddr) {
-        match self.inline.iter_mut().find(|s| s.is_none()) {
-            Some(slot) => *slot = Some(addr),
-            None => self.more.push(addr),
-        }
-    }
-
-    /// Allow `addr` again (a stale pooled connection is not the backend's fault).
-    pub fn forget(&mut self, addr: &SocketAddr) {
-        for slot in &mut self.inline {
-            if slot.as_ref() == Some(addr) {
-                *slot = None;
-            }
-        }
-        self.more.retain(|a| a != addr);
-    }
-
-    #[inline]
-    pub fn contains(&self, addr: &SocketAddr) -> bool {
-        self.inline.iter().any(|s| s.as_ref() == Some(addr)) || self.more.contains(addr)
-    }
 }
 
 pub struct Pool {
@@ -519,7 +368,7 @@ impl Pool {
             let now_ms = if slow.is_zero() {
                 0
             } else {
-                crate::store::clock::unix_ms()
+                portcullis_store::clock::unix_ms()
             };
             let ramp = |i: usize| {
                 if slow.is_zero() {
@@ -559,6 +408,30 @@ impl Pool {
             }
             return Some(Arc::clone(&self.backends[i]));
         }
+        self.none_eligible(tried, key, &shard)
+    }
+
+    /// No backend eligible by the usual rules for this request: healthy ones in rotation
+    /// that were tried or are full answer `None`; with none in rotation, the culled ones
+    /// serve (never the last backend); with none healthy, every one in rotation serves
+    /// (panic mode).
+    #[cold]
+    fn none_eligible(
+        &self,
+        tried: &Tried,
+        key: &[u8],
+        shard: &[usize],
+    ) -> Option<Arc<BackendState>> {
+        let n = self.backends.len();
+        let in_shard = |i: usize| shard.is_empty() || shard.contains(&i);
+        let open = |i: usize| {
+            let s = &self.backends[i];
+            in_shard(i) && !s.is_out() && !tried.contains(&s.addr)
+        };
+        let checked = self.health.is_some();
+        let healthy = |i: usize| !checked || self.lb.backends().ready(&self.members[i]);
+        let load = |i: usize| self.backends[i].inflight();
+        let weights = &self.balance.weights;
         if (0..n).any(|i| in_shard(i) && healthy(i) && !self.backends[i].is_out()) {
             // Healthy backends in rotation exist but were tried or are full: not a panic.
             // (Healthy ones that are all out, drained or culled, are: the ones in rotation
@@ -587,45 +460,6 @@ impl Pool {
             );
         }
         fallback.map(|i| Arc::clone(&self.backends[i]))
-    }
-
-    /// The upstream's line of requests waiting for room.
-    pub fn room(&self) -> &Arc<Room> {
-        &self.shared.room
-    }
-
-    /// `Retry-After` of a request this upstream sheds at `now_secs` (its bulkhead full,
-    /// its queue's time out or full): an adaptive upstream's learned cap spreads the
-    /// retries by its own shed share, as the cap's sheds are; a fixed `max_inflight` or
-    /// `max_conn` answers `base`.
-    pub fn shed_retry_after(&self, base: u64, now_secs: u64) -> u64 {
-        if self.balance.adaptive {
-            self.shared
-                .limit
-                .share
-                .refuse(base, now_secs, fastrand::u64(..))
-        } else {
-            base
-        }
-    }
-
-    /// Requests that may wait for room at once: `max_queue`, else 10 × the sum of the
-    /// backends' `max_conn` (or of `max_inflight`), else 1024.
-    pub fn max_queue(&self) -> u64 {
-        if self.balance.max_queue > 0 {
-            return self.balance.max_queue;
-        }
-        let conns: u64 = self.max_conn.iter().sum();
-        let base = if conns > 0 {
-            conns
-        } else {
-            self.balance.max_inflight
-        };
-        if base > 0 {
-            base.saturating_mul(10)
-        } else {
-            1024
-        }
     }
 
     /// Slow start: note each backend that came back into rotation since the last look
@@ -691,61 +525,6 @@ impl Pool {
         self.backends
             .iter()
             .any(|b| !b.is_out() && !tried.contains(&b.addr))
-    }
-
-    /// The bulkhead (`max_inflight`, or the learned cap when `adaptive`): take a slot or
-    /// be shed.
-    #[inline]
-    pub fn enter(&self) -> Bulkhead {
-        if self.balance.adaptive {
-            return match self
-                .shared
-                .limit
-                .try_acquire(crate::shed::Priority::Critical)
-            {
-                Some(g) => Bulkhead::Entered(BulkheadGuard {
-                    slot: Slot::Adaptive(g),
-                    _told: Told(Arc::clone(&self.shared.room)),
-                }),
-                None => Bulkhead::Full,
-            };
-        }
-        let cap = match self.balance.fleet_max_inflight {
-            0 => self.balance.max_inflight,
-            _ => self.shared.fleet_cap.cap_or(self.balance.max_inflight),
-        };
-        if cap == 0 {
-            return Bulkhead::Unlimited;
-        }
-        let sh = &self.shared;
-        let mut cur = sh.inflight.load(Ordering::Acquire);
-        loop {
-            if cur >= cap {
-                return Bulkhead::Full;
-            }
-            match sh.inflight.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    return Bulkhead::Entered(BulkheadGuard {
-                        slot: Slot::Fixed(FixedSlot(Arc::clone(sh))),
-                        _told: Told(Arc::clone(&sh.room)),
-                    })
-                }
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Feed one answered request's latency to an `adaptive` upstream's own cap.
-    #[inline]
-    pub fn on_latency(&self, now: std::time::Instant, rtt: Duration) {
-        if self.balance.adaptive {
-            self.shared.limit.on_latency(now, rtt);
-        }
     }
 
     /// The `max_conn` (0: none) and `backup` of `s`.
