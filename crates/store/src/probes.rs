@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use crate::clock::unix_ms;
+use crate::redis::reply_field;
 use crate::{RedisClient, StoreError};
 use portcullis_policy::health::shared::{split_field, ProbeStore, SyncRequest, Verdict, View};
 
@@ -150,32 +151,17 @@ impl ProbeStore for RedisProbes {
             let k = slot(u, &mut keys);
             args.push(k.to_string());
         }
-        let reply: Vec<Value> = self
-            .client
-            .run(|mut c| async move {
-                let mut inv = self.script.prepare_invoke();
-                for k in &keys {
-                    inv.key(k);
-                }
-                for a in &args {
-                    inv.arg(a);
-                }
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
+        let mut inv = self.script.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        for a in &args {
+            inv.arg(a);
+        }
+        let reply: Vec<Value> = self.client.invoke(&inv).await?;
         let bad = |what: &str| StoreError::Protocol(format!("probe sync: {what}"));
-        let now_ms: u64 = reply
-            .first()
-            .map(redis::from_redis_value)
-            .transpose()
-            .map_err(|e| bad(&e.to_string()))?
-            .ok_or_else(|| bad("no time"))?;
-        let mut live: Vec<String> = reply
-            .get(1)
-            .map(redis::from_redis_value)
-            .transpose()
-            .map_err(|e| bad(&e.to_string()))?
-            .ok_or_else(|| bad("no members"))?;
+        let now_ms: u64 = reply_field(&reply, 0, "probe sync: time")?;
+        let mut live: Vec<String> = reply_field(&reply, 1, "probe sync: members")?;
         live.sort();
         let verdicts = reply[2..]
             .iter()

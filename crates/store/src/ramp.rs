@@ -90,21 +90,12 @@ impl RampStore for RedisRamp {
             args.push(backend.clone());
             args.push(age.to_string());
         }
-        let reply: Vec<String> = self
-            .client
-            .run(|mut c| {
-                let key = &key;
-                let args = &args;
-                async move {
-                    let mut inv = self.script.prepare_invoke();
-                    inv.key(key);
-                    for a in args {
-                        inv.arg(a);
-                    }
-                    inv.invoke_async(&mut c).await
-                }
-            })
-            .await?;
+        let mut inv = self.script.prepare_invoke();
+        inv.key(&key);
+        for a in &args {
+            inv.arg(a);
+        }
+        let reply: Vec<String> = self.client.invoke(&inv).await?;
         if reply.len() != req.backends.len() {
             return Err(StoreError::Protocol(format!(
                 "ramp exchange: {} starts for {} backends",

@@ -37,7 +37,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult,
+    ScriptInvocation, Value,
+};
 use tokio::sync::Mutex;
 use tokio::time::{timeout, Instant};
 
@@ -334,6 +337,30 @@ impl RedisClient {
             }
         }
     }
+
+    /// One script call (`EVALSHA`, loading the script on a miss) with the keys and
+    /// arguments `inv` was given, as [`RedisClient::run`] bounds and retries any call.
+    pub async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.run(|mut c| async move { inv.invoke_async(&mut c).await })
+            .await
+    }
+}
+
+/// The `i`th value of a script's reply as `T`; `what` names it in the error (a reply
+/// too short, or of another shape, is a protocol error: the script and this binary
+/// disagree).
+pub fn reply_field<T: FromRedisValue>(
+    reply: &[Value],
+    i: usize,
+    what: &str,
+) -> Result<T, StoreError> {
+    let v = reply
+        .get(i)
+        .ok_or_else(|| StoreError::Protocol(format!("{what}: missing")))?;
+    redis::from_redis_value(v).map_err(|e| StoreError::Protocol(format!("{what}: {e}")))
 }
 
 /// A call bounded by `bound` whose timer fired `elapsed` after it started: late by at

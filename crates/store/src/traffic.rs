@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use crate::clock::unix_ms;
+use crate::redis::reply_field;
 use crate::{RedisClient, StoreError};
 use portcullis_policy::fleet_cap::{
     decode_counts, encode_counts, TrafficPublish, TrafficStore, TrafficView,
@@ -90,34 +91,14 @@ impl TrafficStore for RedisTraffic {
             req.ttl_ms.max(1).to_string(),
             encode_counts(&req.counts),
         ];
-        let reply: Vec<Value> = self
-            .client
-            .run(|mut c| {
-                let key = &key;
-                let args = &args;
-                async move {
-                    let mut inv = self.script.prepare_invoke();
-                    inv.key(key);
-                    for a in args {
-                        inv.arg(a);
-                    }
-                    inv.invoke_async(&mut c).await
-                }
-            })
-            .await?;
-        let bad = |what: &str| StoreError::Protocol(format!("traffic exchange: {what}"));
-        let now_ms: u64 = reply
-            .first()
-            .map(redis::from_redis_value)
-            .transpose()
-            .map_err(|e| bad(&e.to_string()))?
-            .ok_or_else(|| bad("no time"))?;
-        let flat: Vec<String> = reply
-            .get(1)
-            .map(redis::from_redis_value)
-            .transpose()
-            .map_err(|e| bad(&e.to_string()))?
-            .ok_or_else(|| bad("no counts"))?;
+        let mut inv = self.script.prepare_invoke();
+        inv.key(&key);
+        for a in &args {
+            inv.arg(a);
+        }
+        let reply: Vec<Value> = self.client.invoke(&inv).await?;
+        let now_ms: u64 = reply_field(&reply, 0, "traffic exchange: time")?;
+        let flat: Vec<String> = reply_field(&reply, 1, "traffic exchange: counts")?;
         let pairs = flat
             .chunks_exact(2)
             .map(|c| (c[0].clone(), c[1].clone()))

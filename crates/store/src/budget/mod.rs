@@ -8,6 +8,7 @@ mod local_ops;
 mod lua;
 mod redis;
 mod redis_claims;
+mod redis_exchange;
 mod redis_ops;
 
 #[cfg(test)]

@@ -119,17 +119,12 @@ impl RedisBudget {
             keys.push(self.ops_key(u));
         }
         let script = redis::Script::new(FLEET_LUA);
-        let reply: Vec<Value> = self
-            .client
-            .run(|mut c| {
-                let mut inv = script.prepare_invoke();
-                for k in &keys {
-                    inv.key(k);
-                }
-                inv.arg(params.tokens).arg(params.token_period_ms());
-                async move { inv.invoke_async(&mut c).await }
-            })
-            .await?;
+        let mut inv = script.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(params.tokens).arg(params.token_period_ms());
+        let reply: Vec<Value> = self.client.invoke(&inv).await?;
         let now_ms = int(reply.first(), "now")?;
         let mut st = FleetState {
             now_ms,
@@ -188,28 +183,23 @@ impl RedisBudget {
             self.groups_key(),
         ];
         let script = redis::Script::new(COMMIT_LUA);
-        let reply: Vec<i64> = self
-            .client
-            .run(|mut c| {
-                let mut inv = script.prepare_invoke();
-                for k in &keys {
-                    inv.key(k);
-                }
-                inv.arg(version)
-                    .arg(probe.field())
-                    .arg(req.kind.code())
-                    .arg(req.ttl_ms.unwrap_or(1).max(1))
-                    .arg(&probe.by)
-                    .arg(&probe.reason)
-                    .arg(if take_token { "1" } else { "0" })
-                    .arg(params.tokens)
-                    .arg(params.token_period_ms());
-                for g in groups {
-                    inv.arg(g);
-                }
-                async move { inv.invoke_async(&mut c).await }
-            })
-            .await?;
+        let mut inv = script.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(version)
+            .arg(probe.field())
+            .arg(req.kind.code())
+            .arg(req.ttl_ms.unwrap_or(1).max(1))
+            .arg(&probe.by)
+            .arg(&probe.reason)
+            .arg(if take_token { "1" } else { "0" })
+            .arg(params.tokens)
+            .arg(params.token_period_ms());
+        for g in groups {
+            inv.arg(g);
+        }
+        let reply: Vec<i64> = self.client.invoke(&inv).await?;
         let as_u = |v: i64| u64::try_from(v).unwrap_or(0);
         match reply[..] {
             [0, now, until] => Ok(ClaimCommit::Committed(OpRecord {
@@ -240,20 +230,15 @@ impl RedisBudget {
         // `claim:<id>:` whatever the emergency flag (as `OpKind::code` writes it).
         let prefix = format!("claim:{id:016x}:");
         let script = redis::Script::new(RELEASE_LUA);
-        let n: i64 = self
-            .client
-            .run(|mut c| {
-                let mut inv = script.prepare_invoke();
-                for k in &keys {
-                    inv.key(k);
-                }
-                inv.arg(&field).arg(&prefix);
-                for g in groups {
-                    inv.arg(g);
-                }
-                async move { inv.invoke_async(&mut c).await }
-            })
-            .await?;
+        let mut inv = script.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(&field).arg(&prefix);
+        for g in groups {
+            inv.arg(g);
+        }
+        let n: i64 = self.client.invoke(&inv).await?;
         Ok(n == 1)
     }
 }

@@ -332,11 +332,7 @@ impl RedisStore {
                     .saturating_add(TTL_SLACK_SECS),
             );
         }
-        let inv = &inv;
-        let v: Vec<i64> = self
-            .client
-            .run(|mut c| async move { inv.invoke_async(&mut c).await })
-            .await?;
+        let v: Vec<i64> = self.client.invoke(&inv).await?;
         if v.len() != chunk.len() * 3 + 1 {
             return Err(StoreError::Protocol(format!(
                 "script returned {} values for {} keys",
