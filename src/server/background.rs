@@ -12,6 +12,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::ServiceWithDependents;
 
+use super::every::Ticks;
 use crate::config::StoreSettings;
 use crate::state::Shared;
 use portcullis_policy::ratelimit::{CounterStore, LocalStore};
@@ -30,12 +31,8 @@ struct HealthChecks {
 impl BackgroundService for HealthChecks {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut last: HashMap<String, Instant> = HashMap::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
+        let mut ticks = Ticks::every(Duration::from_millis(250));
+        while ticks.next(&mut shutdown).await {
             let rt = self.shared.runtime.load_full();
             let now_ms = portcullis_store::clock::unix_ms();
             for pool in &rt.pools {
@@ -117,11 +114,10 @@ struct Readiness {
 impl BackgroundService for Readiness {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut pending = self.listen.clone();
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        let mut ticks = Ticks::every(Duration::from_millis(20));
         while !pending.is_empty() {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
+            if !ticks.next(&mut shutdown).await {
+                return;
             }
             let mut still = Vec::with_capacity(pending.len());
             for addr in pending {

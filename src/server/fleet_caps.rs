@@ -18,8 +18,9 @@ use portcullis_policy::fleet_cap::{
     effective_cap, RecentCount, TrafficPublish, TrafficStore, TrafficView, SCOPE_ALL, WINDOW_MS,
 };
 
-use crate::state::Shared;
-use crate::store::Store;
+use super::every::{Outage, Ticks};
+use crate::state::{Runtime, Shared};
+use portcullis_store::Store;
 
 /// How often the counts are exchanged.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -39,44 +40,65 @@ impl FleetCaps {
         Self {
             shared,
             store,
-            me: format!(
-                "{}-{:04x}",
-                crate::watchdog::instance_id(),
-                fastrand::u16(..)
-            ),
+            me: super::every::member_id(),
         }
+    }
+}
+
+/// What the loop keeps between exchanges.
+#[derive(Default)]
+struct Exchanged {
+    all: RecentCount,
+    per_upstream: HashMap<String, RecentCount>,
+    /// The last view read and when (this instance's clock, ms).
+    last: Option<(u64, TrafficView)>,
+    /// The counts this instance published at its previous exchange and at this one (see
+    /// `Share::with_own`).
+    published_before: Vec<(String, u64)>,
+    published_now: Vec<(String, u64)>,
+}
+
+impl Exchanged {
+    /// This instance's recent requests, overall and sent to each upstream.
+    fn counts(&mut self, rt: &Runtime, total: u64, now_ms: u64) -> Vec<(String, u64)> {
+        let mut counts = vec![(SCOPE_ALL.to_owned(), self.all.observe(now_ms, total))];
+        self.per_upstream
+            .retain(|name, _| rt.pools.iter().any(|p| &p.name == name));
+        for pool in &rt.pools {
+            let sent: u64 = pool.backends.iter().map(|b| b.totals().0).sum();
+            let recent = self.per_upstream.entry(pool.name.clone()).or_default();
+            counts.push((pool.name.clone(), recent.observe(now_ms, sent)));
+        }
+        counts
+    }
+
+    /// This instance's share of the fleet's traffic in `scope`, as of the last view.
+    fn share_of(
+        &self,
+        me: &str,
+        scope: &str,
+    ) -> Option<(u64, portcullis_policy::fleet_cap::Share)> {
+        let before = self
+            .published_before
+            .iter()
+            .find(|(s, _)| s == scope)
+            .map_or(0, |(_, n)| *n);
+        self.last
+            .as_ref()
+            .map(|(at, v)| (*at, v.share(me, scope).with_own(before)))
     }
 }
 
 #[async_trait]
 impl BackgroundService for FleetCaps {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut all = RecentCount::default();
-        let mut per_upstream: HashMap<String, RecentCount> = HashMap::new();
-        // The last view read and when (this instance's clock, ms).
-        let mut last: Option<(u64, TrafficView)> = None;
-        let mut failing = false;
-        // The counts this instance published at its previous exchange (see
-        // `Share::with_own`).
-        let mut published_before: Vec<(String, u64)> = Vec::new();
-        let mut published_now: Vec<(String, u64)> = Vec::new();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
+        let mut ticks = Ticks::every(TICK);
+        let outage = Outage::new("fleet_caps");
+        let mut ex = Exchanged::default();
+        while ticks.next(&mut shutdown).await {
             let rt = self.shared.runtime.load();
-            let now_ms = crate::state::unix_ms();
             let total = self.shared.metrics.proxy.requests_seen();
-            let mut counts = vec![(SCOPE_ALL.to_owned(), all.observe(now_ms, total))];
-            per_upstream.retain(|name, _| rt.pools.iter().any(|p| &p.name == name));
-            for pool in &rt.pools {
-                let sent: u64 = pool.backends.iter().map(|b| b.totals().0).sum();
-                let recent = per_upstream.entry(pool.name.clone()).or_default();
-                counts.push((pool.name.clone(), recent.observe(now_ms, sent)));
-            }
+            let counts = ex.counts(&rt, total, crate::state::unix_ms());
             let sh = &rt.config.shedding;
             let wanted = sh.fleet_max_concurrency > 0
                 || rt.pools.iter().any(|p| p.balance.fleet_max_inflight > 0);
@@ -86,73 +108,62 @@ impl BackgroundService for FleetCaps {
                     ttl_ms: WINDOW_MS,
                     counts,
                 };
-                published_before = std::mem::replace(&mut published_now, req.counts.clone());
+                ex.published_before = std::mem::replace(&mut ex.published_now, req.counts.clone());
                 match store.exchange(&req).await {
                     Ok(view) => {
-                        if failing {
-                            tracing::info!(
-                                event = "fleet_caps",
-                                "the fleet's traffic is read again; caps are fleet shares"
-                            );
-                            failing = false;
-                        }
-                        last = Some((crate::state::unix_ms(), view));
+                        outage.answered("the fleet's traffic is read again; caps are fleet shares");
+                        ex.last = Some((crate::state::unix_ms(), view));
                     }
                     Err(e) => {
-                        if !failing {
-                            tracing::warn!(event = "fleet_caps", error = %e, "cannot exchange traffic counts with the store; fleet caps fall back to the per-instance values");
-                            failing = true;
-                        }
+                        outage.failed(&e, "cannot exchange traffic counts with the store; fleet caps fall back to the per-instance values");
                     }
                 }
             }
-            let now_ms = crate::state::unix_ms();
-            let store = self.store.is_some();
-            let share_of = |scope: &str| {
-                let before = published_before
-                    .iter()
-                    .find(|(s, _)| s == scope)
-                    .map_or(0, |(_, n)| *n);
-                last.as_ref()
-                    .map(|(at, v)| (*at, v.share(&self.me, scope).with_own(before)))
-            };
+            self.apply(&rt, &ex, crate::state::unix_ms());
+        }
+    }
+}
+
+impl FleetCaps {
+    /// The caps from the last view: the shedder's (`fleet_max_concurrency`) and each
+    /// upstream's bulkhead (`fleet_max_inflight`).
+    fn apply(&self, rt: &Runtime, ex: &Exchanged, now_ms: u64) {
+        let sh = &rt.config.shedding;
+        let store = self.store.is_some();
+        let eff = effective_cap(
+            sh.fleet_max_concurrency,
+            sh.max_concurrency,
+            sh.min_concurrency,
+            store,
+            ex.share_of(&self.me, SCOPE_ALL),
+            now_ms,
+            fastrand::f64(),
+        );
+        if self.shared.fleet_cap.set(eff) {
+            let ceiling = self.shared.fleet_cap.cap_or(sh.max_concurrency);
+            self.shared
+                .shedder
+                .configure(ceiling, sh.adaptive, sh.min_concurrency.min(ceiling));
+        }
+        for pool in &rt.pools {
+            let b = &pool.balance;
+            // The floor of an upstream's share: one request in flight.
             let eff = effective_cap(
-                sh.fleet_max_concurrency,
-                sh.max_concurrency,
-                sh.min_concurrency,
+                b.fleet_max_inflight,
+                b.max_inflight,
+                1,
                 store,
-                share_of(SCOPE_ALL),
+                ex.share_of(&self.me, &pool.name),
                 now_ms,
                 fastrand::f64(),
             );
-            if self.shared.fleet_cap.set(eff) {
-                let ceiling = self.shared.fleet_cap.cap_or(sh.max_concurrency);
-                self.shared.shedder.configure(
+            if pool.shared.fleet_cap.set(eff) && b.adaptive {
+                let ceiling = pool.shared.fleet_cap.cap_or(b.max_inflight);
+                pool.shared.limit.configure(
                     ceiling,
-                    sh.adaptive,
-                    sh.min_concurrency.min(ceiling),
+                    true,
+                    ceiling.min(crate::upstream::ADAPTIVE_FLOOR),
                 );
-            }
-            for pool in &rt.pools {
-                let b = &pool.balance;
-                // The floor of an upstream's share: one request in flight.
-                let eff = effective_cap(
-                    b.fleet_max_inflight,
-                    b.max_inflight,
-                    1,
-                    store,
-                    share_of(&pool.name),
-                    now_ms,
-                    fastrand::f64(),
-                );
-                if pool.shared.fleet_cap.set(eff) && b.adaptive {
-                    let ceiling = pool.shared.fleet_cap.cap_or(b.max_inflight);
-                    pool.shared.limit.configure(
-                        ceiling,
-                        true,
-                        ceiling.min(crate::upstream::ADAPTIVE_FLOOR),
-                    );
-                }
             }
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod app;
 mod background;
+mod every;
 mod fleet_caps;
 mod ramp_sync;
 mod shared_probing;

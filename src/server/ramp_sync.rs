@@ -15,8 +15,11 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use portcullis_policy::balance::slow_start::{ramp_ttl_ms, RampPublish, RampStore};
 
+use super::every::{Outage, Ticks};
 use crate::state::Shared;
-use crate::store::Store;
+use crate::upstream::Pool;
+use portcullis_policy::StoreError;
+use portcullis_store::Store;
 
 /// How often ramping backends' starts are exchanged.
 pub const TICK: Duration = Duration::from_millis(500);
@@ -42,57 +45,58 @@ impl BackgroundService for RampSync {
         let Some(store) = &self.store else {
             return;
         };
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
+        let mut ticks = Ticks::every(TICK);
+        // One store for every upstream: an outage is the store's, said once, over when a
+        // round of exchanges all answer.
+        let outage = Outage::new("slow_start_sync");
+        while ticks.next(&mut shutdown).await {
             let rt = self.shared.runtime.load_full();
+            let mut failed = None;
+            let mut answered = false;
             for pool in &rt.pools {
-                let now_ms = crate::state::unix_ms();
-                let ramping = pool.ramping(now_ms);
-                if ramping.is_empty() {
-                    continue;
+                match exchange(&**store, pool).await {
+                    Ok(true) => answered = true,
+                    Ok(false) => {}
+                    Err(e) => failed = Some(e),
                 }
-                let req = RampPublish {
-                    upstream: pool.name.clone(),
-                    ttl_ms: ramp_ttl_ms(pool.balance.slow_start),
-                    backends: ramping
-                        .iter()
-                        .map(|(b, back)| (b.addr_str.clone(), now_ms.saturating_sub(*back)))
-                        .collect(),
-                };
-                match store.exchange(&req).await {
-                    Ok(ages) => {
-                        if failing {
-                            failing = false;
-                            tracing::info!(
-                                event = "slow_start_sync",
-                                "slow-start ramps follow the fleet's starts again"
-                            );
-                        }
-                        // The ages are as of the exchange: read the clock after it.
-                        let now_ms = crate::state::unix_ms();
-                        for ((b, back), age) in ramping.iter().zip(ages) {
-                            b.adopt_ramp_start(*back, now_ms.saturating_sub(age));
-                        }
-                    }
-                    Err(e) => {
-                        if !failing {
-                            failing = true;
-                            tracing::warn!(
-                                event = "slow_start_sync",
-                                upstream = %pool.name,
-                                error = %e,
-                                "the store did not answer: slow-start ramps follow this instance's own sightings"
-                            );
-                        }
-                    }
+            }
+            match failed {
+                Some(e) => {
+                    outage.failed(
+                        &e,
+                        "the store did not answer: slow-start ramps follow this instance's own sightings",
+                    );
                 }
+                None if answered => {
+                    outage.answered("slow-start ramps follow the fleet's starts again");
+                }
+                None => {}
             }
         }
     }
+}
+
+/// Publish when this instance saw each of `pool`'s ramping backends come back, and adopt
+/// the fleet's start of each ramp. `Ok(false)`: nothing ramping, nothing asked.
+async fn exchange(store: &dyn RampStore, pool: &Pool) -> Result<bool, StoreError> {
+    let now_ms = crate::state::unix_ms();
+    let ramping = pool.ramping(now_ms);
+    if ramping.is_empty() {
+        return Ok(false);
+    }
+    let req = RampPublish {
+        upstream: pool.name.clone(),
+        ttl_ms: ramp_ttl_ms(pool.balance.slow_start),
+        backends: ramping
+            .iter()
+            .map(|(b, back)| (b.addr_str.clone(), now_ms.saturating_sub(*back)))
+            .collect(),
+    };
+    let ages = store.exchange(&req).await?;
+    // The ages are as of the exchange: read the clock after it.
+    let now_ms = crate::state::unix_ms();
+    for ((b, back), age) in ramping.iter().zip(ages) {
+        b.adopt_ramp_start(*back, now_ms.saturating_sub(age));
+    }
+    Ok(true)
 }

@@ -9,11 +9,11 @@
 //! path; each call is bounded by the store's timeout.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use portcullis_policy::health::shared::{probers, ProbeStore, Publish, SyncRequest};
+use portcullis_policy::health::shared::{probers, ProbeStore, Publish, SyncRequest, Verdict};
 
+use super::every::Outage;
 use crate::upstream::probe::Role;
 use crate::upstream::Pool;
 use portcullis_store::Store;
@@ -24,8 +24,8 @@ const MIN_LEASE_MS: u64 = 750;
 pub(super) struct SharedProbing {
     store: Arc<dyn ProbeStore>,
     me: String,
-    /// The last exchange failed (warned once per outage).
-    failing: AtomicBool,
+    /// The exchanges' outage (warned once).
+    outage: Outage,
 }
 
 impl SharedProbing {
@@ -34,14 +34,8 @@ impl SharedProbing {
         match store {
             Store::Redis(_) => Some(Self {
                 store: store.probes(),
-                // `host:pid` plus a random tag: containers sharing the host's name
-                // (host networking) all run as pid 1
-                me: format!(
-                    "{}-{:04x}",
-                    crate::watchdog::instance_id(),
-                    fastrand::u16(..)
-                ),
-                failing: AtomicBool::new(false),
+                me: super::every::member_id(),
+                outage: Outage::new("health"),
             }),
             Store::Local => None,
         }
@@ -93,49 +87,58 @@ impl SharedProbing {
         let view = match self.store.sync(&req).await {
             Ok(v) => v,
             Err(e) => {
-                if !self.failing.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        event = "health",
-                        error = %e,
-                        "shared probing: the store is unavailable; each instance probes its \
-                         backends itself until it is back"
-                    );
-                }
+                self.outage.failed(
+                    &e,
+                    "shared probing: the store is unavailable; each instance probes its \
+                     backends itself until it is back",
+                );
                 return;
             }
         };
-        if self.failing.swap(false, Ordering::Relaxed) {
-            tracing::info!(event = "health", "shared probing: the store is back");
-        }
+        self.outage.answered("shared probing: the store is back");
         for (pool, published) in read.iter().zip(&view.verdicts) {
             let Some((tracks, k, _)) = pool.shared_probing() else {
                 continue;
             };
-            let mut roles = HashMap::with_capacity(pool.backends.len());
-            for b in &pool.backends {
-                let backend = b.addr.to_string();
-                let chosen: Vec<String> = probers(&view.live, &pool.name, &backend, k as usize)
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect();
-                let verdicts = published
-                    .iter()
-                    .filter(|(addr, v)| {
-                        *addr == backend && v.instance != self.me && chosen.contains(&v.instance)
-                    })
-                    .map(|(_, v)| v.clone())
-                    .collect();
-                let me = chosen.contains(&self.me);
-                roles.insert(
-                    b.addr,
-                    Role {
-                        probers: chosen,
-                        me,
-                        verdicts,
-                    },
-                );
-            }
+            let roles = self.roles(pool, k as usize, &view.live, published);
             tracks.set_roles(&self.me, roles, view.now_ms);
         }
+    }
+
+    /// Each of `pool`'s backends' role: its `k` probers among the `live` instances
+    /// (rendezvous hashing), whether this instance is one, and what the others of them
+    /// published.
+    fn roles(
+        &self,
+        pool: &Pool,
+        k: usize,
+        live: &[String],
+        published: &[(String, Verdict)],
+    ) -> HashMap<std::net::SocketAddr, Role> {
+        let mut roles = HashMap::with_capacity(pool.backends.len());
+        for b in &pool.backends {
+            let backend = b.addr.to_string();
+            let chosen: Vec<String> = probers(live, &pool.name, &backend, k)
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            let verdicts = published
+                .iter()
+                .filter(|(addr, v)| {
+                    *addr == backend && v.instance != self.me && chosen.contains(&v.instance)
+                })
+                .map(|(_, v)| v.clone())
+                .collect();
+            let me = chosen.contains(&self.me);
+            roles.insert(
+                b.addr,
+                Role {
+                    probers: chosen,
+                    me,
+                    verdicts,
+                },
+            );
+        }
+        roles
     }
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use super::every::{Outage, Ticks};
 use crate::state::Shared;
 use portcullis_store::{RedisClient, Store};
 
@@ -37,36 +38,25 @@ impl BackgroundService for TenantSync {
         let Some(client) = &self.client else {
             return;
         };
-        let mut tick = tokio::time::interval(EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
+        let mut ticks = Ticks::every(EVERY);
+        let outage = Outage::new("tenants_sync");
+        while ticks.next(&mut shutdown).await {
             if !self.shared.runtime.load().config.tenants.redis_sync {
                 continue;
             }
             match portcullis_store::tenants::read(client).await {
                 Ok(mut entries) => {
-                    if failing {
-                        tracing::info!(
-                            event = "tenants_sync",
-                            "the store's tenants are read again"
-                        );
-                        failing = false;
-                    }
+                    outage.answered("the store's tenants are read again");
                     entries.sort();
                     if self.shared.set_store_tenants(entries) {
                         self.shared.reapply();
                     }
                 }
                 Err(e) => {
-                    if !failing {
-                        tracing::warn!(event = "tenants_sync", error = %e, "cannot read the store's tenants; keeping those last read");
-                        failing = true;
-                    }
+                    outage.failed(
+                        &e,
+                        "cannot read the store's tenants; keeping those last read",
+                    );
                 }
             }
         }

@@ -97,14 +97,9 @@ impl Watch {
 
 /// Polls the current runtime's tenants file until `shutdown` turns true.
 pub async fn watch(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = super::every::Ticks::every(Duration::from_secs(1));
     let mut state = Watch::default();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
+    while ticks.next(&mut shutdown).await {
         if *shutdown.borrow() {
             return;
         }
