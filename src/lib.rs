@@ -51,12 +51,3 @@ pub mod state;
 pub mod tenants;
 pub mod upstream;
 pub mod watchdog;
-
-// Transitional: the paths `crate::shed` and `crate::store` are the owning crates' own
-// modules, kept for the files other branches are changing at the same time
-// (src/proxy/queue.rs, src/server/fleet_caps.rs, src/cull/driver.rs, src/fleet/, the
-// bulkhead code of src/upstream/mod.rs, the bodies of the shed and bulkhead gates). Every
-// other file imports from `portcullis_policy` / `portcullis_store` by name; these two lines
-// go when those files do the same.
-pub(crate) use portcullis_policy::shed;
-pub(crate) use portcullis_store as store;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use http::{Response, StatusCode};
-use portcullis_policy::cull::claims::{check_claim, groups_of, ClaimRefusal, FleetState};
+use portcullis_policy::cull::claims::{check_claim, groups_of, ClaimAsk, ClaimRefusal, FleetState};
 use portcullis_policy::cull::ops::{OpKind, OpRecord, OpRequest, MAX_REASON};
 use portcullis_policy::cull::BudgetStore;
 use serde::Deserialize;
@@ -144,43 +144,14 @@ pub async fn post(
         return answer(StatusCode::CONFLICT, &v);
     }
     if b.dry_run {
-        let fresh;
-        let state = match view.load() {
-            Some(s) => s,
-            None => match budget
-                .fleet_state(&names(&rt), &rt.config.culling.params)
-                .await
-            {
-                Ok(s) => {
-                    fresh = Arc::new(s);
-                    fresh
-                }
-                Err(e) => return store_down(shared, &mut done, &e.to_string()),
-            },
-        };
-        done.result = "dry_run";
-        record(shared, &done);
-        return match check_claim(&ask, &state, &rt.config.budget) {
-            Ok(()) => answer(StatusCode::OK, &json!({"granted": true, "dry_run": true})),
-            Err(r) => answer(StatusCode::CONFLICT, &refusal_json(&r, true)),
-        };
+        return dry_run(shared, budget, view, &rt, &ask, &mut done).await;
     }
-    let req = OpRequest {
-        kind: OpKind::Claim {
-            id: u64::try_from(crate::observe::trace::random_u128() & u128::from(u64::MAX))
-                .unwrap_or(1)
-                .max(1),
-            emergency: b.emergency,
-        },
-        by: by.to_string(),
-        reason: done.reason.clone(),
-        ttl_ms: Some(b.seconds * 1000),
-        force: false,
-    };
+    let req = claim_request(&b, by, &done.reason);
     let names = names(&rt);
     let params = &rt.config.culling.params;
     let outcome =
-        crate::store::budget::claim(budget, &names, &ask, &rt.config.budget, params, &req).await;
+        portcullis_store::budget::claim(budget, &names, &ask, &rt.config.budget, params, &req)
+            .await;
     match outcome {
         Ok(Ok(rec)) => {
             // Set from the store's state read right after the grant (or by itself when that
@@ -201,6 +172,50 @@ pub async fn post(
             answer(StatusCode::CONFLICT, &refusal_json(&r, false))
         }
         Err(e) => store_down(shared, &mut done, &e.to_string()),
+    }
+}
+
+/// A dry run: the claim checked on the fleet view (read from the store when the sync has
+/// none yet), nothing committed.
+async fn dry_run(
+    shared: &Shared,
+    budget: &dyn BudgetStore,
+    view: &FleetView,
+    rt: &Runtime,
+    ask: &ClaimAsk<'_>,
+    done: &mut Done<'_>,
+) -> Response<Vec<u8>> {
+    let state = match view.load() {
+        Some(s) => s,
+        None => match budget
+            .fleet_state(&names(rt), &rt.config.culling.params)
+            .await
+        {
+            Ok(s) => Arc::new(s),
+            Err(e) => return store_down(shared, done, &e.to_string()),
+        },
+    };
+    done.result = "dry_run";
+    record(shared, done);
+    match check_claim(ask, &state, &rt.config.budget) {
+        Ok(()) => answer(StatusCode::OK, &json!({"granted": true, "dry_run": true})),
+        Err(r) => answer(StatusCode::CONFLICT, &refusal_json(&r, true)),
+    }
+}
+
+/// The operation a claim asks the store for: a random id, the lease, who and why.
+fn claim_request(b: &ClaimBody, by: &str, reason: &str) -> OpRequest {
+    OpRequest {
+        kind: OpKind::Claim {
+            id: u64::try_from(crate::observe::trace::random_u128() & u128::from(u64::MAX))
+                .unwrap_or(1)
+                .max(1),
+            emergency: b.emergency,
+        },
+        by: by.to_string(),
+        reason: reason.to_string(),
+        ttl_ms: Some(b.seconds * 1000),
+        force: false,
     }
 }
 

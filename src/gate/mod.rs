@@ -236,7 +236,10 @@ impl Gate for Shed<'_> {
                 let refused = match queue {
                     None => true,
                     Some(max_queue) => {
-                        let limit = crate::shed::class_limit(self.shedder.cap(), facts.priority);
+                        let limit = portcullis_policy::shed::class_limit(
+                            self.shedder.cap(),
+                            facts.priority,
+                        );
                         self.shedder.counted().saturating_sub(limit) >= max_queue
                     }
                 };

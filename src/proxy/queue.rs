@@ -13,10 +13,10 @@ use pingora::proxy::Session;
 
 use crate::metrics::ShedReason;
 use crate::respond::Refusal;
-use crate::shed::queue::Rank;
-use crate::shed::{Enqueued, QueueRefusal, Shedder};
 use crate::state::Shared;
 use crate::upstream::Pool;
+use portcullis_policy::shed::queue::Rank;
+use portcullis_policy::shed::{Enqueued, QueueRefusal, Shedder};
 
 /// How a wait ended without a slot.
 pub(super) enum Left {
@@ -43,7 +43,7 @@ async fn client_gone(session: &mut Session) {
 
 /// `Retry-After` of a request the queue refused: spread as the cap's sheds are.
 fn retry_after(shedder: &Shedder, base: u64) -> u64 {
-    let now_secs = crate::store::clock::unix_secs();
+    let now_secs = portcullis_store::clock::unix_secs();
     shedder.share.refuse(base, now_secs, fastrand::u64(..))
 }
 
@@ -55,7 +55,7 @@ pub(super) async fn slot(
     timeout: Duration,
     max_queue: u64,
     retry_after_base: u64,
-) -> Result<crate::shed::InflightGuard, Left> {
+) -> Result<portcullis_policy::shed::InflightGuard, Left> {
     let shedder = &shared.shedder;
     let metrics = &shared.metrics.shed;
     let started = Instant::now();
@@ -115,7 +115,8 @@ pub(super) async fn upstream<T>(
             .with_label_values(&[pool.name.as_str(), reason])
             .inc();
         Room::Left(Left::Refused(Refusal::Shed {
-            retry_after: pool.shed_retry_after(retry_after_base, crate::store::clock::unix_secs()),
+            retry_after: pool
+                .shed_retry_after(retry_after_base, portcullis_store::clock::unix_secs()),
         }))
     };
     let Some(_place) = room.join(pool.max_queue()) else {
