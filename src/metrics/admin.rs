@@ -1,8 +1,7 @@
 //! The runtime API's metrics (CONTRACT §12, §18): `portcullis_admin_actions_total{action,result}`
 //! and `portcullis_backend_state{upstream,backend,state}`.
 
-use super::registered;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 
 /// A backend's states, as `GET /backends` names them.
 pub const STATES: [&str; 6] = ["up", "draining", "maint", "claimed", "culled", "unhealthy"];
@@ -27,30 +26,22 @@ pub struct AdminMetrics {
 impl AdminMetrics {
     /// Define the series and register them in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let actions = registered(
+        let actions = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_admin_actions_total",
-                    "Runtime API actions on backends by action and result",
-                ),
-                &["action", "result"],
-            ),
+            "portcullis_admin_actions_total",
+            "Runtime API actions on backends by action and result",
+            &["action", "result"],
         );
         for a in ACTIONS {
             for r in RESULTS {
                 actions.with_label_values(&[a, r]);
             }
         }
-        let backend_state = registered(
+        let backend_state = super::gauge_vec(
             registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "portcullis_backend_state",
-                    "1 for the state a backend is in (up, draining, maint, claimed, culled, unhealthy), 0 for the others",
-                ),
-                &["upstream", "backend", "state"],
-            ),
+            "portcullis_backend_state",
+            "1 for the state a backend is in (up, draining, maint, claimed, culled, unhealthy), 0 for the others",
+            &["upstream", "backend", "state"],
         );
         Self {
             actions,

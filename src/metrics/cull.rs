@@ -2,7 +2,7 @@
 //! and each upstream's panic mode.
 
 use super::{registered, CullResult};
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 pub struct CullMetrics {
     /// Copied from the backends at each scrape.
@@ -23,32 +23,23 @@ pub struct CullMetrics {
 impl CullMetrics {
     /// Define culling's series and register them in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let backend_culled = registered(
+        let backend_culled = super::gauge_vec(
             registry,
-            IntGaugeVec::new(
-                Opts::new("portcullis_backend_culled", "1 while a backend is culled"),
-                &["upstream", "backend"],
-            ),
+            "portcullis_backend_culled",
+            "1 while a backend is culled",
+            &["upstream", "backend"],
         );
-        let backend_errors = registered(
+        let backend_errors = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_backend_errors_total",
-                    "Errors (5xx, failed connects, timeouts) seen per backend",
-                ),
-                &["upstream", "backend"],
-            ),
+            "portcullis_backend_errors_total",
+            "Errors (5xx, failed connects, timeouts) seen per backend",
+            &["upstream", "backend"],
         );
-        let decisions = registered(
+        let decisions = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_cull_decisions_total",
-                    "Cull decisions by result",
-                ),
-                &["result"],
-            ),
+            "portcullis_cull_decisions_total",
+            "Cull decisions by result",
+            &["result"],
         );
         for r in CullResult::ALL {
             decisions.with_label_values(&[r.as_str()]);
@@ -60,35 +51,23 @@ impl CullMetrics {
                 "Fleet-wide cull tokens available at the last check",
             ),
         );
-        let upstream_panic_mode = registered(
+        let upstream_panic_mode = super::gauge_vec(
             registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "portcullis_upstream_panic_mode",
-                    "1 while an upstream has no eligible backend and routes to all (fail-open)",
-                ),
-                &["upstream"],
-            ),
+            "portcullis_upstream_panic_mode",
+            "1 while an upstream has no eligible backend and routes to all (fail-open)",
+            &["upstream"],
         );
-        let blamed = registered(
+        let blamed = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_blamed_total",
-                    "Tenants (keys) blamed for most of their upstream's errors and limited for cooldown_seconds",
-                ),
-                &["tenant"],
-            ),
+            "portcullis_blamed_total",
+            "Tenants (keys) blamed for most of their upstream's errors and limited for cooldown_seconds",
+            &["tenant"],
         );
-        let health_checks = registered(
+        let health_checks = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_health_checks_total",
-                    "Active health-check probes by result (ok, connect, timeout, status, body, protocol)",
-                ),
-                &["upstream", "backend", "result"],
-            ),
+            "portcullis_health_checks_total",
+            "Active health-check probes by result (ok, connect, timeout, status, body, protocol)",
+            &["upstream", "backend", "result"],
         );
         Self {
             health_checks,

@@ -2,7 +2,7 @@
 //! upgraded connections (tunnels) open.
 
 use super::{registered, EdgeRefusal};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntGauge, Registry};
 
 pub struct EdgeMetrics {
     /// `portcullis_edge_refusals_total`, one handle per reason (indexed by [`EdgeRefusal`]).
@@ -23,15 +23,11 @@ impl EdgeMetrics {
                 "Upgraded connections (WebSocket etc.) currently open",
             ),
         );
-        let vec = registered(
+        let vec = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_edge_refusals_total",
-                    "Connections and requests the edge refused before any gate, by reason",
-                ),
-                &["reason"],
-            ),
+            "portcullis_edge_refusals_total",
+            "Connections and requests the edge refused before any gate, by reason",
+            &["reason"],
         );
         let refusals = EdgeRefusal::ALL.map(|r| vec.with_label_values(&[r.as_str()]));
         let client_connections = registered(

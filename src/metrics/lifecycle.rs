@@ -1,7 +1,7 @@
 //! The process's own metrics: readiness, configuration reloads and self-watchdog breaches.
 
 use super::registered;
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Registry};
 
 pub struct LifecycleMetrics {
     /// Copied from the lifecycle at each scrape.
@@ -15,28 +15,20 @@ pub struct LifecycleMetrics {
 impl LifecycleMetrics {
     /// Define the process's series and register them in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let config_reloads = registered(
+        let config_reloads = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_config_reloads_total",
-                    "Config reloads by result",
-                ),
-                &["result"],
-            ),
+            "portcullis_config_reloads_total",
+            "Config reloads by result",
+            &["result"],
         );
         for r in ["ok", "error"] {
             config_reloads.with_label_values(&[r]);
         }
-        let watchdog_breaches = registered(
+        let watchdog_breaches = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_watchdog_breaches_total",
-                    "Self-watchdog breaches by what was breached and the budget's answer",
-                ),
-                &["kind", "result"],
-            ),
+            "portcullis_watchdog_breaches_total",
+            "Self-watchdog breaches by what was breached and the budget's answer",
+            &["kind", "result"],
         );
         // Every (kind, result) exists from start at 0, so a dashboard or an
         // alert over it has data before the first breach.

@@ -9,7 +9,7 @@
 //! metrics through `state::Shared`, so the metrics must not depend on them.
 
 use prometheus::core::Collector;
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 mod access_log;
 mod admin;
@@ -73,6 +73,16 @@ fn registered<C: Collector + Clone + 'static>(
     let metric = must(metric);
     must(registry.register(Box::new(metric.clone())));
     metric
+}
+
+/// A counter by `labels`, registered.
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    registered(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// A gauge by `labels`, registered.
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    registered(registry, IntGaugeVec::new(Opts::new(name, help), labels))
 }
 
 impl Metrics {

@@ -5,10 +5,10 @@
 //! `process_start_time_seconds` (an alert on a restart compares it to its value a while
 //! ago). Where `/proc` cannot be read the series are left out of that scrape.
 
-use super::{must, registered};
+use super::must;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{Counter, Gauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Counter, Gauge, Registry};
 
 /// The commit the binary was built from (`build.rs`: `PORTCULLIS_COMMIT`, else `git`,
 /// else `unknown`; `unknown` too in a build that did not run `build.rs`).
@@ -172,15 +172,11 @@ impl Collector for ProcessCollector {
 
 /// Registers `portcullis_build_info` and the `process_*` collector in `registry`.
 pub fn register(registry: &Registry) {
-    let info = registered(
+    let info = super::gauge_vec(
         registry,
-        IntGaugeVec::new(
-            Opts::new(
-                "portcullis_build_info",
-                "1, labelled with the version and the commit the binary was built from",
-            ),
-            &["version", "commit"],
-        ),
+        "portcullis_build_info",
+        "1, labelled with the version and the commit the binary was built from",
+        &["version", "commit"],
     );
     info.with_label_values(&[env!("CARGO_PKG_VERSION"), COMMIT])
         .set(1);

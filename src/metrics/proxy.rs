@@ -5,9 +5,7 @@
 
 use super::{code_class, registered, LATENCY_BUCKETS};
 use portcullis_policy::verdict::Outcome;
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Registry};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -190,15 +188,11 @@ pub struct ProxyMetrics {
 impl ProxyMetrics {
     /// Define the proxy's series and register them in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let requests = registered(
+        let requests = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_requests_total",
-                    "Requests by how the proxy finished them, route and status class",
-                ),
-                &["outcome", "route", "code"],
-            ),
+            "portcullis_requests_total",
+            "Requests by how the proxy finished them, route and status class",
+            &["outcome", "route", "code"],
         );
         let durations_vec = registered(
             registry,
@@ -220,15 +214,11 @@ impl ProxyMetrics {
                 "Requests the client abandoned before the response was complete",
             ),
         );
-        let retries = registered(
+        let retries = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_retries_total",
-                    "Retries on another backend by upstream and result (sent, budget_exhausted)",
-                ),
-                &["upstream", "result"],
-            ),
+            "portcullis_retries_total",
+            "Retries on another backend by upstream and result (sent, budget_exhausted)",
+            &["upstream", "result"],
         );
         Self {
             requests,
@@ -392,15 +382,11 @@ impl ProxyMetrics {
 
 /// `portcullis_upstream_requests_total` and `portcullis_upstream_duration_seconds`.
 fn register_upstream(registry: &Registry) -> (IntCounterVec, HistogramVec) {
-    let requests = registered(
+    let requests = super::counter_vec(
         registry,
-        IntCounterVec::new(
-            Opts::new(
-                "portcullis_upstream_requests_total",
-                "Requests sent to a backend, by the status class it answered (error: no answer)",
-            ),
-            &["upstream", "backend", "code"],
-        ),
+        "portcullis_upstream_requests_total",
+        "Requests sent to a backend, by the status class it answered (error: no answer)",
+        &["upstream", "backend", "code"],
     );
     let durations = registered(
         registry,

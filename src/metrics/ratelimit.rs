@@ -1,7 +1,7 @@
 //! Rate limiting's metrics: the counter store's health and the decisions per policy.
 
 use super::registered;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
 pub struct RateLimitMetrics {
     /// Copied from the limiter at each scrape (the limiter owns the count).
@@ -49,25 +49,17 @@ impl RateLimitMetrics {
                 "API keys tracked in memory",
             ),
         );
-        let policy_decisions = registered(
+        let policy_decisions = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_ratelimit_policy_decisions_total",
-                    "Rate-limit decisions per policy: allowed (admitted by every policy and counted), limited (refused by this policy), refused_by_other (admitted here, refused by another policy; not counted)",
-                ),
-                &["policy", "result"],
-            ),
+            "portcullis_ratelimit_policy_decisions_total",
+            "Rate-limit decisions per policy: allowed (admitted by every policy and counted), limited (refused by this policy), refused_by_other (admitted here, refused by another policy; not counted)",
+            &["policy", "result"],
         );
-        let jwt_refusals = registered(
+        let jwt_refusals = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_ratelimit_jwt_refusals_total",
-                    "Bearer JWTs refused under a jwt:CLAIM key (401 invalid_token), by reason: malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience (a token refused lately is refused again from a cache, counted under its reason), address_limited (not checked: its client address sent too many tokens that failed lately)",
-                ),
-                &["reason"],
-            ),
+            "portcullis_ratelimit_jwt_refusals_total",
+            "Bearer JWTs refused under a jwt:CLAIM key (401 invalid_token), by reason: malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience (a token refused lately is refused again from a cache, counted under its reason), address_limited (not checked: its client address sent too many tokens that failed lately)",
+            &["reason"],
         );
         Self {
             jwt_refusals,

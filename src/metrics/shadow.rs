@@ -3,8 +3,7 @@
 //! shed request's priority class). Series exist only for gates configured in shadow mode:
 //! their handles are resolved when a config turns shadow mode on (`state::Runtime`).
 
-use super::registered;
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, Registry};
 
 pub struct ShadowMetrics {
     /// `portcullis_shadow_refusals_total{gate,policy}`.
@@ -14,15 +13,11 @@ pub struct ShadowMetrics {
 impl ShadowMetrics {
     /// Define shadow mode's series and register them in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let refusals = registered(
+        let refusals = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_shadow_refusals_total",
-                    "Requests a gate in shadow mode would have refused and admitted instead: gate = rate_limit (policy = the rate-limit policy) or shed (policy = the request's priority class)",
-                ),
-                &["gate", "policy"],
-            ),
+            "portcullis_shadow_refusals_total",
+            "Requests a gate in shadow mode would have refused and admitted instead: gate = rate_limit (policy = the rate-limit policy) or shed (policy = the request's priority class)",
+            &["gate", "policy"],
         );
         Self { refusals }
     }

@@ -70,39 +70,27 @@ impl ShedMetrics {
         );
         let limits = registered(registry, ConcurrencyLimits::new());
         let (concurrency_limit, upstream_concurrency_limit) = (limits.global, limits.upstreams);
-        let bulkhead_shed = registered(
+        let bulkhead_shed = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_bulkhead_shed_total",
-                    "Requests shed (503) because their upstream reached max_inflight",
-                ),
-                &["upstream"],
-            ),
+            "portcullis_bulkhead_shed_total",
+            "Requests shed (503) because their upstream reached max_inflight",
+            &["upstream"],
         );
-        let shed = registered(
+        let shed = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_shed_total",
-                    "Requests shed (503) by load shedding, by class and reason: cap (the \
+            "portcullis_shed_total",
+            "Requests shed (503) by load shedding, by class and reason: cap (the \
                      class's share was full), queue_timeout (waited queue_timeout_ms, or \
                      shed by CoDel), queue_full (max_queue were waiting)",
-                ),
-                &["class", "reason"],
-            ),
+            &["class", "reason"],
         );
         let shed_total = Priority::ALL
             .map(|c| ShedReason::ALL.map(|r| shed.with_label_values(&[c.as_str(), r.as_str()])));
-        let queue_waiting = registered(
+        let queue_waiting = super::gauge_vec(
             registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "portcullis_queue_waiting",
-                    "Requests waiting for a slot at the cap, by class",
-                ),
-                &["class"],
-            ),
+            "portcullis_queue_waiting",
+            "Requests waiting for a slot at the cap, by class",
+            &["class"],
         );
         for c in Priority::ALL {
             queue_waiting.with_label_values(&[c.as_str()]).set(0);
@@ -124,26 +112,18 @@ impl ShedMetrics {
                 "Requests whose client went away while they waited in a queue (never sent upstream)",
             ),
         );
-        let upstream_queue_waiting = registered(
+        let upstream_queue_waiting = super::gauge_vec(
             registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "portcullis_upstream_queue_waiting",
-                    "Requests waiting for room in an upstream (max_conn, max_inflight)",
-                ),
-                &["upstream"],
-            ),
+            "portcullis_upstream_queue_waiting",
+            "Requests waiting for room in an upstream (max_conn, max_inflight)",
+            &["upstream"],
         );
-        let upstream_queue_shed = registered(
+        let upstream_queue_shed = super::counter_vec(
             registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "portcullis_upstream_queue_shed_total",
-                    "Requests shed (503) after waiting for room in an upstream: \
+            "portcullis_upstream_queue_shed_total",
+            "Requests shed (503) after waiting for room in an upstream: \
                      queue_timeout or queue_full",
-                ),
-                &["upstream", "reason"],
-            ),
+            &["upstream", "reason"],
         );
         Self {
             inflight,

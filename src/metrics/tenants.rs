@@ -3,8 +3,7 @@
 //! the label set is bounded by it); keys without a tenant are `tenant="unknown"`; a key
 //! is never a label.
 
-use super::registered;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 
 pub struct TenantMetrics {
     pub requests: IntCounterVec,
@@ -16,25 +15,17 @@ pub struct TenantMetrics {
 impl TenantMetrics {
     pub fn register(registry: &Registry) -> Self {
         Self {
-            requests: registered(
+            requests: super::counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "portcullis_tenant_requests_total",
-                        "Requests by tenant (\"unknown\": a key no tenant holds, or none) and outcome",
-                    ),
-                    &["tenant", "outcome"],
-                ),
+                "portcullis_tenant_requests_total",
+                "Requests by tenant (\"unknown\": a key no tenant holds, or none) and outcome",
+                &["tenant", "outcome"],
             ),
-            quota_used: registered(
+            quota_used: super::gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "portcullis_tenant_quota_used",
-                        "Cost units a tenant spent in its current quota period, fleet-wide as last synced",
-                    ),
-                    &["tenant"],
-                ),
+                "portcullis_tenant_quota_used",
+                "Cost units a tenant spent in its current quota period, fleet-wide as last synced",
+                &["tenant"],
             ),
         }
     }
