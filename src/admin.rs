@@ -316,32 +316,10 @@ impl Admin {
         }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
-        if let Some(refusal) = self.guard(session, &method, &path) {
-            tracing::warn!(
-                event = "admin",
-                status = refusal.status().as_u16(),
-                method = %method,
-                path = %path,
-                "admin request refused"
-            );
-            session.set_keepalive(None);
-            return refusal;
-        }
-        let mut by = String::new();
-        if method != http::Method::GET && method != http::Method::HEAD {
-            match self.post_caller(session) {
-                Ok(name) => by = name,
-                Err(refusal) => {
-                    tracing::warn!(
-                        event = "admin",
-                        status = refusal.status().as_u16(),
-                        path = %path,
-                        "admin POST refused"
-                    );
-                    return *refusal;
-                }
-            }
-        }
+        let by = match self.admit(session, &method, &path) {
+            Ok(by) => by,
+            Err(refusal) => return *refusal,
+        };
         if let Some(rest) = path.strip_prefix("/backends/") {
             if method != http::Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
@@ -357,7 +335,56 @@ impl Admin {
         if let Some(r) = self.claims(session, &method, &path, &by).await {
             return r;
         }
-        match (method.as_str(), path.as_str()) {
+        self.serve(session, &method, &path).await
+    }
+
+    /// The admin listener's rules before any route: the guard (origin, host, the request's
+    /// shape) and, for a change, who asks (`Err`: the refusal to answer). The caller's name
+    /// for the journal; empty for a read.
+    fn admit(
+        &self,
+        session: &mut ServerSession,
+        method: &http::Method,
+        path: &str,
+    ) -> Result<String, Box<Response<Vec<u8>>>> {
+        if let Some(refusal) = self.guard(session, method, path) {
+            tracing::warn!(
+                event = "admin",
+                status = refusal.status().as_u16(),
+                method = %method,
+                path = %path,
+                "admin request refused"
+            );
+            session.set_keepalive(None);
+            return Err(Box::new(refusal));
+        }
+        let mut by = String::new();
+        if *method != http::Method::GET && *method != http::Method::HEAD {
+            match self.post_caller(session) {
+                Ok(name) => by = name,
+                Err(refusal) => {
+                    tracing::warn!(
+                        event = "admin",
+                        status = refusal.status().as_u16(),
+                        path = %path,
+                        "admin POST refused"
+                    );
+                    return Err(refusal);
+                }
+            }
+        }
+        Ok(by)
+    }
+
+    /// The routes with no body to read: health, readiness, metrics, status, the page, the
+    /// list of backends and a reload.
+    async fn serve(
+        &self,
+        session: &ServerSession,
+        method: &http::Method,
+        path: &str,
+    ) -> Response<Vec<u8>> {
+        match (method.as_str(), path) {
             ("GET", "/backends") => crate::fleet::api::list(&self.shared),
             ("GET", "/") => respond(
                 StatusCode::OK,

@@ -44,27 +44,7 @@ pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings
             "requests (at most max_concurrency)",
         )?;
     }
-    range(
-        "shedding.queue_timeout_ms",
-        s.queue_timeout_ms,
-        0,
-        HOUR * 1000,
-        "ms",
-    )?;
-    range("shedding.max_queue", s.max_queue, 1, 1_000_000, "requests")?;
-    range(
-        "shedding.queue_target_ms",
-        s.queue_target_ms,
-        0,
-        MINUTE_MS,
-        "ms",
-    )?;
-    if s.queue_target_ms > 0 && s.queue_timeout_ms == 0 {
-        return err(
-            "shedding.queue_target_ms",
-            "needs a queue (queue_timeout_ms above 0)",
-        );
-    }
+    validate_queue(s)?;
     range(
         "shedding.fleet_max_concurrency",
         s.fleet_max_concurrency,
@@ -90,6 +70,32 @@ pub(super) fn validate_shedding(s: &SheddingSection) -> VResult<SheddingSettings
         max_tunnels: s.max_tunnels,
         shadow: s.shadow,
     })
+}
+
+/// `[shedding]`'s queue at the cap: how long and how many may wait, and CoDel's target.
+fn validate_queue(s: &SheddingSection) -> VResult<()> {
+    range(
+        "shedding.queue_timeout_ms",
+        s.queue_timeout_ms,
+        0,
+        HOUR * 1000,
+        "ms",
+    )?;
+    range("shedding.max_queue", s.max_queue, 1, 1_000_000, "requests")?;
+    range(
+        "shedding.queue_target_ms",
+        s.queue_target_ms,
+        0,
+        MINUTE_MS,
+        "ms",
+    )?;
+    if s.queue_target_ms > 0 && s.queue_timeout_ms == 0 {
+        return err(
+            "shedding.queue_target_ms",
+            "needs a queue (queue_timeout_ms above 0)",
+        );
+    }
+    Ok(())
 }
 
 pub(super) fn validate_culling(c: &CullingSection) -> VResult<CullingSettings> {

@@ -151,13 +151,6 @@ pub fn store_tenants(
     settings: &TenantSettings,
     entries: &[(String, String)],
 ) -> (Vec<Tenant>, Vec<String>) {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Value {
-        tier: String,
-        #[serde(default)]
-        keys: Vec<String>,
-    }
     let mut owners: HashMap<[u8; 32], &str> = HashMap::new();
     let mut names: HashMap<&str, ()> = HashMap::new();
     for t in settings.tenants.iter().filter(|t| !t.from_store) {
@@ -170,70 +163,84 @@ pub fn store_tenants(
     let mut skipped = Vec::new();
     let mut sorted: Vec<&(String, String)> = entries.iter().collect();
     sorted.sort();
-    'entries: for (name, value) in sorted {
-        let mut skip = |why: String| skipped.push(format!("tenant {name:?} in the store: {why}"));
-        if !valid_name(name) {
-            skip("a tenant name is 1-64 characters of A-Z a-z 0-9 - _ .".into());
-            continue;
-        }
+    for (name, value) in sorted {
         if names.contains_key(name.as_str()) {
-            skip("the tenants file has a tenant of that name (the file wins)".into());
-            continue;
-        }
-        let v: Value = match serde_json::from_str(value) {
-            Ok(v) => v,
-            Err(e) => {
-                // serde's message can quote the entry's text (a value, or a field name
-                // such as a key written where a field belongs): only its kind and column.
-                let kind = match e.classify() {
-                    serde_json::error::Category::Data => "a field or value that does not fit",
-                    serde_json::error::Category::Eof => "it ends early",
-                    _ => "not JSON",
-                };
-                skip(format!(
-                    "expected {{\"tier\": \"NAME\", \"keys\": [\"sha256:HEX\"]}}: {kind} at column {}",
-                    e.column()
-                ));
-                continue;
-            }
-        };
-        let Some(tier) = settings.tier(&v.tier) else {
-            // Not the value itself: an entry's text is whatever the tooling wrote, and this
-            // reason is logged (a key pasted into "tier" must not reach the logs).
-            let known: Vec<&str> = settings.tiers.iter().map(|t| &*t.name).collect();
-            skip(format!(
-                "\"tier\" ({} characters) names no tier (tiers: {})",
-                v.tier.chars().count(),
-                known.join(", ")
+            skipped.push(format!(
+                "tenant {name:?} in the store: the tenants file has a tenant of that name (the file wins)"
             ));
             continue;
-        };
-        let mut keys = Vec::with_capacity(v.keys.len());
-        for (i, k) in v.keys.iter().enumerate() {
-            match decode_key_hash(k) {
-                Ok(h) if owners.contains_key(&h) => {
-                    skip(format!("keys[{i}] is another tenant's"));
-                    continue 'entries;
+        }
+        match store_entry(settings, &owners, name, value) {
+            Ok(tenant) => {
+                for h in &tenant.keys {
+                    owners.insert(*h, name);
                 }
-                Ok(h) => keys.push(h),
-                Err(why) => {
-                    skip(format!("keys[{i}]: {why}"));
-                    continue 'entries;
-                }
+                names.insert(name, ());
+                out.push(tenant);
             }
+            Err(why) => skipped.push(format!("tenant {name:?} in the store: {why}")),
         }
-        for h in &keys {
-            owners.insert(*h, name);
-        }
-        names.insert(name, ());
-        out.push(Tenant {
-            name: name.as_str().into(),
-            tier,
-            keys,
-            from_store: true,
-        });
     }
     (out, skipped)
+}
+
+/// One tenant of the store (`name` → `{"tier": "NAME", "keys": ["sha256:HEX"]}`), or why
+/// it is skipped: a bad name or value, an unknown tier, or a key `owners` has already.
+fn store_entry(
+    settings: &TenantSettings,
+    owners: &HashMap<[u8; 32], &str>,
+    name: &str,
+    value: &str,
+) -> Result<Tenant, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Value {
+        tier: String,
+        #[serde(default)]
+        keys: Vec<String>,
+    }
+    if !valid_name(name) {
+        return Err("a tenant name is 1-64 characters of A-Z a-z 0-9 - _ .".into());
+    }
+    let v: Value = serde_json::from_str(value).map_err(|e| {
+        // serde's message can quote the entry's text (a value, or a field name such as a
+        // key written where a field belongs): only its kind and column.
+        let kind = match e.classify() {
+            serde_json::error::Category::Data => "a field or value that does not fit",
+            serde_json::error::Category::Eof => "it ends early",
+            _ => "not JSON",
+        };
+        format!(
+            "expected {{\"tier\": \"NAME\", \"keys\": [\"sha256:HEX\"]}}: {kind} at column {}",
+            e.column()
+        )
+    })?;
+    let Some(tier) = settings.tier(&v.tier) else {
+        // Not the value itself: an entry's text is whatever the tooling wrote, and this
+        // reason is logged (a key pasted into "tier" must not reach the logs).
+        let known: Vec<&str> = settings.tiers.iter().map(|t| &*t.name).collect();
+        return Err(format!(
+            "\"tier\" ({} characters) names no tier (tiers: {})",
+            v.tier.chars().count(),
+            known.join(", ")
+        ));
+    };
+    let mut keys = Vec::with_capacity(v.keys.len());
+    for (i, k) in v.keys.iter().enumerate() {
+        match decode_key_hash(k) {
+            Ok(h) if owners.contains_key(&h) => {
+                return Err(format!("keys[{i}] is another tenant's"))
+            }
+            Ok(h) => keys.push(h),
+            Err(why) => return Err(format!("keys[{i}]: {why}")),
+        }
+    }
+    Ok(Tenant {
+        name: name.into(),
+        tier,
+        keys,
+        from_store: true,
+    })
 }
 
 /// Each tenant's tier limit, as a limit of its key ([`ident`]) in `overrides` (the

@@ -304,7 +304,34 @@ fn validate_balance(
     weights: Vec<u32>,
     n_backends: Option<usize>,
 ) -> VResult<crate::balance::BalanceSettings> {
-    use crate::balance::{BalanceSettings, HashKey, Policy};
+    use crate::balance::{BalanceSettings, Policy};
+    let hash_key = hash_key_of(i, u)?;
+    validate_limits(i, u, n_backends)?;
+    Ok(BalanceSettings {
+        policy: match u.balance {
+            BalanceSection::RoundRobin => Policy::RoundRobin,
+            BalanceSection::LeastRequests => Policy::LeastRequests,
+            BalanceSection::ConsistentHash => Policy::ConsistentHash,
+            BalanceSection::Random => Policy::Random,
+        },
+        hash_key,
+        weights,
+        retries: u.retries as u32,
+        retry_budget_ratio: u.retry_budget_ratio,
+        max_inflight: u.max_inflight,
+        adaptive: u.adaptive,
+        resolve_interval: Duration::from_secs(u.resolve_interval_seconds),
+        shard_size: u.shard_size as usize,
+        slow_start: Duration::from_secs(u.slow_start_seconds),
+        queue_timeout: Duration::from_millis(u.queue_timeout_ms),
+        max_queue: u.max_queue,
+        fleet_max_inflight: u.fleet_max_inflight,
+    })
+}
+
+/// `hash_key`: `header:NAME`, `query:NAME`, `bearer`, `client_ip` or `path`.
+fn hash_key_of(i: usize, u: &UpstreamSection) -> VResult<crate::balance::HashKey> {
+    use crate::balance::HashKey;
     let p = |k: &str| format!("upstreams[{i}].{k}");
     let hash_key = match u.hash_key.split_once(':') {
         Some(("header", name)) => match http::HeaderName::from_bytes(name.as_bytes()) {
@@ -325,6 +352,13 @@ fn validate_balance(
             )
         }
     };
+    Ok(hash_key)
+}
+
+/// The balancing section's bounds: retries and their budget, the bulkhead and its fleet
+/// total, the queue, resolution, shards and slow start.
+fn validate_limits(i: usize, u: &UpstreamSection, n_backends: Option<usize>) -> VResult<()> {
+    let p = |k: &str| format!("upstreams[{i}].{k}");
     range(&p("retries"), u.retries, 0, 10, "")?;
     if !(0.0..=1.0).contains(&u.retry_budget_ratio) {
         return err(
@@ -386,26 +420,7 @@ fn validate_balance(
             "needs a max_inflight above 0 (what each instance takes without the store)",
         );
     }
-    Ok(BalanceSettings {
-        policy: match u.balance {
-            BalanceSection::RoundRobin => Policy::RoundRobin,
-            BalanceSection::LeastRequests => Policy::LeastRequests,
-            BalanceSection::ConsistentHash => Policy::ConsistentHash,
-            BalanceSection::Random => Policy::Random,
-        },
-        hash_key,
-        weights,
-        retries: u.retries as u32,
-        retry_budget_ratio: u.retry_budget_ratio,
-        max_inflight: u.max_inflight,
-        adaptive: u.adaptive,
-        resolve_interval: Duration::from_secs(u.resolve_interval_seconds),
-        shard_size: u.shard_size as usize,
-        slow_start: Duration::from_secs(u.slow_start_seconds),
-        queue_timeout: Duration::from_millis(u.queue_timeout_ms),
-        max_queue: u.max_queue,
-        fleet_max_inflight: u.fleet_max_inflight,
-    })
+    Ok(())
 }
 
 pub(super) fn validate_routes(

@@ -203,32 +203,27 @@ pub async fn act(
             return error(StatusCode::BAD_REQUEST, &msg);
         }
     };
-    let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
-    let fraction = rt.config.culling.params.max_culled_fraction;
-    // Never the last backend that serves, forced or not (the store counts what is out,
-    // not what is down by its health check).
-    if req.as_ref().is_some_and(|r| r.kind.takes_out())
-        && !super::checks::another_serves(pool, &b.addr_str)
-    {
-        let v = super::checks::last_serving_refusal(pool);
+    if let Some((reason, body)) = refused_before_store(&rt, pool, b, req.as_ref(), view) {
         done.result = "refused";
-        done.reason = v["reason"].as_str().unwrap_or_default().to_string();
+        done.reason = reason;
         record(shared, &done);
-        return answer(StatusCode::CONFLICT, &v);
+        return answer(StatusCode::CONFLICT, &body);
     }
-    // A voluntary operation that takes the backend out answers to [budget] too (from the
-    // fleet view); the fraction and the last backend are checked atomically by the store.
-    if req.as_ref().is_some_and(|r| r.kind.takes_out() && !r.force) {
-        if let Some(refusal) = super::checks::voluntary_check(&rt, pool, &b.addr_str, view) {
-            done.result = "refused";
-            done.reason = refusal.reason();
-            record(shared, &done);
-            return answer(
-                StatusCode::CONFLICT,
-                &json!({"granted": false, "policy": refusal.policy(), "reason": refusal.reason()}),
-            );
-        }
-    }
+    apply(shared, budget, view, &rt, (pool, b), req, done).await
+}
+
+/// The action in the store, and its answer: the backend as it stands now (set from the
+/// store's state read right after), a refusal by the budget (409), or a store that did not
+/// answer (503).
+async fn apply(
+    shared: &Shared,
+    budget: &dyn BudgetStore,
+    view: &super::sync::FleetView,
+    rt: &crate::state::Runtime,
+    (pool, b): (&crate::upstream::Pool, &crate::upstream::BackendState),
+    req: Option<OpRequest>,
+    mut done: Done<'_>,
+) -> Response<Vec<u8>> {
     // The record granted, set on the backend from the store's state read right after (or
     // by itself when that read fails).
     let mut granted = None;
@@ -237,21 +232,21 @@ pub async fn act(
             b.manual().set(Vec::new());
             Ok(())
         }),
-        Some(req) => budget
-            .put_op(&pool.name, &b.addr_str, total, fraction, req)
-            .await
-            .map(|r| {
-                r.map(|record| {
-                    granted = Some(record);
-                })
-            }),
+        Some(req) => {
+            let total = u32::try_from(pool.backends.len()).unwrap_or(u32::MAX);
+            let fraction = rt.config.culling.params.max_culled_fraction;
+            budget
+                .put_op(&pool.name, &b.addr_str, total, fraction, req)
+                .await
+                .map(|r| r.map(|record| granted = Some(record)))
+        }
     };
     done.reason = req.as_ref().map(|r| r.reason.clone()).unwrap_or_default();
     match outcome {
         Ok(Ok(())) => {
             done.result = "applied";
             record(shared, &done);
-            if !super::checks::refresh(&rt, budget, view).await {
+            if !super::checks::refresh(rt, budget, view).await {
                 if let Some(record) = granted.take() {
                     b.manual().put(record);
                 }
@@ -265,11 +260,7 @@ pub async fn act(
             record(shared, &done);
             answer(
                 StatusCode::CONFLICT,
-                &json!({
-                    "granted": false,
-                    "policy": refusal.policy(),
-                    "reason": refusal.reason(),
-                }),
+                &refusal_body(refusal.policy(), &refusal.reason()),
             )
         }
         Err(e) => {
@@ -282,6 +273,39 @@ pub async fn act(
             )
         }
     }
+}
+
+/// What refuses an action before the store is asked (the reason and the 409's body):
+/// never the last backend that serves, forced or not (the store counts what is out, not
+/// what is down by its health check); and a voluntary operation that takes the backend
+/// out answers to `[budget]` too, from the fleet view (the fraction and the last backend
+/// are then checked atomically by the store).
+fn refused_before_store(
+    rt: &std::sync::Arc<crate::state::Runtime>,
+    pool: &crate::upstream::Pool,
+    b: &crate::upstream::BackendState,
+    req: Option<&OpRequest>,
+    view: &super::sync::FleetView,
+) -> Option<(String, Value)> {
+    let takes_out = req.is_some_and(|r| r.kind.takes_out());
+    if takes_out && !super::checks::another_serves(pool, &b.addr_str) {
+        let v = super::checks::last_serving_refusal(pool);
+        let reason = v["reason"].as_str().unwrap_or_default().to_string();
+        return Some((reason, v));
+    }
+    if takes_out && req.is_some_and(|r| !r.force) {
+        let refusal = super::checks::voluntary_check(rt, pool, &b.addr_str, view)?;
+        return Some((
+            refusal.reason(),
+            refusal_body(refusal.policy(), &refusal.reason()),
+        ));
+    }
+    None
+}
+
+/// A refusal's 409 body.
+fn refusal_body(policy: &str, reason: &str) -> Value {
+    json!({"granted": false, "policy": policy, "reason": reason})
 }
 
 #[cfg(test)]

@@ -162,10 +162,7 @@ pub fn routes_status<'a>(
     now_secs: u64,
     query: &RoutesQuery,
 ) -> (Value, Value) {
-    let mut configured = 0usize;
-    let mut inflight = 0u64;
-    let mut with_traffic = 0usize;
-    let mut classes = [0u64; CLASSES.len()];
+    let mut totals = Totals::default();
     let empty = no_traffic();
     let json_of = |r: &Route, s: Option<&RouteSeries>, snap: &TrafficSnapshot| {
         route_json(r, s, snap, upstream_of(r.upstream))
@@ -178,16 +175,10 @@ pub fn routes_status<'a>(
     let mut quiet = Vec::new();
     let wanted = query.offset.saturating_add(query.limit);
     for (i, (route, series)) in routes.enumerate() {
-        configured += 1;
+        totals.configured += 1;
         let snap = series.map(|s| (s.traffic.window.snapshot(now_secs), s.traffic.inflight()));
         if let Some((snap, open)) = &snap {
-            inflight += open;
-            for (sum, n) in classes.iter_mut().zip(snap.classes) {
-                *sum += n;
-            }
-            if snap.requests > 0 || *open > 0 {
-                with_traffic += 1;
-            }
+            totals.add(snap, *open);
         }
         if query.all {
             if i >= query.offset && listed.len() < query.limit {
@@ -215,36 +206,69 @@ pub fn routes_status<'a>(
             .map(|(r, s, snap)| json_of(r, s, snap))
             .collect();
     }
-    let (other, own_max) = other;
-    let other_snap = other.traffic.window.snapshot(now_secs);
-    for (sum, n) in classes.iter_mut().zip(other_snap.classes) {
-        *sum += n;
-    }
-    inflight += other.traffic.inflight();
-    let requests: u64 = classes.iter().sum();
-    let codes: serde_json::Map<String, Value> = CLASSES
-        .iter()
-        .zip(classes)
-        .map(|(name, n)| ((*name).to_string(), json!(n)))
-        .collect();
-    let summary = json!({
-        "configured": configured,
-        "listed": listed.len(),
-        "with_traffic": with_traffic,
-        "order": if query.all { "config" } else { "busiest" },
-        "offset": query.offset,
-        "inflight": inflight,
-        "window_seconds": WINDOW_SECS,
-        "requests": requests,
-        "per_second": requests as f64 / WINDOW_SECS as f64,
-        "codes": codes,
-        "own_series_max": own_max,
-        "other": {
-            "requests": other_snap.requests,
-            "inflight": other.traffic.inflight(),
-        },
-    });
+    let summary = totals.summary(listed.len(), other, query, now_secs);
     (Value::Array(listed), summary)
+}
+
+/// The routes' traffic summed for the summary.
+#[derive(Default)]
+struct Totals {
+    configured: usize,
+    inflight: u64,
+    with_traffic: usize,
+    classes: [u64; CLASSES.len()],
+}
+
+impl Totals {
+    fn add(&mut self, snap: &TrafficSnapshot, open: u64) {
+        self.inflight += open;
+        for (sum, n) in self.classes.iter_mut().zip(snap.classes) {
+            *sum += n;
+        }
+        if snap.requests > 0 || open > 0 {
+            self.with_traffic += 1;
+        }
+    }
+
+    /// The summary of every route's traffic, the requests no route's series holds
+    /// (`other`, with the most series a route may own) included.
+    fn summary(
+        mut self,
+        listed: usize,
+        other: (&RouteStats, usize),
+        query: &RoutesQuery,
+        now_secs: u64,
+    ) -> Value {
+        let (other, own_max) = other;
+        let other_snap = other.traffic.window.snapshot(now_secs);
+        for (sum, n) in self.classes.iter_mut().zip(other_snap.classes) {
+            *sum += n;
+        }
+        self.inflight += other.traffic.inflight();
+        let requests: u64 = self.classes.iter().sum();
+        let codes: serde_json::Map<String, Value> = CLASSES
+            .iter()
+            .zip(self.classes)
+            .map(|(name, n)| ((*name).to_string(), json!(n)))
+            .collect();
+        json!({
+            "configured": self.configured,
+            "listed": listed,
+            "with_traffic": self.with_traffic,
+            "order": if query.all { "config" } else { "busiest" },
+            "offset": query.offset,
+            "inflight": self.inflight,
+            "window_seconds": WINDOW_SECS,
+            "requests": requests,
+            "per_second": requests as f64 / WINDOW_SECS as f64,
+            "codes": codes,
+            "own_series_max": own_max,
+            "other": {
+                "requests": other_snap.requests,
+                "inflight": other.traffic.inflight(),
+            },
+        })
+    }
 }
 
 #[cfg(test)]

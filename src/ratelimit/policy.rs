@@ -167,9 +167,28 @@ impl Policies {
     /// and otherwise records a shadow refusal (its bit in `shadowed`), so its counts are
     /// what it would hold enforcing. A request the enforcing ones refuse is counted by none.
     pub fn decide(&self, keys: &[(usize, &[u8])], now_ms: u64, shadowed: &mut u64) -> Combined {
+        let (refused, would_admit, any_shadow) = self.peek(keys, now_ms);
+        if let Some(r) = refused {
+            self.count_refused(keys, now_ms, would_admit);
+            return r;
+        }
+        // Every enforcing policy would admit: count against each.
+        let best = match self.commit(keys, now_ms) {
+            Ok(best) => best,
+            Err(refused) => return refused,
+        };
+        self.count_admitted(keys, now_ms, shadowed);
+        debug_assert!(best.is_some() || any_shadow);
+        best.unwrap_or(Combined::Unlimited)
+    }
+
+    /// Each enforcing policy's answer without counting: the refusal with the longest
+    /// `Retry-After`, if any; which policies (by position in `keys`) would admit (policies
+    /// are few, at most `MAX_POLICIES`; beyond 64 they are not counted as
+    /// `refused_by_other`); and whether a shadow policy is among them.
+    #[inline]
+    fn peek(&self, keys: &[(usize, &[u8])], now_ms: u64) -> (Option<Combined>, u64, bool) {
         let mut refused: Option<Combined> = None;
-        // Positions (in `keys`) of the policies that would admit; policies are few (at most
-        // `MAX_POLICIES`), beyond 64 they are simply not counted as `refused_by_other`.
         let mut would_admit = 0u64;
         let mut any_shadow = false;
         for (n, &(i, key)) in keys.iter().enumerate() {
@@ -204,22 +223,32 @@ impl Policies {
                 }
             }
         }
-        if let Some(r) = refused {
-            for (n, &(i, key)) in keys.iter().enumerate().take(64) {
-                let p = &self.list[i];
-                if p.shadow.is_some() {
-                    // As if it enforced too: refused by this one, or by another.
-                    match p.limiter.peek(key, now_ms) {
-                        Decision::Allowed { .. } => p.counters.refused_by_other.inc(),
-                        Decision::Limited { .. } => p.counters.limited.inc(),
-                    }
-                } else if would_admit & (1 << n) != 0 {
-                    p.counters.refused_by_other.inc();
+        (refused, would_admit, any_shadow)
+    }
+
+    /// A refused request, counted by the policies that would have admitted it
+    /// (`refused_by_other`) and by the shadow policies as if they enforced too.
+    #[inline]
+    fn count_refused(&self, keys: &[(usize, &[u8])], now_ms: u64, would_admit: u64) {
+        for (n, &(i, key)) in keys.iter().enumerate().take(64) {
+            let p = &self.list[i];
+            if p.shadow.is_some() {
+                // As if it enforced too: refused by this one, or by another.
+                match p.limiter.peek(key, now_ms) {
+                    Decision::Allowed { .. } => p.counters.refused_by_other.inc(),
+                    Decision::Limited { .. } => p.counters.limited.inc(),
                 }
+            } else if would_admit & (1 << n) != 0 {
+                p.counters.refused_by_other.inc();
             }
-            return r;
         }
-        // Every enforcing policy would admit: count against each.
+    }
+
+    /// Count the request against each enforcing policy: `Ok` with the tightest admission
+    /// (`None`: only shadow policies), or `Err` with the refusal of a policy whose last
+    /// unit another request took since the peek (this request's admissions taken back).
+    #[inline]
+    fn commit(&self, keys: &[(usize, &[u8])], now_ms: u64) -> Result<Option<Combined>, Combined> {
         let mut best: Option<Combined> = None;
         for (n, &(i, key)) in keys.iter().enumerate() {
             let p = &self.list[i];
@@ -237,8 +266,6 @@ impl Policies {
                     }
                 }
                 refused @ Combined::Refused { .. } => {
-                    // Another request took the last unit since the peek: take this
-                    // request's admissions back.
                     for &(j, k) in &keys[..n] {
                         if self.list[j].shadow.is_none() {
                             self.list[j].limiter.uncount(k, now_ms);
@@ -246,11 +273,18 @@ impl Policies {
                         }
                     }
                     p.counters.limited.inc();
-                    return refused;
+                    return Err(refused);
                 }
                 Combined::Unlimited => {}
             }
         }
+        Ok(best)
+    }
+
+    /// An admitted request, counted as allowed by each policy; a shadow policy that would
+    /// have refused it counts it as limited and marks it in `shadowed`.
+    #[inline]
+    fn count_admitted(&self, keys: &[(usize, &[u8])], now_ms: u64, shadowed: &mut u64) {
         for &(i, key) in keys {
             let p = &self.list[i];
             match &p.shadow {
@@ -265,8 +299,6 @@ impl Policies {
                 },
             }
         }
-        debug_assert!(best.is_some() || any_shadow);
-        best.unwrap_or(Combined::Unlimited)
     }
 }
 

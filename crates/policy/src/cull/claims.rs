@@ -240,7 +240,6 @@ pub fn check_claim(
     state: &FleetState,
     policy: &BudgetPolicy,
 ) -> Result<(), ClaimRefusal> {
-    let now = state.now_ms;
     if let Some((_, r)) = state
         .claims()
         .find(|(u, r)| *u == ask.upstream && r.backend == ask.backend)
@@ -290,6 +289,26 @@ pub fn check_claim(
             max: policy.max_concurrent,
         });
     }
+    check_groups(ask, state, policy, &all)?;
+    if state.tokens < 1.0 {
+        return Err(ClaimRefusal::Tokens {
+            retry_ms: state.token_retry_ms,
+        });
+    }
+    Ok(())
+}
+
+/// The groups' rules for a voluntary claim: each of the backend's groups waits out its
+/// grace periods (`min_between_claims_ms` after the last claim began,
+/// `min_after_release_ms` after the last ended; the longest wait is the answer), and with
+/// `one_group_at_a_time` nothing of another group may be out.
+fn check_groups(
+    ask: &ClaimAsk<'_>,
+    state: &FleetState,
+    policy: &BudgetPolicy,
+    all: &[(&str, &str)],
+) -> Result<(), ClaimRefusal> {
+    let now = state.now_ms;
     let named = (ask.named_groups)(ask.upstream, ask.backend);
     let mut wait: Option<(String, u64)> = None;
     for g in groups_of(ask.upstream, named.clone()) {
@@ -305,18 +324,13 @@ pub fn check_claim(
         return Err(ClaimRefusal::GracePeriod { group, retry_ms });
     }
     if policy.one_group_at_a_time {
-        for (u, b) in &all {
+        for (u, b) in all {
             for g in (ask.named_groups)(u, b) {
                 if !named.contains(&g) {
                     return Err(ClaimRefusal::OneGroup { group: g });
                 }
             }
         }
-    }
-    if state.tokens < 1.0 {
-        return Err(ClaimRefusal::Tokens {
-            retry_ms: state.token_retry_ms,
-        });
     }
     Ok(())
 }
