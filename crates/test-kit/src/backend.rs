@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use super::client::{header_all_of, header_of, is_chunked, Buffered};
 use super::*;
 
 /// How a [`Backend`] answers.

@@ -50,20 +50,37 @@ mod redis;
 mod tls;
 mod websocket;
 
-pub use self::prometheus::*;
-pub use self::redis::*;
-pub use backend::*;
-pub use browser::*;
-pub use client::*;
-pub use grpc::*;
-pub use h2raw::*;
-pub use load::*;
-pub use metrics::*;
-pub use nginx::*;
-pub use otlp::*;
-pub use proxy::*;
-pub use tls::*;
-pub use websocket::*;
+pub use self::prometheus::{url_encode, Prometheus};
+pub use self::redis::{
+    command_delta, free_port, key_hash, RedisCluster, RedisSentinels, RedisServer,
+    CLUSTER_NODE_TIMEOUT_MS,
+};
+pub use backend::{
+    closing_response_backend, count_state, established_to, fixed_response_backend, tcp_states_to,
+    Backend, Mode, Received, TCP_CLOSE_WAIT, TCP_ESTABLISHED,
+};
+pub use browser::{chromium, dump_dom, screenshot};
+pub use client::{get, post, send_raw, try_get, try_request, Conn, RawOutcome, Resp};
+pub use grpc::{grpc_call, GrpcReply, GrpcServer};
+pub use h2raw::{
+    hpack_block, H2Raw, H2Seen, ENHANCE_YOUR_CALM, GOAWAY, HEADERS, REFUSED_STREAM, RST_STREAM,
+};
+pub use load::{
+    admitted_in_window, concurrently, now_ms, wait_until_ms, wait_window_phase, KeyedLoad,
+    KeyedSample, Load, Sample,
+};
+pub use metrics::{has_metric, metric_samples, metric_value, Labels};
+pub use nginx::{Nginx, NginxVhosts};
+pub use otlp::{OtlpReceiver, ReceivedSpan};
+pub use proxy::{
+    balanced_app, check_config, check_config_file, fleet_config, one_upstream, upstream_of,
+    upstream_table, upstreams, Proxy,
+};
+pub use tls::{
+    curl, make_ca, make_cert, make_signed_cert, nghttp, resolve, s_client, tls_exchange, tls_table,
+    CertFiles, H2Stream,
+};
+pub use websocket::{ws_accept, WsClient, WsEchoServer, WsOpen};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

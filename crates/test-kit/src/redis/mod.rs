@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 mod cluster;
 mod sentinel;
-pub use cluster::*;
-pub use sentinel::*;
+pub use cluster::{RedisCluster, CLUSTER_NODE_TIMEOUT_MS};
+pub use sentinel::RedisSentinels;
 
 /// The program; the only place the Rust code names it.
 const REDIS_SERVER: &str = "redis-server";
