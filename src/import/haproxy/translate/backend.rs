@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::render::q;
-use super::rules::header_rule;
+use super::actions::header_rule;
 use super::settings::balance;
 use super::{count, dir_name, server_addr, time_ms, Cx, Settings, Upstream};
 use crate::import::haproxy::parse::Directive;

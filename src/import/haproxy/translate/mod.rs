@@ -1,5 +1,6 @@
 //! The translation of the sections into portcullis's configuration, and the report.
 
+mod actions;
 mod backend;
 mod frontend;
 mod render;
