@@ -5,6 +5,7 @@ mod backend;
 mod frontend;
 mod render;
 mod rules;
+mod server;
 mod settings;
 
 use std::collections::{BTreeMap, BTreeSet};
