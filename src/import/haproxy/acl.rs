@@ -59,10 +59,42 @@ pub fn criterion(words: &[String]) -> Result<Parsed, String> {
     let Some(crit) = words.first() else {
         return Err("an ACL needs a criterion".into());
     };
+    let (icase, values) = flags_and_values(&words[1..])?;
+    let c = crit.to_ascii_lowercase();
+    if matches!(c.as_str(), "hdr(host)" | "req.hdr(host)" | "hdr(host,-1)") {
+        return host(crit, &values, icase);
+    }
+    match c.as_str() {
+        "path_beg" | "path" => path(crit, &values, c == "path", icase),
+        "method" => method(crit, &values, icase),
+        "src" => src(crit, &values),
+        "sc_http_req_rate(0)" | "sc0_http_req_rate" | "sc0_http_req_rate()" => rate(crit, &values),
+        "always_true" => Ok(Parsed::exact(Criterion::Regions(vec![Region::any()]))),
+        "always_false" => Ok(Parsed::exact(Criterion::Regions(Vec::new()))),
+        "ssl_fc" => {
+            Err("portcullis's routes apply to cleartext and TLS listeners alike (no ssl_fc)".into())
+        }
+        _ => Err(format!(
+            "the criterion '{crit}' has no portcullis equivalent"
+        )),
+    }
+}
+
+impl Parsed {
+    fn exact(criterion: Criterion) -> Self {
+        Parsed {
+            criterion,
+            approx: None,
+        }
+    }
+}
+
+/// The words after the criterion: whether `-i` (ignore case) is given, and the values.
+fn flags_and_values(words: &[String]) -> Result<(bool, Vec<&str>), String> {
     let mut icase = false;
     let mut values: Vec<&str> = Vec::new();
     let mut flags_done = false;
-    let mut i = 1;
+    let mut i = 0;
     while i < words.len() {
         let w = words[i].as_str();
         if !flags_done && w.starts_with('-') && w.len() > 1 {
@@ -84,125 +116,110 @@ pub fn criterion(words: &[String]) -> Result<Parsed, String> {
         values.push(w);
         i += 1;
     }
-    let c = crit.to_ascii_lowercase();
-    let host_fetch = matches!(c.as_str(), "hdr(host)" | "req.hdr(host)" | "hdr(host,-1)");
-    let region = |f: &dyn Fn(&str) -> Region| values.iter().map(|v| f(v)).collect::<Vec<_>>();
-    let need_values = || {
-        if values.is_empty() {
-            Err(format!("'{crit}' without a value to match"))
-        } else {
-            Ok(())
-        }
-    };
-    if host_fetch {
-        need_values()?;
-        let approx = (!icase).then(|| {
-            "portcullis compares hosts case-insensitively (HAProxy without -i does not)".into()
-        });
-        return Ok(Parsed {
-            criterion: Criterion::Regions(region(&|v| Region {
-                host: Some(v.to_ascii_lowercase()),
-                ..Region::any()
-            })),
-            approx,
-        });
+    Ok((icase, values))
+}
+
+fn need_values(crit: &str, values: &[&str]) -> Result<(), String> {
+    if values.is_empty() {
+        Err(format!("'{crit}' without a value to match"))
+    } else {
+        Ok(())
     }
-    match c.as_str() {
-        "path_beg" | "path" => {
-            need_values()?;
-            if let Some(v) = values.iter().find(|v| !v.starts_with('/')) {
-                return Err(format!("the path '{v}' does not start with /"));
-            }
-            let mut notes = Vec::new();
-            if c == "path" {
-                notes.push("an exact path is matched as a prefix");
-            }
+}
+
+/// One region per value.
+fn each_value(values: &[&str], region: impl Fn(&str) -> Region) -> Criterion {
+    Criterion::Regions(values.iter().map(|v| region(v)).collect())
+}
+
+/// `hdr(host) HOST...`: the request's host.
+fn host(crit: &str, values: &[&str], icase: bool) -> Result<Parsed, String> {
+    need_values(crit, values)?;
+    let approx = (!icase).then(|| {
+        "portcullis compares hosts case-insensitively (HAProxy without -i does not)".into()
+    });
+    Ok(Parsed {
+        criterion: each_value(values, |v| Region {
+            host: Some(v.to_ascii_lowercase()),
+            ..Region::any()
+        }),
+        approx,
+    })
+}
+
+/// `path_beg PREFIX...` / `path PATH...` (`exact`): the path, matched as a prefix.
+fn path(crit: &str, values: &[&str], exact: bool, icase: bool) -> Result<Parsed, String> {
+    need_values(crit, values)?;
+    if let Some(v) = values.iter().find(|v| !v.starts_with('/')) {
+        return Err(format!("the path '{v}' does not start with /"));
+    }
+    let mut notes = Vec::new();
+    if exact {
+        notes.push("an exact path is matched as a prefix");
+    }
+    if icase {
+        notes.push("portcullis matches path prefixes case-sensitively");
+    }
+    Ok(Parsed {
+        criterion: each_value(values, |v| Region {
+            prefix: v.to_string(),
+            ..Region::any()
+        }),
+        approx: (!notes.is_empty()).then(|| notes.join("; ")),
+    })
+}
+
+/// `method METHOD...`.
+fn method(crit: &str, values: &[&str], icase: bool) -> Result<Parsed, String> {
+    need_values(crit, values)?;
+    let set: BTreeSet<String> = values
+        .iter()
+        .map(|v| {
             if icase {
-                notes.push("portcullis matches path prefixes case-sensitively");
+                v.to_ascii_uppercase()
+            } else {
+                v.to_string()
             }
-            Ok(Parsed {
-                criterion: Criterion::Regions(region(&|v| Region {
-                    prefix: v.to_string(),
-                    ..Region::any()
-                })),
-                approx: (!notes.is_empty()).then(|| notes.join("; ")),
-            })
-        }
-        "method" => {
-            need_values()?;
-            let set: BTreeSet<String> = values
-                .iter()
-                .map(|v| {
-                    if icase {
-                        v.to_ascii_uppercase()
-                    } else {
-                        v.to_string()
-                    }
-                })
-                .collect();
-            if let Some(bad) = set
-                .iter()
-                .find(|m| http::Method::from_bytes(m.as_bytes()).is_err())
-            {
-                return Err(format!("'{bad}' is not a method"));
-            }
-            Ok(Parsed {
-                criterion: Criterion::Regions(vec![Region {
-                    methods: Some(set),
-                    ..Region::any()
-                }]),
-                approx: None,
-            })
-        }
-        "src" => {
-            need_values()?;
-            let mut nets: Vec<IpNet> = Vec::new();
-            for v in &values {
-                let n = v
-                    .parse::<IpNet>()
-                    .or_else(|_| v.parse::<std::net::IpAddr>().map(IpNet::from))
-                    .map_err(|_| format!("'{v}' is not an address or CIDR"))?;
-                nets.push(n.trunc());
-            }
-            Ok(Parsed {
-                criterion: Criterion::Regions(vec![Region {
-                    cidrs: Some(nets),
-                    ..Region::any()
-                }]),
-                approx: None,
-            })
-        }
-        "sc_http_req_rate(0)" | "sc0_http_req_rate" | "sc0_http_req_rate()" => {
-            // `gt N` / `ge N`
-            match (
-                values.first().copied(),
-                values.get(1).and_then(|n| super::translate::count(n).ok()),
-            ) {
-                (Some("gt"), Some(n)) => Ok(Parsed {
-                    criterion: Criterion::RateAbove(n),
-                    approx: None,
-                }),
-                (Some("ge"), Some(n)) if n > 0 => Ok(Parsed {
-                    criterion: Criterion::RateAbove(n - 1),
-                    approx: None,
-                }),
-                _ => Err(format!("'{crit}' is translated with 'gt N' or 'ge N' only")),
-            }
-        }
-        "always_true" => Ok(Parsed {
-            criterion: Criterion::Regions(vec![Region::any()]),
-            approx: None,
-        }),
-        "always_false" => Ok(Parsed {
-            criterion: Criterion::Regions(Vec::new()),
-            approx: None,
-        }),
-        "ssl_fc" => {
-            Err("portcullis's routes apply to cleartext and TLS listeners alike (no ssl_fc)".into())
-        }
-        _ => Err(format!(
-            "the criterion '{crit}' has no portcullis equivalent"
-        )),
+        })
+        .collect();
+    if let Some(bad) = set
+        .iter()
+        .find(|m| http::Method::from_bytes(m.as_bytes()).is_err())
+    {
+        return Err(format!("'{bad}' is not a method"));
+    }
+    Ok(Parsed::exact(Criterion::Regions(vec![Region {
+        methods: Some(set),
+        ..Region::any()
+    }])))
+}
+
+/// `src ADDRESS|CIDR...`: the client's address.
+fn src(crit: &str, values: &[&str]) -> Result<Parsed, String> {
+    need_values(crit, values)?;
+    let mut nets: Vec<IpNet> = Vec::new();
+    for v in values {
+        let n = v
+            .parse::<IpNet>()
+            .or_else(|_| v.parse::<std::net::IpAddr>().map(IpNet::from))
+            .map_err(|_| format!("'{v}' is not an address or CIDR"))?;
+        nets.push(n.trunc());
+    }
+    Ok(Parsed::exact(Criterion::Regions(vec![Region {
+        cidrs: Some(nets),
+        ..Region::any()
+    }])))
+}
+
+/// `sc_http_req_rate(0) gt N` / `ge N`: the tracked request rate.
+fn rate(crit: &str, values: &[&str]) -> Result<Parsed, String> {
+    match (
+        values.first().copied(),
+        values.get(1).and_then(|n| super::translate::count(n).ok()),
+    ) {
+        (Some("gt"), Some(n)) => Ok(Parsed::exact(Criterion::RateAbove(n))),
+        (Some("ge"), Some(n)) if n > 0 => Ok(Parsed::exact(Criterion::RateAbove(n - 1))),
+        _ => Err(format!("'{crit}' is translated with 'gt N' or 'ge N' only")),
     }
 }
 

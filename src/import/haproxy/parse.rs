@@ -116,6 +116,8 @@ pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config,
     Ok(cfg)
 }
 
+/// A section's header line: its name, the defaults it inherits, and (`listen NAME ADDR`)
+/// its address.
 fn header(
     kind: Kind,
     args: &[String],
@@ -126,91 +128,20 @@ fn header(
     let fail = |why: String| ParseError { line, why };
     let kw = args[0].clone();
     let mut rest: Vec<&str> = args[1..].iter().map(String::as_str).collect();
-    // `from NAME` (2.x): the named defaults section this one inherits.
-    let mut from: Option<String> = None;
-    if let Some(p) = rest.iter().position(|a| *a == "from") {
-        if !matches!(
-            kind,
-            Kind::Defaults | Kind::Frontend | Kind::Backend | Kind::Listen
-        ) {
-            return Err(fail(format!("'from' is not allowed in a '{kw}' section")));
-        }
-        let Some(name) = rest.get(p + 1) else {
-            return Err(fail("'from' needs the name of a defaults section".into()));
-        };
-        from = Some((*name).to_string());
-        if rest.len() > p + 2 {
-            return Err(fail(format!(
-                "unexpected '{}' after 'from {name}'",
-                rest[p + 2]
-            )));
-        }
-        rest.truncate(p);
-    }
+    let from = from_clause(kind, &kw, &mut rest).map_err(fail)?;
     let name = rest.first().map(|s| (*s).to_string()).unwrap_or_default();
-    let needs_name = matches!(
-        kind,
-        Kind::Frontend | Kind::Backend | Kind::Listen | Kind::Other
-    );
-    if needs_name && name.is_empty() && kw != "program" {
-        return Err(fail(format!("'{kw}' needs a name")));
-    }
-    if !name.is_empty()
-        && !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
-    {
-        return Err(fail(format!(
-            "invalid character in the name '{name}' (letters, digits, '-', '_', '.', ':')"
-        )));
-    }
-    let mut header_bind = None;
-    match (kind, rest.len()) {
-        (Kind::Global, n) if n > 0 => {
-            return Err(fail(format!(
-                "'global' takes no argument, got '{}'",
-                rest[0]
-            )))
-        }
-        (Kind::Listen, 2) => header_bind = Some(rest[1].to_string()),
-        (Kind::Frontend | Kind::Backend | Kind::Defaults, n) if n > 1 => {
-            return Err(fail(format!("unexpected '{}' after the name", rest[1])))
-        }
-        _ => {}
-    }
+    check_name(kind, &kw, &name).map_err(fail)?;
+    let header_bind = header_bind(kind, &rest).map_err(fail)?;
     let defaults = match from {
-        Some(f) => {
-            let found = cfg
-                .sections
-                .iter()
-                .rposition(|s| s.kind == Kind::Defaults && s.name == f);
-            match found {
-                Some(d) => Some(d),
-                None => {
-                    return Err(fail(format!(
-                        "'from {f}': no defaults section named '{f}' before this line"
-                    )))
-                }
-            }
-        }
-        None if matches!(kind, Kind::Frontend | Kind::Backend | Kind::Listen) => last_defaults,
+        Some(f) => Some(named_defaults(cfg, &f).map_err(fail)?),
+        None if proxy_like(kind) => last_defaults,
         None => None,
     };
-    if kind != Kind::Defaults || !name.is_empty() {
-        let clash = cfg.sections.iter().find(|s| {
-            s.name == name
-                && s.kind != Kind::Other
-                && kind != Kind::Other
-                && proxy_like(s.kind) == proxy_like(kind)
-                && !(s.kind == Kind::Frontend && kind == Kind::Backend)
-                && !(s.kind == Kind::Backend && kind == Kind::Frontend)
-        });
-        if let (Some(c), false) = (clash, name.is_empty()) {
-            return Err(fail(format!(
-                "'{kw} {name}' has the same name as the section at line {}",
-                c.line
-            )));
-        }
+    if let Some(c) = name_clash(cfg, kind, &name) {
+        return Err(fail(format!(
+            "'{kw} {name}' has the same name as the section at line {}",
+            c.line
+        )));
     }
     Ok(Section {
         kind,
@@ -220,6 +151,88 @@ fn header(
         header_bind,
         defaults,
         directives: Vec::new(),
+    })
+}
+
+/// `from NAME` (2.x): the named defaults section this one inherits; taken off `rest`.
+fn from_clause(kind: Kind, kw: &str, rest: &mut Vec<&str>) -> Result<Option<String>, String> {
+    let Some(p) = rest.iter().position(|a| *a == "from") else {
+        return Ok(None);
+    };
+    if !matches!(
+        kind,
+        Kind::Defaults | Kind::Frontend | Kind::Backend | Kind::Listen
+    ) {
+        return Err(format!("'from' is not allowed in a '{kw}' section"));
+    }
+    let Some(name) = rest.get(p + 1) else {
+        return Err("'from' needs the name of a defaults section".into());
+    };
+    let from = (*name).to_string();
+    if rest.len() > p + 2 {
+        return Err(format!("unexpected '{}' after 'from {name}'", rest[p + 2]));
+    }
+    rest.truncate(p);
+    Ok(Some(from))
+}
+
+/// A proxy (and most other sections) needs a name, of HAProxy's characters.
+fn check_name(kind: Kind, kw: &str, name: &str) -> Result<(), String> {
+    let needs_name = matches!(
+        kind,
+        Kind::Frontend | Kind::Backend | Kind::Listen | Kind::Other
+    );
+    if needs_name && name.is_empty() && kw != "program" {
+        return Err(format!("'{kw}' needs a name"));
+    }
+    if !name.is_empty()
+        && !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+    {
+        return Err(format!(
+            "invalid character in the name '{name}' (letters, digits, '-', '_', '.', ':')"
+        ));
+    }
+    Ok(())
+}
+
+/// The words after the name: none, but a `listen`'s address (the old syntax).
+fn header_bind(kind: Kind, rest: &[&str]) -> Result<Option<String>, String> {
+    match (kind, rest.len()) {
+        (Kind::Global, n) if n > 0 => Err(format!("'global' takes no argument, got '{}'", rest[0])),
+        (Kind::Listen, 2) => Ok(Some(rest[1].to_string())),
+        (Kind::Frontend | Kind::Backend | Kind::Defaults, n) if n > 1 => {
+            Err(format!("unexpected '{}' after the name", rest[1]))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The index of the last defaults section named `name` before this line.
+fn named_defaults(cfg: &Config, name: &str) -> Result<usize, String> {
+    cfg.sections
+        .iter()
+        .rposition(|s| s.kind == Kind::Defaults && s.name == name)
+        .ok_or_else(|| {
+            format!("'from {name}': no defaults section named '{name}' before this line")
+        })
+}
+
+/// The earlier section whose name this one takes: proxies have names of their own (a
+/// frontend and a backend may share one), and so have defaults sections; the other
+/// sections (`userlist`, `peers`...) are not checked.
+fn name_clash<'c>(cfg: &'c Config, kind: Kind, name: &str) -> Option<&'c Section> {
+    if name.is_empty() {
+        return None;
+    }
+    cfg.sections.iter().find(|s| {
+        s.name == name
+            && s.kind != Kind::Other
+            && kind != Kind::Other
+            && proxy_like(s.kind) == proxy_like(kind)
+            && !(s.kind == Kind::Frontend && kind == Kind::Backend)
+            && !(s.kind == Kind::Backend && kind == Kind::Frontend)
     })
 }
 

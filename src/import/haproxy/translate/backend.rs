@@ -3,10 +3,11 @@
 
 use std::fmt::Write as _;
 
+use super::actions::header_rule;
 use super::render::q;
-use super::rules::header_rule;
+use super::server::{server_params, template, CheckTiming, ServerParams};
 use super::settings::balance;
-use super::{count, dir_name, server_addr, time_ms, Cx, Settings, Upstream};
+use super::{dir_name, server_addr, verdict, Check, Cx, Settings, Upstream};
 use crate::import::haproxy::parse::Directive;
 use crate::import::haproxy::parse::Kind;
 use crate::import::haproxy::parse::Section;
@@ -14,6 +15,7 @@ use crate::import::haproxy::report::Status;
 use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
 
 impl Cx<'_> {
+    /// A `backend` (or a `listen` with servers) as an upstream, when a server is usable.
     pub(super) fn backend(&mut self, s: &Section, st: &Settings) {
         if !st.http {
             self.all_unsupported(
@@ -36,14 +38,53 @@ impl Cx<'_> {
             ..Upstream::default()
         };
         u.lines.insert(s.line);
-        // balance
+        self.upstream_settings(&mut u, st);
+        let mut seen = ServerSummary::default();
+        for d in &servers {
+            self.server(&mut u, d, st, &mut seen);
+        }
+        if seen.any_maxconn {
+            u.queue_timeout = queue_timeout(st);
+        }
+        self.slow_start(&mut u, &seen.slow_starts);
+        if let Some(timing) = seen.check {
+            let alike = !(seen.checks_differ || seen.some_unchecked);
+            self.health_check(&mut u, st, &servers, timing, alike);
+        }
+        self.backend_header_rules(s, &mut u);
+        if s.kind == Kind::Backend {
+            for d in s.directives.iter().filter(|d| d.kw() == "maxconn") {
+                self.rep.put(
+                    d.line,
+                    "maxconn",
+                    Unsup("HAProxy ignores maxconn in a backend (use the servers' maxconn)".into()),
+                );
+            }
+            let ef = st.errorfiles.clone();
+            self.errorfiles(&ef);
+        }
+        self.rep.put(
+            s.line,
+            s.keyword.as_str(),
+            if u.backends.is_empty() {
+                Approx("no usable server: its requests are answered 503, as HAProxy does".into())
+            } else {
+                Ok_
+            },
+        );
+        if !u.backends.is_empty() {
+            self.out.upstreams.push(u);
+        }
+    }
+
+    /// The upstream's balancing, timeouts and retries, from the section's settings.
+    fn upstream_settings(&mut self, u: &mut Upstream, st: &Settings) {
         if let Some((args, line)) = &st.balance {
             let (mode, status) = balance(args, st.hash_consistent);
             u.balance = mode;
             u.lines.insert(*line);
             self.rep.put(*line, "balance", status);
         }
-        // timeouts
         for (name, (ms, line)) in &st.timeouts {
             if matches!(name.as_str(), "connect" | "server" | "check") {
                 u.lines.insert(*line);
@@ -62,203 +103,128 @@ impl Cx<'_> {
         } else {
             0
         };
-        // servers
-        let mut check: Option<CheckTiming> = None;
-        let mut checks_differ = false;
-        let mut some_unchecked = false;
-        let mut any_checked = false;
-        let mut any_maxconn = false;
-        let mut slow_starts: Vec<(Option<u64>, usize)> = Vec::new();
-        for d in &servers {
-            let expanded = if d.kw() == "server-template" {
-                match template(d) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        self.rep.put(d.line, "server-template", Unsup(e));
-                        continue;
-                    }
-                }
-            } else {
-                vec![(d.arg(1).to_string(), d.arg(2).to_string())]
-            };
-            let first_param = if d.kw() == "server-template" { 4 } else { 3 };
-            let mut params: Vec<String> = st.default_server.clone();
-            params.extend(d.args.iter().skip(first_param).cloned());
-            let sp = match server_params(&params) {
-                Ok(p) => p,
+    }
+
+    /// One `server` or `server-template` line: its backends, what it sets on the whole
+    /// upstream (queue, TLS), and what `seen` gathers of it for the upstream-wide settings.
+    fn server(&mut self, u: &mut Upstream, d: &Directive, st: &Settings, seen: &mut ServerSummary) {
+        let is_template = d.kw() == "server-template";
+        let expanded = if is_template {
+            match template(d) {
+                Ok(v) => v,
                 Err(e) => {
-                    self.rep.put(d.line, d.kw(), Unsup(e));
-                    continue;
-                }
-            };
-            if !st.default_server.is_empty() {
-                self.rep.put(st.default_server_line, "default-server", Ok_);
-                u.lines.insert(st.default_server_line);
-            }
-            let mut notes = sp.notes.clone();
-            if d.kw() == "server-template" {
-                notes.push(format!(
-                    "one backend on {} (portcullis re-resolves a name and balances over it as one backend; HAProxy fills {} slots from DNS)",
-                    d.arg(3),
-                    d.arg(2)
-                ));
-            }
-            if sp.check {
-                any_checked = true;
-                let c = (
-                    sp.inter,
-                    sp.fastinter,
-                    sp.downinter,
-                    sp.rise,
-                    sp.fall,
-                    sp.port,
-                );
-                match &check {
-                    None => check = Some(c),
-                    Some(prev) if *prev != c => checks_differ = true,
-                    _ => {}
-                }
-            } else {
-                some_unchecked = true;
-            }
-            any_maxconn |= sp.maxconn.is_some_and(|m| m > 0);
-            if !sp.disabled {
-                slow_starts.push((sp.slowstart, d.line));
-            }
-            if let Some(q) = sp.maxqueue {
-                u.max_queue = Some(u.max_queue.unwrap_or(0).saturating_add(q).max(1));
-                notes.push(
-                    "maxqueue: portcullis has one queue per upstream, of the servers' sum".into(),
-                );
-            }
-            if sp.ssl {
-                u.tls = true;
-                if !sp.verify {
-                    u.verify = false;
+                    self.rep.put(d.line, "server-template", Unsup(e));
+                    return;
                 }
             }
-            if sp.disabled {
-                notes.push("a disabled server is left out (hold one out at run time with `portcullis ctl maint`)".into());
+        } else {
+            vec![(d.arg(1).to_string(), d.arg(2).to_string())]
+        };
+        let first_param = if is_template { 4 } else { 3 };
+        let mut params: Vec<String> = st.default_server.clone();
+        params.extend(d.args.iter().skip(first_param).cloned());
+        let sp = match server_params(&params) {
+            Ok(p) => p,
+            Err(e) => {
+                self.rep.put(d.line, d.kw(), Unsup(e));
+                return;
             }
-            if sp.weight == Some(0) {
-                notes.push("weight 0 (no new traffic) is left out".into());
-            }
-            let mut ok = 0;
-            for (name, addr) in expanded {
-                if sp.disabled || sp.weight == Some(0) {
-                    continue;
-                }
-                match server_addr(&addr) {
-                    Ok(a) => {
-                        let mut t = format!("{{ name = {}, address = {}", q(&name), q(&a));
-                        if let Some(w) = sp.weight {
-                            let _ = write!(t, ", weight = {w}");
-                        }
-                        if let Some(m) = sp.maxconn {
-                            let _ = write!(t, ", max_conn = {m}");
-                        }
-                        if sp.backup {
-                            t.push_str(", backup = true");
-                        }
-                        t.push_str(" }");
-                        u.backends.push(t);
-                        ok += 1;
-                    }
-                    Err(e) => notes.push(e),
-                }
-            }
-            u.lines.insert(d.line);
-            let status = if ok == 0 && !(sp.disabled || sp.weight == Some(0)) {
-                Unsup(notes.join("; "))
-            } else if notes.is_empty() {
-                Ok_
-            } else {
-                Approx(notes.join("; "))
-            };
-            self.rep.put(d.line, d.kw(), status);
+        };
+        if !st.default_server.is_empty() {
+            self.rep.put(st.default_server_line, "default-server", Ok_);
+            u.lines.insert(st.default_server_line);
         }
-        // the queue: HAProxy queues a request when every server is at its maxconn, up to
-        // `timeout queue` (by default `timeout connect`)
-        if any_maxconn {
-            u.queue_timeout = match (st.timeouts.get("queue"), st.timeouts.get("connect")) {
-                (Some((ms, _)), _) => Some((*ms, "timeout queue")),
-                (None, Some((ms, _))) => {
-                    Some((*ms, "timeout connect (HAProxy's default for timeout queue)"))
-                }
-                (None, None) => None,
-            };
+        let mut notes = sp.notes.clone();
+        if is_template {
+            notes.push(format!(
+                "one backend on {} (portcullis re-resolves a name and balances over it as one backend; HAProxy fills {} slots from DNS)",
+                d.arg(3),
+                d.arg(2)
+            ));
         }
-        // slow start: per server in HAProxy, per upstream in portcullis
+        seen.add(&sp, d.line);
+        if let Some(q) = sp.maxqueue {
+            u.max_queue = Some(u.max_queue.unwrap_or(0).saturating_add(q).max(1));
+            notes.push(
+                "maxqueue: portcullis has one queue per upstream, of the servers' sum".into(),
+            );
+        }
+        if sp.ssl {
+            u.tls = true;
+            if !sp.verify {
+                u.verify = false;
+            }
+        }
+        if sp.disabled {
+            notes.push("a disabled server is left out (hold one out at run time with `portcullis ctl maint`)".into());
+        }
+        if sp.weight == Some(0) {
+            notes.push("weight 0 (no new traffic) is left out".into());
+        }
+        let left_out = sp.disabled || sp.weight == Some(0);
+        let written = if left_out {
+            0
+        } else {
+            push_backends(u, expanded, &sp, &mut notes)
+        };
+        u.lines.insert(d.line);
+        let status = if written == 0 && !left_out {
+            Unsup(notes.join("; "))
+        } else {
+            verdict(&notes)
+        };
+        self.rep.put(d.line, d.kw(), status);
+    }
+
+    /// Slow start: per server in HAProxy, per upstream in portcullis (the first server's).
+    fn slow_start(&mut self, u: &mut Upstream, slow_starts: &[(Option<u64>, usize)]) {
         if let Some((first, _)) = slow_starts.iter().find(|(s, _)| s.is_some()) {
             u.slow_start_s = first.map(|ms| ms.div_ceil(1000));
             if slow_starts.iter().any(|(s, _)| s != first) {
-                for (_, line) in &slow_starts {
+                for (_, line) in slow_starts {
                     self.rep.put(*line, "server", Approx(
                         "portcullis ramps every backend of an upstream alike: the first server's slowstart is used for all".into(),
                     ));
                 }
             }
         }
-        // health check
-        if any_checked {
-            if let Some((inter, fastinter, downinter, rise, fall, port)) = check {
-                match &st.httpchk {
-                    Some(chk) => {
-                        let (status, body) = st
-                            .expect
-                            .clone()
-                            .unwrap_or_else(|| ("200-399".into(), String::new()));
-                        let timeout = st
-                            .timeouts
-                            .get("check")
-                            .map(|t| t.0)
-                            .unwrap_or(inter)
-                            .max(1);
-                        let fast = fastinter.or(downinter).unwrap_or(inter);
-                        let mut h = format!(
-                            "path = {}\nmethod = {}\nexpect_status = {}\ninterval_ms = {}\nfast_interval_ms = {}\ntimeout_ms = {}\nrise = {}\nfall = {}\n",
-                            q(&chk.path), q(&chk.method), q(&status), inter.max(100), fast.max(100), timeout.min(600_000), rise, fall
-                        );
-                        if !chk.host.is_empty() {
-                            let _ = writeln!(h, "host = {}", q(&chk.host));
-                        }
-                        if !body.is_empty() {
-                            let _ = writeln!(h, "expect_body = {}", q(&body));
-                        }
-                        if !chk.headers.is_empty() {
-                            let hs: Vec<String> = chk
-                                .headers
-                                .iter()
-                                .map(|(k, v)| format!("{} = {}", q(k), q(v)))
-                                .collect();
-                            let _ = writeln!(h, "headers = {{ {} }}", hs.join(", "));
-                        }
-                        if port != 0 {
-                            let _ = writeln!(h, "port = {port}");
-                        }
-                        u.health = Some(h);
-                    }
-                    None => {
-                        for d in servers
-                            .iter()
-                            .filter(|d| d.args.iter().any(|a| a == "check"))
-                        {
-                            self.rep.put(d.line, d.kw(), Approx(
-                                "a layer-4 connect check (no option httpchk): portcullis checks over HTTP only, none is written".into(),
-                            ));
-                        }
-                    }
-                }
-            }
-            if checks_differ || some_unchecked {
-                for d in &servers {
+    }
+
+    /// The upstream's health check: `option httpchk` and `http-check` with the first checked
+    /// server's `timing`; none without httpchk (HAProxy's layer-4 check). `alike`: every
+    /// server is checked with the same parameters.
+    fn health_check(
+        &mut self,
+        u: &mut Upstream,
+        st: &Settings,
+        servers: &[&Directive],
+        timing: CheckTiming,
+        alike: bool,
+    ) {
+        match &st.httpchk {
+            Some(chk) => u.health = Some(health_table(chk, st, timing)),
+            None => {
+                for d in servers
+                    .iter()
+                    .filter(|d| d.args.iter().any(|a| a == "check"))
+                {
                     self.rep.put(d.line, d.kw(), Approx(
-                        "portcullis checks every backend of an upstream alike: the first checked server's parameters are used for all".into(),
+                        "a layer-4 connect check (no option httpchk): portcullis checks over HTTP only, none is written".into(),
                     ));
                 }
             }
         }
-        // backend-level header rules (unconditional)
+        if !alike {
+            for d in servers {
+                self.rep.put(d.line, d.kw(), Approx(
+                    "portcullis checks every backend of an upstream alike: the first checked server's parameters are used for all".into(),
+                ));
+            }
+        }
+    }
+
+    /// The backend's own header rules, unconditional only: they apply to every route to it.
+    fn backend_header_rules(&mut self, s: &Section, u: &mut Upstream) {
         for d in &s.directives {
             if matches!(d.kw(), "http-request" | "http-response")
                 && matches!(d.arg(1), "set-header" | "add-header" | "del-header")
@@ -280,29 +246,6 @@ impl Cx<'_> {
                     Err(e) => self.rep.put(d.line, &dir_name(d), Unsup(e)),
                 }
             }
-            if d.kw() == "maxconn" && s.kind == Kind::Backend {
-                self.rep.put(
-                    d.line,
-                    "maxconn",
-                    Unsup("HAProxy ignores maxconn in a backend (use the servers' maxconn)".into()),
-                );
-            }
-        }
-        if s.kind == Kind::Backend {
-            let ef = st.errorfiles.clone();
-            self.errorfiles(&ef);
-        }
-        self.rep.put(
-            s.line,
-            s.keyword.as_str(),
-            if u.backends.is_empty() {
-                Approx("no usable server: its requests are answered 503, as HAProxy does".into())
-            } else {
-                Ok_
-            },
-        );
-        if !u.backends.is_empty() {
-            self.out.upstreams.push(u);
         }
     }
 
@@ -318,153 +261,130 @@ impl Cx<'_> {
     }
 }
 
-/// A server's check parameters: inter, fastinter, downinter, rise, fall, port.
-type CheckTiming = (u64, Option<u64>, Option<u64>, u64, u64, u16);
-
+/// What the servers of a backend say of the settings portcullis keeps per upstream.
 #[derive(Debug, Default)]
-pub(super) struct ServerParams {
-    pub(super) check: bool,
-    pub(super) inter: u64,
-    pub(super) fastinter: Option<u64>,
-    pub(super) downinter: Option<u64>,
-    pub(super) rise: u64,
-    pub(super) fall: u64,
-    pub(super) port: u16,
-    pub(super) weight: Option<u64>,
-    pub(super) maxconn: Option<u64>,
-    pub(super) backup: bool,
-    pub(super) disabled: bool,
-    pub(super) slowstart: Option<u64>,
-    pub(super) maxqueue: Option<u64>,
-    pub(super) ssl: bool,
-    pub(super) verify: bool,
-    pub(super) notes: Vec<String>,
+struct ServerSummary {
+    /// The first checked server's check parameters.
+    check: Option<CheckTiming>,
+    /// A checked server's parameters differ from the first's.
+    checks_differ: bool,
+    /// A server is not checked.
+    some_unchecked: bool,
+    /// A server has a positive maxconn (requests then queue).
+    any_maxconn: bool,
+    /// Each enabled server's slowstart (ms), with its line.
+    slow_starts: Vec<(Option<u64>, usize)>,
 }
 
-pub(super) fn server_params(p: &[String]) -> Result<ServerParams, String> {
-    let mut s = ServerParams {
-        inter: 2000,
-        rise: 2,
-        fall: 3,
-        verify: true,
-        ..ServerParams::default()
-    };
-    let mut i = 0;
-    let num = |i: usize| -> Result<u64, String> {
-        p.get(i).and_then(|v| count(v).ok()).ok_or_else(|| {
-            format!(
-                "'{}' needs a number",
-                p.get(i.wrapping_sub(1)).map(String::as_str).unwrap_or("")
-            )
-        })
-    };
-    let time = |i: usize| -> Result<u64, String> {
-        p.get(i).and_then(|v| time_ms(v)).ok_or_else(|| {
-            format!(
-                "'{}' needs a time",
-                p.get(i.wrapping_sub(1)).map(String::as_str).unwrap_or("")
-            )
-        })
-    };
-    while i < p.len() {
-        match p[i].as_str() {
-            "check" => s.check = true,
-            "no-check" => s.check = false,
-            "inter" => {
-                s.inter = time(i + 1)?;
-                i += 1;
+impl ServerSummary {
+    fn add(&mut self, sp: &ServerParams, line: usize) {
+        if sp.check {
+            let c = (
+                sp.inter,
+                sp.fastinter,
+                sp.downinter,
+                sp.rise,
+                sp.fall,
+                sp.port,
+            );
+            match &self.check {
+                None => self.check = Some(c),
+                Some(prev) if *prev != c => self.checks_differ = true,
+                _ => {}
             }
-            "fastinter" => {
-                s.fastinter = Some(time(i + 1)?);
-                i += 1;
-            }
-            "downinter" => {
-                s.downinter = Some(time(i + 1)?);
-                i += 1;
-            }
-            "rise" => {
-                s.rise = num(i + 1)?.clamp(1, 1000);
-                i += 1;
-            }
-            "fall" => {
-                s.fall = num(i + 1)?.clamp(1, 1000);
-                i += 1;
-            }
-            "port" => {
-                s.port = u16::try_from(num(i + 1)?).map_err(|_| "port out of range".to_string())?;
-                i += 1;
-            }
-            "weight" => {
-                let w = num(i + 1)?;
-                if w > 256 {
-                    return Err(format!("weight {w} is above HAProxy's 256"));
-                }
-                s.weight = Some(w);
-                i += 1;
-            }
-            "maxconn" => {
-                s.maxconn = Some(num(i + 1)?);
-                i += 1;
-            }
-            "backup" => s.backup = true,
-            "disabled" => s.disabled = true,
-            "enabled" => s.disabled = false,
-            "ssl" => s.ssl = true,
-            "verify" => {
-                if p.get(i + 1).map(String::as_str) == Some("none") {
-                    s.verify = false;
-                }
-                i += 1;
-            }
-            "slowstart" => {
-                s.slowstart = Some(time(i + 1)?);
-                i += 1;
-            }
-            "maxqueue" => {
-                s.maxqueue = Some(num(i + 1)?);
-                i += 1;
-            }
-            "check-ssl" | "resolvers" | "init-addr" | "cookie" | "id" | "agent-check"
-            | "agent-port" | "agent-inter" | "on-marked-down" | "on-error" | "error-limit"
-            | "observe" | "sni" | "ca-file" | "crt" | "alpn" | "proto" | "send-proxy"
-            | "send-proxy-v2" | "resolve-prefer" | "pool-max-conn" | "pool-purge-delay" => {
-                let takes = !matches!(
-                    p[i].as_str(),
-                    "check-ssl" | "agent-check" | "send-proxy" | "send-proxy-v2"
-                );
-                s.notes.push(format!("'{}' is not translated", p[i]));
-                if takes {
-                    i += 1;
-                }
-            }
-            o => s.notes.push(format!("'{o}' is not translated")),
+        } else {
+            self.some_unchecked = true;
         }
-        i += 1;
+        self.any_maxconn |= sp.maxconn.is_some_and(|m| m > 0);
+        if !sp.disabled {
+            self.slow_starts.push((sp.slowstart, line));
+        }
     }
-    Ok(s)
 }
 
-/// `server-template PREFIX NUM|RANGE FQDN[:PORT]`: PREFIX1..PREFIXn, all on the same
-/// address (HAProxy fills them from DNS; with a literal address each is that address).
-pub(super) fn template(d: &Directive) -> Result<Vec<(String, String)>, String> {
-    let prefix = d.arg(1);
-    let range = d.arg(2);
-    let addr = d.arg(3);
-    let (lo, hi) = match range.split_once('-') {
-        Some((a, b)) => (
-            count(a).map_err(|_| format!("'{range}' is not a number or range"))?,
-            count(b).map_err(|_| format!("'{range}' is not a number or range"))?,
-        ),
-        None => (
-            1,
-            count(range).map_err(|_| format!("'{range}' is not a number or range"))?,
-        ),
-    };
-    if lo == 0 || hi < lo || hi - lo >= 1000 {
-        return Err(format!("range '{range}' (1 to 1000 servers)"));
+/// Writes a server's backends (one per name and address of a template) into the upstream;
+/// an address portcullis cannot use is a note. Returns how many were written.
+fn push_backends(
+    u: &mut Upstream,
+    expanded: Vec<(String, String)>,
+    sp: &ServerParams,
+    notes: &mut Vec<String>,
+) -> usize {
+    let mut written = 0;
+    for (name, addr) in expanded {
+        match server_addr(&addr) {
+            Ok(a) => {
+                u.backends.push(backend_entry(&name, &a, sp));
+                written += 1;
+            }
+            Err(e) => notes.push(e),
+        }
     }
-    if addr.is_empty() {
-        return Err("server-template needs an address".into());
+    written
+}
+
+/// A backend's inline table: its name, address, and the server's weight, maxconn and
+/// backup flag.
+fn backend_entry(name: &str, addr: &str, sp: &ServerParams) -> String {
+    let mut more = String::new();
+    if let Some(w) = sp.weight {
+        let _ = write!(more, ", weight = {w}");
     }
-    Ok(vec![(prefix.to_string(), addr.to_string())])
+    if let Some(m) = sp.maxconn {
+        let _ = write!(more, ", max_conn = {m}");
+    }
+    if sp.backup {
+        more.push_str(", backup = true");
+    }
+    format!("{{ name = {}, address = {}{more} }}", q(name), q(addr))
+}
+
+/// The queue: HAProxy queues a request when every server is at its maxconn, up to
+/// `timeout queue` (by default `timeout connect`).
+fn queue_timeout(st: &Settings) -> Option<(u64, &'static str)> {
+    match (st.timeouts.get("queue"), st.timeouts.get("connect")) {
+        (Some((ms, _)), _) => Some((*ms, "timeout queue")),
+        (None, Some((ms, _))) => {
+            Some((*ms, "timeout connect (HAProxy's default for timeout queue)"))
+        }
+        (None, None) => None,
+    }
+}
+
+/// The `[upstreams.health_check]` table's body.
+fn health_table(chk: &Check, st: &Settings, timing: CheckTiming) -> String {
+    let (inter, fastinter, downinter, rise, fall, port) = timing;
+    let (status, body) = st
+        .expect
+        .clone()
+        .unwrap_or_else(|| ("200-399".into(), String::new()));
+    let timeout = st
+        .timeouts
+        .get("check")
+        .map(|t| t.0)
+        .unwrap_or(inter)
+        .max(1);
+    let fast = fastinter.or(downinter).unwrap_or(inter);
+    let mut h = format!(
+        "path = {}\nmethod = {}\nexpect_status = {}\ninterval_ms = {}\nfast_interval_ms = {}\ntimeout_ms = {}\nrise = {}\nfall = {}\n",
+        q(&chk.path), q(&chk.method), q(&status), inter.max(100), fast.max(100), timeout.min(600_000), rise, fall
+    );
+    if !chk.host.is_empty() {
+        let _ = writeln!(h, "host = {}", q(&chk.host));
+    }
+    if !body.is_empty() {
+        let _ = writeln!(h, "expect_body = {}", q(&body));
+    }
+    if !chk.headers.is_empty() {
+        let hs: Vec<String> = chk
+            .headers
+            .iter()
+            .map(|(k, v)| format!("{} = {}", q(k), q(v)))
+            .collect();
+        let _ = writeln!(h, "headers = {{ {} }}", hs.join(", "));
+    }
+    if port != 0 {
+        let _ = writeln!(h, "port = {port}");
+    }
+    h
 }

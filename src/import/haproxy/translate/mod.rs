@@ -1,14 +1,16 @@
 //! The translation of the sections into portcullis's configuration, and the report.
 
+mod actions;
 mod backend;
 mod frontend;
 mod render;
 mod rules;
+mod server;
 mod settings;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::parse::{Config, Directive, Kind};
+use super::parse::{Config, Directive, Kind, Section};
 use super::report::{Report, Status};
 use super::routes::{Entry, Mods};
 
@@ -58,6 +60,18 @@ struct Check {
     headers: BTreeMap<String, String>,
 }
 
+impl Check {
+    /// A header of the probe: `Host` is its own field, the others are kept lowercased.
+    fn set_header(&mut self, name: &str, value: &str) {
+        if name.eq_ignore_ascii_case("host") {
+            self.host = value.to_string();
+        } else {
+            self.headers
+                .insert(name.to_ascii_lowercase(), value.to_string());
+        }
+    }
+}
+
 /// One `[[upstreams]]` entry being built.
 #[derive(Debug, Default)]
 struct Upstream {
@@ -101,6 +115,15 @@ struct Out {
     policies: Vec<(String, u64, u64, String, BTreeSet<usize>)>,
     pages: BTreeMap<u16, (String, String, usize)>,
     page_files: Vec<(String, Vec<u8>)>,
+}
+
+/// Translated, or approximated as the notes say.
+fn verdict(notes: &[String]) -> Status {
+    if notes.is_empty() {
+        Status::Translated
+    } else {
+        Status::Approximated(notes.join("; "))
+    }
 }
 
 fn dir_name(d: &Directive) -> String {
@@ -205,82 +228,90 @@ pub fn translate(cfg: &Config, opts: &Options<'_>) -> Translation {
         settings: vec![None; cfg.sections.len()],
         crt_base: String::new(),
     };
-    for (i, s) in cfg.sections.iter().enumerate() {
-        match s.kind {
-            Kind::Global => cx.global(s),
-            Kind::Defaults => {
-                let base = s
-                    .defaults
-                    .and_then(|d| cx.settings[d].clone())
-                    .unwrap_or_default();
-                let st = cx.settings_of(s, base, true);
-                cx.settings[i] = Some(st);
-            }
-            Kind::Other => {
-                cx.rep.put(
-                    s.line,
-                    &s.keyword,
-                    Unsup(format!("'{}' sections are not translated", s.keyword)),
-                );
-                for d in &s.directives {
-                    cx.rep.put(
-                        d.line,
-                        &dir_name(d),
-                        Unsup(format!("'{}' sections are not translated", s.keyword)),
-                    );
-                }
-            }
-            _ => {}
-        }
-    }
+    cx.global_and_defaults();
     // Backends (and listens) first: upstream names are needed by the frontends' rules.
-    for (i, s) in cfg.sections.iter().enumerate() {
-        if matches!(s.kind, Kind::Backend | Kind::Listen) {
-            let base = s
-                .defaults
-                .and_then(|d| cx.settings[d].clone())
-                .unwrap_or_default();
-            let st = cx.settings_of(s, base, false);
-            cx.settings[i] = Some(st.clone());
-            cx.backend(s, &st);
-        }
-    }
-    let mut first_frontend = true;
-    for (i, s) in cfg.sections.iter().enumerate() {
-        if matches!(s.kind, Kind::Frontend | Kind::Listen) {
-            let st = match &cx.settings[i] {
-                Some(st) => st.clone(),
-                None => {
-                    let base = s
-                        .defaults
-                        .and_then(|d| cx.settings[d].clone())
-                        .unwrap_or_default();
-                    cx.settings_of(s, base, false)
-                }
-            };
-            cx.frontend(s, &st, &mut first_frontend);
-        }
-    }
-    // Every directive not reported by now was not understood.
-    for s in &cfg.sections {
-        for d in &s.directives {
-            if !cx.rep.has(d.line) {
-                cx.rep.put(
-                    d.line,
-                    &dir_name(d),
-                    Unsup(format!(
-                        "unknown or untranslated directive in a '{}' section",
-                        s.keyword
-                    )),
-                );
-            }
-        }
-    }
+    cx.backends();
+    cx.frontends();
+    cx.report_the_rest();
     let toml = cx.render();
     Translation {
         toml,
         pages: std::mem::take(&mut cx.out.page_files),
         report: cx.rep.into_lines(),
+    }
+}
+
+impl Cx<'_> {
+    /// The `global` section, the `defaults` sections' settings, and the report of the
+    /// sections that are not translated (`userlist`, `peers`...).
+    fn global_and_defaults(&mut self) {
+        let cfg = self.cfg;
+        for (i, s) in cfg.sections.iter().enumerate() {
+            match s.kind {
+                Kind::Global => self.global(s),
+                Kind::Defaults => {
+                    let st = self.settings_of(s, self.inherited(s), true);
+                    self.settings[i] = Some(st);
+                }
+                Kind::Other => {
+                    self.all_unsupported(s, &format!("'{}' sections are not translated", s.keyword))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The settings of the `defaults` section `s` inherits (HAProxy's own without one).
+    fn inherited(&self, s: &Section) -> Settings {
+        s.defaults
+            .and_then(|d| self.settings[d].clone())
+            .unwrap_or_default()
+    }
+
+    /// Every `backend` and `listen` as an upstream.
+    fn backends(&mut self) {
+        let cfg = self.cfg;
+        for (i, s) in cfg.sections.iter().enumerate() {
+            if matches!(s.kind, Kind::Backend | Kind::Listen) {
+                let st = self.settings_of(s, self.inherited(s), false);
+                self.settings[i] = Some(st.clone());
+                self.backend(s, &st);
+            }
+        }
+    }
+
+    /// Every `frontend` and `listen` as listeners and routes.
+    fn frontends(&mut self) {
+        let mut first_frontend = true;
+        let cfg = self.cfg;
+        for (i, s) in cfg.sections.iter().enumerate() {
+            if matches!(s.kind, Kind::Frontend | Kind::Listen) {
+                let st = match &self.settings[i] {
+                    Some(st) => st.clone(),
+                    None => self.settings_of(s, self.inherited(s), false),
+                };
+                self.frontend(s, &st, &mut first_frontend);
+            }
+        }
+    }
+
+    /// Every directive not reported by now was not understood.
+    fn report_the_rest(&mut self) {
+        let cfg = self.cfg;
+        for s in &cfg.sections {
+            for d in &s.directives {
+                if !self.rep.has(d.line) {
+                    self.rep.put(
+                        d.line,
+                        &dir_name(d),
+                        Unsup(format!(
+                            "unknown or untranslated directive in a '{}' section",
+                            s.keyword
+                        )),
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use super::Cx;
+use super::{Cx, Out, Upstream};
 use crate::import::haproxy::routes;
 use crate::import::haproxy::routes::Action;
 use crate::import::haproxy::routes::Entry;
@@ -18,172 +18,214 @@ impl Cx<'_> {
             "# Each block names the HAProxy lines it comes from; the report on stderr says\n",
         );
         t.push_str("# what was translated, approximated or left out.\n\n");
-        t.push_str("[server]\n");
-        let mut listen: Vec<&(String, usize)> = Vec::new();
-        for l in &o.listen {
-            if !listen.iter().any(|x| x.0 == l.0) {
-                listen.push(l);
-            }
-        }
-        if listen.is_empty() && o.tls_listen.is_empty() {
-            t.push_str("# no HTTP frontend: portcullis's default listener\nlisten = [\"127.0.0.1:8080\"]\n");
-        } else if listen.is_empty() {
-            t.push_str("# every frontend is TLS: the cleartext listener is on loopback only\nlisten = [\"127.0.0.1:8080\"]\n");
-        } else {
-            let _ = writeln!(
-                t,
-                "listen = [{}]   # bind, {}",
-                listen
-                    .iter()
-                    .map(|l| q(&l.0))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                lines(listen.iter().map(|l| l.1))
-            );
-        }
-        match &o.admin_listen {
-            Some((a, line)) => {
-                let _ = writeln!(
-                    t,
-                    "admin_listen = {}   # the stats listener, line {line}",
-                    q(a)
-                );
-            }
-            None => t.push_str(
-                "admin_listen = \"127.0.0.1:9090\"   # /status, /metrics (HAProxy's stats page)\n",
-            ),
-        }
-        if let Some(n) = o.threads {
-            let _ = writeln!(t, "threads = {n}   # global nbthread");
-        }
-        if let Some((n, line)) = o.max_connections {
-            let _ = writeln!(t, "max_connections = {n}   # maxconn, line {line}");
-        }
-        if let Some(ms) = o.client_header_ms {
-            let _ = writeln!(
-                t,
-                "client_header_timeout_ms = {ms}   # timeout http-request"
-            );
-        }
-        if let Some(ms) = o.client_body_ms {
-            let _ = writeln!(t, "client_body_timeout_ms = {ms}   # timeout client");
-        }
-        if let Some(ms) = o.idle_ms {
-            let _ = writeln!(t, "idle_timeout_ms = {ms}   # timeout http-keep-alive");
-        }
-        if let Some(s) = o.tunnel_s {
-            let _ = writeln!(t, "tunnel_idle_timeout_seconds = {s}   # timeout tunnel");
-        }
-        t.push('\n');
-        if !o.tls_listen.is_empty() {
-            t.push_str("[tls]\n");
-            let mut tl: Vec<String> = Vec::new();
-            for l in &o.tls_listen {
-                if !tl.contains(&l.0) {
-                    tl.push(l.0.clone());
-                }
-            }
-            let _ = writeln!(
-                t,
-                "listen = [{}]   # bind ... ssl, {}",
-                tl.iter().map(|a| q(a)).collect::<Vec<_>>().join(", "),
-                lines(o.tls_listen.iter().map(|l| l.1))
-            );
-            if let Some(v) = &o.min_tls {
-                let _ = writeln!(t, "min_version = {}   # ssl-min-ver", q(v));
-            }
-            for (c, line) in &o.certs {
-                let _ = writeln!(t, "[[tls.certificates]]   # crt, line {line}: HAProxy's PEM holds the certificate and its key\ncert = {}\nkey = {}", q(c), q(c));
-            }
-            t.push('\n');
-        }
-        t.push_str("# HAProxy sheds nothing, limits no rate unless told, and ejects no backend on errors.\n[shedding]\nmax_concurrency = 0\n\n");
-        t.push_str("[rate_limit]\nenabled = false   # no default policy: only the stick-table policies below\nheaders = false   # HAProxy adds no RateLimit fields\n\n");
-        for (name, limit, window, prefix, ls) in &o.policies {
-            let _ = writeln!(t, "[[rate_limit.policies]]   # stick-table, track-sc0 and the deny, {}\nname = {}\nkey = \"client_ip\"\nlimit = {limit}\nwindow_seconds = {window}\npath_prefix = {}\n", lines(ls.iter().copied()), q(name), q(prefix));
-        }
-        t.push_str("[culling]\nenabled = false\n\n");
-        if !o.pages.is_empty() {
-            t.push_str("[errors.pages]   # errorfile: each body, without HAProxy's status line and headers\n");
-            for (code, (file, ctype, line)) in &o.pages {
-                let _ = writeln!(
-                    t,
-                    "\"{code}\" = {{ file = {}, content_type = {} }}   # line {line}",
-                    q(file),
-                    q(ctype)
-                );
-            }
-            t.push('\n');
-        }
+        render_server(&mut t, o);
+        render_tls(&mut t, o);
+        render_limits(&mut t, o);
+        render_pages(&mut t, o);
         if o.upstreams.is_empty() {
             t.push_str("# portcullis needs one upstream; no route below uses this one\n[[upstreams]]\nname = \"unused\"\nbackends = [\"127.0.0.1:9\"]\n\n");
         }
         for u in &o.upstreams {
-            let _ = writeln!(
-                t,
-                "[[upstreams]]   # backend {}, {}",
-                u.name,
-                lines(u.lines.iter().copied())
-            );
-            let _ = writeln!(t, "name = {}", q(&u.name));
-            let _ = writeln!(t, "backends = [\n  {},\n]", u.backends.join(",\n  "));
-            if let Some((mode, key)) = &u.balance {
-                let _ = writeln!(t, "balance = {}", q(mode));
-                if let Some(k) = key {
-                    let _ = writeln!(t, "hash_key = {}", q(k));
-                }
-            }
-            if let Some(ms) = u.connect_ms {
-                let _ = writeln!(t, "connect_timeout_ms = {ms}   # timeout connect");
-            }
-            if let Some(ms) = u.read_ms {
-                let _ = writeln!(t, "read_timeout_ms = {ms}   # timeout server");
-            }
-            let _ = writeln!(
-                t,
-                "retries = {}   # {}",
-                u.retries,
-                if u.retries == 0 {
-                    "HAProxy retries no request on another server without option redispatch"
-                } else {
-                    "option redispatch"
-                }
-            );
-            if u.tls {
-                t.push_str("tls = true   # server ... ssl\n");
-                if !u.verify {
-                    t.push_str("verify = false   # verify none\n");
-                }
-            }
-            if let Some((ms, from)) = u.queue_timeout {
-                let _ = writeln!(t, "queue_timeout_ms = {ms}   # {from}: requests wait while every server is at its maxconn");
-            }
-            if let Some(n) = u.max_queue {
-                let _ = writeln!(t, "max_queue = {n}   # the servers' maxqueue");
-            }
-            if let Some(sec) = u.slow_start_s {
-                let _ = writeln!(t, "slow_start_seconds = {sec}   # server slowstart");
-            }
-            if let Some(h) = &u.health {
-                let _ = writeln!(t, "[upstreams.health_check]   # option httpchk, http-check, server check parameters\n{h}");
-            }
-            t.push('\n');
+            render_upstream(&mut t, u);
         }
-        let entries = merged(&o.frontends);
-        match routes::order(entries.clone()) {
-            Ok(list) => {
-                for e in &list {
-                    render_route(&mut t, e);
-                }
-            }
-            Err(routes::TooMany) => {
-                t.push_str("# the rules need more routes than the importer writes: only the fallback is kept\n");
-                if let Some(e) = entries.last() {
-                    render_route(&mut t, e);
-                }
-            }
-        }
+        render_routes(&mut t, &o.frontends);
         t
+    }
+}
+
+/// `[server]`: the listeners, the admin listener, the process's limits and the client
+/// timeouts.
+fn render_server(t: &mut String, o: &Out) {
+    t.push_str("[server]\n");
+    let mut listen: Vec<&(String, usize)> = Vec::new();
+    for l in &o.listen {
+        if !listen.iter().any(|x| x.0 == l.0) {
+            listen.push(l);
+        }
+    }
+    if listen.is_empty() && o.tls_listen.is_empty() {
+        t.push_str(
+            "# no HTTP frontend: portcullis's default listener\nlisten = [\"127.0.0.1:8080\"]\n",
+        );
+    } else if listen.is_empty() {
+        t.push_str("# every frontend is TLS: the cleartext listener is on loopback only\nlisten = [\"127.0.0.1:8080\"]\n");
+    } else {
+        let _ = writeln!(
+            t,
+            "listen = [{}]   # bind, {}",
+            listen
+                .iter()
+                .map(|l| q(&l.0))
+                .collect::<Vec<_>>()
+                .join(", "),
+            lines(listen.iter().map(|l| l.1))
+        );
+    }
+    match &o.admin_listen {
+        Some((a, line)) => {
+            let _ = writeln!(
+                t,
+                "admin_listen = {}   # the stats listener, line {line}",
+                q(a)
+            );
+        }
+        None => t.push_str(
+            "admin_listen = \"127.0.0.1:9090\"   # /status, /metrics (HAProxy's stats page)\n",
+        ),
+    }
+    if let Some(n) = o.threads {
+        let _ = writeln!(t, "threads = {n}   # global nbthread");
+    }
+    if let Some((n, line)) = o.max_connections {
+        let _ = writeln!(t, "max_connections = {n}   # maxconn, line {line}");
+    }
+    if let Some(ms) = o.client_header_ms {
+        let _ = writeln!(
+            t,
+            "client_header_timeout_ms = {ms}   # timeout http-request"
+        );
+    }
+    if let Some(ms) = o.client_body_ms {
+        let _ = writeln!(t, "client_body_timeout_ms = {ms}   # timeout client");
+    }
+    if let Some(ms) = o.idle_ms {
+        let _ = writeln!(t, "idle_timeout_ms = {ms}   # timeout http-keep-alive");
+    }
+    if let Some(s) = o.tunnel_s {
+        let _ = writeln!(t, "tunnel_idle_timeout_seconds = {s}   # timeout tunnel");
+    }
+    t.push('\n');
+}
+
+/// `[tls]`, when a frontend binds with `ssl`: its listeners and certificates.
+fn render_tls(t: &mut String, o: &Out) {
+    if o.tls_listen.is_empty() {
+        return;
+    }
+    t.push_str("[tls]\n");
+    let mut tl: Vec<String> = Vec::new();
+    for l in &o.tls_listen {
+        if !tl.contains(&l.0) {
+            tl.push(l.0.clone());
+        }
+    }
+    let _ = writeln!(
+        t,
+        "listen = [{}]   # bind ... ssl, {}",
+        tl.iter().map(|a| q(a)).collect::<Vec<_>>().join(", "),
+        lines(o.tls_listen.iter().map(|l| l.1))
+    );
+    if let Some(v) = &o.min_tls {
+        let _ = writeln!(t, "min_version = {}   # ssl-min-ver", q(v));
+    }
+    for (c, line) in &o.certs {
+        let _ = writeln!(t, "[[tls.certificates]]   # crt, line {line}: HAProxy's PEM holds the certificate and its key\ncert = {}\nkey = {}", q(c), q(c));
+    }
+    t.push('\n');
+}
+
+/// `[shedding]`, `[rate_limit]` with the stick-table policies, and `[culling]`: off but
+/// for the rate limits the configuration has.
+fn render_limits(t: &mut String, o: &Out) {
+    t.push_str("# HAProxy sheds nothing, limits no rate unless told, and ejects no backend on errors.\n[shedding]\nmax_concurrency = 0\n\n");
+    t.push_str("[rate_limit]\nenabled = false   # no default policy: only the stick-table policies below\nheaders = false   # HAProxy adds no RateLimit fields\n\n");
+    for (name, limit, window, prefix, ls) in &o.policies {
+        let _ = writeln!(t, "[[rate_limit.policies]]   # stick-table, track-sc0 and the deny, {}\nname = {}\nkey = \"client_ip\"\nlimit = {limit}\nwindow_seconds = {window}\npath_prefix = {}\n", lines(ls.iter().copied()), q(name), q(prefix));
+    }
+    t.push_str("[culling]\nenabled = false\n\n");
+}
+
+/// `[errors.pages]`: the bodies of the `errorfile`s.
+fn render_pages(t: &mut String, o: &Out) {
+    if o.pages.is_empty() {
+        return;
+    }
+    t.push_str(
+        "[errors.pages]   # errorfile: each body, without HAProxy's status line and headers\n",
+    );
+    for (code, (file, ctype, line)) in &o.pages {
+        let _ = writeln!(
+            t,
+            "\"{code}\" = {{ file = {}, content_type = {} }}   # line {line}",
+            q(file),
+            q(ctype)
+        );
+    }
+    t.push('\n');
+}
+
+/// One `[[upstreams]]` table, with its health check.
+fn render_upstream(t: &mut String, u: &Upstream) {
+    let _ = writeln!(
+        t,
+        "[[upstreams]]   # backend {}, {}",
+        u.name,
+        lines(u.lines.iter().copied())
+    );
+    let _ = writeln!(t, "name = {}", q(&u.name));
+    let _ = writeln!(t, "backends = [\n  {},\n]", u.backends.join(",\n  "));
+    if let Some((mode, key)) = &u.balance {
+        let _ = writeln!(t, "balance = {}", q(mode));
+        if let Some(k) = key {
+            let _ = writeln!(t, "hash_key = {}", q(k));
+        }
+    }
+    if let Some(ms) = u.connect_ms {
+        let _ = writeln!(t, "connect_timeout_ms = {ms}   # timeout connect");
+    }
+    if let Some(ms) = u.read_ms {
+        let _ = writeln!(t, "read_timeout_ms = {ms}   # timeout server");
+    }
+    let _ = writeln!(
+        t,
+        "retries = {}   # {}",
+        u.retries,
+        if u.retries == 0 {
+            "HAProxy retries no request on another server without option redispatch"
+        } else {
+            "option redispatch"
+        }
+    );
+    if u.tls {
+        t.push_str("tls = true   # server ... ssl\n");
+        if !u.verify {
+            t.push_str("verify = false   # verify none\n");
+        }
+    }
+    if let Some((ms, from)) = u.queue_timeout {
+        let _ = writeln!(t, "queue_timeout_ms = {ms}   # {from}: requests wait while every server is at its maxconn");
+    }
+    if let Some(n) = u.max_queue {
+        let _ = writeln!(t, "max_queue = {n}   # the servers' maxqueue");
+    }
+    if let Some(sec) = u.slow_start_s {
+        let _ = writeln!(t, "slow_start_seconds = {sec}   # server slowstart");
+    }
+    if let Some(h) = &u.health {
+        let _ = writeln!(
+            t,
+            "[upstreams.health_check]   # option httpchk, http-check, server check parameters\n{h}"
+        );
+    }
+    t.push('\n');
+}
+
+/// The `[[routes]]`, in the order portcullis matches them; only the fallback when they are
+/// too many.
+fn render_routes(t: &mut String, frontends: &[(Vec<Entry>, usize)]) {
+    let entries = merged(frontends);
+    match routes::order(entries.clone()) {
+        Ok(list) => {
+            for e in &list {
+                render_route(t, e);
+            }
+        }
+        Err(routes::TooMany) => {
+            t.push_str("# the rules need more routes than the importer writes: only the fallback is kept\n");
+            if let Some(e) = entries.last() {
+                render_route(t, e);
+            }
+        }
     }
 }
 

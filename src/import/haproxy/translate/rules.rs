@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use super::{dir_name, time_ms, Cx, Settings};
+use super::actions::{action_of, header_rule};
+use super::{dir_name, time_ms, verdict, Cx, Settings};
 use crate::import::haproxy::acl::cubes;
 use crate::import::haproxy::acl::Acls;
 use crate::import::haproxy::acl::Cubes;
@@ -19,13 +20,51 @@ use crate::import::haproxy::routes::Mods;
 use crate::import::haproxy::routes::Region;
 use Status::{Approximated as Approx, Translated as Ok_, Unsupported as Unsup};
 
+/// What a frontend's rules build up, in their order.
+#[derive(Debug, Default)]
+struct FrontendRules {
+    entries: Vec<Entry>,
+    /// The header rules: the regions they apply to, their changes, their line.
+    mods: Vec<(Vec<Region>, Mods, usize)>,
+    /// `track-sc0 src`: its line and the path prefix of the requests it counts.
+    tracked: Option<(usize, String)>,
+    /// The stick-table of client addresses: its period (ms) and line.
+    table: Option<(u64, usize)>,
+}
+
 impl Cx<'_> {
     /// The frontend's request rules, `use_backend`s and `default_backend`, as entries.
     pub(super) fn rules(&mut self, s: &Section, st: &Settings, acls: &Acls) {
-        let mut entries: Vec<Entry> = Vec::new();
-        let mut mods: Vec<(Vec<Region>, Mods, usize)> = Vec::new();
-        let mut tracked: Option<(usize, String)> = None;
-        let mut table: Option<(u64, usize)> = None;
+        let mut built = FrontendRules {
+            table: self.stick_table(s),
+            ..FrontendRules::default()
+        };
+        // http-request rules first (in order), then use_backend (in order)
+        let ordered = s
+            .directives
+            .iter()
+            .filter(|d| matches!(d.kw(), "http-request" | "redirect" | "http-response"))
+            .chain(s.directives.iter().filter(|d| d.kw() == "use_backend"));
+        for d in ordered {
+            self.rule(d, &s.name, acls, &mut built);
+        }
+        let fallback = self.fallback(s, st);
+        let fallback_rule = fallback.rule;
+        built.entries.push(fallback);
+        match self.resolve(built.entries, &built.mods) {
+            Ok(e) => self.out.frontends.push((e, fallback_rule)),
+            Err(routes::TooMany) => self.rep.put(
+                s.line,
+                &s.keyword,
+                Unsup("its rules need more routes than the importer writes".into()),
+            ),
+        }
+    }
+
+    /// The frontend's stick-table, when it is one a rate-limit policy translates: its
+    /// period (ms) and line.
+    fn stick_table(&mut self, s: &Section) -> Option<(u64, usize)> {
+        let mut table = None;
         for d in s.directives.iter().filter(|d| d.kw() == "stick-table") {
             let period = d
                 .args
@@ -45,168 +84,154 @@ impl Cx<'_> {
                 )),
             }
         }
-        // http-request rules first (in order), then use_backend (in order)
-        let ordered: Vec<&Directive> = s
-            .directives
-            .iter()
-            .filter(|d| matches!(d.kw(), "http-request" | "redirect" | "http-response"))
-            .chain(s.directives.iter().filter(|d| d.kw() == "use_backend"))
-            .collect();
-        for d in ordered {
-            let name = dir_name(d);
-            let (head, cond) = match split_condition(&d.args) {
-                Ok(x) => x,
-                Err(e) => {
-                    self.rep.put(d.line, &name, Unsup(e));
-                    continue;
-                }
-            };
-            let c = match &cond {
-                None => Ok(Cubes {
-                    cubes: vec![(Region::any(), Vec::new())],
-                    ..Cubes::default()
-                }),
-                Some(c) => cubes(c, acls),
-            };
-            let c = match c {
-                Ok(c) => c,
-                Err(e) => {
-                    self.rep.put(d.line, &name, Unsup(e));
-                    continue;
-                }
-            };
-            let unless = cond.as_ref().is_some_and(|c| c.unless);
-            let mut notes = c.approx.clone();
-            // track-sc0 and the rate-limit deny
-            if d.kw() == "http-request" && d.arg(1) == "track-sc0" {
-                // the requests counted: all, or those under one path prefix
-                let one_prefix = match c.cubes.as_slice() {
-                    [(r, negs)]
-                        if negs.is_empty()
-                            && !unless
-                            && r.host.is_none()
-                            && r.methods.is_none()
-                            && r.cidrs.is_none() =>
-                    {
-                        Some(r.prefix.clone())
-                    }
-                    _ => None,
-                };
-                match (d.arg(2), one_prefix) {
-                    ("src", Some(prefix)) if head.len() == 3 => {
-                        tracked = Some((d.line, prefix));
-                        self.rep.put(d.line, &name, Ok_);
-                    }
-                    _ => self.rep.put(d.line, &name, Unsup(
-                        "only 'track-sc0 src', unconditional or on a path prefix, is translated".into(),
-                    )),
-                }
-                continue;
+        table
+    }
+
+    /// One rule (`http-request`, `redirect`, `http-response` or `use_backend`) with its
+    /// condition: a tracking, a rate limit, a header change or entries.
+    fn rule(&mut self, d: &Directive, frontend: &str, acls: &Acls, built: &mut FrontendRules) {
+        let name = dir_name(d);
+        let (head, c, unless) = match condition(d, acls) {
+            Ok(x) => x,
+            Err(e) => {
+                self.rep.put(d.line, &name, Unsup(e));
+                return;
             }
-            if let Some(limit) = c.rate {
-                let status =
-                    self.rate_rule(d, &head, &c, unless, limit, tracked.clone(), table, &s.name);
-                self.rep.put(d.line, &name, status);
-                continue;
+        };
+        if d.kw() == "http-request" && d.arg(1) == "track-sc0" {
+            self.track(d, &name, &head, &c, unless, built);
+            return;
+        }
+        if let Some(limit) = c.rate {
+            let status = self.rate_rule(
+                d,
+                &head,
+                &c,
+                unless,
+                limit,
+                built.tracked.clone(),
+                built.table,
+                frontend,
+            );
+            self.rep.put(d.line, &name, status);
+            return;
+        }
+        let mut notes = c.approx.clone();
+        let action = match action_of(d, &head) {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                self.header_change(d, &name, &c, unless, &notes, built);
+                return;
             }
-            let action = match action_of(d, &head) {
-                Ok(Some(a)) => a,
-                Ok(None) => {
-                    // a header rule
-                    match header_rule(d) {
-                        Ok((m, _)) => {
-                            if unless || c.cubes.iter().any(|(_, n)| !n.is_empty()) {
-                                self.rep.put(
-                                    d.line,
-                                    &name,
-                                    Unsup(
-                                        "a negated condition on a header rule is not translated"
-                                            .into(),
-                                    ),
-                                );
-                                continue;
-                            }
-                            mods.push((
-                                c.cubes.iter().map(|(p, _)| p.clone()).collect(),
-                                m,
-                                d.line,
-                            ));
-                            let st = if notes.is_empty() {
-                                Ok_
-                            } else {
-                                Approx(notes.join("; "))
-                            };
-                            self.rep.put(d.line, &name, st);
-                        }
-                        Err(e) => self.rep.put(d.line, &name, Unsup(e)),
-                    }
-                    continue;
+            Err(e) => {
+                self.rep.put(d.line, &name, Unsup(e));
+                return;
+            }
+        };
+        let action = match action {
+            Action::Proxy(b) if !self.upstream_exists(&b) => {
+                if self.backend_declared(&b) {
+                    notes.push(format!("backend '{b}' has no usable server: 503"));
+                    Action::Deny(503)
+                } else {
+                    self.rep
+                        .put(d.line, &name, Unsup(format!("no backend named '{b}'")));
+                    return;
                 }
-                Err(e) => {
-                    self.rep.put(d.line, &name, Unsup(e));
-                    continue;
-                }
-            };
-            let action = match action {
-                Action::Proxy(b) if !self.upstream_exists(&b) => {
-                    if self
-                        .cfg
-                        .sections
-                        .iter()
-                        .any(|x| x.name == b && matches!(x.kind, Kind::Backend | Kind::Listen))
-                    {
-                        notes.push(format!("backend '{b}' has no usable server: 503"));
-                        Action::Deny(503)
-                    } else {
-                        self.rep
-                            .put(d.line, &name, Unsup(format!("no backend named '{b}'")));
-                        continue;
-                    }
-                }
-                a => a,
-            };
-            if unless {
-                if c.cubes.iter().any(|(_, n)| !n.is_empty()) {
+            }
+            a => a,
+        };
+        match push_entries(&mut built.entries, &c, unless, action, d.line) {
+            Ok(()) => self.rep.put(d.line, &name, verdict(&notes)),
+            Err(why) => self.rep.put(d.line, &name, Unsup(why.into())),
+        }
+    }
+
+    /// `http-request track-sc0 src`: the requests a rate limit counts, all of them or those
+    /// under one path prefix.
+    fn track(
+        &mut self,
+        d: &Directive,
+        name: &str,
+        head: &[String],
+        c: &Cubes,
+        unless: bool,
+        built: &mut FrontendRules,
+    ) {
+        let one_prefix = match c.cubes.as_slice() {
+            [(r, negs)]
+                if negs.is_empty()
+                    && !unless
+                    && r.host.is_none()
+                    && r.methods.is_none()
+                    && r.cidrs.is_none() =>
+            {
+                Some(r.prefix.clone())
+            }
+            _ => None,
+        };
+        match (d.arg(2), one_prefix) {
+            ("src", Some(prefix)) if head.len() == 3 => {
+                built.tracked = Some((d.line, prefix));
+                self.rep.put(d.line, name, Ok_);
+            }
+            _ => self.rep.put(
+                d.line,
+                name,
+                Unsup(
+                    "only 'track-sc0 src', unconditional or on a path prefix, is translated".into(),
+                ),
+            ),
+        }
+    }
+
+    /// A header rule of the frontend: its changes, on the regions of its condition.
+    fn header_change(
+        &mut self,
+        d: &Directive,
+        name: &str,
+        c: &Cubes,
+        unless: bool,
+        notes: &[String],
+        built: &mut FrontendRules,
+    ) {
+        match header_rule(d) {
+            Ok((m, _)) => {
+                if unless || c.cubes.iter().any(|(_, n)| !n.is_empty()) {
                     self.rep.put(
                         d.line,
-                        &name,
-                        Unsup("'unless' with a negated term is not translated".into()),
+                        name,
+                        Unsup("a negated condition on a header rule is not translated".into()),
                     );
-                    continue;
+                    return;
                 }
-                for (p, _) in &c.cubes {
-                    entries.push(Entry::new(p.clone(), Action::Fallthrough, d.line));
-                }
-                entries.push(Entry::new(Region::any(), action, d.line));
-            } else {
-                for (p, negs) in &c.cubes {
-                    for n in negs {
-                        if let Some(x) = p.intersect(n) {
-                            entries.push(Entry::new(x, Action::Fallthrough, d.line));
-                        }
-                    }
-                    entries.push(Entry::new(p.clone(), action.clone(), d.line));
-                }
+                built
+                    .mods
+                    .push((c.cubes.iter().map(|(p, _)| p.clone()).collect(), m, d.line));
+                self.rep.put(d.line, name, verdict(notes));
             }
-            let status = if notes.is_empty() {
-                Ok_
-            } else {
-                Approx(notes.join("; "))
-            };
-            self.rep.put(d.line, &name, status);
+            Err(e) => self.rep.put(d.line, name, Unsup(e)),
         }
-        // default_backend (or 503, as HAProxy answers without one)
-        let fallback = match &st.default_backend {
+    }
+
+    /// Whether the configuration has a backend (or listen) of this name, usable or not.
+    fn backend_declared(&self, name: &str) -> bool {
+        self.cfg
+            .sections
+            .iter()
+            .any(|x| x.name == name && matches!(x.kind, Kind::Backend | Kind::Listen))
+    }
+
+    /// The frontend's last entry: its `default_backend`, or 503 as HAProxy answers
+    /// without one (a `listen` with servers proxies to itself).
+    fn fallback(&mut self, s: &Section, st: &Settings) -> Entry {
+        match &st.default_backend {
             Some((b, line)) if self.upstream_exists(b) => {
                 self.rep.put(*line, "default_backend", Ok_);
                 Entry::new(Region::any(), Action::Proxy(b.clone()), *line)
             }
             Some((b, line)) => {
-                let known = self
-                    .cfg
-                    .sections
-                    .iter()
-                    .any(|x| x.name == *b && matches!(x.kind, Kind::Backend | Kind::Listen));
+                let known = self.backend_declared(b);
                 self.rep.put(
                     *line,
                     "default_backend",
@@ -222,35 +247,30 @@ impl Cx<'_> {
                 Entry::new(Region::any(), Action::Proxy(s.name.clone()), s.line)
             }
             None => Entry::new(Region::any(), Action::Deny(503), s.line),
-        };
-        let fallback_rule = fallback.rule;
-        entries.push(fallback);
-        // backend-level header rules go with the routes to their upstream
-        let result = routes::resolve_fallthrough(entries).and_then(|mut e| {
-            for (cubes, m, line) in &mods {
-                e = routes::apply_mods(e, cubes, m, *line)?;
-            }
-            for en in e.iter_mut() {
-                if let Action::Proxy(up) = &en.action {
-                    if let Some(u) = self.out.upstreams.iter().find(|u| u.name == *up) {
-                        let mut m = en.mods.clone();
-                        let mut base = u.mods.clone();
-                        base.then(&m);
-                        m = base;
-                        en.mods = m;
-                    }
+        }
+    }
+
+    /// The entries as routes: first match resolved, the frontend's header rules applied,
+    /// and each upstream's own header rules put before the route's.
+    fn resolve(
+        &self,
+        entries: Vec<Entry>,
+        mods: &[(Vec<Region>, Mods, usize)],
+    ) -> Result<Vec<Entry>, routes::TooMany> {
+        let mut e = routes::resolve_fallthrough(entries)?;
+        for (cubes, m, line) in mods {
+            e = routes::apply_mods(e, cubes, m, *line)?;
+        }
+        for en in e.iter_mut() {
+            if let Action::Proxy(up) = &en.action {
+                if let Some(u) = self.out.upstreams.iter().find(|u| u.name == *up) {
+                    let mut base = u.mods.clone();
+                    base.then(&en.mods);
+                    en.mods = base;
                 }
             }
-            Ok(e)
-        });
-        match result {
-            Ok(e) => self.out.frontends.push((e, fallback_rule)),
-            Err(routes::TooMany) => self.rep.put(
-                s.line,
-                &s.keyword,
-                Unsup("its rules need more routes than the importer writes".into()),
-            ),
         }
+        Ok(e)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -314,170 +334,52 @@ impl Cx<'_> {
             prefix,
             BTreeSet::from([d.line, track_line, table_line]),
         ));
-        if notes.is_empty() {
-            Ok_
-        } else {
-            Approx(notes.join("; "))
-        }
+        verdict(&notes)
     }
 }
 
-pub(super) fn action_of(d: &Directive, head: &[String]) -> Result<Option<Action>, String> {
-    let kw = d.kw();
-    if kw == "use_backend" {
-        return match head.get(1) {
-            Some(b) if !b.contains('%') => Ok(Some(Action::Proxy(b.clone()))),
-            _ => Err("a dynamic backend name is not translated".into()),
-        };
-    }
-    let (verb, rest) = if kw == "redirect" {
-        ("redirect", &head[1..])
-    } else {
-        (
-            head.get(1).map(String::as_str).unwrap_or(""),
-            head.get(2..).unwrap_or(&[]),
-        )
-    };
-    if kw == "http-response" {
-        return match verb {
-            "set-header" | "add-header" | "del-header" => Ok(None),
-            _ => Err(format!("'http-response {verb}' is not translated")),
-        };
-    }
-    match verb {
-        "deny" => {
-            let mut status = 403;
-            let mut i = 0;
-            while i < rest.len() {
-                match rest[i].as_str() {
-                    "deny_status" => {
-                        status = rest
-                            .get(i + 1)
-                            .and_then(|s| s.parse().ok())
-                            .ok_or("deny_status needs a status")?;
-                        i += 2;
-                    }
-                    o => return Err(format!("'{o}' after deny is not translated")),
-                }
-            }
-            if !(400..=599).contains(&status) {
-                return Err(format!("deny_status {status} is not 400 to 599"));
-            }
-            Ok(Some(Action::Deny(status)))
-        }
-        "redirect" => {
-            let (how, target) = (
-                rest.first().map(String::as_str).unwrap_or(""),
-                rest.get(1).map(String::as_str).unwrap_or(""),
-            );
-            let mut status = 302;
-            let mut i = 2;
-            while i < rest.len() {
-                match rest[i].as_str() {
-                    "code" => {
-                        status = rest
-                            .get(i + 1)
-                            .and_then(|s| s.parse().ok())
-                            .ok_or("code needs a status")?;
-                        i += 2;
-                    }
-                    o => return Err(format!("redirect option '{o}' is not translated")),
-                }
-            }
-            if ![301, 302, 303, 307, 308].contains(&status) {
-                return Err(format!("redirect code {status}"));
-            }
-            let location = match how {
-                "location" => {
-                    if target.contains("%[") {
-                        match target {
-                            "https://%[hdr(host)]%[capture.req.uri]"
-                            | "https://%[req.hdr(host)]%[capture.req.uri]" => {
-                                "https://{host}{path_and_query}".to_string()
-                            }
-                            _ => {
-                                return Err(
-                                    "a location with sample expressions is not translated".into()
-                                )
-                            }
-                        }
-                    } else {
-                        target.replace('{', "%7B").replace('}', "%7D")
-                    }
-                }
-                "prefix" => {
-                    if target.contains("%[") {
-                        return Err("a prefix with sample expressions is not translated".into());
-                    }
-                    format!("{}{{path_and_query}}", target.trim_end_matches('/'))
-                }
-                "scheme" => format!("{target}://{{host}}{{path_and_query}}"),
-                _ => return Err(format!("'redirect {how}' is not translated")),
-            };
-            if location.is_empty() {
-                return Err("an empty redirect target".into());
-            }
-            Ok(Some(Action::Redirect { status, location }))
-        }
-        "set-header" | "add-header" | "del-header" => Ok(None),
-        "return" => {
-            let status = rest
-                .windows(2)
-                .find(|w| w[0] == "status")
-                .and_then(|w| w[1].parse::<u16>().ok())
-                .unwrap_or(200);
-            Err(format!(
-                "'http-request return' (status {status}) with a body of its own is not translated"
-            ))
-        }
-        v => Err(format!("'{kw} {v}' is not translated")),
-    }
-}
-
-/// A header rule's changes, and whether it has a condition.
-pub(super) fn header_rule(d: &Directive) -> Result<(Mods, Option<()>), String> {
+/// A rule's words before its condition, the condition as cubes (every request without
+/// one), and whether it is an `unless`.
+fn condition(d: &Directive, acls: &Acls) -> Result<(Vec<String>, Cubes, bool), String> {
     let (head, cond) = split_condition(&d.args)?;
-    let resp = d.kw() == "http-response";
-    let name = head.get(2).cloned().unwrap_or_default();
-    if name.is_empty() {
-        return Err("a header rule needs a header name".into());
-    }
-    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(format!("'{name}' is not a header name"));
-    }
-    let mut m = Mods::default();
-    match head.get(1).map(String::as_str) {
-        Some(v @ ("set-header" | "add-header")) => {
-            let value = head.get(3).cloned().unwrap_or_default();
-            if value.contains("%[")
-                || value.contains("%{")
-                || value.contains("%c")
-                || value.contains("%t")
-            {
-                return Err("a value with log-format expressions is not translated".into());
-            }
-            if head.len() > 4 {
-                return Err("a header value of several words: quote it".into());
-            }
-            let pair = (name.to_ascii_lowercase(), value);
-            match (v, resp) {
-                ("set-header", false) => m.req_set.push(pair),
-                ("set-header", true) => m.resp_set.push(pair),
-                (_, false) => m.req_add.push(pair),
-                (_, true) => m.resp_add.push(pair),
-            }
+    let c = match &cond {
+        None => Cubes {
+            cubes: vec![(Region::any(), Vec::new())],
+            ..Cubes::default()
+        },
+        Some(c) => cubes(c, acls)?,
+    };
+    let unless = cond.as_ref().is_some_and(|c| c.unless);
+    Ok((head, c, unless))
+}
+
+/// The entries of a rule's action on the regions of its condition: the regions its
+/// negated terms exclude fall through first (with `unless`, the condition's regions fall
+/// through and the action takes the rest).
+fn push_entries(
+    entries: &mut Vec<Entry>,
+    c: &Cubes,
+    unless: bool,
+    action: Action,
+    line: usize,
+) -> Result<(), &'static str> {
+    if unless {
+        if c.cubes.iter().any(|(_, n)| !n.is_empty()) {
+            return Err("'unless' with a negated term is not translated");
         }
-        Some("del-header") => {
-            if head.len() > 3 {
-                return Err("del-header with a match method is not translated".into());
-            }
-            if resp {
-                m.resp_del.push(name.to_ascii_lowercase())
-            } else {
-                m.req_del.push(name.to_ascii_lowercase())
-            }
+        for (p, _) in &c.cubes {
+            entries.push(Entry::new(p.clone(), Action::Fallthrough, line));
         }
-        _ => return Err("not a header rule".into()),
+        entries.push(Entry::new(Region::any(), action, line));
+    } else {
+        for (p, negs) in &c.cubes {
+            for n in negs {
+                if let Some(x) = p.intersect(n) {
+                    entries.push(Entry::new(x, Action::Fallthrough, line));
+                }
+            }
+            entries.push(Entry::new(p.clone(), action.clone(), line));
+        }
     }
-    Ok((m, cond.map(|_| ())))
+    Ok(())
 }

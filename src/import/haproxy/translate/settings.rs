@@ -2,7 +2,7 @@
 //! and what a proxy inherits, the health check and the balancing algorithm.
 
 use super::render::split_response;
-use super::{count, dir_name, time_ms, Check, Cx, Settings};
+use super::{count, dir_name, time_ms, verdict, Check, Cx, Settings};
 use crate::import::haproxy::parse::Directive;
 use crate::import::haproxy::parse::Section;
 use crate::import::haproxy::report::Status;
@@ -73,24 +73,8 @@ impl Cx<'_> {
         for d in &s.directives {
             let name = dir_name(d);
             let status = match d.kw() {
-                "mode" => match d.arg(1) {
-                    "http" => {
-                        st.http = true;
-                        Some(Ok_)
-                    }
-                    "tcp" => {
-                        st.http = false;
-                        Some(Unsup("portcullis proxies HTTP only (mode tcp)".into()))
-                    }
-                    m => Some(Unsup(format!("mode '{m}'"))),
-                },
-                "timeout" => Some(match time_ms(d.arg(2)) {
-                    Some(ms) => {
-                        st.timeouts.insert(d.arg(1).to_string(), (ms, d.line));
-                        timeout_status(d.arg(1))
-                    }
-                    None => Unsup(format!("'{}' is not a time", d.arg(2))),
-                }),
+                "mode" => Some(set_mode(d, &mut st)),
+                "timeout" => Some(set_timeout(d, &mut st)),
                 "balance" => {
                     st.balance = Some((d.args[1..].to_vec(), d.line));
                     None // reported by the backend that uses it
@@ -106,22 +90,8 @@ impl Cx<'_> {
                     st.default_server_line = d.line;
                     None
                 }
-                "maxconn" => match count(d.arg(1)) {
-                    Ok(n) if n > 0 => {
-                        st.maxconn = Some((n, d.line));
-                        None
-                    }
-                    _ => Some(Unsup(format!("'{}' is not a positive number", d.arg(1)))),
-                },
-                "retries" => match count(d.arg(1)) {
-                    Ok(n) => {
-                        st.retries = Some(n);
-                        Some(Approx(
-                            "retries = N: portcullis retries a connect failure, reset, 502 or 503 on another backend (idempotent methods, within a retry budget)".into(),
-                        ))
-                    }
-                    _ => Some(Unsup(format!("'{}' is not a number", d.arg(1)))),
-                },
+                "maxconn" => set_maxconn(d, &mut st),
+                "retries" => Some(set_retries(d, &mut st)),
                 "errorfile" => {
                     match d.arg(1).parse::<u16>() {
                         Ok(code) => st.errorfiles.push((code, d.arg(2).to_string(), d.line)),
@@ -140,14 +110,7 @@ impl Cx<'_> {
                 "log" => Some(Approx(
                     "access-log lines go to [access_log] (JSON, stdout by default)".into(),
                 )),
-                _ if defaults => Some(match d.kw() {
-                    "stats" => Unsup("stats in defaults: write it in the stats listener".into()),
-                    "http-request" | "http-response" => Unsup(
-                        "rules in a defaults section are not translated: move them to the frontend"
-                            .into(),
-                    ),
-                    _ => Unsup("no portcullis equivalent for this defaults directive".into()),
-                }),
+                _ if defaults => Some(in_defaults_only(d.kw())),
                 _ => None,
             };
             if let Some(status) = status {
@@ -201,12 +164,7 @@ impl Cx<'_> {
                         continue;
                     }
                     if let Some((n, v)) = part.split_once(':') {
-                        let (n, v) = (n.trim(), v.trim());
-                        if n.eq_ignore_ascii_case("host") {
-                            chk.host = v.to_string();
-                        } else {
-                            chk.headers.insert(n.to_ascii_lowercase(), v.to_string());
-                        }
+                        chk.set_header(n.trim(), v.trim());
                     }
                 }
                 let ok_method = matches!(method, "GET" | "HEAD" | "OPTIONS");
@@ -270,6 +228,32 @@ impl Cx<'_> {
     }
 }
 
+/// `mode http` (the one translated) or another mode.
+fn set_mode(d: &Directive, st: &mut Settings) -> Status {
+    match d.arg(1) {
+        "http" => {
+            st.http = true;
+            Ok_
+        }
+        "tcp" => {
+            st.http = false;
+            Unsup("portcullis proxies HTTP only (mode tcp)".into())
+        }
+        m => Unsup(format!("mode '{m}'")),
+    }
+}
+
+/// `timeout NAME TIME`.
+fn set_timeout(d: &Directive, st: &mut Settings) -> Status {
+    match time_ms(d.arg(2)) {
+        Some(ms) => {
+            st.timeouts.insert(d.arg(1).to_string(), (ms, d.line));
+            timeout_status(d.arg(1))
+        }
+        None => Unsup(format!("'{}' is not a time", d.arg(2))),
+    }
+}
+
 pub(super) fn timeout_status(name: &str) -> Status {
     match name {
         "connect" | "server" | "http-request" | "http-keep-alive" | "tunnel" => Ok_,
@@ -280,90 +264,122 @@ pub(super) fn timeout_status(name: &str) -> Status {
     }
 }
 
+/// A proxy's `maxconn`: reported by the frontend that uses it, unless it is not a count.
+fn set_maxconn(d: &Directive, st: &mut Settings) -> Option<Status> {
+    match count(d.arg(1)) {
+        Ok(n) if n > 0 => {
+            st.maxconn = Some((n, d.line));
+            None
+        }
+        _ => Some(Unsup(format!("'{}' is not a positive number", d.arg(1)))),
+    }
+}
+
+/// `retries N` (used with `option redispatch`).
+fn set_retries(d: &Directive, st: &mut Settings) -> Status {
+    match count(d.arg(1)) {
+        Ok(n) => {
+            st.retries = Some(n);
+            Approx(
+                "retries = N: portcullis retries a connect failure, reset, 502 or 503 on another backend (idempotent methods, within a retry budget)".into(),
+            )
+        }
+        _ => Unsup(format!("'{}' is not a number", d.arg(1))),
+    }
+}
+
+/// A directive of a defaults section that is none of the settings a proxy inherits.
+fn in_defaults_only(kw: &str) -> Status {
+    match kw {
+        "stats" => Unsup("stats in defaults: write it in the stats listener".into()),
+        "http-request" | "http-response" => Unsup(
+            "rules in a defaults section are not translated: move them to the frontend".into(),
+        ),
+        _ => Unsup("no portcullis equivalent for this defaults directive".into()),
+    }
+}
+
 pub(super) fn http_check(d: &Directive, st: &mut Settings) -> Status {
     match d.arg(1) {
-        "send" => {
-            let chk = st.httpchk.get_or_insert_with(|| Check {
-                method: "OPTIONS".into(),
-                path: "/".into(),
-                ..Check::default()
-            });
-            let mut i = 2;
-            let mut notes = Vec::new();
-            while i < d.args.len() {
-                match d.arg(i) {
-                    "meth" => {
-                        chk.method = d.arg(i + 1).to_string();
-                        i += 2;
-                    }
-                    "uri" => {
-                        chk.path = d.arg(i + 1).to_string();
-                        i += 2;
-                    }
-                    "ver" => i += 2,
-                    "hdr" => {
-                        let (n, v) = (d.arg(i + 1), d.arg(i + 2));
-                        if n.eq_ignore_ascii_case("host") {
-                            chk.host = v.to_string();
-                        } else {
-                            chk.headers.insert(n.to_ascii_lowercase(), v.to_string());
-                        }
-                        i += 3;
-                    }
-                    o => {
-                        notes.push(format!("'{o}' is not translated"));
-                        i += 1;
-                    }
-                }
-            }
-            if !matches!(chk.method.as_str(), "GET" | "HEAD" | "OPTIONS") {
-                return Unsup(format!(
-                    "health checks use GET, HEAD or OPTIONS, not {}",
-                    chk.method
-                ));
-            }
-            if notes.is_empty() {
-                Ok_
-            } else {
-                Approx(notes.join("; "))
-            }
-        }
-        "expect" => {
-            let (neg, i) = if d.arg(2) == "!" {
-                (true, 3)
-            } else {
-                (false, 2)
-            };
-            if neg {
-                return Unsup("a negated expect is not translated".into());
-            }
-            let e = st
-                .expect
-                .get_or_insert_with(|| ("200-399".into(), String::new()));
-            match d.arg(i) {
-                "status" => {
-                    let v = d.arg(i + 1);
-                    if v.split(',')
-                        .all(|p| p.split('-').all(|n| n.parse::<u16>().is_ok()))
-                    {
-                        e.0 = v.to_string();
-                        Ok_
-                    } else {
-                        Unsup(format!("status '{v}'"))
-                    }
-                }
-                "string" => {
-                    e.1 = d.arg(i + 1).to_string();
-                    Ok_
-                }
-                o => Unsup(format!(
-                    "'http-check expect {o}' is not translated (status or string)"
-                )),
-            }
-        }
+        "send" => http_check_send(d, st),
+        "expect" => http_check_expect(d, st),
         "disable-on-404" => Unsup("no equivalent".into()),
         "connect" => Approx("probes connect to the backend (or health_check.port)".into()),
         _ => Unsup("no portcullis equivalent".into()),
+    }
+}
+
+/// `http-check send meth M uri U ver V hdr NAME VALUE...`: the probe's request.
+fn http_check_send(d: &Directive, st: &mut Settings) -> Status {
+    let chk = st.httpchk.get_or_insert_with(|| Check {
+        method: "OPTIONS".into(),
+        path: "/".into(),
+        ..Check::default()
+    });
+    let mut i = 2;
+    let mut notes = Vec::new();
+    while i < d.args.len() {
+        match d.arg(i) {
+            "meth" => {
+                chk.method = d.arg(i + 1).to_string();
+                i += 2;
+            }
+            "uri" => {
+                chk.path = d.arg(i + 1).to_string();
+                i += 2;
+            }
+            "ver" => i += 2,
+            "hdr" => {
+                chk.set_header(d.arg(i + 1), d.arg(i + 2));
+                i += 3;
+            }
+            o => {
+                notes.push(format!("'{o}' is not translated"));
+                i += 1;
+            }
+        }
+    }
+    if !matches!(chk.method.as_str(), "GET" | "HEAD" | "OPTIONS") {
+        return Unsup(format!(
+            "health checks use GET, HEAD or OPTIONS, not {}",
+            chk.method
+        ));
+    }
+    verdict(&notes)
+}
+
+/// `http-check expect status LIST` / `expect string TEXT`: what a healthy answer is.
+fn http_check_expect(d: &Directive, st: &mut Settings) -> Status {
+    let (neg, i) = if d.arg(2) == "!" {
+        (true, 3)
+    } else {
+        (false, 2)
+    };
+    if neg {
+        return Unsup("a negated expect is not translated".into());
+    }
+    let e = st
+        .expect
+        .get_or_insert_with(|| ("200-399".into(), String::new()));
+    match d.arg(i) {
+        "status" => {
+            let v = d.arg(i + 1);
+            if v.split(',')
+                .all(|p| p.split('-').all(|n| n.parse::<u16>().is_ok()))
+            {
+                e.0 = v.to_string();
+                Ok_
+            } else {
+                Unsup(format!("status '{v}'"))
+            }
+        }
+        "string" => {
+            e.1 = d.arg(i + 1).to_string();
+            Ok_
+        }
+        o => Unsup(format!(
+            "'http-check expect {o}' is not translated (status or string)"
+        )),
     }
 }
 
