@@ -290,6 +290,41 @@ pub struct UpstreamShared {
     pub fleet_cap: crate::fleet_caps::FleetSlot,
 }
 
+/// What one selection may pick from: the key's shard (empty: every backend), the
+/// backends this request tried, and whether health checks run.
+struct Candidates<'a> {
+    pool: &'a Pool,
+    tried: &'a Tried,
+    shard: &'a [usize],
+    /// Without active checks nothing marks a backend down: Pingora's readiness look-up
+    /// (a hash of the `Backend` per candidate) is skipped.
+    checked: bool,
+}
+
+impl Candidates<'_> {
+    #[inline]
+    fn in_shard(&self, i: usize) -> bool {
+        self.shard.is_empty() || self.shard.contains(&i)
+    }
+
+    /// In the shard, in rotation and not tried yet.
+    #[inline]
+    fn open(&self, i: usize) -> bool {
+        let s = &self.pool.backends[i];
+        self.in_shard(i) && !s.is_out() && !self.tried.contains(&s.addr)
+    }
+
+    #[inline]
+    fn healthy(&self, i: usize) -> bool {
+        !self.checked || self.pool.lb.backends().ready(&self.pool.members[i])
+    }
+
+    #[inline]
+    fn load(&self, i: usize) -> u64 {
+        self.pool.backends[i].inflight()
+    }
+}
+
 pub struct Pool {
     pub name: String,
     pub lb: LoadBalancer<RoundRobin>,
@@ -349,16 +384,13 @@ impl Pool {
             let h = crate::balance::stable_hash(&[key]);
             crate::balance::shard::shard_of(h, &self.ids, self.balance.shard_size, &mut shard);
         }
-        let in_shard = |i: usize| shard.is_empty() || shard.contains(&i);
-        let open = |i: usize| {
-            let s = &self.backends[i];
-            in_shard(i) && !s.is_out() && !tried.contains(&s.addr)
+        let c = Candidates {
+            pool: self,
+            tried,
+            shard: &shard,
+            checked: self.health.is_some(),
         };
-        // Without active checks nothing marks a backend down: skip Pingora's
-        // readiness look-up (a hash of the `Backend` per candidate).
-        let checked = self.health.is_some();
-        let healthy = |i: usize| !checked || self.lb.backends().ready(&self.members[i]);
-        let load = |i: usize| self.backends[i].inflight();
+        let (open, healthy, load) = (|i| c.open(i), |i| c.healthy(i), |i| c.load(i));
         let weights = &self.balance.weights;
         let picked = if self.limited {
             // `max_conn`: a backend at its limit is not selected; `backup`: used only when
@@ -408,7 +440,7 @@ impl Pool {
             }
             return Some(Arc::clone(&self.backends[i]));
         }
-        self.none_eligible(tried, key, &shard)
+        self.none_eligible(&c, key)
     }
 
     /// No backend eligible by the usual rules for this request: healthy ones in rotation
@@ -416,21 +448,11 @@ impl Pool {
     /// serve (never the last backend); with none healthy, every one in rotation serves
     /// (panic mode).
     #[cold]
-    fn none_eligible(
-        &self,
-        tried: &Tried,
-        key: &[u8],
-        shard: &[usize],
-    ) -> Option<Arc<BackendState>> {
+    fn none_eligible(&self, c: &Candidates<'_>, key: &[u8]) -> Option<Arc<BackendState>> {
         let n = self.backends.len();
-        let in_shard = |i: usize| shard.is_empty() || shard.contains(&i);
-        let open = |i: usize| {
-            let s = &self.backends[i];
-            in_shard(i) && !s.is_out() && !tried.contains(&s.addr)
-        };
-        let checked = self.health.is_some();
-        let healthy = |i: usize| !checked || self.lb.backends().ready(&self.members[i]);
-        let load = |i: usize| self.backends[i].inflight();
+        let tried = c.tried;
+        let (in_shard, open) = (|i| c.in_shard(i), |i| c.open(i));
+        let (healthy, load) = (|i| c.healthy(i), |i| c.load(i));
         let weights = &self.balance.weights;
         if (0..n).any(|i| in_shard(i) && healthy(i) && !self.backends[i].is_out()) {
             // Healthy backends in rotation exist but were tried or are full: not a panic.
