@@ -4,21 +4,29 @@ checks the fleet's invariants (docs/src/invariants.md states each one and its bo
 
   budget    every /backends snapshot of a serving instance: at most
             floor(max_culled_fraction x n) backends of the upstream out (culled, draining,
-            maint, claimed together), and never all of them out (unhealthy ones in
-            rotation serve: panic mode fails open to them; such snapshots are counted);
+            maint, claimed together; a backend under an emergency claim the same snapshot
+            shows is not counted: an emergency claim passes the fraction by design), and
+            never all of them out (emergency claims included; unhealthy ones in rotation
+            serve: panic mode fails open to them; such snapshots are counted);
   claims    the operations client's granted claims and drains: at most max_concurrent
-            backends out by them at once (counting only the time each was certainly out:
-            from its grant's answer to its expiry or the sending of its release/ready), no
-            claim id granted twice, no two claims on one backend alive at once;
+            backends out by them at once, emergency claims not counted (counting only the
+            time each was certainly out: from its grant's answer to its expiry or the
+            sending of its release/ready), no claim id granted twice, no two claims on one
+            backend alive at once;
+  emergency no claim granted while an emergency claim on its upstream was certainly alive
+            (its whole request, send to answer, between the emergency claim's grant answer
+            and the earliest of its expiry and the sending of its release);
   ratelimit per key and epoch-aligned window, the requests certainly decided in that window
             (the decision lies between the client's send and the backend's receipt)
             within bound = 1.05 x limit x (1 + cut + 2 x skewed) + instances, where `cut`
             counts the instances cut off from the store (Redis partition, Redis paused: all
             of them, SIGSTOP, or a snapshot saying store_healthy false or not answering: a
-            starved machine cuts an instance off too) and `skewed` the instances with a
+            starved machine cuts an instance off too; Cluster: an instance cut off from
+            every node or from one, a node paused: all of them) and `skewed` the instances with a
             skewed clock, at any time from one window before the window to its end;
   requests  every client request answered; a 5xx only while a backend fault (failing,
-            partitioned) was in force (read timeout + 1 s of grace), or while the instance
+            cut off from every instance, or from the request's instance alone) was in force
+            (read timeout + 1 s of grace), or while the instance
             was starved of CPU (a snapshot cycle over 1 s without a SIGSTOP: the machine's
             doing, counted apart in the answers); none caused by a
             backend stopped for a deploy under a granted claim (the claimed backend must be
@@ -135,10 +143,16 @@ def check_budget(run):
             ups = collections.defaultdict(list)
             for b in bs:
                 ups[b["u"]].append(b)
+            emergency = {c["b"] for c in (s.get("claims") or []) if c.get("e")}
             for u, lst in ups.items():
                 run.checks["budget_snapshots"] += 1
                 out = [b for b in lst if b["s"] in OUT_STATES]
                 lim = max_out(len(lst), frac)
+                em = [b for b in out if b["s"] == "claimed" and b["a"] in emergency]
+                if em:
+                    # an emergency claim passes the fraction (never the last backend)
+                    run.checks["budget_snapshots_with_emergency"] += 1
+                    lim += len(em)
                 t = s["t0"]
                 around = {"instance": slot, "snapshot": lst,
                           "previous": snaps[i - 1].get("backends") if i else None,
@@ -206,8 +220,9 @@ def check_claims(run):
                 run.violate("claims", max(x[3], y[3]), f"backend {x[1]} granted to two claims at once: {x[2]} "
                             f"(i{x[5]['i']}) and {y[2]} (i{y[5]['i']})", [x[5], y[5]])
     # sweep: distinct backends certainly out by a granted operation
-    ev = sorted([(x[3], 1, x) for x in iv if x[4] > x[3]] + [(x[4], -1, x) for x in iv if x[4] > x[3]],
-                key=lambda e: (e[0], e[1]))
+    # an emergency claim passes max_concurrent by design: the others are counted
+    counted = [x for x in iv if x[4] > x[3] and not x[5].get("emergency")]
+    ev = sorted([(x[3], 1, x) for x in counted] + [(x[4], -1, x) for x in counted], key=lambda e: (e[0], e[1]))
     alive = []
     for t, d, x in ev:
         if d == -1:
@@ -223,13 +238,37 @@ def check_claims(run):
                         {"ops": [y[5] for y in alive], "faults": run.fault_text(t - 30, t)})
 
 
+def check_emergency(run):
+    """An emergency claim blocks the rest: no claim was granted whose request (send to answer)
+    lies wholly inside an emergency claim's certain life (its grant's answer to the earliest
+    of its expiry, counted from its send, and the sending of its release)."""
+    iv = op_intervals(run)
+    em = [x for x in iv if x[0] == "claim" and x[5].get("emergency") and x[4] > x[3]]
+    run.checks["emergency_granted"] = sum(1 for x in iv if x[0] == "claim" and x[5].get("emergency"))
+    run.checks["emergency_refused_others"] = sum(
+        1 for o in run.ops if o["act"] == "claim" and o.get("st") == 409 and isinstance(o.get("body"), dict)
+        and o["body"].get("policy") == "emergency")
+    for o in run.ops:
+        if o["act"] != "claim" or o.get("emergency") or "st" not in o:
+            continue
+        run.checks["claims_checked_against_emergency"] += 1
+        if o["st"] != 201:
+            continue
+        for x in em:
+            if x[3] <= o["ts"] and o["tr"] <= x[4]:
+                run.violate("emergency", o["ts"], f"claim {o['body'].get('id')} on {o['b']} granted by i{o['i']} "
+                            f"while emergency claim {x[2]} on {x[1]} (by i{x[5]['i']}) was alive "
+                            f"({run.rel(x[3]):.2f}-{run.rel(x[4]):.2f}s)",
+                            {"claim": o, "emergency": x[5], "faults": run.fault_text(o["ts"] - 10, o["tr"])})
+
+
 def rl_bound(run, ws, we):
     W, L, n = run.meta["window"], run.meta["limit"], run.meta["instances"]
     cut, skewed = set(), set()
     for f in run.faults_at(ws - W, we):
-        if f["kind"] in ("redis_partition", "stop"):
+        if f["kind"] in ("redis_partition", "node_partition", "stop"):
             cut.add(f["target"])
-        elif f["kind"] == "redis_pause":
+        elif f["kind"] in ("redis_pause", "node_pause"):
             cut.update(f"i{i}" for i in range(n))
         elif f["kind"] == "skew":
             skewed.add(f["target"])
@@ -303,6 +342,9 @@ def check_requests(run):
                 continue
         elif run.faults_at(t0 - grace, t1, ["backend_fail", "backend_partition"], grace=grace):
             continue
+        elif [f for f in run.faults_at(t0 - grace, t1, ["backend_partition_one"], grace=grace)
+              if f.get("inst") == f"i{r['i']}"]:
+            continue  # its instance was cut off from a backend
         elif starved(run, r["i"], t0 - 1, t1):
             # the machine, not the proxy: the instance was not scheduled (a snapshot cycle of
             # three local GETs took over a second, and no SIGSTOP explains it); counted apart
@@ -317,8 +359,9 @@ def check_requests(run):
         deploy = [x for x in downs if x[1] <= t1 and x[2] + grace >= t0]
         # the instance was frozen or cut off from the store just before: it answered on an
         # old view of the operations (docs/src/invariants.md, 4: not promised)
-        stale = run.faults_at(t0 - 5, t1, ["stop", "redis_partition", "redis_pause"], target=None, grace=5)
-        stale = [f for f in stale if f["target"] in (f"i{r['i']}", "redis")]
+        stale = run.faults_at(t0 - 5, t1, ["stop", "redis_partition", "redis_pause", "node_partition", "node_pause"],
+                              target=None, grace=5)
+        stale = [f for f in stale if f["target"] in (f"i{r['i']}", "redis") or f["kind"] == "node_pause"]
         note = "; the instance's view was stale: " + ", ".join(
             f"{f['kind']} {f['target']} until {run.rel(f['end']):.1f}s" for f in stale) if stale else ""
         if deploy:
@@ -406,18 +449,20 @@ def main():
     d = sys.argv[1]
     run = Run(d)
     run.summary = {}
-    for c in (check_budget, check_claims, check_ratelimit, check_requests, check_routing, check_skew):
+    for c in (check_budget, check_claims, check_emergency, check_ratelimit, check_requests, check_routing,
+              check_skew):
         c(run)
     seed = run.meta["seed"]
     kinds = collections.Counter(f["kind"] for f in run.faults)
-    print(f"chaos check: seed {seed}, {run.rel(run.end):.0f} s, {run.meta['instances']} instances, "
+    print(f"chaos check: seed {seed}, {run.meta.get('store', 'redis')}, {run.rel(run.end):.0f} s, "
+          f"{run.meta['instances']} instances, "
           f"faults {dict(kinds)}")
     print(f"  checks: {dict(run.checks)}")
     print(f"  answers: {run.summary.get('answers')}; worst window {run.summary.get('ratelimit_worst')}")
     print(f"  admitted / limit, worst window by faults in force: {run.summary.get('ratelimit_worst_by_faults')}")
     print(f"  skew (asked, seen on the instance's Date header): {run.summary.get('skew_seen')}")
     failed = 0
-    for check in ("budget", "claims", "ratelimit", "requests", "routing"):
+    for check in ("budget", "claims", "emergency", "ratelimit", "requests", "routing"):
         vs = run.violations.get(check, [])
         print(f"  {check}: {'ok' if not vs else f'{len(vs)} VIOLATIONS'}")
         failed += len(vs)
@@ -436,7 +481,7 @@ def main():
         print(f"  budget episodes: {len(eps)}, " + ", ".join(
             f"i{i} {run.rel(a):.1f}-{run.rel(b):.1f}s" for i, a, b in eps))
     run.summary["budget_episodes"] = [[i, round(run.rel(a), 2), round(b - a + 0.1, 2)] for i, a, b in eps]
-    summary = {"seed": seed, "seconds": round(run.rel(run.end)), "faults": dict(kinds),
+    summary = {"seed": seed, "store": run.meta.get("store", "redis"), "seconds": round(run.rel(run.end)), "faults": dict(kinds),
                "checks": dict(run.checks), "violations": {k: len(v) for k, v in run.violations.items()},
                **run.summary}
     with open(os.path.join(d, "summary.json"), "w") as f:
