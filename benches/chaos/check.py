@@ -4,8 +4,10 @@ checks the fleet's invariants (docs/src/invariants.md states each one and its bo
 
   budget    every /backends snapshot of a serving instance: at most
             floor(max_culled_fraction x n) backends of the upstream out (culled, draining,
-            maint, claimed together; a backend under an emergency claim the same snapshot
-            shows is not counted: an emergency claim passes the fraction by design), and
+            maint, claimed together; a backend claimed by an emergency claim, told by its
+            lease end, which any instance's /claims or the claim's grant showed with
+            "emergency": true, is not counted: an emergency claim passes the fraction by
+            design; an instance shows it until its next sync after the release), and
             never all of them out (emergency claims included; unhealthy ones in rotation
             serve: panic mode fails open to them; such snapshots are counted);
   claims    the operations client's granted claims and drains: at most max_concurrent
@@ -133,8 +135,26 @@ def max_out(total, fraction):
     return max(0, min(total - 1, math.floor(total * fraction + 1e-9)))
 
 
+def emergency_leases(run):
+    """(backend address, lease end in ms) of every emergency claim any instance's /claims
+    showed or the operations client was granted: /backends shows a claimed backend's lease
+    end (`until`), so it tells an emergency claim in an instance's view even after the store
+    dropped it (the instance shows it until its next sync)."""
+    res = set()
+    for snaps in run.snaps.values():
+        for s in snaps:
+            for c in s.get("claims") or []:
+                if c.get("e"):
+                    res.add((c["b"], c["x"]))
+    for o in run.ops:
+        if o["act"] == "claim" and o.get("emergency") and o.get("st") == 201 and isinstance(o.get("body"), dict):
+            res.add((o["b"], o["body"].get("expires_at")))
+    return res
+
+
 def check_budget(run):
     frac = run.meta["max_culled_fraction"]
+    em_leases = emergency_leases(run)
     for slot, snaps in run.snaps.items():
         for i, s in enumerate(snaps):
             bs = s.get("backends")
@@ -143,12 +163,11 @@ def check_budget(run):
             ups = collections.defaultdict(list)
             for b in bs:
                 ups[b["u"]].append(b)
-            emergency = {c["b"] for c in (s.get("claims") or []) if c.get("e")}
             for u, lst in ups.items():
                 run.checks["budget_snapshots"] += 1
                 out = [b for b in lst if b["s"] in OUT_STATES]
                 lim = max_out(len(lst), frac)
-                em = [b for b in out if b["s"] == "claimed" and b["a"] in emergency]
+                em = [b for b in out if b["s"] == "claimed" and (b["a"], b.get("until")) in em_leases]
                 if em:
                     # an emergency claim passes the fraction (never the last backend)
                     run.checks["budget_snapshots_with_emergency"] += 1
