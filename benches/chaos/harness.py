@@ -40,7 +40,7 @@ STORE = os.environ.get("CHAOS_STORE") or ("cluster" if SEED % 2 == 0 else "redis
 if STORE not in ("redis", "cluster"):
     sys.exit("chaos: CHAOS_STORE must be redis or cluster")
 CLUSTER_MASTERS, CLUSTER_REPLICAS = 3, 1
-CLUSTER_NODE_TIMEOUT_MS = 3000  # a node paused longer is failed over by its replica
+CLUSTER_NODE_TIMEOUT_MS = 1500  # a master paused longer (and an election) is failed over by its replica
 N_BACKENDS = 4
 WINDOW = 10  # rate limit window, seconds
 LIMIT = 50  # per key per window
@@ -653,6 +653,7 @@ def main():
             "propagation": PROPAGATION, "t0": T0, "faketime": os.path.exists(FAKETIME_LIB),
             "hot_keys": HOT_KEYS, "store": STORE,
             "nodes": redis.addrs() if STORE == "cluster" else None,
+            "cluster_node_timeout_ms": CLUSTER_NODE_TIMEOUT_MS if STORE == "cluster" else None,
         }
         with open(os.path.join(OUT, "meta.json"), "w") as f:
             json.dump(meta, f)

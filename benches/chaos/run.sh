@@ -11,7 +11,7 @@
 # on 127.0.0.1. The store (CHAOS_STORE; default cluster for even seeds, redis for odd ones):
 # `redis`, one private redis-server on a free port (never the machine's 6379) with a relay
 # in front of it for each instance; `cluster`, a Redis Cluster of 3 masters and 3 replicas
-# (real redis-server nodes in cluster mode, node timeout 3 s), each node behind a relay whose
+# (real redis-server nodes in cluster mode, node timeout 1.5 s), each node behind a relay whose
 # port it announces. After a 15 s warm-up, faults drawn from SEED, up to two at once, every
 # 4-12 s until the last 20 s: one instance cut off from Redis (Cluster: from every node;
 # blackhole or refuse, 3-15 s); Cluster: one instance cut off from one node (3-15 s);
@@ -19,7 +19,7 @@
 # the others reach it (4-15 s); one instance's clock skewed by -30, -2,
 # +2 or +30 s for 10-30 s (libfaketime, re-read each second: the `faketime` package); one
 # instance SIGSTOPped for 1-20 s; Redis SIGSTOPped for 1-8 s (Cluster: one node, master or
-# replica: a master paused over 3 s is failed over); a backend answering 500 for
+# replica: a master paused over about 2-3 s is failed over); a backend answering 500 for
 # 5-20 s. Meanwhile a load client (limit 50 per 10 s; hot-a at 5x its limit, hot-b at 1.5x,
 # 20 cold keys; about 36 requests/s in all, to random instances, each request with an id
 # the backends log)
