@@ -464,10 +464,21 @@ def check_skew(run):
     run.summary["skew_seen"] = seen
 
 
+def cluster_failovers(d):
+    """Cluster runs: the failovers the nodes' logs show (a replica that won an election)."""
+    n = 0
+    for p in glob.glob(os.path.join(d, "node*.log")):
+        with open(p, errors="replace") as f:
+            n += sum(1 for line in f if "Failover election won" in line)
+    return n
+
+
 def main():
     d = sys.argv[1]
     run = Run(d)
     run.summary = {}
+    if run.meta.get("store") == "cluster":
+        run.summary["cluster_failovers"] = cluster_failovers(d)
     for c in (check_budget, check_claims, check_emergency, check_ratelimit, check_requests, check_routing,
               check_skew):
         c(run)
@@ -480,6 +491,8 @@ def main():
     print(f"  answers: {run.summary.get('answers')}; worst window {run.summary.get('ratelimit_worst')}")
     print(f"  admitted / limit, worst window by faults in force: {run.summary.get('ratelimit_worst_by_faults')}")
     print(f"  skew (asked, seen on the instance's Date header): {run.summary.get('skew_seen')}")
+    if "cluster_failovers" in run.summary:
+        print(f"  cluster failovers (node logs): {run.summary['cluster_failovers']}")
     failed = 0
     for check in ("budget", "claims", "emergency", "ratelimit", "requests", "routing"):
         vs = run.violations.get(check, [])
