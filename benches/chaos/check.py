@@ -189,35 +189,42 @@ def check_budget(run):
 
 
 def op_intervals(run):
-    """(kind, backend, id, certain_start, certain_end, rec) of each granted claim and drain."""
+    """(kind, backend, id, certain_start, certain_end, rec) of each granted claim and drain.
+
+    A release, ready or later drain may take effect anywhere between its sending and its
+    answer (an instance frozen with the request in its backlog applies it when it wakes,
+    after operations sent later to other instances): each one whose answer came after this
+    operation was sent ends this one's certain time at its sending, or at this one's answer
+    if it was sent before (nothing certain then). One not answered counts as applied."""
     res = []
-    releases = collections.defaultdict(list)  # claim id -> send times of releases answered 2xx/404
-    readies = collections.defaultdict(list)  # backend -> send times of readies answered 200
-    drains = collections.defaultdict(list)  # backend -> send times of drains answered 200
+    releases = collections.defaultdict(list)  # claim id -> (send, answer) of releases 2xx/404/unanswered
+    readies = collections.defaultdict(list)  # backend -> (send, answer) of readies 200/unanswered
+    drains = collections.defaultdict(list)  # backend -> (send, answer, rec) of drains 200/unanswered
     for o in run.ops:
-        if o["act"] == "release" and o.get("st") in (200, 204, 404):
-            releases[o.get("claim")].append(o["ts"])
-        if o["act"] == "ready" and o.get("st") == 200:
-            readies[o["b"]].append(o["ts"])
-        if o["act"] == "drain" and o.get("st") == 200:
-            drains[o["b"]].append(o["ts"])
+        unanswered = "st" not in o
+        if o["act"] == "release" and (o.get("st") in (200, 204, 404) or unanswered):
+            releases[o.get("claim")].append((o["ts"], o.get("tr", run.end)))
+        if o["act"] == "ready" and (o.get("st") == 200 or unanswered):
+            readies[o["b"]].append((o["ts"], o.get("tr", run.end)))
+        if o["act"] == "drain" and (o.get("st") == 200 or unanswered):
+            drains[o["b"]].append((o["ts"], o.get("tr", run.end), o))
+
+    def cut(end, o, others):
+        for ts, tr in others:
+            if tr >= o["ts"]:
+                end = min(end, max(ts, o["tr"]))
+        return end
+
     for o in run.ops:
         if o["act"] == "claim" and o.get("st") == 201:
             cid = o["body"].get("id") if isinstance(o.get("body"), dict) else None
-            end = o["ts"] + o["seconds"]
-            for r in releases.get(cid, []):
-                if r >= o["ts"]:
-                    end = min(end, r)
+            end = cut(o["ts"] + o["seconds"], o, releases.get(cid, []))
             res.append(("claim", o["b"], cid, o["tr"], end, o))
         elif o["act"] == "drain" and o.get("st") == 200:
-            end = o["ts"] + o["seconds"]
-            for r in readies.get(o["b"], []):
-                if r >= o["ts"]:
-                    end = min(end, r)
-            # a later drain of the backend replaces this one's lease (one record per backend)
-            for r in drains.get(o["b"], []):
-                if r > o["tr"]:
-                    end = min(end, r)
+            end = cut(o["ts"] + o["seconds"], o, readies.get(o["b"], []))
+            # another drain of the backend applied after this one replaces its lease (one
+            # record per backend)
+            end = cut(end, o, [(ts, tr) for ts, tr, x in drains.get(o["b"], []) if x is not o])
             res.append(("drain", o["b"], None, o["tr"], end, o))
     return res
 
