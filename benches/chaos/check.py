@@ -96,15 +96,16 @@ class Run:
                     self.backend_log[r["id"]] = r["t"] if t is None else min(t, r["t"])
         self.violations = collections.defaultdict(list)
         self.checks = collections.Counter()
-        self.downs = []  # (backend, stopped, started again) of each deploy
+        self.downs = []  # (backend, stopped, started again, claim id) of each deploy
         pending = {}
         for x in sorted(self.deploys, key=lambda x: x["t"]):
             if x["ev"] == "down":
-                pending[x["b"]] = x["t"]
+                pending[x["b"]] = (x["t"], x.get("claim"))
             elif x["b"] in pending:
-                self.downs.append((x["b"], pending.pop(x["b"]), x["t"]))
-        for b, t in pending.items():
-            self.downs.append((b, t, self.end))
+                t, claim = pending.pop(x["b"])
+                self.downs.append((x["b"], t, x["t"], claim))
+        for b, (t, claim) in pending.items():
+            self.downs.append((b, t, self.end, claim))
 
     def rel(self, t):
         return t - self.t0
@@ -390,6 +391,11 @@ def check_requests(run):
         stale = [f for f in stale if f["target"] in (f"i{r['i']}", "redis") or f["kind"] == "node_pause"]
         note = "; the instance's view was stale: " + ", ".join(
             f"{f['kind']} {f['target']} until {run.rel(f['end']):.1f}s" for f in stale) if stale else ""
+        if deploy and any(unseen_claim(run, r, x) for x in deploy):
+            # the backend was claimed while this instance was cut off from the store and
+            # stopped before it read the store again (docs/src/invariants.md, 4: not promised)
+            codes["5xx on a backend claimed while its instance was cut off from the store"] += 1
+            continue
         if deploy:
             run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} while only a "
                         f"claimed backend was stopped for a deploy ({', '.join(x[0] for x in deploy)}){note}",
@@ -402,6 +408,25 @@ def check_requests(run):
             run.violate("requests", t0, f"request {r['id']} to i{r['i']} answered {r['st']} with no backend "
                         f"fault to explain it{what}", {"request": r, "faults": run.fault_text(t0 - 10, t1)})
     run.summary["answers"] = dict((str(k), v) for k, v in codes.items())
+
+
+SYNC_LAG = 2.0  # an instance reads the store within this after it can reach it again
+
+
+def unseen_claim(run, r, down):
+    """Whether the claim under which backend `down` was stopped was granted while request
+    `r`'s instance was cut off from the store (from Redis, a Cluster node, frozen, or the
+    store frozen), a cut that ended less than SYNC_LAG before the request was sent."""
+    claim = next((o for o in run.ops if o["act"] == "claim" and o.get("st") == 201 and o["b"] == down[0]
+                  and isinstance(o.get("body"), dict) and o["body"].get("id") == down[3]), None)
+    if claim is None:
+        return False
+    me = f"i{r['i']}"
+    for f in run.faults_at(claim["ts"], claim["tr"], ["redis_partition", "node_partition", "stop", "redis_pause",
+                                                       "node_pause"]):
+        if (f["target"] == me or f["kind"] in ("redis_pause", "node_pause")) and f["end"] + SYNC_LAG >= r["ts"]:
+            return True
+    return False
 
 
 def starved(run, slot, a, b):
