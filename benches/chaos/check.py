@@ -28,7 +28,8 @@ checks the fleet's invariants (docs/src/invariants.md states each one and its bo
             skewed clock, at any time from one window before the window to its end;
   requests  every client request answered; a 5xx only while a backend fault (failing,
             cut off from every instance, or from the request's instance alone) was in force
-            (read timeout + 1 s of grace), or while the instance
+            (read timeout + 1 s of grace), a 504 whose request the backend got over
+            1 s after it was sent (the path or the backend was slow), or while the instance
             was starved of CPU (a snapshot cycle over 1 s without a SIGSTOP: the machine's
             doing, counted apart in the answers); none caused by a
             backend stopped for a deploy under a granted claim (the claimed backend must be
@@ -372,6 +373,12 @@ def check_requests(run):
         elif [f for f in run.faults_at(t0 - grace, t1, ["backend_partition_one"], grace=grace)
               if f.get("inst") == f"i{r['i']}"]:
             continue  # its instance was cut off from a backend
+        elif r["st"] == 504 and run.backend_log.get(r["id"], t0) - t0 > 1.0:
+            # the backend got the request over a second after it was sent (a relay or
+            # backend process of the harness not scheduled on a starved machine, or the
+            # instance): a backend timing out, whatever made it slow; counted apart
+            codes["504: the backend got the request over 1 s late"] += 1
+            continue
         elif starved(run, r["i"], t0 - 1, t1):
             # the machine, not the proxy: the instance was not scheduled (a snapshot cycle of
             # three local GETs took over a second, and no SIGSTOP explains it); counted apart
@@ -416,17 +423,28 @@ SYNC_LAG = 2.0  # an instance reads the store within this after it can reach it 
 def unseen_claim(run, r, down):
     """Whether the claim under which backend `down` was stopped was granted while request
     `r`'s instance was cut off from the store (from Redis, a Cluster node, frozen, or the
-    store frozen), a cut that ended less than SYNC_LAG before the request was sent."""
+    store frozen), and the instance had not read the store since: the cut ended less than
+    SYNC_LAG before the request was sent, or none of its snapshots from the grant to the
+    request showed the backend claimed."""
     claim = next((o for o in run.ops if o["act"] == "claim" and o.get("st") == 201 and o["b"] == down[0]
                   and isinstance(o.get("body"), dict) and o["body"].get("id") == down[3]), None)
     if claim is None:
         return False
     me = f"i{r['i']}"
-    for f in run.faults_at(claim["ts"], claim["tr"], ["redis_partition", "node_partition", "stop", "redis_pause",
-                                                       "node_pause"]):
-        if (f["target"] == me or f["kind"] in ("redis_pause", "node_pause")) and f["end"] + SYNC_LAG >= r["ts"]:
-            return True
-    return False
+    cut = [f for f in run.faults_at(claim["ts"], claim["tr"], ["redis_partition", "node_partition", "stop",
+                                                               "redis_pause", "node_pause"])
+           if f["target"] == me or f["kind"] in ("redis_pause", "node_pause")]
+    if not cut:
+        return False
+    if any(f["end"] + SYNC_LAG >= r["ts"] for f in cut):
+        return True
+    # later than that: only if none of the instance's snapshots since the grant showed the
+    # backend claimed (it had not read the store again: a reconnect after a cut backs off)
+    for s in run.snaps.get(r["i"], []):
+        if claim["tr"] <= s["t0"] <= r["ts"] and any(
+                b["a"] == down[0] and b["s"] == "claimed" for b in s.get("backends") or []):
+            return False
+    return True
 
 
 def starved(run, slot, a, b):
