@@ -422,8 +422,9 @@ SYNC_LAG = 2.0  # an instance reads the store within this after it can reach it 
 
 def unseen_claim(run, r, down):
     """Whether the claim under which backend `down` was stopped was granted while request
-    `r`'s instance was cut off from the store (from Redis, a Cluster node, frozen, or the
-    store frozen), and the instance had not read the store since: the cut ended less than
+    `r`'s instance was cut off from the store (from Redis, a Cluster node, frozen, the
+    store frozen, or its snapshots saying its store unhealthy), and the instance had not
+    read the store since: the cut ended less than
     SYNC_LAG before the request was sent, or none of its snapshots from the grant to the
     request showed the backend claimed."""
     claim = next((o for o in run.ops if o["act"] == "claim" and o.get("st") == 201 and o["b"] == down[0]
@@ -434,7 +435,12 @@ def unseen_claim(run, r, down):
     cut = [f for f in run.faults_at(claim["ts"], claim["tr"], ["redis_partition", "node_partition", "stop",
                                                                "redis_pause", "node_pause"])
            if f["target"] == me or f["kind"] in ("redis_pause", "node_pause")]
-    if not cut:
+    # a store gone unhealthy without an injected fault (a starved machine: calls over
+    # timeout_ms) cuts the instance off just the same
+    unhealthy = any(claim["ts"] - 1 <= s["t0"] <= claim["tr"] + 1
+                    and (s.get("status") is None or s["status"].get("store_healthy") is False)
+                    for s in run.snaps.get(r["i"], []))
+    if not cut and not unhealthy:
         return False
     if any(f["end"] + SYNC_LAG >= r["ts"] for f in cut):
         return True
