@@ -340,3 +340,88 @@ fn an_instance_woken_from_a_pause_routes_nothing_to_a_backend_claimed_while_it_s
         "the woken instance sent requests to the backend claimed while it slept"
     );
 }
+
+/// The seed-7 finding of the second series: two backends drained (the budget's 2 of 4),
+/// an emergency claim on a third (past the budget, by design), then a drain of that third
+/// backend was granted: it was "out already", so the fraction was not checked. When the
+/// emergency claim was released the drain kept it out: 3 of 4 out, over
+/// `max_culled_fraction`, with no emergency in force. A backend out only past the budget
+/// (an emergency claim, a forced operation) now counts as one more.
+#[test]
+fn an_operation_on_a_backend_out_only_by_an_emergency_claim_is_held_to_the_budget() {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let p = Proxy::start(&config(&refs, &redis, "chaos-emergency"));
+    let addr = |i: usize| bs[i].addr().replace(':', "%3A");
+    for i in 0..2 {
+        let r = post_json(
+            &p,
+            &format!("/backends/app/{}/drain", addr(i)),
+            r#"{"reason": "within the budget"}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.body_str());
+    }
+    let r = post_json(
+        &p,
+        "/claims",
+        &format!(
+            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "incident", "emergency": true}}"#,
+            bs[2].addr()
+        ),
+    );
+    assert_eq!(r.status, 201, "{}", r.body_str());
+    let id = json(&r)["id"].as_str().unwrap_or_default().to_string();
+    // A drain of the emergency-claimed backend would keep it out after the claim: refused.
+    let r = post_json(
+        &p,
+        &format!("/backends/app/{}/drain", addr(2)),
+        r#"{"reason": "on top of the emergency", "seconds": 60}"#,
+    );
+    assert_eq!(
+        r.status,
+        409,
+        "a drain on top of an emergency claim was granted past the budget: {}",
+        r.body_str()
+    );
+    assert_eq!(json(&r)["policy"], "fraction", "{}", r.body_str());
+    // Released: the fleet is back within the budget.
+    let r = try_request(
+        &p.admin_addr(),
+        "DELETE",
+        &format!("/claims/{id}"),
+        &[],
+        b"",
+    )
+    .unwrap_or_else(|e| panic!("DELETE /claims/{id}: {e}"));
+    assert!(r.status < 300, "release: {} {}", r.status, r.body_str());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut released_at = None;
+    loop {
+        let out = out_of_rotation(&p.admin_addr());
+        if !out.iter().any(|b| b.contains("claimed")) {
+            // the release applied: from now on (a sync included), within the budget
+            released_at.get_or_insert_with(Instant::now);
+            assert!(
+                out.len() <= 2,
+                "after the emergency claim's release, {} of 4 backends are out (max 2): {out:?}",
+                out.len()
+            );
+        }
+        if released_at.is_some_and(|t| t.elapsed() > Duration::from_millis(1500)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the release never showed: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Within the budget again, a drain of that backend still counts as one more.
+    let r = post_json(
+        &p,
+        &format!("/backends/app/{}/drain", addr(2)),
+        r#"{"reason": "a third drain", "seconds": 60}"#,
+    );
+    assert_eq!(r.status, 409, "{}", r.body_str());
+}

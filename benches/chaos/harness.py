@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """The chaos harness (issue 63), run by benches/chaos/run.sh, which documents it.
 
-Starts N portcullis instances, one private redis-server, four backends, a TCP relay (a process of its own) in
-front of Redis for each instance and one in front of each backend (the partitions), a load
+Starts N portcullis instances, one private redis-server (or a Redis Cluster of three masters and
+three replicas), four backends, a TCP relay (a process of its own) in front of Redis for each
+instance (Cluster: one in front of each node) and one in front of each backend (the partitions;
+a relay cuts every instance off or one only), a load
 client, an operations client (drains, claims and deploys from several instances at once),
 an admin snapshotter per instance, and a fault schedule drawn from the seed. Everything
 listens on 127.0.0.1 on free ports; every process it starts is ended by its PID.
 Writes every record to OUT (JSONL files) for benches/chaos/check.py.
 
     harness.py SEED SECONDS OUT
-Python stdlib only. Environment: PC_BIN (the binary), CHAOS_INSTANCES (3-5; default 3 + SEED % 3).
+Python stdlib only. Environment: PC_BIN (the binary), CHAOS_INSTANCES (3-5; default 3 + SEED % 3),
+CHAOS_STORE (redis or cluster; default cluster for even seeds, redis for odd ones).
 """
 import email.utils
 import http.client
@@ -33,6 +36,11 @@ BIN = os.environ["PC_BIN"]
 N_INST = int(os.environ.get("CHAOS_INSTANCES") or 3 + SEED % 3)
 if not 3 <= N_INST <= 5:
     sys.exit("chaos: CHAOS_INSTANCES must be 3, 4 or 5")
+STORE = os.environ.get("CHAOS_STORE") or ("cluster" if SEED % 2 == 0 else "redis")
+if STORE not in ("redis", "cluster"):
+    sys.exit("chaos: CHAOS_STORE must be redis or cluster")
+CLUSTER_MASTERS, CLUSTER_REPLICAS = 3, 1
+CLUSTER_NODE_TIMEOUT_MS = 1500  # a master paused longer (and an election) is failed over by its replica
 N_BACKENDS = 4
 WINDOW = 10  # rate limit window, seconds
 LIMIT = 50  # per key per window
@@ -144,6 +152,74 @@ class Redis:
             return False
 
 
+class Cluster:
+    """A Redis Cluster of real redis-server nodes, each behind a relay: every node announces
+    its relay's port, so the instances (and the replicas, and redis-cli) reach every node
+    through it, and a relay cuts one instance off one node while the others reach it."""
+
+    def __init__(self):
+        self.nodes = []  # [port, relay, proc, dir]
+        n = CLUSTER_MASTERS * (1 + CLUSTER_REPLICAS)
+        for k in range(n):
+            port, bus = free_port(), free_port()
+            relay = Relay(free_port(), port, f"node{k}")
+            with LOCK:
+                PROCS.append(relay.proc)
+            d = os.path.join(OUT, f"node{k}")
+            os.makedirs(d, exist_ok=True)
+            proc = spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--daemonize", "no", "--dir", d,
+                          "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                          "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+                          "--cluster-port", str(bus), "--cluster-announce-ip", "127.0.0.1",
+                          "--cluster-announce-port", str(relay.port), "--cluster-announce-bus-port", str(bus)],
+                         f"node{k}.log")
+            self.nodes.append([port, relay, proc, d])
+        for port, _, _, _ in self.nodes:
+            if not wait_until(10, lambda p=port: redis_cmd(p, "PING") == "+PONG"):
+                raise SystemExit("chaos: a cluster node did not start")
+        out = subprocess.run(["timeout", "60", "redis-cli", "--cluster", "create"] + self.addrs()
+                             + ["--cluster-replicas", str(CLUSTER_REPLICAS), "--cluster-yes"],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        with open(os.path.join(OUT, "cluster-create.log"), "w") as f:
+            f.write(out.stdout + out.stderr)
+        if out.returncode != 0:
+            raise SystemExit(f"chaos: redis-cli --cluster create failed; see {OUT}/cluster-create.log")
+        if not wait_until(60, self.ok, step=0.5):
+            raise SystemExit("chaos: the cluster never reached cluster_state:ok")
+
+    def addrs(self):
+        """What every client knows the nodes by: their relays."""
+        return [f"127.0.0.1:{n[1].port}" for n in self.nodes]
+
+    def ok(self):
+        """Every node says cluster_state:ok and knows every replica as one."""
+        want = CLUSTER_MASTERS * CLUSTER_REPLICAS
+        return all("cluster_state:ok" in (redis_cmd(n[0], "CLUSTER INFO") or "")
+                   and sum("slave" in ln.split()[2].split(",") for ln in (redis_cmd(n[0], "CLUSTER NODES") or "").splitlines()
+                           if len(ln.split()) > 2) >= want for n in self.nodes)
+
+
+def redis_cmd(port, cmd):
+    """One inline command to a redis-server; its reply's text, None when it does not answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(cmd.encode() + b"\r\n")
+            data = s.recv(65536)
+            if data.startswith(b"$"):  # a bulk reply: read it whole
+                head, _, rest = data.partition(b"\r\n")
+                n = int(head[1:])
+                while len(rest) < n:
+                    more = s.recv(65536)
+                    if not more:
+                        break
+                    rest += more
+                data = rest
+            return data.decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
 class Backend:
     def __init__(self, i):
         self.i = i
@@ -187,9 +263,16 @@ class Instance:
     def __init__(self, slot, redis, backends):
         self.slot = slot
         self.port, self.admin = free_port(), free_port()
-        self.redis_relay = Relay(free_port(), redis.port, f"redis-i{slot}")
-        with LOCK:
-            PROCS.append(self.redis_relay.proc)
+        if isinstance(redis, Cluster):
+            self.redis_relay = None
+            nodes = ", ".join(f'"{a}"' for a in redis.addrs())
+            store = f'mode = "cluster"\nnodes = [{nodes}]'
+        else:
+            self.redis_relay = Relay(free_port(), redis.port, f"redis-i{slot}")
+            with LOCK:
+                PROCS.append(self.redis_relay.proc)
+            store = f'url = "redis://127.0.0.1:{self.redis_relay.port}"'
+
         self.conf = os.path.join(OUT, f"i{slot}.toml")
         self.faketime = os.path.join(OUT, f"i{slot}.faketime")
         self.stopped = False
@@ -207,7 +290,7 @@ shutdown_timeout_seconds = 3
 upgrade_sock = "{OUT}/i{slot}-upgrade.sock"
 
 [redis]
-url = "redis://127.0.0.1:{self.redis_relay.port}"
+{store}
 key_prefix = "chaos"
 timeout_ms = 200
 
@@ -258,6 +341,10 @@ format = "json"
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             })
         self.proc = spawn([BIN, "-c", self.conf], f"i{slot}.log", env=env)
+        # the relays that cut this instance alone off a backend or a cluster node tell its
+        # connections by its pid
+        for r in [b.relay for b in backends] + ([n[1] for n in redis.nodes] if isinstance(redis, Cluster) else []):
+            r.set_pid(slot, self.proc.pid)
         if not wait_until(60, lambda: self.ready()):
             raise SystemExit(f"chaos: instance {slot} never got ready; see {OUT}")
 
@@ -365,7 +452,8 @@ def op(inst, action, b, method, path, body, **extra):
 
 
 def ops_client(idx, inst, backends):
-    """Drains, claims (some followed by a deploy), readies and dry runs through one instance."""
+    """Drains, claims (some followed by a deploy; one in eight an emergency claim), readies and
+    dry runs through one instance."""
     rng = random.Random(SEED * 7919 + idx)
     STOP.wait(WARMUP / 2 + idx)
     mine = []
@@ -375,9 +463,11 @@ def ops_client(idx, inst, backends):
         x = rng.random()
         if x < 0.4:
             secs = rng.randint(4, 12)
-            r = op(inst, "claim", b, "POST", "/claims",
-                   {"upstream": "app", "backend": b.addr, "seconds": secs, "reason": f"chaos {idx}"},
-                   seconds=secs)
+            emergency = x < 0.05
+            body = {"upstream": "app", "backend": b.addr, "seconds": secs, "reason": f"chaos {idx}"}
+            if emergency:
+                body["emergency"] = True
+            r = op(inst, "claim", b, "POST", "/claims", body, seconds=secs, emergency=emergency)
             if r.get("st") == 201 and isinstance(r.get("body"), dict):
                 cid = r["body"].get("id")
                 if secs >= 7:
@@ -414,6 +504,8 @@ def fault(kind, target, start_fn, end_fn, dur, **detail):
 
 
 def fault_schedule(redis, insts, backends):
+    """Redis variant: rp, bp, bp1, skew, stop, rz, bf. Cluster variant: rp (the instance cut off
+    from every node), np (from one node), bp, bp1, skew, stop, nz (one node paused), bf."""
     rng = random.Random(SEED * 31 + 1)
     busy = set()  # targets under a fault
     busy_lock = threading.Lock()
@@ -428,13 +520,21 @@ def fault_schedule(redis, insts, backends):
     STOP.wait(WARMUP)
     while not STOP.is_set() and time.time() < T_FAULTS_END - 5:
         left = T_FAULTS_END - time.time()
-        kind = rng.choice(["redis_partition", "backend_partition", "skew", "skew", "stop",
-                           "redis_pause", "backend_fail"])
-        if kind in ("redis_partition", "skew", "stop"):
+        if STORE == "cluster":
+            kinds = ["redis_partition", "node_partition", "backend_partition", "backend_partition_one",
+                     "skew", "skew", "stop", "node_pause", "backend_fail"]
+        else:
+            kinds = ["redis_partition", "backend_partition", "backend_partition_one", "skew", "skew", "stop",
+                     "redis_pause", "backend_fail"]
+        kind = rng.choice(kinds)
+        if kind in ("redis_partition", "node_partition", "skew", "stop"):
             inst = rng.choice(insts)
             target = f"i{inst.slot}"
         elif kind == "redis_pause":
             target = "redis"
+        elif kind == "node_pause":
+            node = rng.randrange(len(redis.nodes))
+            target = f"node{node}"
         else:
             b = rng.choice(backends)
             target = b.addr
@@ -446,12 +546,43 @@ def fault_schedule(redis, insts, backends):
         if target is None:
             STOP.wait(1)
             continue
-        if kind == "redis_partition":
+        if kind == "redis_partition" and STORE == "cluster":
+            # the instance cut off from every node of the cluster
+            mode = rng.choice(["blackhole", "refuse"])
+            dur = min(left, rng.uniform(3, 15))
+            rs = [n[1] for n in redis.nodes]
+            args = (lambda rs=rs, m=mode, i=inst.slot: [r.set_mode(m, i) for r in rs],
+                    lambda rs=rs, i=inst.slot: [r.set_mode("pass", i) for r in rs], dur)
+            d = {"mode": mode}
+        elif kind == "redis_partition":
             mode = rng.choice(["blackhole", "refuse"])
             dur = min(left, rng.uniform(3, 15))
             args = (lambda r=inst.redis_relay, m=mode: r.set_mode(m), lambda r=inst.redis_relay: r.set_mode("pass"),
                     dur)
             d = {"mode": mode}
+        elif kind == "node_partition":
+            # the instance cut off from one node (a master or a replica) while the others reach it
+            node = rng.randrange(len(redis.nodes))
+            r = redis.nodes[node][1]
+            mode = rng.choice(["blackhole", "refuse"])
+            dur = min(left, rng.uniform(3, 15))
+            args = (lambda r=r, m=mode, i=inst.slot: r.set_mode(m, i), lambda r=r, i=inst.slot: r.set_mode("pass", i),
+                    dur)
+            d = {"mode": mode, "node": f"node{node}"}
+        elif kind == "node_pause":
+            p = redis.nodes[node][2]
+            dur = min(left, rng.uniform(1, 8))
+            args = (lambda p=p: p.send_signal(signal.SIGSTOP), lambda p=p: p.send_signal(signal.SIGCONT), dur)
+            d = {}
+        elif kind == "backend_partition_one":
+            # one instance cut off from a backend while the others reach it: the fleet disagrees
+            # on the backend's health
+            inst = rng.choice(insts)
+            mode = rng.choice(["blackhole", "refuse"])
+            dur = min(left, rng.uniform(4, 15))
+            args = (lambda r=b.relay, m=mode, i=inst.slot: r.set_mode(m, i),
+                    lambda r=b.relay, i=inst.slot: r.set_mode("pass", i), dur)
+            d = {"mode": mode, "inst": f"i{inst.slot}"}
         elif kind == "backend_partition":
             mode = rng.choice(["blackhole", "refuse"])
             dur = min(left, rng.uniform(4, 15))
@@ -512,7 +643,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: (cleanup(), sys.exit(1)))
     T_FAULTS_END = T0 + SECONDS - QUIET
     try:
-        redis = Redis()
+        redis = Cluster() if STORE == "cluster" else Redis()
         backends = [Backend(i) for i in range(N_BACKENDS)]
         insts = [Instance(s, redis, backends) for s in range(N_INST)]
         meta = {
@@ -520,11 +651,14 @@ def main():
             "max_culled_fraction": MAX_CULLED_FRACTION, "max_concurrent": MAX_CONCURRENT,
             "backends": [b.addr for b in backends], "read_timeout_ms": READ_TIMEOUT_MS,
             "propagation": PROPAGATION, "t0": T0, "faketime": os.path.exists(FAKETIME_LIB),
-            "hot_keys": HOT_KEYS,
+            "hot_keys": HOT_KEYS, "store": STORE,
+            "nodes": redis.addrs() if STORE == "cluster" else None,
+            "cluster_node_timeout_ms": CLUSTER_NODE_TIMEOUT_MS if STORE == "cluster" else None,
         }
         with open(os.path.join(OUT, "meta.json"), "w") as f:
             json.dump(meta, f)
-        log(f"seed {SEED}: {N_INST} instances, redis :{redis.port}, backends {[b.addr for b in backends]}")
+        log(f"seed {SEED}: {N_INST} instances, {STORE} "
+            f"{redis.addrs() if STORE == 'cluster' else redis.port}, backends {[b.addr for b in backends]}")
         threads = [threading.Thread(target=snapshotter, args=(i,), daemon=True) for i in insts]
         n = 0
         for k, x in HOT_KEYS.items():  # x times the limit, over 4 senders

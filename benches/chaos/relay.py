@@ -9,6 +9,14 @@ port and forwards each connection to a target. Its mode makes the partitions:
   retransmissions timed out);
 * `refuse`: existing connections are closed and new ones are closed at once (a reset peer).
 
+A mode applies to every client (`MODE`) or to the connections of one instance only
+(`src SLOT MODE`; the instance's PID given by `pid SLOT PID`): the relay tells which process
+opened a connection by its socket's inode (/proc/net/tcp, then /proc/PID/fd of that
+instance), so one relay per backend (or Redis Cluster node) cuts one instance off it while
+the others reach it, as one relay per instance-to-backend path would. A connection whose
+instance has a mode of its own follows that mode; the others follow the relay's.
+The lookup runs only while some instance has a mode of its own.
+
 Each relay runs in a process of its own (`RelayProcess`: `python3 relay.py NAME LISTEN
 TARGET`, its mode a line on its stdin), so that it does not stall with the harness's
 client and snapshot threads when the machine starves.
@@ -29,7 +37,9 @@ class Relay:
         self.target = ("127.0.0.1", target_port)
         self.mode = "pass"
         self.lock = threading.Lock()
-        self.conns = []  # [client_sock, upstream_sock or None, poisoned]
+        self.conns = []  # [client_sock, upstream_sock or None, poisoned, slot (None: unknown or not looked up)]
+        self.src_modes = {}  # instance slot -> its own mode (absent: the relay's)
+        self.pids = {}  # instance slot -> pid
         self.srv = socket.socket()
         self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.srv.bind(("127.0.0.1", listen_port))
@@ -38,10 +48,24 @@ class Relay:
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True, name=f"relay-{name}").start()
 
-    def set_mode(self, mode):
+    def set_mode(self, mode, slot=None):
+        """The relay's mode, or (`slot` given) the mode of one instance's connections."""
         with self.lock:
-            old, self.mode = self.mode, mode
+            if slot is None:
+                old, self.mode = self.mode, mode
+            else:
+                old = self.src_modes.get(slot, self.mode)
+                if mode == "pass":
+                    self.src_modes.pop(slot, None)
+                else:
+                    self.src_modes[slot] = mode
             conns = list(self.conns)
+        if slot is not None:
+            if mode != "pass":
+                self._classify(conns)
+            conns = [c for c in conns if c[3] == slot]
+        else:
+            conns = [c for c in conns if c[3] not in self.src_modes]
         if mode == "refuse" or (old == "blackhole" and mode == "pass"):
             for c in conns:
                 if mode == "refuse" or c[2]:
@@ -49,6 +73,55 @@ class Relay:
         if mode == "blackhole":
             for c in conns:
                 c[2] = True
+
+    def _classify(self, conns):
+        """Sets the instance slot of each connection not looked up yet."""
+        todo = [c for c in conns if c[3] is None and len(c) > 4]
+        if not todo:
+            return
+        inodes = self._inodes({c[4] for c in todo})
+        owner = {}
+        for slot, pid in list(self.pids.items()):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = slot
+        for c in todo:
+            ino = inodes.get(c[4])
+            if ino is not None:
+                c[3] = owner.get(ino)
+
+    def _inodes(self, ports):
+        """Client port -> socket inode of the client's side of each connection to this relay."""
+        res = {}
+        mine = f"{self.port:04X}"
+        try:
+            with open("/proc/net/tcp") as f:
+                next(f)
+                for line in f:
+                    p = line.split()
+                    lport, rport = int(p[1].split(":")[1], 16), p[2].split(":")[1]
+                    if rport == mine and lport in ports:
+                        res[lport] = p[9]
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+        return res
+
+    def _mode_of(self, c):
+        with self.lock:
+            if not self.src_modes:
+                return self.mode
+        if c[3] is None:
+            self._classify([c])
+        with self.lock:
+            return self.src_modes.get(c[3], self.mode)
 
     def _close(self, c):
         for s in c[:2]:
@@ -64,18 +137,18 @@ class Relay:
     def _accept(self):
         while not self.stopped:
             try:
-                cs, _ = self.srv.accept()
+                cs, peer = self.srv.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(cs,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(cs, peer[1]), daemon=True).start()
 
-    def _serve(self, cs):
-        with self.lock:
-            mode = self.mode
+    def _serve(self, cs, peer_port):
+        c = [cs, None, False, None, peer_port]
+        mode = self._mode_of(c)
         if mode == "refuse":
             cs.close()
             return
-        c = [cs, None, mode == "blackhole"]
+        c[2] = mode == "blackhole"
         with self.lock:
             self.conns.append(c)
         if mode != "blackhole":
@@ -130,8 +203,12 @@ class RelayProcess:
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"relay {name} did not start")
 
-    def set_mode(self, mode):
-        self.proc.stdin.write(mode + "\n")
+    def set_mode(self, mode, slot=None):
+        self.proc.stdin.write((mode if slot is None else f"src {slot} {mode}") + "\n")
+        self.proc.stdin.flush()
+
+    def set_pid(self, slot, pid):
+        self.proc.stdin.write(f"pid {slot} {pid}\n")
         self.proc.stdin.flush()
 
     def stop(self):
@@ -150,9 +227,14 @@ def main():
     relay = Relay(listen, target, name)
     print("ready", flush=True)
     for line in sys.stdin:
-        mode = line.strip()
-        if mode in ("pass", "blackhole", "refuse"):
-            relay.set_mode(mode)
+        w = line.split()
+        if len(w) == 1 and w[0] in ("pass", "blackhole", "refuse"):
+            relay.set_mode(w[0])
+        elif len(w) == 3 and w[0] == "src" and w[2] in ("pass", "blackhole", "refuse"):
+            relay.set_mode(w[2], int(w[1]))
+        elif len(w) == 3 and w[0] == "pid":
+            with relay.lock:
+                relay.pids[int(w[1])] = int(w[2])
     relay.stop()
 
 

@@ -251,9 +251,50 @@ pub fn out_backends<'a>(
     out
 }
 
+/// Whether `r` was granted past the budget: a forced operation or an emergency claim.
+pub fn outside_budget(r: &OpRecord) -> bool {
+    r.force
+        || matches!(
+            r.kind,
+            OpKind::Claim {
+                emergency: true,
+                ..
+            }
+        )
+}
+
+/// The budget an operation on `backend` is checked against, from the backends out
+/// (`out`, [`out_backends`]) and those out within the budget (`within`: culls and the
+/// operations that are neither forced nor emergency claims): `(already_out, out)` for
+/// [`check_out`]. A backend out only past the budget is not out already: the new
+/// operation would keep it out after the forced operation or emergency claim ends, so it
+/// counts as one more on top of those out within the budget.
+pub fn budget_for(backend: &str, out: &[&str], within: &[&str]) -> (bool, u32) {
+    let count = |l: &[&str]| u32::try_from(l.len()).unwrap_or(u32::MAX);
+    if within.contains(&backend) || !out.contains(&backend) {
+        (out.contains(&backend), count(out))
+    } else {
+        (false, count(within))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_out_only_past_the_budget_counts_as_new() {
+        let out = ["a", "b", "x"];
+        let within = ["a", "b"];
+        // out by a drain within the budget: out already
+        assert_eq!(budget_for("a", &out, &within), (true, 3));
+        // a new backend: one more on top of every backend out
+        assert_eq!(budget_for("y", &out, &within), (false, 3));
+        // out only by an emergency claim: one more on top of those within the budget
+        assert_eq!(budget_for("x", &out, &within), (false, 2));
+        assert!(check_out(false, 2, 4, 0.5, false).is_err());
+        assert!(check_out(false, 1, 4, 0.5, false).is_ok());
+    }
 
     fn req(kind: OpKind, ttl: Option<u64>) -> OpRequest {
         OpRequest {

@@ -5,7 +5,8 @@
 
 use portcullis_policy::cull::claims::FleetState;
 use portcullis_policy::cull::ops::{
-    check_out, out_backends, OpKind, OpRecord, OpRefusal, OpRequest, CLAIM_ASPECT,
+    budget_for, check_out, out_backends, outside_budget, OpKind, OpRecord, OpRefusal, OpRequest,
+    CLAIM_ASPECT,
 };
 use portcullis_policy::cull::{ClaimCommit, ClaimToCommit, CullParams};
 
@@ -45,9 +46,11 @@ impl LocalBudget {
                 .get(upstream)
                 .map(|m| m.values().cloned().collect())
                 .unwrap_or_default();
+            let within_ops: Vec<OpRecord> =
+                all.iter().filter(|r| !outside_budget(r)).cloned().collect();
+            let within = out_backends(culled.iter().copied(), &within_ops, now_ms);
             let out = out_backends(culled, &all, now_ms);
-            let already = out.contains(&backend);
-            let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
+            let (already, n) = budget_for(backend, &out, &within);
             check_out(already, n, total, fraction, req.force)?;
         }
         if req.kind.takes_out() {

@@ -48,13 +48,33 @@ local _, forever, longest = out_ops(KEYS[2], field)
 if takes then
   local seen, n = {}, 0
   for _, b in ipairs(list) do seen[b] = true; n = n + 1 end
+  -- within the budget: the culls and the operations neither forced nor emergency claims
+  local within, nw = {}, 0
+  local o = redis.call('HGETALL', KEYS[2])
+  for i = 1, #o, 2 do
+    local u, k, f = string.match(o[i + 1], '^(%d+)\n([^\n]+)\n%d+\n(%d)\n')
+    u = tonumber(u)
+    if u ~= nil and (u == 0 or u > now) and f ~= '1'
+      and (k == 'drain' or k == 'maint' or k == 'w:0'
+        or (string.sub(k, 1, 6) == 'claim:' and string.sub(k, -2) ~= ':1')) then
+      local b = string.gsub((string.gsub(o[i], '#w$', '')), '#c$', '')
+      if not within[b] then within[b] = true; nw = nw + 1 end
+    end
+  end
   local c = redis.call('HGETALL', KEYS[1])
   for i = 1, #c, 2 do
-    if (tonumber(c[i + 1]) or 0) > now and not seen[c[i]] then seen[c[i]] = true; n = n + 1 end
+    if (tonumber(c[i + 1]) or 0) > now then
+      if not seen[c[i]] then seen[c[i]] = true; n = n + 1 end
+      if not within[c[i]] then within[c[i]] = true; nw = nw + 1 end
+    end
   end
   if not seen[backend] then
     if n + 1 >= total then return {2, total, 0} end
     if n + 1 > max_out and not force then return {1, n + 1, max_out} end
+  elseif not within[backend] then
+    -- out only by a forced operation or an emergency claim, past the budget: this one
+    -- would keep it out after they end, so it counts on top of those within the budget
+    if nw + 1 > max_out and not force then return {1, nw + 1, max_out} end
   end
 end
 local o = redis.call('HGETALL', KEYS[2])
