@@ -77,6 +77,9 @@ pub struct HttpSession {
     // portcullis patch: the fields this session still reads of a response header it handed
     // out whole (`read_resp_header_parts`); its own copy then keeps the status and version.
     handed_out: Option<HandedOutFields>,
+    // portcullis patch: the response body's framing, read once from the header as it was
+    // received (`read_response`): its validation and the body reader use it.
+    resp_framing: Framing,
 }
 
 /// portcullis patch: what the session reads of a response header after handing it out
@@ -124,6 +127,7 @@ impl HttpSession {
             allow_h1_response_invalid_content_length: false,
             preserve_header_case: true,
             handed_out: None,
+            resp_framing: Framing::default(),
         }
     }
 
@@ -240,7 +244,12 @@ impl HttpSession {
         // unrecoverable framing error. A peer may opt to tolerate a single,
         // otherwise-invalid value and treat the response as close-delimited.
         // Note: Content-Length is already removed if Transfer-Encoding is present.
-        if let Err(e) = super::common::validate_content_length(&resp_header.headers) {
+        // portcullis patch: from the framing read with the header (the error's text from the
+        // header again).
+        if self.resp_framing.content_length.is_err() {
+            let Err(e) = super::common::validate_content_length(&resp_header.headers) else {
+                return Ok(());
+            };
             if self.allow_h1_response_invalid_content_length
                 && super::common::content_length_is_single_token(&resp_header.headers)
             {
@@ -365,6 +374,12 @@ impl HttpSession {
                         if contains_content_length && contains_transfer_encoding {
                             response_header.remove_header(&header::CONTENT_LENGTH);
                         }
+                        // portcullis patch: the body's framing, read once
+                        self.resp_framing = Framing::read(
+                            &response_header.headers,
+                            contains_transfer_encoding,
+                            contains_content_length,
+                        );
 
                         self.raw_header = Some(BufRef(0, s));
                         self.preread_body = Some(BufRef(s, total_read));
@@ -800,7 +815,7 @@ impl HttpSession {
             } else if self.is_chunked_encoding() {
                 // if chunked encoding, content-length should be ignored
                 self.body_reader.init_chunked(preread_body);
-            } else if let Some(cl) = self.get_content_length().unwrap_or(None) {
+            } else if let Some(cl) = self.get_content_length() {
                 self.body_reader.init_content_length(cl, preread_body);
             } else {
                 self.body_reader.init_close_delimited(preread_body);
@@ -845,17 +860,13 @@ impl HttpSession {
         }
     }
 
-    fn get_content_length(&self) -> Result<Option<usize>> {
-        match self.resp_header() {
-            Some(h) => content_length_for_framing(&h.headers),
-            None => Ok(None),
-        }
+    // portcullis patch: both from the framing read with the header (`read_response`)
+    fn get_content_length(&self) -> Option<usize> {
+        self.resp_framing.content_length.unwrap_or(None)
     }
 
     fn is_chunked_encoding(&self) -> bool {
-        self.resp_header()
-            .map(|h| is_chunked_encoding_from_headers(&h.headers))
-            .unwrap_or(false)
+        self.resp_framing.chunked
     }
 
     fn init_req_body_writer(&mut self, header: &RequestHeader) {
