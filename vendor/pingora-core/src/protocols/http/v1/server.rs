@@ -115,7 +115,8 @@ pub struct HttpSession {
     /// response header to the client.
     upgraded: bool,
     /// Digest to track underlying connection metrics
-    digest: Box<Digest>,
+    /// (portcullis patch: in place, not boxed: the session is made per request)
+    digest: Digest,
     /// Minimum send rate to the client
     min_send_rate: Option<usize>,
     /// When this is enabled informational response headers will not be proxied downstream
@@ -176,12 +177,12 @@ impl HttpSession {
     /// any other operations.
     pub fn new(underlying_stream: Stream) -> Self {
         // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
+        let digest = Digest {
             ssl_digest: underlying_stream.get_ssl_digest(),
             timing_digest: underlying_stream.get_timing_digest(),
             proxy_digest: underlying_stream.get_proxy_digest(),
             socket_digest: underlying_stream.get_socket_digest(),
-        });
+        };
 
         HttpSession {
             underlying_stream,
