@@ -55,7 +55,8 @@ pub struct HttpSession {
     /// no timeout). See `PeerOptions::upgraded_read_timeout`.
     pub upgraded_read_timeout: Option<Option<Duration>>,
     keepalive_timeout: KeepaliveStatus,
-    pub(crate) digest: Box<Digest>,
+    // portcullis patch: in place, not boxed: the session is made per request
+    pub(crate) digest: Digest,
     response_header: Option<Box<ResponseHeader>>,
     request_written: Option<Box<RequestHeader>>,
     bytes_sent: usize,
@@ -74,6 +75,23 @@ pub struct HttpSession {
     // portcullis patch: whether the parsed response keeps each header name's case
     // (default true; see `set_preserve_header_case`)
     preserve_header_case: bool,
+    // portcullis patch: the fields this session still reads of a response header it handed
+    // out whole (`read_resp_header_parts`); its own copy then keeps the status and version.
+    handed_out: Option<HandedOutFields>,
+    // portcullis patch: the response body's framing, read once from the header as it was
+    // received (`read_response`): its validation and the body reader use it.
+    resp_framing: Framing,
+}
+
+/// portcullis patch: what the session reads of a response header after handing it out
+/// (`read_resp_header_parts`): the fields of its keep-alive decision. The body's framing was
+/// read from the whole header before (`init_body_reader` in `read_response`). The values
+/// are clones of the parsed ones (a reference count each, no copy).
+#[derive(Debug)]
+struct HandedOutFields {
+    connection: Option<HeaderValue>,
+    keep_alive: Option<HeaderValue>,
+    transfer_encoding: bool,
 }
 
 /// HTTP 1.x client session
@@ -81,12 +99,12 @@ impl HttpSession {
     /// Create a new http client session from an established (TCP or TLS) [`Stream`].
     pub fn new(stream: Stream) -> Self {
         // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
+        let digest = Digest {
             ssl_digest: stream.get_ssl_digest(),
             timing_digest: stream.get_timing_digest(),
             proxy_digest: stream.get_proxy_digest(),
             socket_digest: stream.get_socket_digest(),
-        });
+        };
         HttpSession {
             underlying_stream: stream,
             buf: Bytes::new(), // zero size, will be replaced by parsed header later
@@ -109,6 +127,8 @@ impl HttpSession {
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
             preserve_header_case: true,
+            handed_out: None,
+            resp_framing: Framing::default(),
         }
     }
 
@@ -225,7 +245,12 @@ impl HttpSession {
         // unrecoverable framing error. A peer may opt to tolerate a single,
         // otherwise-invalid value and treat the response as close-delimited.
         // Note: Content-Length is already removed if Transfer-Encoding is present.
-        if let Err(e) = super::common::validate_content_length(&resp_header.headers) {
+        // portcullis patch: from the framing read with the header (the error's text from the
+        // header again).
+        if self.resp_framing.content_length.is_err() {
+            let Err(e) = super::common::validate_content_length(&resp_header.headers) else {
+                return Ok(());
+            };
             if self.allow_h1_response_invalid_content_length
                 && super::common::content_length_is_single_token(&resp_header.headers)
             {
@@ -350,11 +375,18 @@ impl HttpSession {
                         if contains_content_length && contains_transfer_encoding {
                             response_header.remove_header(&header::CONTENT_LENGTH);
                         }
+                        // portcullis patch: the body's framing, read once
+                        self.resp_framing = Framing::read(
+                            &response_header.headers,
+                            contains_transfer_encoding,
+                            contains_content_length,
+                        );
 
                         self.raw_header = Some(BufRef(0, s));
                         self.preread_body = Some(BufRef(s, total_read));
                         self.buf = buf;
                         self.response_header = Some(response_header);
+                        self.handed_out = None;
                         if let Err(e) = self.validate_response() {
                             return self.fail_response_header_read(e);
                         }
@@ -458,16 +490,55 @@ impl HttpSession {
         }
     }
 
-    /// Similar to [`Self::read_response()`], read the response header and then return a copy of it.
+    /// Similar to [`Self::read_response()`], read the response header and then return it.
+    ///
+    /// portcullis patch: the parsed header is handed out (moved, not cloned). This session
+    /// keeps a header of its status and version, with no fields ([`Self::resp_header()`] and
+    /// [`Self::get_header()`] see no field after this call), and the few fields its own
+    /// keep-alive decision reads. The body's framing was already read from the whole header.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
-        // portcullis patch: hand out the parsed header, which the parser sized with room for
-        // the fields a proxy adds, and keep the copy (whose maps have no room) for this
-        // session's own reads. The other way round, every field added to the returned header
-        // grew and reallocated its maps. The two are equal either way.
         // safe to unwrap because it is just read
-        let copy = Box::new(self.resp_header().unwrap().clone());
-        Ok(self.response_header.replace(copy).unwrap())
+        let whole = self.response_header.take().unwrap();
+        self.handed_out = Some(HandedOutFields {
+            connection: whole.headers.get(header::CONNECTION).cloned(),
+            keep_alive: whole.headers.get("Keep-Alive").cloned(),
+            // read only for an HTTP/1.0 response (`respect_keepalive`)
+            transfer_encoding: whole.version == Version::HTTP_10
+                && whole.headers.contains_key(header::TRANSFER_ENCODING),
+        });
+        // An empty header map does not allocate.
+        let mut kept = http::Response::new(());
+        *kept.status_mut() = whole.status;
+        *kept.version_mut() = whole.version;
+        self.response_header = Some(Box::new(ResponseHeader::from(kept.into_parts().0)));
+        Ok(whole)
+    }
+
+    /// portcullis patch: the response's `Connection` field, from the header or, once the
+    /// header was handed out, from what the session kept of it.
+    fn resp_connection(&self) -> Option<&HeaderValue> {
+        match &self.handed_out {
+            Some(kept) => kept.connection.as_ref(),
+            None => self.get_header(header::CONNECTION),
+        }
+    }
+
+    /// portcullis patch: the response's `Keep-Alive` field, as [`Self::resp_connection`].
+    fn resp_keep_alive(&self) -> Option<&HeaderValue> {
+        match &self.handed_out {
+            Some(kept) => kept.keep_alive.as_ref(),
+            None => self.get_header("Keep-Alive"),
+        }
+    }
+
+    /// portcullis patch: whether the response had a `Transfer-Encoding` field (once the
+    /// header was handed out, known for an HTTP/1.0 response only: the one case it is read).
+    fn resp_has_transfer_encoding(&self) -> bool {
+        match &self.handed_out {
+            Some(kept) => kept.transfer_encoding,
+            None => self.get_header(header::TRANSFER_ENCODING).is_some(),
+        }
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
@@ -612,10 +683,7 @@ impl HttpSession {
         // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
         // if Transfer-Encoding is received in HTTP/1.0 response, connection MUST be closed after processing.
         if self.resp_header().map(|h| h.version) == Some(Version::HTTP_10)
-            && self
-                .resp_header()
-                .and_then(|h| h.headers.get(header::TRANSFER_ENCODING))
-                .is_some()
+            && self.resp_has_transfer_encoding()
         {
             self.set_keepalive(None);
             return;
@@ -652,7 +720,7 @@ impl HttpSession {
         match request_keepalive {
             // ignore what the server sends if request disables keepalive explicitly
             Some(false) => Some(false),
-            _ => is_buf_keepalive(self.get_header(header::CONNECTION)),
+            _ => is_buf_keepalive(self.resp_connection()),
         }
     }
 
@@ -661,7 +729,7 @@ impl HttpSession {
     /// it's behavior is different on different platforms.
     /// https://developer.mozilla.org/en-US/docs/Web/HTTP/Headers/Keep-Alive
     fn get_keepalive_values(&self) -> (Option<u64>, Option<usize>) {
-        let Some(keep_alive_header) = self.get_header("Keep-Alive") else {
+        let Some(keep_alive_header) = self.resp_keep_alive() else {
             return (None, None);
         };
 
@@ -748,7 +816,7 @@ impl HttpSession {
             } else if self.is_chunked_encoding() {
                 // if chunked encoding, content-length should be ignored
                 self.body_reader.init_chunked(preread_body);
-            } else if let Some(cl) = self.get_content_length().unwrap_or(None) {
+            } else if let Some(cl) = self.get_content_length() {
                 self.body_reader.init_content_length(cl, preread_body);
             } else {
                 self.body_reader.init_close_delimited(preread_body);
@@ -793,17 +861,13 @@ impl HttpSession {
         }
     }
 
-    fn get_content_length(&self) -> Result<Option<usize>> {
-        match self.resp_header() {
-            Some(h) => content_length_for_framing(&h.headers),
-            None => Ok(None),
-        }
+    // portcullis patch: both from the framing read with the header (`read_response`)
+    fn get_content_length(&self) -> Option<usize> {
+        self.resp_framing.content_length.unwrap_or(None)
     }
 
     fn is_chunked_encoding(&self) -> bool {
-        self.resp_header()
-            .map(|h| is_chunked_encoding_from_headers(&h.headers))
-            .unwrap_or(false)
+        self.resp_framing.chunked
     }
 
     fn init_req_body_writer(&mut self, header: &RequestHeader) {
@@ -1244,8 +1308,9 @@ mod tests_stream {
         let mock_io = Builder::new().read(input).build();
         let mut http_stream = HttpSession::new(Box::new(mock_io));
         let resp = http_stream.read_resp_header_parts().await.unwrap();
-        assert_eq!(1, http_stream.resp_header().unwrap().headers.len());
-        assert_eq!(http_stream.get_header("Server👍").unwrap(), "pingora");
+        // portcullis patch: the header was handed out; the session keeps its status only
+        assert_eq!(0, http_stream.resp_header().unwrap().headers.len());
+        assert_eq!(Some(StatusCode::OK), http_stream.get_status());
         assert_eq!(resp.headers.get("Server👍").unwrap(), "pingora");
     }
 
@@ -2408,6 +2473,57 @@ mod tests_stream {
                 .await
                 .get_keepalive_values(),
             (None, None)
+        );
+    }
+
+    // portcullis patch: after `read_resp_header_parts` hands the header out, the session
+    // decides keep-alive from what it kept of it exactly as it does from the whole header.
+    #[tokio::test]
+    async fn keepalive_after_the_header_is_handed_out() {
+        init_log();
+        async fn decide(input: &str, hand_out: bool) -> (KeepaliveStatus, Option<u16>) {
+            let mock_io = Builder::new().read(input.as_bytes()).build();
+            let mut http_stream = HttpSession::new(Box::new(mock_io));
+            if hand_out {
+                let whole = http_stream.read_resp_header_parts().await.unwrap();
+                // the caller gets every field; the session keeps none
+                assert_eq!(http_stream.resp_header().unwrap().headers.len(), 0);
+                assert!(!whole.headers.is_empty());
+                assert_eq!(http_stream.get_status(), Some(whole.status));
+            } else {
+                http_stream.read_response().await.unwrap();
+            }
+            while !http_stream.is_body_done() {
+                if http_stream.read_body_ref().await.unwrap().is_none() {
+                    break;
+                }
+            }
+            http_stream.respect_keepalive();
+            let status = http_stream.get_status().map(|s| s.as_u16());
+            (http_stream.keepalive_timeout.clone(), status)
+        }
+        for input in [
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok",
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\nServer: x\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n0\r\n\r\n",
+        ] {
+            assert_eq!(decide(input, true).await, decide(input, false).await, "{input}");
+        }
+        assert_eq!(
+            decide("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n", true)
+                .await
+                .0,
+            KeepaliveStatus::Timeout(Duration::from_secs(5))
+        );
+        assert_eq!(
+            decide("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", true)
+                .await
+                .0,
+            KeepaliveStatus::Off
         );
     }
 

@@ -164,6 +164,47 @@ fn find_last_te_token(bytes: &[u8]) -> &[u8] {
     last_token.trim_ascii()
 }
 
+/// portcullis patch: a received message's body framing, read once from its header when it is
+/// parsed (RFC 9112 section 6.3), for its validation and its body reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Framing {
+    /// A `Transfer-Encoding` field is present.
+    pub(crate) transfer_encoding: bool,
+    /// Its last coding is `chunked`.
+    pub(crate) chunked: bool,
+    /// The `Content-Length` that frames the body: `Ok(None)` when there is none (or a
+    /// `Transfer-Encoding` overrides it), `Err(())` when it is present but invalid
+    /// ([`content_length_for_framing`] gives the error).
+    pub(crate) content_length: std::result::Result<Option<usize>, ()>,
+}
+
+impl Default for Framing {
+    /// No body: neither field.
+    fn default() -> Self {
+        Framing {
+            transfer_encoding: false,
+            chunked: false,
+            content_length: Ok(None),
+        }
+    }
+}
+
+impl Framing {
+    /// The framing of `headers`, where the caller has already looked up whether a
+    /// `Transfer-Encoding` and a `Content-Length` field are present.
+    pub(crate) fn read(headers: &HMap, transfer_encoding: bool, content_length: bool) -> Self {
+        Framing {
+            transfer_encoding,
+            chunked: transfer_encoding && is_chunked_encoding_from_headers(headers),
+            content_length: if content_length && !transfer_encoding {
+                content_length_for_framing(headers).map_err(|_| ())
+            } else {
+                Ok(None)
+            },
+        }
+    }
+}
+
 /// Check if chunked encoding is the final encoding across all transfer-encoding headers
 pub(crate) fn is_chunked_encoding_from_headers(headers: &HMap) -> bool {
     // Get the last Transfer-Encoding header value

@@ -115,7 +115,8 @@ pub struct HttpSession {
     /// response header to the client.
     upgraded: bool,
     /// Digest to track underlying connection metrics
-    digest: Box<Digest>,
+    /// (portcullis patch: in place, not boxed: the session is made per request)
+    digest: Digest,
     /// Minimum send rate to the client
     min_send_rate: Option<usize>,
     /// When this is enabled informational response headers will not be proxied downstream
@@ -148,6 +149,9 @@ pub struct HttpSession {
     /// (a case map beside the value map). Defaults to true. See
     /// [`Self::set_preserve_header_case`].
     preserve_header_case: bool,
+    /// portcullis patch: the request body's framing, read once from the header as it was
+    /// received (`read_request`): its validation and the body reader use it.
+    req_framing: Framing,
     /// Pipelined bytes from the previous request on the same keep-alive connection,
     /// to be parsed as the start of this session's request. Consumed on the first
     /// call to [`Self::read_request`]. Set via [`Self::set_pipelined_prefix`] after
@@ -173,12 +177,12 @@ impl HttpSession {
     /// any other operations.
     pub fn new(underlying_stream: Stream) -> Self {
         // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
+        let digest = Digest {
             ssl_digest: underlying_stream.get_ssl_digest(),
             timing_digest: underlying_stream.get_timing_digest(),
             proxy_digest: underlying_stream.get_proxy_digest(),
             socket_digest: underlying_stream.get_socket_digest(),
-        });
+        };
 
         HttpSession {
             underlying_stream,
@@ -212,6 +216,7 @@ impl HttpSession {
             proxy_tasks_enabled: false,
             pipelining_enabled: false,
             preserve_header_case: true,
+            req_framing: Framing::default(),
             pipelined_prefix: None,
             pipelined_idle_bytes_stashed: false,
             request_target_escaped: false,
@@ -427,6 +432,12 @@ impl HttpSession {
                         if has_both_te_and_cl {
                             request_header.remove_header(&CONTENT_LENGTH);
                         }
+                        // portcullis patch: the body's framing, read once
+                        self.req_framing = Framing::read(
+                            &request_header.headers,
+                            contains_transfer_encoding,
+                            contains_content_length,
+                        );
 
                         self.buf = buf;
                         self.preread_body = Some(preread_body);
@@ -507,9 +518,13 @@ impl HttpSession {
         // parity): identical duplicates and comma-combined identical values are
         // accepted and collapsed; differing or unparseable values are rejected.
         // This is a no-op when Transfer-Encoding is present (TE overrides CL).
-        super::common::validate_content_length(&req_header.headers)?;
+        // portcullis patch: from the framing read with the header (the error's text from
+        // the header again).
+        if !self.req_framing.transfer_encoding && self.req_framing.content_length.is_err() {
+            super::common::validate_content_length(&req_header.headers)?;
+        }
 
-        if req_header.headers.contains_key(TRANSFER_ENCODING) {
+        if self.req_framing.transfer_encoding {
             // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
             // HTTP/1.0 requests with Transfer-Encoding MUST be treated as having faulty framing.
             // We reject with 400 Bad Request and close the connection.
@@ -1149,12 +1164,13 @@ impl HttpSession {
         self.body_bytes_read
     }
 
+    // portcullis patch: both from the framing read with the header (`read_request`)
     fn is_chunked_encoding(&self) -> bool {
-        is_chunked_encoding_from_headers(&self.req_header().headers)
+        self.req_framing.chunked
     }
 
-    fn get_content_length(&self) -> Result<Option<usize>> {
-        content_length_for_framing(&self.req_header().headers)
+    fn get_content_length(&self) -> Option<usize> {
+        self.req_framing.content_length.unwrap_or(None)
     }
 
     fn init_body_reader(&mut self) {
@@ -1177,7 +1193,7 @@ impl HttpSession {
             } else {
                 // At this point, validate_request() should have already been called,
                 // so get_content_length() should not return an error for invalid values
-                let cl = self.get_content_length().unwrap_or(None);
+                let cl = self.get_content_length();
                 match cl {
                     Some(i) => {
                         self.body_reader.init_content_length_owned(i, preread_body);
@@ -2078,6 +2094,33 @@ mod tests_stream {
         assert_eq!(res, input3.as_slice());
         assert_eq!(http_stream.body_reader.body_state, ParseState::Complete(3));
         assert_eq!(http_stream.body_bytes_read(), 3);
+    }
+
+    // portcullis patch: the body is framed by the header as it was received, read once:
+    // editing the framing fields of the session's header afterwards changes nothing.
+    #[tokio::test]
+    async fn read_with_body_framed_as_received() {
+        init_log();
+        let input = b"POST / HTTP/1.1\r\nHost: pingora.org\r\nContent-Length: 3\r\n\r\nabc";
+        let mock_io = Builder::new().read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_request().await.unwrap();
+        http_stream.req_header_mut().remove_header(&CONTENT_LENGTH);
+        http_stream
+            .req_header_mut()
+            .insert_header(TRANSFER_ENCODING, "chunked")
+            .unwrap();
+        assert!(!http_stream.is_chunked_encoding());
+        let res = http_stream.read_body_bytes().await.unwrap().unwrap();
+        assert_eq!(res, b"abc".as_slice());
+        assert_eq!(http_stream.read_body_bytes().await.unwrap(), None);
+
+        // and an invalid length read once is still refused with its reason
+        let input = b"POST / HTTP/1.1\r\nHost: pingora.org\r\nContent-Length: 3, 4\r\n\r\n";
+        let mock_io = Builder::new().read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        let e = http_stream.read_request().await.unwrap_err();
+        assert_eq!(*e.etype(), InvalidHTTPHeader);
     }
 
     #[tokio::test]
