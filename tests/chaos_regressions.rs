@@ -425,3 +425,61 @@ fn an_operation_on_a_backend_out_only_by_an_emergency_claim_is_held_to_the_budge
     );
     assert_eq!(r.status, 409, "{}", r.body_str());
 }
+
+/// The claim path counts as the stores do: a backend out only by a forced drain (past the
+/// budget) is not out already, so a claim on it, which would keep it out once the forced
+/// drain ends, answers to the fraction. Before, the claim was granted on "already out" and
+/// 3 of 4 backends stayed out when the forced drain was readied.
+#[test]
+fn a_claim_on_a_backend_out_only_by_a_forced_drain_is_held_to_the_budget() {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let p = Proxy::start(&config(&refs, &redis, "chaos-forced"));
+    let addr = |i: usize| bs[i].addr().replace(':', "%3A");
+    for i in 0..2 {
+        let r = post_json(
+            &p,
+            &format!("/backends/app/{}/drain", addr(i)),
+            r#"{"reason": "within the budget"}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.body_str());
+    }
+    let r = post_json(
+        &p,
+        &format!("/backends/app/{}/drain", addr(2)),
+        r#"{"reason": "past the budget", "force": true, "seconds": 60}"#,
+    );
+    assert_eq!(r.status, 200, "a forced drain: {}", r.body_str());
+    let r = post_json(
+        &p,
+        "/claims",
+        &format!(
+            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "deploy"}}"#,
+            bs[2].addr()
+        ),
+    );
+    assert_eq!(
+        r.status,
+        409,
+        "a claim on a force-drained backend was granted past the budget: {}",
+        r.body_str()
+    );
+    assert_eq!(json(&r)["policy"], "fraction", "{}", r.body_str());
+    // With room in the budget (one drain readied), the same claim is granted.
+    let r = post_json(
+        &p,
+        &format!("/backends/app/{}/ready", addr(0)),
+        r#"{"reason": "done"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let r = post_json(
+        &p,
+        "/claims",
+        &format!(
+            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "deploy"}}"#,
+            bs[2].addr()
+        ),
+    );
+    assert_eq!(r.status, 201, "{}", r.body_str());
+}

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use super::max_out;
-use super::ops::{OpKind, OpRecord};
+use super::ops::{budget_for, outside_budget, OpKind, OpRecord};
 
 /// `[budget]`: the limit and health policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +86,26 @@ impl FleetState {
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    /// The backends of `upstream` out within the budget: culled, or taken out by an
+    /// operation that is neither forced nor an emergency claim ([`outside_budget`]), each
+    /// once.
+    pub fn within_budget_of(&self, upstream: &str) -> Vec<&str> {
+        let mut within: Vec<&str> = self
+            .culls
+            .iter()
+            .filter(|(u, _)| u == upstream)
+            .map(|(_, b)| b.as_str())
+            .collect();
+        for (u, r) in &self.ops {
+            if u == upstream && r.active(self.now_ms) && r.kind.takes_out() && !outside_budget(r) {
+                within.push(&r.backend);
+            }
+        }
+        within.sort_unstable();
+        within.dedup();
+        within
     }
 
     /// Every (upstream, backend) out now, fleet-wide, each once.
@@ -273,10 +293,16 @@ pub fn check_claim(
     if policy.refuse_when_failing && ask.peers_failing {
         return Err(ClaimRefusal::Failing);
     }
+    // A backend out only past the budget (a forced operation) is not out already for the
+    // fraction: the claim would keep it out once the forced operation ends, so it counts as
+    // one more on top of those out within the budget (as the stores count a put).
+    let within = state.within_budget_of(ask.upstream);
+    let (within_out, counted) = budget_for(ask.backend, &out, &within);
     let limit = max_out(ask.total, ask.fraction);
-    if !already_out && after > limit {
+    let after_budget = counted + u32::from(!within_out);
+    if !within_out && after_budget > limit {
         return Err(ClaimRefusal::Fraction {
-            out: after,
+            out: after_budget,
             max_out: limit,
             total: ask.total,
         });
@@ -410,6 +436,31 @@ mod tests {
             named_groups: f,
             peers_failing: false,
         }
+    }
+
+    #[test]
+    fn a_backend_out_only_by_a_forced_drain_is_held_to_the_fraction() {
+        let p = BudgetPolicy::default();
+        let mut st = state(1_000);
+        // a1 and a2 out within the budget (2 of 4 at 0.5), b1 out by a forced drain past it
+        st.culls.push(("app".into(), "a1".into()));
+        claim(&mut st, "app", "a2", 1, false);
+        let forced = OpRequest {
+            kind: OpKind::Drain,
+            by: "ops".into(),
+            reason: "r".into(),
+            ttl_ms: Some(600_000),
+            force: true,
+        };
+        st.ops
+            .push(("app".into(), OpRecord::new("b1", &forced, st.now_ms)));
+        assert_eq!(st.within_budget_of("app"), vec!["a1", "a2"]);
+        // a claim on b1 would keep it out when the forced drain ends: 3 of 4, over the budget
+        let r = check_claim(&ask("b1", &zones), &st, &p);
+        assert_eq!(r.as_ref().map_err(ClaimRefusal::policy), Err("fraction"));
+        // once the budget has room, it is granted
+        st.culls.clear();
+        assert_eq!(check_claim(&ask("b1", &zones), &st, &p), Ok(()));
     }
 
     #[test]
