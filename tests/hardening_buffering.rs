@@ -52,6 +52,13 @@ fn start() -> (Nginx, Proxy, u64) {
     let p = Proxy::start_with_server("h2c = true", &config(&nginx));
     // warm up: a small request, so the baseline has the connection pools and buffers
     assert_eq!(p.get("/warm", &[]).status, 200);
+    // nginx logs a request after its response is sent: the client can read the answer
+    // before the line is written, and `watch` counts the lines from here on
+    assert!(
+        wait_until(Duration::from_secs(5), || nginx.requests() == 1),
+        "nginx never logged the warm-up request ({} lines)",
+        nginx.requests()
+    );
     let base = rss(p.pid());
     (nginx, p, base)
 }
