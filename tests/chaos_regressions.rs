@@ -341,6 +341,24 @@ fn an_instance_woken_from_a_pause_routes_nothing_to_a_backend_claimed_while_it_s
     );
 }
 
+/// Four backends behind one proxy (its store key prefix `prefix`) with two of them drained:
+/// the budget's 2 of 4 (`max_culled_fraction` 0.5) in use.
+fn budget_full(prefix: &str) -> (RedisServer, Vec<Backend>, Proxy) {
+    let redis = RedisServer::start();
+    let bs: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let p = Proxy::start(&config(&refs, &redis, prefix));
+    for b in &bs[..2] {
+        let r = post_json(
+            &p,
+            &format!("/backends/app/{}/drain", b.addr().replace(':', "%3A")),
+            r#"{"reason": "within the budget"}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.body_str());
+    }
+    (redis, bs, p)
+}
+
 /// The seed-7 finding of the second series: two backends drained (the budget's 2 of 4),
 /// an emergency claim on a third (past the budget, by design), then a drain of that third
 /// backend was granted: it was "out already", so the fraction was not checked. When the
@@ -349,19 +367,8 @@ fn an_instance_woken_from_a_pause_routes_nothing_to_a_backend_claimed_while_it_s
 /// (an emergency claim, a forced operation) now counts as one more.
 #[test]
 fn an_operation_on_a_backend_out_only_by_an_emergency_claim_is_held_to_the_budget() {
-    let redis = RedisServer::start();
-    let bs: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
-    let refs: Vec<&Backend> = bs.iter().collect();
-    let p = Proxy::start(&config(&refs, &redis, "chaos-emergency"));
+    let (_redis, bs, p) = budget_full("chaos-emergency");
     let addr = |i: usize| bs[i].addr().replace(':', "%3A");
-    for i in 0..2 {
-        let r = post_json(
-            &p,
-            &format!("/backends/app/{}/drain", addr(i)),
-            r#"{"reason": "within the budget"}"#,
-        );
-        assert_eq!(r.status, 200, "{}", r.body_str());
-    }
     let r = post_json(
         &p,
         "/claims",
@@ -432,19 +439,8 @@ fn an_operation_on_a_backend_out_only_by_an_emergency_claim_is_held_to_the_budge
 /// 3 of 4 backends stayed out when the forced drain was readied.
 #[test]
 fn a_claim_on_a_backend_out_only_by_a_forced_drain_is_held_to_the_budget() {
-    let redis = RedisServer::start();
-    let bs: Vec<Backend> = (0..4).map(|i| Backend::start(&format!("b{i}"))).collect();
-    let refs: Vec<&Backend> = bs.iter().collect();
-    let p = Proxy::start(&config(&refs, &redis, "chaos-forced"));
+    let (_redis, bs, p) = budget_full("chaos-forced");
     let addr = |i: usize| bs[i].addr().replace(':', "%3A");
-    for i in 0..2 {
-        let r = post_json(
-            &p,
-            &format!("/backends/app/{}/drain", addr(i)),
-            r#"{"reason": "within the budget"}"#,
-        );
-        assert_eq!(r.status, 200, "{}", r.body_str());
-    }
     let r = post_json(
         &p,
         &format!("/backends/app/{}/drain", addr(2)),
