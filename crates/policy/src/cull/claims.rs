@@ -72,40 +72,33 @@ impl FleetState {
     /// The distinct backends of `upstream` out now (culled, or under an operation that
     /// takes them out).
     pub fn out_of(&self, upstream: &str) -> Vec<&str> {
-        let culled = self
-            .culls
-            .iter()
-            .filter(|(u, _)| u == upstream)
-            .map(|(_, b)| b.as_str());
-        let mut out: Vec<&str> = culled.collect();
-        for (u, r) in &self.ops {
-            if u == upstream && r.active(self.now_ms) && r.kind.takes_out() {
-                out.push(&r.backend);
-            }
-        }
-        out.sort_unstable();
-        out.dedup();
-        out
+        self.out_where(upstream, |_| true)
     }
 
     /// The backends of `upstream` out within the budget: culled, or taken out by an
     /// operation that is neither forced nor an emergency claim ([`outside_budget`]), each
     /// once.
     pub fn within_budget_of(&self, upstream: &str) -> Vec<&str> {
-        let mut within: Vec<&str> = self
+        self.out_where(upstream, |r| !outside_budget(r))
+    }
+
+    /// The distinct backends of `upstream` culled, or taken out by an operation in force
+    /// that `keep` accepts, sorted.
+    fn out_where(&self, upstream: &str, keep: impl Fn(&OpRecord) -> bool) -> Vec<&str> {
+        let mut out: Vec<&str> = self
             .culls
             .iter()
             .filter(|(u, _)| u == upstream)
             .map(|(_, b)| b.as_str())
             .collect();
         for (u, r) in &self.ops {
-            if u == upstream && r.active(self.now_ms) && r.kind.takes_out() && !outside_budget(r) {
-                within.push(&r.backend);
+            if u == upstream && r.active(self.now_ms) && r.kind.takes_out() && keep(r) {
+                out.push(&r.backend);
             }
         }
-        within.sort_unstable();
-        within.dedup();
-        within
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Every (upstream, backend) out now, fleet-wide, each once.
