@@ -19,7 +19,7 @@ use http::{header, header::AsHeaderName, HeaderValue, StatusCode, Version};
 use log::{debug, trace};
 use pingora_error::{Error, ErrorType::*, OrErr, Result, RetryType};
 use pingora_http::{HMap, IntoCaseHeaderName, RequestHeader, ResponseHeader};
-use pingora_timeout::timeout;
+use super::common::timeout;
 use std::io::ErrorKind;
 use std::str;
 use std::time::Duration;

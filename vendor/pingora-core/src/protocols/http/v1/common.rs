@@ -122,6 +122,25 @@ fn parse_connection_header(value: &[u8]) -> ConnectionValue {
     }
 }
 
+/// portcullis patch: the v1 sessions' read and write timeout. It polls `fut` once
+/// without a timer, and arms tokio's timer only if that poll is pending, so an I/O that is
+/// ready at once costs no timer (as `pingora_timeout::timeout`); the timer lives inside the
+/// returned future (no allocation) on the runtime's own time driver, where
+/// `pingora_timeout`'s boxes its future and registers with a process-wide timer manager.
+/// The deadline is `duration` after that first pending poll.
+pub(crate) async fn timeout<F: std::future::Future>(
+    duration: Duration,
+    fut: F,
+) -> std::result::Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    if let std::task::Poll::Ready(out) =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
+    {
+        return Ok(out);
+    }
+    tokio::time::timeout(duration, fut).await
+}
+
 pub(crate) fn init_body_writer_comm(body_writer: &mut BodyWriter, headers: &HMap) {
     if is_chunked_encoding_from_headers(headers) {
         // transfer-encoding takes priority over content-length

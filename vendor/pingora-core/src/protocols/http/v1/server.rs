@@ -25,7 +25,7 @@ use once_cell::sync::Lazy;
 use percent_encoding::{percent_encode, AsciiSet, CONTROLS};
 use pingora_error::{Error, ErrorType::*, OrErr, Result};
 use pingora_http::{IntoCaseHeaderName, RequestHeader, ResponseHeader};
-use pingora_timeout::timeout;
+use super::common::timeout;
 use regex::bytes::Regex;
 use std::any::Any;
 use std::collections::VecDeque;
