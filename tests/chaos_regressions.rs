@@ -41,6 +41,18 @@ fn post_json(p: &Proxy, path: &str, body: &str) -> Resp {
     )
 }
 
+/// A deploy claim on `backend` for `seconds`, asked of `p`.
+fn claim(p: &Proxy, backend: &Backend, seconds: u64) -> Resp {
+    post_json(
+        p,
+        "/claims",
+        &format!(
+            r#"{{"upstream": "app", "backend": "{}", "seconds": {seconds}, "reason": "deploy"}}"#,
+            backend.addr()
+        ),
+    )
+}
+
 /// Redis's clock, in ms since the epoch (the clock leases are granted and lapse by).
 fn redis_ms(redis: &RedisServer) -> u64 {
     let t = redis.cmd(&["TIME"]);
@@ -115,14 +127,7 @@ fn a_grant_right_after_a_lease_lapses_never_shows_more_out_than_the_budget() {
                 "Redis's clock never passed {until}"
             );
         }
-        let r = post_json(
-            &p,
-            "/claims",
-            &format!(
-                r#"{{"upstream": "app", "backend": "{}", "seconds": 30, "reason": "deploy"}}"#,
-                bs[2].addr()
-            ),
-        );
+        let r = claim(&p, &bs[2], 30);
         assert_eq!(r.status, 201, "{}", r.body_str());
         let id = json(&r)["id"].as_str().unwrap_or_default().to_string();
         let view = json(&p.admin_get("/backends"));
@@ -296,14 +301,7 @@ fn an_instance_woken_from_a_pause_routes_nothing_to_a_backend_claimed_while_it_s
         assert_eq!(get(&p2.addr(), "/warm", &[]).status, 200);
     }
     p2.signal("STOP");
-    let r = post_json(
-        &p1,
-        "/claims",
-        &format!(
-            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "deploy"}}"#,
-            bs[0].addr()
-        ),
-    );
+    let r = claim(&p1, &bs[0], 60);
     assert_eq!(r.status, 201, "{}", r.body_str());
     let before = bs[0].requests();
     // Requests wait for the frozen instance (in its listen backlog).
@@ -447,14 +445,7 @@ fn a_claim_on_a_backend_out_only_by_a_forced_drain_is_held_to_the_budget() {
         r#"{"reason": "past the budget", "force": true, "seconds": 60}"#,
     );
     assert_eq!(r.status, 200, "a forced drain: {}", r.body_str());
-    let r = post_json(
-        &p,
-        "/claims",
-        &format!(
-            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "deploy"}}"#,
-            bs[2].addr()
-        ),
-    );
+    let r = claim(&p, &bs[2], 60);
     assert_eq!(
         r.status,
         409,
@@ -469,13 +460,6 @@ fn a_claim_on_a_backend_out_only_by_a_forced_drain_is_held_to_the_budget() {
         r#"{"reason": "done"}"#,
     );
     assert_eq!(r.status, 200, "{}", r.body_str());
-    let r = post_json(
-        &p,
-        "/claims",
-        &format!(
-            r#"{{"upstream": "app", "backend": "{}", "seconds": 60, "reason": "deploy"}}"#,
-            bs[2].addr()
-        ),
-    );
+    let r = claim(&p, &bs[2], 60);
     assert_eq!(r.status, 201, "{}", r.body_str());
 }
