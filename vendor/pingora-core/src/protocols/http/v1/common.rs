@@ -122,24 +122,48 @@ fn parse_connection_header(value: &[u8]) -> ConnectionValue {
     }
 }
 
-/// portcullis patch: the v1 sessions' read and write timeout. It polls `fut` once
-/// without a timer, and arms tokio's timer only if that poll is pending, so an I/O that is
-/// ready at once costs no timer (as `pingora_timeout::timeout`); the timer lives inside the
-/// returned future (no allocation) on the runtime's own time driver, where
-/// `pingora_timeout`'s boxes its future and registers with a process-wide timer manager.
-/// The deadline is `duration` after that first pending poll.
+/// portcullis patch: the v1 sessions' read and write timeout. It polls `fut` without a
+/// timer, and arms tokio's timer only when a poll is pending, so an I/O that is ready at
+/// once costs no timer (as `pingora_timeout::timeout`); the timer lives inside the returned
+/// future (no allocation) on the runtime's own time driver, where `pingora_timeout`'s boxes
+/// its future and registers with a process-wide timer manager. The deadline is `duration`
+/// after the first pending poll. Each wake-up polls `fut` once, then the timer (as
+/// `tokio::time::timeout` does), so a read that is ready is taken even at the deadline.
 pub(crate) async fn timeout<F: std::future::Future>(
     duration: Duration,
     fut: F,
-) -> std::result::Result<F::Output, tokio::time::error::Elapsed> {
+) -> std::result::Result<F::Output, Elapsed> {
+    use std::future::Future as _;
+    use std::task::Poll;
     let mut fut = std::pin::pin!(fut);
-    if let std::task::Poll::Ready(out) =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
-    {
-        return Ok(out);
-    }
-    tokio::time::timeout(duration, fut).await
+    let mut sleep = std::pin::pin!(None::<tokio::time::Sleep>);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        if sleep.is_none() {
+            sleep.set(Some(tokio::time::sleep(duration)));
+        }
+        match sleep.as_mut().as_pin_mut().map(|s| s.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(Elapsed(()))),
+            _ => Poll::Pending,
+        }
+    })
+    .await
 }
+
+/// portcullis patch: [`timeout`]'s error, the deadline passed (tokio's `Elapsed` cannot be
+/// made outside tokio).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Elapsed(());
+
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}
 
 pub(crate) fn init_body_writer_comm(body_writer: &mut BodyWriter, headers: &HMap) {
     if is_chunked_encoding_from_headers(headers) {
@@ -528,6 +552,44 @@ mod test {
         StatusCode, Version,
     };
     use rstest::rstest;
+
+    #[tokio::test(start_paused = true)]
+    async fn timeout_takes_ready_io_without_waiting() {
+        let start = tokio::time::Instant::now();
+        assert_eq!(timeout(Duration::from_secs(5), async { 7 }).await, Ok(7));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeout_fires_at_the_deadline_of_pending_io() {
+        let start = tokio::time::Instant::now();
+        let res = timeout(Duration::from_secs(5), std::future::pending::<()>()).await;
+        assert_eq!(res, Err(Elapsed(())));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        assert_eq!(Elapsed(()).to_string(), "deadline has elapsed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeout_returns_io_done_before_the_deadline() {
+        let start = tokio::time::Instant::now();
+        let io = tokio::time::sleep(Duration::from_secs(2));
+        assert_eq!(timeout(Duration::from_secs(5), io).await, Ok(()));
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeout_polls_the_io_once_per_wake_up() {
+        // pending until its one wake-up a second later: polled once before it and once
+        // after (arming the timer must not poll it a second time in between)
+        use std::future::Future as _;
+        let mut polls = 0;
+        let mut io_wait = std::pin::pin!(tokio::time::sleep(Duration::from_secs(1)));
+        let io = std::future::poll_fn(|cx| {
+            polls += 1;
+            io_wait.as_mut().poll(cx).map(|()| polls)
+        });
+        assert_eq!(timeout(Duration::from_secs(5), io).await, Ok(2));
+    }
 
     #[test]
     fn test_validate_content_length() {
