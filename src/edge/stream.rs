@@ -604,7 +604,7 @@ impl pingora::protocols::Ssl for EdgeStream {
 }
 
 impl pingora::protocols::GetTimingDigest for EdgeStream {
-    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+    fn get_timing_digest(&self) -> pingora::protocols::TimingDigests {
         pingora::protocols::GetTimingDigest::get_timing_digest(&*self.inner)
     }
 

@@ -24,7 +24,7 @@ mod windows;
 
 pub use digest::{
     Digest, GetProxyDigest, GetSocketDigest, GetTimingDigest, ProtoDigest, SocketDigest,
-    TimingDigest,
+    TimingDigest, TimingDigests,
 };
 pub use l4::ext::TcpKeepalive;
 pub use tls::ALPN;
@@ -151,8 +151,8 @@ mod ext_io_impl {
     }
     impl Ssl for Mock {}
     impl GetTimingDigest for Mock {
-        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-            vec![]
+        fn get_timing_digest(&self) -> TimingDigests {
+            TimingDigests::new()
         }
     }
     impl GetProxyDigest for Mock {
@@ -181,8 +181,8 @@ mod ext_io_impl {
     }
     impl<T> Ssl for Cursor<T> {}
     impl<T> GetTimingDigest for Cursor<T> {
-        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-            vec![]
+        fn get_timing_digest(&self) -> TimingDigests {
+            TimingDigests::new()
         }
     }
     impl<T> GetProxyDigest for Cursor<T> {
@@ -210,8 +210,8 @@ mod ext_io_impl {
     }
     impl Ssl for DuplexStream {}
     impl GetTimingDigest for DuplexStream {
-        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-            vec![]
+        fn get_timing_digest(&self) -> TimingDigests {
+            TimingDigests::new()
         }
     }
     impl GetProxyDigest for DuplexStream {
@@ -236,7 +236,7 @@ pub mod ext_test {
 
     use super::{
         raw_connect, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown,
-        SocketDigest, Ssl, TimingDigest, UniqueID, UniqueIDType,
+        SocketDigest, Ssl, TimingDigests, UniqueID, UniqueIDType,
     };
 
     #[async_trait]
@@ -250,8 +250,8 @@ pub mod ext_test {
     }
     impl Ssl for tokio::net::UnixStream {}
     impl GetTimingDigest for tokio::net::UnixStream {
-        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-            vec![]
+        fn get_timing_digest(&self) -> TimingDigests {
+            TimingDigests::new()
         }
     }
     impl GetProxyDigest for tokio::net::UnixStream {

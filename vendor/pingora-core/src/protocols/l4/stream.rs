@@ -41,7 +41,7 @@ use crate::protocols::l4::virt;
 use crate::protocols::raw_connect::ProxyDigest;
 use crate::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
-    TimingDigest, UniqueID, UniqueIDType,
+    TimingDigest, TimingDigests, UniqueID, UniqueIDType,
 };
 use crate::upstreams::peer::Tracer;
 
@@ -783,8 +783,9 @@ impl Shutdown for Stream {
 }
 
 impl GetTimingDigest for Stream {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        let mut digest = Vec::with_capacity(2); // expect to have both L4 stream and TLS layer
+    fn get_timing_digest(&self) -> TimingDigests {
+        // this layer in place; a TLS layer above it pushes its own (to the heap)
+        let mut digest = TimingDigests::new();
         digest.push(Some(TimingDigest {
             established_ts: self.established_ts,
             establishment_duration: self.establishment_duration,
@@ -1006,6 +1007,23 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
     use tokio::sync::Notify;
+
+    #[tokio::test]
+    async fn test_timing_digest_in_place() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, _server) = tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let stream: Stream = client.unwrap().into();
+        // the transport's layer, without an allocation
+        let mut timing = stream.get_timing_digest();
+        assert_eq!(timing.len(), 1);
+        assert!(timing[0].is_some());
+        assert!(!timing.spilled());
+        // a TLS layer's above it
+        timing.push(Some(TimingDigest::default()));
+        assert_eq!(timing.len(), 2);
+        assert!(timing[0].is_some() && timing[1].is_some());
+    }
 
     #[cfg(target_os = "linux")]
     #[tokio::test]

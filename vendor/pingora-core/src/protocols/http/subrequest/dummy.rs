@@ -14,7 +14,7 @@
 
 use crate::protocols::raw_connect::ProxyDigest;
 use crate::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, SocketDigest, Ssl, TimingDigest,
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, SocketDigest, Ssl, TimingDigests,
     UniqueID, UniqueIDType,
 };
 use async_trait::async_trait;
@@ -76,8 +76,8 @@ impl UniqueID for DummyIO {
 impl Ssl for DummyIO {}
 
 impl GetTimingDigest for DummyIO {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        vec![]
+    fn get_timing_digest(&self) -> TimingDigests {
+        TimingDigests::new()
     }
 }
 

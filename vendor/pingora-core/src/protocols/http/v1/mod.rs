@@ -94,7 +94,7 @@ pub(crate) mod test_util {
     // in HttpSession tests (server.rs).
     use crate::protocols::{
         raw_connect::ProxyDigest, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown,
-        SocketDigest, Ssl, TimingDigest, UniqueID, UniqueIDType,
+        SocketDigest, Ssl, TimingDigests, UniqueID, UniqueIDType,
     };
 
     #[async_trait::async_trait]
@@ -108,8 +108,8 @@ pub(crate) mod test_util {
     }
     impl Ssl for FlushTrackingMock {}
     impl GetTimingDigest for FlushTrackingMock {
-        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-            vec![]
+        fn get_timing_digest(&self) -> TimingDigests {
+            TimingDigests::new()
         }
     }
     impl GetProxyDigest for FlushTrackingMock {

@@ -17,7 +17,7 @@
 use crate::protocols::raw_connect::ProxyDigest;
 use crate::protocols::tls::SslStream;
 use crate::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, SocketDigest, TimingDigest, IO,
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, SocketDigest, TimingDigest, TimingDigests, IO,
 };
 use crate::tls::{ssl, ssl::ConnectConfiguration, ssl::SslRef, ssl_sys::X509_V_ERR_INVALID_CALL};
 
@@ -89,7 +89,7 @@ impl<S> GetTimingDigest for SslStream<S>
 where
     S: GetTimingDigest,
 {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+    fn get_timing_digest(&self) -> TimingDigests {
         let mut ts_vec = self.get_ref().get_timing_digest();
         ts_vec.push(Some(self.timing.clone()));
         ts_vec

@@ -182,8 +182,8 @@ pub mod stream {
     impl<S> Ssl for SslStream<S> {}
 
     impl<S> GetTimingDigest for SslStream<S> {
-        fn get_timing_digest(&self) -> Vec<Option<crate::protocols::TimingDigest>> {
-            vec![]
+        fn get_timing_digest(&self) -> crate::protocols::TimingDigests {
+            crate::protocols::TimingDigests::new()
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::listeners::tls::Acceptor;
 use crate::protocols::raw_connect::ProxyDigest;
 use crate::protocols::tls::TlsRef;
-use crate::protocols::{tls::SslDigest, Peek, TimingDigest, UniqueIDType};
+use crate::protocols::{tls::SslDigest, Peek, TimingDigest, TimingDigests, UniqueIDType};
 use crate::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, SocketDigest, Ssl, UniqueID, ALPN,
 };
@@ -110,7 +110,7 @@ impl<S> GetTimingDigest for TlsStream<S>
 where
     S: GetTimingDigest,
 {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+    fn get_timing_digest(&self) -> TimingDigests {
         let mut ts_vec = self.tls.get_timing_digest();
         ts_vec.push(Some(self.timing.clone()));
         ts_vec
@@ -371,7 +371,7 @@ impl<S> GetTimingDigest for InnerStream<S>
 where
     S: GetTimingDigest,
 {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+    fn get_timing_digest(&self) -> TimingDigests {
         self.stream
             .as_ref()
             .unwrap()

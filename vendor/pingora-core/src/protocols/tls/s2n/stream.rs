@@ -12,7 +12,7 @@
 // See the License for the specific language governing permissions and
 // limitations under the License.
 
-use crate::protocols::digest::TimingDigest;
+use crate::protocols::digest::{TimingDigest, TimingDigests};
 use crate::protocols::raw_connect::ProxyDigest;
 use crate::protocols::tls::SslDigest;
 use crate::protocols::{
@@ -261,7 +261,7 @@ impl<S> GetTimingDigest for TlsStream<S>
 where
     S: GetTimingDigest + AsyncRead + AsyncWrite + std::marker::Unpin,
 {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+    fn get_timing_digest(&self) -> TimingDigests {
         let mut ts_vec = self.stream.get_ref().get_timing_digest();
         ts_vec.push(Some(self.timing.clone()));
         ts_vec
