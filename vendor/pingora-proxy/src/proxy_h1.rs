@@ -569,7 +569,7 @@ where
         &self,
         session: &mut Session,
         ctx: &mut SV::CTX,
-        tasks: Vec<HttpTask>,
+        mut tasks: Vec<HttpTask>,
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
@@ -579,8 +579,12 @@ where
         SV::CTX: Send + Sync,
     {
         /* run filters before sending to downstream */
-        let mut filtered_tasks = Vec::with_capacity(tasks.len());
-        for mut t in tasks {
+        // (portcullis patch: each task is filtered in its own slot of `tasks`, whose first
+        // `filtered` slots hold the filtered ones, where a second vector was allocated
+        // for them per batch)
+        let mut filtered = 0;
+        for i in 0..tasks.len() {
+            let mut t = std::mem::replace(&mut tasks[i], HttpTask::Done);
             if self.revalidate_or_stale(session, &mut t, ctx).await {
                 serve_from_cache.enable();
                 response_state.enable_cached_response();
@@ -609,8 +613,12 @@ where
                     return Err(e);
                 }
             }
-            filtered_tasks.push(task);
+            tasks[filtered] = task;
+            filtered += 1;
         }
+        // what a 304 revalidation left unfiltered is dropped, as it was
+        tasks.truncate(filtered);
+        let filtered_tasks = tasks;
 
         if !serve_from_cache.should_send_to_downstream() {
             // TODO: need to derive response_done from filtered_tasks in case downstream failed already
