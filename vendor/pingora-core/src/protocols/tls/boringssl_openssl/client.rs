@@ -17,7 +17,7 @@
 use crate::protocols::raw_connect::ProxyDigest;
 use crate::protocols::tls::SslStream;
 use crate::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, SocketDigest, TimingDigest, TimingDigests, IO,
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, SocketDigest, TimingDigests, IO,
 };
 use crate::tls::{ssl, ssl::ConnectConfiguration, ssl::SslRef, ssl_sys::X509_V_ERR_INVALID_CALL};
 
