@@ -1264,6 +1264,12 @@ impl std::fmt::Debug for SendBodyState {
     }
 }
 
+impl Default for SendBodyState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl SendBodyState {
     fn new() -> Self {
         SendBodyState {
@@ -1283,7 +1289,9 @@ impl SendBodyState {
 pub struct BodyWriter {
     pub body_mode: BodyMode,
     // Boxed to reduce inline size. Only used by the cancel-safe proxy task API.
-    send_body_state: Box<SendBodyState>,
+    // portcullis patch: made by that API's first use (a writer that never uses it, as the
+    // legacy `write_body`/`finish` path's, allocates nothing for it).
+    send_body_state: Option<Box<SendBodyState>>,
     send_finish_state: FinishWriteState,
 }
 
@@ -1297,7 +1305,7 @@ impl BodyWriter {
     pub fn new() -> Self {
         BodyWriter {
             body_mode: BM::ToSelect,
-            send_body_state: Box::new(SendBodyState::new()),
+            send_body_state: None,
             send_finish_state: FinishWriteState::NotStarted,
         }
     }
@@ -1500,13 +1508,20 @@ impl BodyWriter {
     // Cancel-safe body task API
     // ========================================================================
 
+    /// portcullis patch: the task API's state, made on its first use.
+    fn send_body_state(&mut self) -> &mut SendBodyState {
+        self.send_body_state.get_or_insert_default()
+    }
+
     #[cfg(test)]
     pub fn has_pending_body_task(&self) -> bool {
-        self.send_body_state.pending_bytes.is_some()
-            || !matches!(
-                self.send_body_state.write_state,
-                WriteState::Idle | WriteState::Done(_) | WriteState::TimedOut
-            )
+        self.send_body_state.as_ref().is_some_and(|state| {
+            state.pending_bytes.is_some()
+                || !matches!(
+                    state.write_state,
+                    WriteState::Idle | WriteState::Done(_) | WriteState::TimedOut
+                )
+        })
     }
 
     /// Queue application bytes as a body write task with an optional timeout.
@@ -1518,16 +1533,16 @@ impl BodyWriter {
     pub fn send_body_task(&mut self, bytes: Bytes, timeout: Option<std::time::Duration>) {
         assert!(
             matches!(
-                self.send_body_state.write_state,
+                self.send_body_state().write_state,
                 WriteState::Idle | WriteState::Done(_)
             ),
             "send_body_task called while previous task is still in progress: {:?}",
-            self.send_body_state.write_state
+            self.send_body_state().write_state
         );
-        self.send_body_state.pending_bytes = Some(bytes);
-        self.send_body_state.write_state = WriteState::Idle;
-        self.send_body_state.timeout_duration = timeout;
-        self.send_body_state.timeout_fut = None;
+        self.send_body_state().pending_bytes = Some(bytes);
+        self.send_body_state().write_state = WriteState::Idle;
+        self.send_body_state().timeout_duration = timeout;
+        self.send_body_state().timeout_fut = None;
     }
 
     /// Writes the current queued body task to the stream.
@@ -1555,7 +1570,7 @@ impl BodyWriter {
         S: AsyncWrite + Unpin + Send,
     {
         // Check if already timed out - don't allow reuse
-        if matches!(self.send_body_state.write_state, WriteState::TimedOut) {
+        if matches!(self.send_body_state().write_state, WriteState::TimedOut) {
             return Poll::Ready(Error::e_explain(
                 WriteTimedout,
                 "write task previously timed out",
@@ -1586,16 +1601,16 @@ impl BodyWriter {
         }
 
         // Write returned Pending - lazily create and check timeout if duration is set
-        if let Some(duration) = self.send_body_state.timeout_duration {
-            let timeout = self.send_body_state.timeout_fut.get_or_insert_with(|| {
+        if let Some(duration) = self.send_body_state().timeout_duration {
+            let timeout = self.send_body_state().timeout_fut.get_or_insert_with(|| {
                 Box::pin(pingora_timeout::sleep(duration))
                     as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>
             });
 
             if timeout.as_mut().poll(cx).is_ready() {
                 // Timeout fired! Mark state as timed out and clear the timeout future
-                self.send_body_state.write_state = WriteState::TimedOut;
-                self.send_body_state.timeout_fut = None;
+                self.send_body_state().write_state = WriteState::TimedOut;
+                self.send_body_state().timeout_fut = None;
                 return Poll::Ready(Error::e_explain(
                     WriteTimedout,
                     "writing body task timed out",
@@ -1789,13 +1804,13 @@ impl BodyWriter {
         S: AsyncWrite + Unpin + Send,
     {
         // Move to Writing state if we're Idle
-        if matches!(self.send_body_state.write_state, WriteState::Idle) {
-            if let Some(mut bytes) = self.send_body_state.pending_bytes.take() {
+        if matches!(self.send_body_state().write_state, WriteState::Idle) {
+            if let Some(mut bytes) = self.send_body_state().pending_bytes.take() {
                 let (total, written) = self.body_mode.expect_content_length();
 
                 // Check if we've already written everything
                 if written >= total {
-                    self.send_body_state.write_state = WriteState::Done(0);
+                    self.send_body_state().write_state = WriteState::Done(0);
                     return Poll::Ready(Ok(None));
                 }
 
@@ -1812,16 +1827,16 @@ impl BodyWriter {
                 }
 
                 let bytes_to_write = bytes.len();
-                self.send_body_state.write_state =
+                self.send_body_state().write_state =
                     WriteState::Writing(bytes_to_write, WriteBuf::Simple(bytes));
             } else {
-                self.send_body_state.write_state = WriteState::Done(0);
+                self.send_body_state().write_state = WriteState::Done(0);
                 return Poll::Ready(Ok(None));
             }
         }
 
         // Handle Writing state - do the write, transition to Flushing or Done
-        if let WriteState::Writing(size, ref mut buf) = &mut self.send_body_state.write_state {
+        if let WriteState::Writing(size, ref mut buf) = &mut self.send_body_state().write_state {
             let bytes_written = *size;
 
             // Attempt write. Re-create tokio's stateless `write_all_buf`
@@ -1834,10 +1849,10 @@ impl BodyWriter {
 
                     if written + bytes_written >= total {
                         // All content-length bytes written, flush needed
-                        self.send_body_state.write_state = WriteState::Flushing(bytes_written);
+                        self.send_body_state().write_state = WriteState::Flushing(bytes_written);
                     } else {
                         // More bytes to come, no flush needed
-                        self.send_body_state.write_state = WriteState::Done(bytes_written);
+                        self.send_body_state().write_state = WriteState::Done(bytes_written);
                     }
                 }
                 Err(e) => {
@@ -1847,23 +1862,23 @@ impl BodyWriter {
         }
 
         // Handle Flushing state - do the flush, transition to Done
-        if let WriteState::Flushing(size) = self.send_body_state.write_state {
+        if let WriteState::Flushing(size) = self.send_body_state().write_state {
             let bytes_written = size;
 
             // Attempt flush
             match ready!(stream.poll_flush(cx)) {
                 Ok(()) => {
                     // Flush completed - transition to Done
-                    self.send_body_state.write_state = WriteState::Done(bytes_written);
+                    self.send_body_state().write_state = WriteState::Done(bytes_written);
                 }
                 Err(e) => return Poll::Ready(Error::e_because(WriteError, "flushing body", e)),
             }
         }
 
         // Return based on final state
-        match self.send_body_state.write_state {
+        match self.send_body_state().write_state {
             WriteState::Done(size) => {
-                self.send_body_state.timeout_fut = None;
+                self.send_body_state().timeout_fut = None;
                 Poll::Ready(Ok(Some(size)))
             }
             WriteState::TimedOut => Poll::Ready(Error::e_explain(
@@ -1889,8 +1904,8 @@ impl BodyWriter {
         S: AsyncWrite + Unpin + Send,
     {
         // Move to Writing state if we're Idle
-        if matches!(self.send_body_state.write_state, WriteState::Idle) {
-            if let Some(bytes) = self.send_body_state.pending_bytes.take() {
+        if matches!(self.send_body_state().write_state, WriteState::Idle) {
+            if let Some(bytes) = self.send_body_state().pending_bytes.take() {
                 let application_bytes_size = bytes.len();
 
                 // Format the chunk: size\r\ndata\r\n
@@ -1900,16 +1915,16 @@ impl BodyWriter {
                     .chain(&b"\r\n"[..]);
 
                 // Store the chained buffer directly to avoid copying
-                self.send_body_state.write_state =
+                self.send_body_state().write_state =
                     WriteState::Writing(application_bytes_size, WriteBuf::Chained(output_buf));
             } else {
-                self.send_body_state.write_state = WriteState::Done(0);
+                self.send_body_state().write_state = WriteState::Done(0);
                 return Poll::Ready(Ok(None));
             }
         }
 
         // Handle Writing state - do the write using vectored I/O, transition to Flushing
-        if let WriteState::Writing(size, ref mut buf) = &mut self.send_body_state.write_state {
+        if let WriteState::Writing(size, ref mut buf) = &mut self.send_body_state().write_state {
             let bytes_written = *size;
 
             // Attempt vectored write for chained buffer (chunk size + data + CRLF).
@@ -1923,7 +1938,7 @@ impl BodyWriter {
                     self.body_mode = BM::ChunkedEncoding(written + bytes_written);
 
                     // Chunked encoding always flushes
-                    self.send_body_state.write_state = WriteState::Flushing(bytes_written);
+                    self.send_body_state().write_state = WriteState::Flushing(bytes_written);
                 }
                 Err(e) => {
                     return Poll::Ready(Error::e_because(WriteError, "while writing body", e))
@@ -1932,23 +1947,23 @@ impl BodyWriter {
         }
 
         // Handle Flushing state - do the flush, transition to Done
-        if let WriteState::Flushing(size) = self.send_body_state.write_state {
+        if let WriteState::Flushing(size) = self.send_body_state().write_state {
             let bytes_written = size;
 
             // Attempt flush
             match ready!(stream.poll_flush(cx)) {
                 Ok(()) => {
                     // Flush completed - transition to Done
-                    self.send_body_state.write_state = WriteState::Done(bytes_written);
+                    self.send_body_state().write_state = WriteState::Done(bytes_written);
                 }
                 Err(e) => return Poll::Ready(Error::e_because(WriteError, "flushing body", e)),
             }
         }
 
         // Return based on final state
-        match self.send_body_state.write_state {
+        match self.send_body_state().write_state {
             WriteState::Done(size) => {
-                self.send_body_state.timeout_fut = None;
+                self.send_body_state().timeout_fut = None;
                 Poll::Ready(Ok(Some(size)))
             }
             WriteState::TimedOut => Poll::Ready(Error::e_explain(
@@ -1974,19 +1989,19 @@ impl BodyWriter {
         S: AsyncWrite + Unpin + Send,
     {
         // Move to Writing state if we're Idle
-        if matches!(self.send_body_state.write_state, WriteState::Idle) {
-            if let Some(bytes) = self.send_body_state.pending_bytes.take() {
+        if matches!(self.send_body_state().write_state, WriteState::Idle) {
+            if let Some(bytes) = self.send_body_state().pending_bytes.take() {
                 let original_size = bytes.len();
-                self.send_body_state.write_state =
+                self.send_body_state().write_state =
                     WriteState::Writing(original_size, WriteBuf::Simple(bytes));
             } else {
-                self.send_body_state.write_state = WriteState::Done(0);
+                self.send_body_state().write_state = WriteState::Done(0);
                 return Poll::Ready(Ok(None));
             }
         }
 
         // Handle Writing state - do the write, transition to Flushing
-        if let WriteState::Writing(size, ref mut buf) = &mut self.send_body_state.write_state {
+        if let WriteState::Writing(size, ref mut buf) = &mut self.send_body_state().write_state {
             let bytes_written = *size;
 
             // Attempt write. Re-create tokio's stateless `write_all_buf`
@@ -1998,7 +2013,7 @@ impl BodyWriter {
                     self.body_mode = BM::UntilClose(written + bytes_written);
 
                     // Close-delimited mode always flushes
-                    self.send_body_state.write_state = WriteState::Flushing(bytes_written);
+                    self.send_body_state().write_state = WriteState::Flushing(bytes_written);
                 }
                 Err(e) => {
                     return Poll::Ready(Error::e_because(WriteError, "while writing body", e))
@@ -2007,23 +2022,23 @@ impl BodyWriter {
         }
 
         // Handle Flushing state - do the flush, transition to Done
-        if let WriteState::Flushing(size) = self.send_body_state.write_state {
+        if let WriteState::Flushing(size) = self.send_body_state().write_state {
             let bytes_written = size;
 
             // Attempt flush
             match ready!(stream.poll_flush(cx)) {
                 Ok(()) => {
                     // Flush completed - transition to Done
-                    self.send_body_state.write_state = WriteState::Done(bytes_written);
+                    self.send_body_state().write_state = WriteState::Done(bytes_written);
                 }
                 Err(e) => return Poll::Ready(Error::e_because(WriteError, "flushing body", e)),
             }
         }
 
         // Return based on final state
-        match self.send_body_state.write_state {
+        match self.send_body_state().write_state {
             WriteState::Done(size) => {
-                self.send_body_state.timeout_fut = None;
+                self.send_body_state().timeout_fut = None;
                 Poll::Ready(Ok(Some(size)))
             }
             WriteState::TimedOut => Poll::Ready(Error::e_explain(
@@ -3396,6 +3411,28 @@ mod test_body_task_api {
 
     fn init_log() {
         let _ = env_logger::builder().is_test(true).try_init();
+    }
+
+    #[tokio::test]
+    async fn test_task_state_made_on_first_use() {
+        // the legacy API's writer holds no task state
+        let mut legacy = BodyWriter::new();
+        legacy.init_content_length(3);
+        let mut mock = Builder::new().write(b"abc").build();
+        legacy.write_body(&mut mock, b"abc").await.unwrap();
+        legacy.finish(&mut mock).await.unwrap();
+        assert!(legacy.send_body_state.is_none());
+
+        // the task API makes it on its first task
+        let mut task = BodyWriter::new();
+        task.init_content_length(3);
+        assert!(!task.has_pending_body_task());
+        task.send_body_task(Bytes::from_static(b"abc"), None);
+        assert!(task.send_body_state.is_some());
+        assert!(task.has_pending_body_task());
+        let mut mock = Builder::new().write(b"abc").build();
+        assert_eq!(task.write_current_body_task(&mut mock).await.unwrap(), Some(3));
+        assert!(!task.has_pending_body_task());
     }
 
     #[tokio::test]
